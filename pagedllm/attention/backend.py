@@ -1,0 +1,94 @@
+"""The attention backend interface and the one object it reads: `ForwardBatch`.
+
+A backend owns two things for one layer call: writing the new K/V of every scheduled token
+into the paged cache (through `slot_mapping`), and attending each request's queries to its
+whole context (cached prefix + the new tokens) through its block table. It never allocates
+blocks and never looks at requests; the runner builds `ForwardBatch` once per step.
+
+Paged KV layout, per layer (K and V alike):
+
+    cache[num_blocks, block_size, num_kv_heads, head_dim]
+    request r, token position p  ->  block_tables[r, p // block_size], offset p % block_size
+    slot = block_id * block_size + offset   (cache.view(-1, H, D)[slot])
+
+Requests in a batch are ordered decodes first (query_len == 1), then prefill chunks:
+
+    tokens:  | d0 | d1 | d2 | p0 p0 p0 p0 | p1 p1 |        query_start_loc = [0,1,2,3,7,9]
+             '--- num_decodes = 3 ---'
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(slots=True)
+class ForwardBatch:
+    input_ids: torch.Tensor  # [T] int64, all scheduled tokens, requests concatenated
+    positions: torch.Tensor  # [T] int64, position of each token in its sequence
+    slot_mapping: torch.Tensor  # [T] int64, cache slot of each token; -1 = do not store (padding)
+    query_start_loc: torch.Tensor  # [B+1] int32, start of each request's tokens in input_ids
+    seq_lens: torch.Tensor  # [B] int32, context length after this step (cached + new tokens)
+    block_tables: torch.Tensor  # [B, max_blocks_per_seq] int32, padded with 0
+    logits_indices: torch.Tensor  # [S] int64, rows of the hidden states that need logits
+    num_decodes: int  # the first num_decodes requests have exactly one query token
+    max_query_len: int
+    max_seq_len: int
+    query_lens_cpu: list[int]  # [B] host copy
+    seq_lens_cpu: list[int]  # [B] host copy
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.seq_lens_cpu)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+class AttentionBackend(ABC):
+    """Stores new K/V into the paged cache, then attends. Implementations must agree with
+    `TorchAttentionBackend` (the reference) on any mix of decodes and prefill chunks over a
+    cached prefix, with GQA (num_q_heads a multiple of num_kv_heads)."""
+
+    name: str = "abstract"
+
+    @abstractmethod
+    def forward(
+        self,
+        q: torch.Tensor,  # [T, Hq, D]
+        k: torch.Tensor,  # [T, Hkv, D]
+        v: torch.Tensor,  # [T, Hkv, D]
+        k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+        v_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+        batch: ForwardBatch,
+        scale: float,
+    ) -> torch.Tensor:  # [T, Hq, D]
+        ...
+
+
+def get_attention_backend(name: str | None, device: str) -> AttentionBackend:
+    """`name` None picks the default: triton on CUDA (when importable), torch elsewhere."""
+    if name is None:
+        name = "torch"
+        if device == "cuda":
+            try:
+                import triton  # noqa: F401
+
+                from pagedllm.attention import triton_backend  # noqa: F401
+
+                name = "triton"
+            except ImportError:
+                name = "torch"
+    if name == "torch":
+        from pagedllm.attention.torch_backend import TorchAttentionBackend
+
+        return TorchAttentionBackend()
+    if name == "triton":
+        from pagedllm.attention.triton_backend import TritonAttentionBackend
+
+        return TritonAttentionBackend()
+    raise ValueError(f"attention_backend must be torch or triton, got {name!r}")
