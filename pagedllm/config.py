@@ -140,6 +140,7 @@ class EngineConfig:
     device: str  # resolved: cpu | cuda
     enforce_eager: bool
     disable_log_stats: bool
+    attention_backend: str | None  # None: triton on CUDA, torch elsewhere
 
 
 @dataclass
@@ -168,6 +169,7 @@ class EngineArgs:
     tensor_parallel_size: int = 1
     device: str = "auto"
     disable_log_stats: bool = True
+    attention_backend: str | None = None
     hf_overrides: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -319,4 +321,5 @@ def _build_engine_config(args: EngineArgs) -> EngineConfig:
         device=device,
         enforce_eager=bool(args.enforce_eager),
         disable_log_stats=bool(args.disable_log_stats),
+        attention_backend=_check_choice("attention_backend", args.attention_backend, (None, "torch", "triton")),
     )

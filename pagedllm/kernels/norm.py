@@ -1,9 +1,12 @@
 """RMSNorm, optionally fused with the residual add that precedes it (HF Llama numerics:
-computed in float32, cast back before the weight multiply)."""
+computed in float32, cast back before the weight multiply). The Triton versions live in
+norm_triton.py; `rms_norm` and `fused_add_rms_norm` use them for CUDA tensors."""
 
 from __future__ import annotations
 
 import torch
+
+from pagedllm.kernels._triton import use_triton
 
 
 def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -23,10 +26,18 @@ def fused_add_rms_norm_torch(
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if use_triton(x):
+        from pagedllm.kernels.norm_triton import rms_norm_triton
+
+        return rms_norm_triton(x, weight, eps)
     return rms_norm_torch(x, weight, eps)
 
 
 def fused_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    if use_triton(x):
+        from pagedllm.kernels.norm_triton import fused_add_rms_norm_triton
+
+        return fused_add_rms_norm_triton(x, residual, weight, eps)
     return fused_add_rms_norm_torch(x, residual, weight, eps)

@@ -1,9 +1,13 @@
 """Rotary position embedding in the rotate-half (GPT-NeoX / HF Llama) layout, applied to q and
-k from a precomputed cos/sin cache indexed by position."""
+k from a precomputed cos/sin cache indexed by position. The Triton version lives in
+rotary_triton.py; `apply_rotary` uses it for CUDA tensors. Both return new tensors and leave
+q and k unchanged."""
 
 from __future__ import annotations
 
 import torch
+
+from pagedllm.kernels._triton import use_triton
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -26,4 +30,8 @@ def apply_rotary_torch(
 
 
 def apply_rotary(positions, q, k, cos_cache, sin_cache):
+    if use_triton(q):
+        from pagedllm.kernels.rotary_triton import apply_rotary_triton
+
+        return apply_rotary_triton(positions, q, k, cos_cache, sin_cache)
     return apply_rotary_torch(positions, q, k, cos_cache, sin_cache)

@@ -1,0 +1,48 @@
+"""Triton attention backend (CUDA): stores the step's K/V with the store-KV kernel, then runs
+the decodes (the first `num_decodes` requests, one token each) through the split-K paged decode
+kernel and the prefill chunks through the varlen paged FlashAttention kernel. Must equal
+`TorchAttentionBackend`.
+
+It never synchronises with the host: grid sizes come from `ForwardBatch`'s host lists and
+`max_seq_len`, and per-request lengths are read on the device. A pure-decode batch launches a
+grid fixed by (num_decodes, max_seq_len), so it can be captured in a CUDA graph when the runner
+passes the same upper bound `max_seq_len` at capture and at replay.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pagedllm.attention.backend import AttentionBackend, ForwardBatch
+from pagedllm.kernels.attention import decode_attention_triton, prefill_attention_triton, store_kv_triton
+
+
+class TritonAttentionBackend(AttentionBackend):
+    name = "triton"
+
+    def forward(
+        self,
+        q: torch.Tensor,  # [T, Hq, D]
+        k: torch.Tensor,  # [T, Hkv, D]
+        v: torch.Tensor,  # [T, Hkv, D]
+        k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+        v_cache: torch.Tensor,
+        batch: ForwardBatch,
+        scale: float,
+    ) -> torch.Tensor:  # [T, Hq, D]
+        store_kv_triton(k, v, k_cache, v_cache, batch.slot_mapping)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        nd = batch.num_decodes
+        num_reqs = batch.num_reqs
+        if nd > 0:
+            decode_attention_triton(
+                q[:nd], k_cache, v_cache, batch.block_tables, batch.seq_lens, out[:nd], scale,
+                max_seq_len=batch.max_seq_len,
+            )  # fmt: skip
+        if num_reqs > nd:
+            max_query_len = max(batch.query_lens_cpu[nd:])
+            prefill_attention_triton(
+                q, k_cache, v_cache, batch.block_tables, batch.query_start_loc, batch.seq_lens, out, scale,
+                first_req=nd, num_reqs=num_reqs - nd, max_query_len=max_query_len,
+            )  # fmt: skip
+        return out

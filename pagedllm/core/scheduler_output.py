@@ -1,0 +1,62 @@
+"""What crosses from the scheduler to the workers and back: plain, picklable dataclasses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pagedllm.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class NewRequestData:
+    """A request the workers have not seen, or one resumed after preemption: sent in full."""
+
+    req_id: str
+    token_ids: list[int]  # all known tokens (prompt + output so far)
+    num_prompt_tokens: int
+    block_ids: list[int]
+    num_computed_tokens: int
+    sampling_params: SamplingParams
+
+
+@dataclass(slots=True)
+class CachedRequestData:
+    """A request that was running last step: only what changed."""
+
+    req_id: str
+    new_block_ids: list[int]
+    num_computed_tokens: int
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    scheduled_new_reqs: list[NewRequestData] = field(default_factory=list)
+    scheduled_cached_reqs: list[CachedRequestData] = field(default_factory=list)
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    total_num_scheduled_tokens: int = 0
+    finished_req_ids: set[str] = field(default_factory=set)  # workers drop their state
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)  # (gpu, cpu)
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)  # (cpu, gpu)
+
+    @property
+    def is_empty(self) -> bool:
+        return self.total_num_scheduled_tokens == 0
+
+
+@dataclass(slots=True)
+class TokenLogprobs:
+    """Logprobs at one position: the chosen token's and the top-k, from the raw logits."""
+
+    token_id: int
+    logprob: float
+    rank: int  # 1 = most likely
+    top_ids: list[int]
+    top_logprobs: list[float]
+
+
+@dataclass(slots=True)
+class ModelRunnerOutput:
+    sampled_token_ids: dict[str, int] = field(default_factory=dict)
+    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+    # prompt positions scored this step, for requests that asked for prompt_logprobs
+    prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)

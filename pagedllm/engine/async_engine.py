@@ -1,0 +1,557 @@
+"""AsyncLLMEngine: the offline LLMEngine driven by one background thread, for the server.
+
+Owns the engine thread, the inbox of adds and aborts that the thread applies between steps,
+and one output stream per request that asyncio code awaits. It must never call into the
+LLMEngine from any other thread (the engine is not thread-safe and `step()` blocks for a whole
+forward pass), and it imports no fastapi / uvicorn / prometheus.
+
+    asyncio loop (HTTP handlers)                 engine thread
+    ──────────────────────────────────           ──────────────────────────────────────────
+    generate(): new _RequestStream,              loop: apply inbox (add_request / abort)
+                inbox ← _Add ─────────────────▶        outputs = engine.step()
+    async for out in stream ◀─ call_soon_threadsafe ─  snapshot each output → its stream
+    abort():    inbox ← _Abort ───────────────▶        stats → stat loggers (log line, Prometheus)
+
+Outputs are cumulative (the text and tokens so far), so a stream keeps only the newest one:
+a slow consumer skips intermediate states instead of queueing them.
+
+Failure model: a request the engine rejects (ValueError from add_request) gets that ValueError;
+when `step()` raises, every in-flight request fails with RequestFailedError and is aborted, and
+the loop goes on. Only if the engine cannot even be cleaned up does the loop stop; from then on
+`errored` is true, `generate()` raises EngineDeadError, and the server's /health says 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from pagedllm.outputs import CompletionOutput, RequestOutput
+from pagedllm.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from pagedllm.config import EngineArgs
+
+logger = logging.getLogger(__name__)
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop has stopped; no request can be served."""
+
+
+class QueueFullError(RuntimeError):
+    """More requests than max_num_seqs + max_queue_len are in flight."""
+
+
+class RequestFailedError(RuntimeError):
+    """The engine failed while this request was in flight (not the request's own fault)."""
+
+
+@dataclass(slots=True)
+class IterationStats:
+    """What happened in one pass of the engine loop, for the stat loggers."""
+
+    time_to_first_tokens: list[float] = field(default_factory=list)
+    inter_token_latencies: list[float] = field(default_factory=list)
+    finished: list["FinishedRequestStats"] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class FinishedRequestStats:
+    finish_reasons: list[str]  # one per sample (n): stop | length | abort | error
+    e2e_latency: float  # seconds from generate() to the end
+    time_to_first_token: float | None
+    time_per_output_token: float | None  # (end - first token) / (tokens - 1)
+    queue_time: float | None  # arrival in the engine to first scheduling
+    num_prompt_tokens: int
+    num_generation_tokens: int
+
+
+class StatLogger(Protocol):
+    """Called on the engine thread after every loop pass (and about once a second when idle).
+    `stats` is what `LLMEngine.get_stats()` returned (None if it failed)."""
+
+    def record(self, stats: Any, iteration: IterationStats, now: float) -> None: ...
+
+
+# ---------------------------------------------------------------------------------------------
+# Inbox messages (asyncio side → engine thread)
+
+
+@dataclass(slots=True)
+class _Add:
+    request_id: str
+    prompt: str | list[int]
+    params: SamplingParams
+    priority: int
+    stream: "_RequestStream"
+    arrival: float  # time.monotonic() when generate() was called
+
+
+@dataclass(slots=True)
+class _Abort:
+    request_ids: list[str]
+
+
+@dataclass(slots=True)
+class _RequestState:
+    """Engine-thread bookkeeping for one in-flight request."""
+
+    stream: "_RequestStream"
+    arrival: float  # time.monotonic() when generate() was called
+    outputs: dict[int, CompletionOutput] = field(default_factory=dict)
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    num_tokens: int = 0  # summed over the n samples
+    num_prompt_tokens: int = 0
+    last_output: RequestOutput | None = None
+
+
+class _RequestStream:
+    """The asyncio side of one request: holds the newest output (or an error) and wakes the
+    consumer. `put` / `fail` run on the stream's event loop only."""
+
+    __slots__ = ("request_id", "loop", "_latest", "_error", "_ready", "done")
+
+    def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop) -> None:
+        self.request_id = request_id
+        self.loop = loop
+        self._latest: RequestOutput | None = None
+        self._error: BaseException | None = None
+        self._ready = asyncio.Event()
+        self.done = False  # a final output or an error has been put
+
+    def put(self, output: RequestOutput) -> None:
+        self._latest = output
+        self.done = self.done or output.finished
+        self._ready.set()
+
+    def fail(self, error: BaseException) -> None:
+        self._error = error
+        self.done = True
+        self._ready.set()
+
+    async def get(self) -> RequestOutput:
+        while True:
+            if self._latest is not None:
+                out, self._latest = self._latest, None
+                return out
+            if self._error is not None:
+                raise self._error
+            self._ready.clear()
+            await self._ready.wait()
+
+
+def _copy_completion(c: CompletionOutput) -> CompletionOutput:
+    # The engine may keep appending to its lists after we hand the output to another thread.
+    return CompletionOutput(
+        index=c.index,
+        text=c.text,
+        token_ids=list(c.token_ids),
+        cumulative_logprob=c.cumulative_logprob,
+        logprobs=None if c.logprobs is None else list(c.logprobs),
+        finish_reason=c.finish_reason,
+        stop_reason=c.stop_reason,
+    )
+
+
+class AsyncLLMEngine:
+    """Serves many concurrent `generate()` streams from one LLMEngine running in a thread.
+
+    `max_queue_len`: how many requests may wait beyond the `max_num_seqs` being served; past
+    that, `generate()` raises QueueFullError (None = no limit).
+    """
+
+    def __init__(
+        self,
+        engine: Any,
+        *,
+        max_num_seqs: int | None = None,
+        max_queue_len: int | None = None,
+        stat_loggers: Sequence[StatLogger] = (),
+        idle_tick: float = 1.0,
+        start: bool = True,
+    ) -> None:
+        if max_queue_len is not None and max_queue_len < 0:
+            raise ValueError(f"max_queue_len must be >= 0, got {max_queue_len}")
+        self.engine = engine
+        self.tokenizer = getattr(engine, "tokenizer", None)
+        self.model_config = getattr(engine, "model_config", None)
+        if max_num_seqs is None:
+            sched = getattr(engine, "scheduler_config", None)
+            max_num_seqs = getattr(sched, "max_num_seqs", None) or 256
+        self.max_num_seqs = max_num_seqs
+        self.max_queue_len = max_queue_len
+        self.stat_loggers = list(stat_loggers)
+        self._idle_tick = idle_tick
+
+        self._cv = threading.Condition()
+        self._inbox: list[_Add | _Abort] = []
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._dead_error: BaseException | None = None
+        # Engine-thread only.
+        self._requests: dict[str, _RequestState] = {}
+        self._last_stats: Any = None
+        # Event-loop side: request ids handed to generate() and not yet ended.
+        self._in_flight: set[str] = set()
+        if start:
+            self.start()
+
+    @classmethod
+    def from_engine_args(cls, engine_args: "EngineArgs", **kwargs: Any) -> "AsyncLLMEngine":
+        from pagedllm.engine.llm_engine import LLMEngine
+
+        engine = LLMEngine.from_engine_args(engine_args)
+        kwargs.setdefault("max_num_seqs", engine_args.max_num_seqs)
+        return cls(engine, **kwargs)
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="pagedllm-engine", daemon=True)
+        self._thread.start()
+
+    def shutdown(self, timeout: float | None = 10.0) -> None:
+        """Abort whatever is in flight and stop the engine thread."""
+        with self._cv:
+            self._stopping = True
+            self._cv.notify()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self._dead_error is None
+
+    @property
+    def errored(self) -> bool:
+        return self._dead_error is not None or (
+            self._thread is not None and not self._thread.is_alive() and not self._stopping
+        )
+
+    @property
+    def dead_error(self) -> BaseException | None:
+        return self._dead_error
+
+    async def check_health(self) -> None:
+        if self.errored:
+            raise EngineDeadError(f"the engine loop has stopped: {self._dead_error!r}")
+
+    # ---- admission ---------------------------------------------------------------------------
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._in_flight)
+
+    def check_capacity(self, num_requests: int = 1) -> None:
+        """Raise QueueFullError unless `num_requests` more requests fit in the queue."""
+        if self.max_queue_len is None:
+            return
+        limit = self.max_num_seqs + self.max_queue_len
+        if len(self._in_flight) + num_requests > limit:
+            raise QueueFullError(
+                f"the server is at capacity ({len(self._in_flight)} requests in flight, "
+                f"max_num_seqs={self.max_num_seqs} + max_queue_len={self.max_queue_len}); "
+                "retry later"
+            )
+
+    def generate(
+        self,
+        prompt: str | list[int],
+        sampling_params: SamplingParams,
+        request_id: str,
+        *,
+        priority: int = 0,
+    ) -> AsyncIterator[RequestOutput]:
+        """Submit a request and return the async stream of its cumulative outputs; the last has
+        `finished=True`. Must be called from a running event loop.
+
+        Admission happens here, synchronously (so a handler can submit several requests with no
+        other handler in between): EngineDeadError, QueueFullError and a duplicate id raise at
+        once; a rejection by the engine (ValueError) is raised by the stream's first item.
+        Closing the stream early (a client that went away) aborts the request.
+        """
+        if self.errored:
+            raise EngineDeadError(f"the engine loop has stopped: {self._dead_error!r}")
+        if self._stopping:
+            raise EngineDeadError("the engine is shutting down")
+        if request_id in self._in_flight:
+            raise ValueError(f"request id {request_id!r} is already in flight")
+        self.check_capacity(1)
+        stream = _RequestStream(request_id, asyncio.get_running_loop())
+        self._in_flight.add(request_id)
+        self._post(_Add(request_id, prompt, sampling_params, priority, stream, time.monotonic()))
+        return self._iterate(stream)
+
+    async def _iterate(self, stream: _RequestStream) -> AsyncIterator[RequestOutput]:
+        try:
+            while True:
+                out = await stream.get()
+                yield out
+                if out.finished:
+                    return
+        finally:
+            if not stream.done:
+                self._post(_Abort([stream.request_id]))
+
+    async def abort(self, request_id: str | Iterable[str]) -> None:
+        self.abort_nowait(request_id)
+
+    def abort_nowait(self, request_id: str | Iterable[str]) -> None:
+        """Abort requests (thread-safe, idempotent). Their streams end with finish_reason
+        "abort", and their KV blocks are freed before the next step."""
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        if ids:
+            self._post(_Abort(ids))
+
+    def abort_all(self) -> None:
+        self.abort_nowait(list(self._in_flight))
+
+    @property
+    def last_stats(self) -> Any:
+        """The engine's stats after the latest loop pass (None before the first)."""
+        return self._last_stats
+
+    # ---- engine thread -------------------------------------------------------------------------
+
+    def _post(self, msg: _Add | _Abort) -> None:
+        with self._cv:
+            self._inbox.append(msg)
+            self._cv.notify()
+
+    def _take_inbox(self, block: bool) -> list[_Add | _Abort]:
+        with self._cv:
+            if block and not self._inbox and not self._stopping:
+                self._cv.wait(self._idle_tick)
+            msgs, self._inbox = self._inbox, []
+            return msgs
+
+    def _run(self) -> None:
+        logger.debug("engine loop started")
+        try:
+            while True:
+                busy = bool(self._requests) or self.engine.has_unfinished_requests()
+                msgs = self._take_inbox(block=not busy)
+                if self._stopping:
+                    self._abort_everything("the engine is shutting down")
+                    break
+                iteration = IterationStats()
+                self._apply(msgs, iteration)
+                if self.engine.has_unfinished_requests():
+                    self._step(iteration)
+                self._record(iteration)
+        except BaseException as e:  # noqa: BLE001 - the loop must never die silently
+            self._dead_error = e
+            logger.exception("the engine loop died; failing every in-flight request")
+            self._fail_all(EngineDeadError(f"the engine loop died: {e!r}"))
+        logger.debug("engine loop stopped")
+
+    def _apply(self, msgs: list[_Add | _Abort], iteration: IterationStats) -> None:
+        for msg in msgs:
+            if isinstance(msg, _Add):
+                self._apply_add(msg)
+            else:
+                self._apply_abort(msg.request_ids, iteration)
+
+    def _apply_add(self, msg: _Add) -> None:
+        try:
+            self.engine.add_request(msg.request_id, msg.prompt, msg.params, priority=msg.priority)
+        except ValueError as e:
+            self._deliver([(msg.stream, ValueError(str(e)))])
+            return
+        except Exception as e:  # noqa: BLE001 - a broken add fails that request only
+            logger.exception("add_request(%s) failed", msg.request_id)
+            self._deliver([(msg.stream, RequestFailedError(f"the engine could not add the request: {e!r}"))])
+            return
+        num_prompt = len(msg.prompt) if isinstance(msg.prompt, list) else 0
+        self._requests[msg.request_id] = _RequestState(
+            stream=msg.stream, arrival=msg.arrival, num_prompt_tokens=num_prompt
+        )
+
+    def _apply_abort(self, request_ids: list[str], iteration: IterationStats) -> None:
+        live = [rid for rid in dict.fromkeys(request_ids) if rid in self._requests]
+        if not live:
+            return
+        self.engine.abort_request(live)  # an exception here means the engine state is unknown
+        now = time.monotonic()
+        deliveries = []
+        for rid in live:
+            state = self._requests.pop(rid)
+            final = self._final_abort_output(rid, state)
+            deliveries.append((state.stream, final))
+            iteration.finished.append(self._finished_stats(state, final, now, "abort"))
+        self._deliver(deliveries)
+
+    def _final_abort_output(self, request_id: str, state: _RequestState) -> RequestOutput:
+        for c in state.outputs.values():
+            if c.finish_reason is None:
+                c.finish_reason = "abort"
+        prev = state.last_output
+        return RequestOutput(
+            request_id=request_id,
+            prompt=prev.prompt if prev else None,
+            prompt_token_ids=prev.prompt_token_ids if prev else [],
+            prompt_logprobs=prev.prompt_logprobs if prev else None,
+            outputs=[state.outputs[i] for i in sorted(state.outputs)],
+            finished=True,
+            metrics=prev.metrics if prev else None,
+            num_cached_tokens=prev.num_cached_tokens if prev else 0,
+        )
+
+    def _step(self, iteration: IterationStats) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception as e:  # noqa: BLE001
+            ids = list(self._requests)
+            logger.exception("engine step failed; failing the %d in-flight requests", len(ids))
+            err = RequestFailedError(f"the engine failed while serving this request: {e!r}")
+            now = time.monotonic()
+            deliveries = []
+            for rid in ids:
+                state = self._requests.pop(rid)
+                deliveries.append((state.stream, err))
+                iteration.finished.append(self._finished_stats(state, None, now, "error"))
+            self._deliver(deliveries)
+            # Free whatever the failed requests held; if even that fails, the loop dies.
+            self.engine.abort_request(ids)
+            return
+        now = time.monotonic()
+        deliveries: list[tuple[_RequestStream, RequestOutput | BaseException]] = []
+        for out in outputs:
+            state = self._requests.get(out.request_id)
+            if state is None:  # aborted on our side in the meantime
+                continue
+            snap = self._snapshot(state, out, now, iteration)
+            if out.error is not None:
+                self._requests.pop(out.request_id)
+                deliveries.append((state.stream, RequestFailedError(out.error)))
+                iteration.finished.append(self._finished_stats(state, snap, now, "error"))
+                continue
+            deliveries.append((state.stream, snap))
+            if out.finished:
+                self._requests.pop(out.request_id)
+                iteration.finished.append(self._finished_stats(state, snap, now, None))
+        self._deliver(deliveries)
+
+    def _snapshot(
+        self, state: _RequestState, out: RequestOutput, now: float, iteration: IterationStats
+    ) -> RequestOutput:
+        new_tokens = 0
+        for c in out.outputs:
+            prev = state.outputs.get(c.index)
+            new_tokens += len(c.token_ids) - (len(prev.token_ids) if prev else 0)
+            state.outputs[c.index] = _copy_completion(c)
+        if new_tokens > 0:
+            if state.first_token_time is None:
+                state.first_token_time = now
+                iteration.time_to_first_tokens.append(now - state.arrival)
+            elif state.last_token_time is not None:
+                iteration.inter_token_latencies.append((now - state.last_token_time) / new_tokens)
+            state.last_token_time = now
+            state.num_tokens += new_tokens
+        state.num_prompt_tokens = len(out.prompt_token_ids)
+        snap = RequestOutput(
+            request_id=out.request_id,
+            prompt=out.prompt,
+            prompt_token_ids=out.prompt_token_ids,
+            prompt_logprobs=out.prompt_logprobs,
+            outputs=[state.outputs[i] for i in sorted(state.outputs)],
+            finished=out.finished,
+            metrics=out.metrics,
+            num_cached_tokens=out.num_cached_tokens,
+            error=out.error,
+        )
+        state.last_output = snap
+        return snap
+
+    @staticmethod
+    def _finished_stats(
+        state: _RequestState, out: RequestOutput | None, now: float, reason: str | None
+    ) -> FinishedRequestStats:
+        """`reason` fills in for samples without a finish reason of their own (abort, error)."""
+        fallback = reason or "stop"
+        if reason == "error" or out is None:
+            reasons = [fallback] * max(1, len(state.outputs))
+        else:
+            reasons = [c.finish_reason or fallback for c in out.outputs] or [fallback]
+        ttft = None if state.first_token_time is None else state.first_token_time - state.arrival
+        tpot = None
+        if state.first_token_time is not None and state.num_tokens > 1:
+            tpot = (now - state.first_token_time) / (state.num_tokens - 1)
+        queue_time = None
+        m = out.metrics if out is not None else None
+        if m is not None:
+            if m.time_in_queue is not None:
+                queue_time = m.time_in_queue
+            elif m.first_scheduled_time is not None:
+                queue_time = max(0.0, m.first_scheduled_time - m.arrival_time)
+        return FinishedRequestStats(
+            finish_reasons=reasons,
+            e2e_latency=now - state.arrival,
+            time_to_first_token=ttft,
+            time_per_output_token=tpot,
+            queue_time=queue_time,
+            num_prompt_tokens=state.num_prompt_tokens,
+            num_generation_tokens=state.num_tokens,
+        )
+
+    def _record(self, iteration: IterationStats) -> None:
+        try:
+            self._last_stats = self.engine.get_stats()
+        except Exception:  # noqa: BLE001 - stats are best effort
+            logger.exception("get_stats() failed")
+            self._last_stats = None
+        now = time.monotonic()
+        for stat_logger in self.stat_loggers:
+            try:
+                stat_logger.record(self._last_stats, iteration, now)
+            except Exception:  # noqa: BLE001
+                logger.exception("stat logger %r failed", stat_logger)
+
+    def _abort_everything(self, why: str) -> None:
+        ids = list(self._requests)
+        if ids:
+            logger.info("aborting %d in-flight requests: %s", len(ids), why)
+            iteration = IterationStats()
+            self._apply_abort(ids, iteration)
+        with self._cv:
+            pending, self._inbox = self._inbox, []
+        self._deliver(
+            [(m.stream, EngineDeadError(why)) for m in pending if isinstance(m, _Add)]
+        )
+
+    def _fail_all(self, error: BaseException) -> None:
+        deliveries = [(s.stream, error) for s in self._requests.values()]
+        self._requests.clear()
+        with self._cv:
+            pending, self._inbox = self._inbox, []
+        deliveries += [(m.stream, error) for m in pending if isinstance(m, _Add)]
+        self._deliver(deliveries)
+
+    def _deliver(self, items: list[tuple[_RequestStream, RequestOutput | BaseException]]) -> None:
+        """Hand items to their streams' event loops: one thread-safe call per loop."""
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for stream, item in items:
+            by_loop.setdefault(stream.loop, []).append((stream, item))
+        for loop, batch in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(self._deliver_on_loop, batch)
+            except RuntimeError:  # the loop is closed: nobody is listening any more
+                pass
+
+    def _deliver_on_loop(self, batch: list[tuple[_RequestStream, RequestOutput | BaseException]]) -> None:
+        for stream, item in batch:
+            if isinstance(item, BaseException):
+                stream.fail(item)
+            else:
+                stream.put(item)
+            if stream.done:
+                self._in_flight.discard(stream.request_id)

@@ -1,0 +1,69 @@
+"""Incremental detokenization and stop strings.
+
+Text is produced by decoding a short window of token ids twice, with and without the newest
+tokens, and emitting the difference; while the window ends in an incomplete UTF-8 sequence
+(decodes to U+FFFD) or an unfinished BPE merge, nothing is emitted yet. The concatenated deltas
+equal `tokenizer.decode(all output ids)`.
+
+Stop strings are searched only in the tail that new text can affect, so a stop string split
+across tokens is found; the text is cut before it (or after it with
+include_stop_str_in_output). Until a request finishes, the last max_stop_len - 1 characters
+are held back from `visible_text`, so a stream never shows the start of a stop string.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pagedllm.sampling_params import SamplingParams
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer: Any, params: SamplingParams):
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = params.skip_special_tokens
+        self.stop = params.stop
+        self.include_stop = params.include_stop_str_in_output
+        self.max_stop_len = params.max_stop_len
+        self.token_ids: list[int] = []
+        self.prefix_offset = 0
+        self.read_offset = 0
+        self.text = ""
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+
+    def update(self, token_id: int, detokenize: bool = True) -> str | None:
+        """Adds one token; returns the stop string matched, if any."""
+        self.token_ids.append(token_id)
+        if not detokenize:
+            return None
+        ids = self.token_ids
+        prefix_text = self._decode(ids[self.prefix_offset : self.read_offset])
+        new_text = self._decode(ids[self.prefix_offset :])
+        if len(new_text) <= len(prefix_text) or new_text.endswith("\ufffd"):
+            return None  # wait for the rest of a multi-byte character
+        delta = new_text[len(prefix_text) :]
+        self.prefix_offset, self.read_offset = self.read_offset, len(ids)
+        self.text += delta
+        return self._check_stop(len(delta))
+
+    def _check_stop(self, delta_len: int) -> str | None:
+        if not self.stop:
+            return None
+        start = max(0, len(self.text) - delta_len - self.max_stop_len + 1)
+        best: tuple[int, str] | None = None
+        for s in self.stop:
+            i = self.text.find(s, start)
+            if i != -1 and (best is None or i < best[0]):
+                best = (i, s)
+        if best is None:
+            return None
+        i, s = best
+        self.text = self.text[: i + len(s)] if self.include_stop else self.text[:i]
+        return s
+
+    def visible_text(self, finished: bool) -> str:
+        if finished or self.max_stop_len <= 1 or self.include_stop:
+            return self.text
+        return self.text[: max(0, len(self.text) - (self.max_stop_len - 1))]

@@ -1,0 +1,300 @@
+"""LLMEngine: the synchronous engine. It owns the tokenizer, the scheduler and the executor;
+`add_request` validates and queues, `step` runs one schedule -> forward -> update cycle and
+returns cumulative RequestOutputs for the requests that progressed.
+
+A request with `n > 1` becomes n child sequences that share the prompt's KV blocks through the
+prefix cache; its RequestOutput gathers them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from pagedllm.config import EngineArgs, EngineConfig
+from pagedllm.core.request import Request, RequestStatus
+from pagedllm.core.scheduler import Scheduler
+from pagedllm.core.scheduler_output import TokenLogprobs
+from pagedllm.engine.detokenizer import IncrementalDetokenizer
+from pagedllm.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from pagedllm.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+PromptType = str | list[int] | dict
+
+
+@dataclass(slots=True)
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    num_swapped: int
+    kv_cache_usage: float
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    num_preemptions: int
+    prompt_tokens: int
+    generation_tokens: int
+    num_gpu_blocks: int
+    num_free_blocks: int
+
+
+@dataclass(slots=True)
+class _Parent:
+    """Engine-side state of one user request and its n sequences."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    children: list[Request]
+    detoks: list[IncrementalDetokenizer]
+    metrics: RequestMetrics
+    logprobs: list[list[dict[int, Logprob]] | None]
+    cum_logprobs: list[float | None]
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    finished_children: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig):
+        from pagedllm.executor.uniproc import UniProcExecutor
+        from pagedllm.model.loader import eos_token_ids, load_tokenizer
+
+        t0 = time.time()
+        self.config = config
+        mc = config.model_config
+        self.model_config = mc
+        self.tokenizer = load_tokenizer(mc.model, config.model_config.tokenizer, mc.gguf_file)
+        self.eos_token_ids = eos_token_ids(mc.model, mc.gguf_file, mc.hf_config, self.tokenizer)
+        self.executor = UniProcExecutor(config, self.eos_token_ids)
+        cc = config.cache_config
+        capacity = self.executor.num_gpu_blocks * cc.block_size
+        if capacity < mc.max_model_len:
+            raise ValueError(
+                f"max_model_len={mc.max_model_len} does not fit the KV cache ({capacity} tokens); "
+                f"lower max_model_len or give the cache more memory (kv_cache_memory / gpu_memory_utilization)"
+            )
+        self.scheduler = Scheduler(config.scheduler_config, cc, self.executor.num_gpu_blocks,
+                                   self.executor.num_cpu_blocks)
+        self._parents: dict[str, _Parent] = {}
+        self._child_to_parent: dict[str, tuple[_Parent, int]] = {}
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        logger.info("engine ready in %.1fs", time.time() - t0)
+
+    @classmethod
+    def from_engine_args(cls, args: EngineArgs) -> "LLMEngine":
+        return cls(args.create_engine_config())
+
+    # ---- requests in -----------------------------------------------------------------
+    def tokenize_prompt(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                prompt = prompt["prompt_token_ids"]
+            elif "prompt" in prompt:
+                prompt = prompt["prompt"]
+            else:
+                raise ValueError("prompt: a dict prompt needs 'prompt' or 'prompt_token_ids'")
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("prompt must not be empty")
+            return prompt, self.tokenizer.encode(prompt)
+        if isinstance(prompt, (list, tuple)):
+            ids = list(prompt)
+            vocab = self.model_config.vocab_size
+            for t in ids:
+                if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
+                    raise ValueError(f"prompt: token id {t!r} is outside the vocabulary [0, {vocab})")
+            return None, ids
+        raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams | None = None,
+        arrival_time: float | None = None,
+        priority: int = 0,
+    ) -> None:
+        if request_id in self._parents:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise ValueError(f"priority must be an integer, got {priority!r}")
+        text, ids = self.tokenize_prompt(prompt)
+        if not ids:
+            raise ValueError("prompt must not be empty")
+        max_len = self.model_config.max_model_len
+        if len(ids) > max_len:
+            raise ValueError(
+                f"prompt has {len(ids)} tokens, more than max_model_len={max_len}"
+            )
+        vocab = self.model_config.vocab_size
+        if any(t >= vocab for t in params.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be < vocab size {vocab}")
+        max_out = max_len - len(ids) if params.max_tokens is None else params.max_tokens
+        max_out = max(1, min(max_out, max_len - len(ids) + 1))
+        arrival = time.time() if arrival_time is None else arrival_time
+        n = params.n
+        children, detoks = [], []
+        for i in range(n):
+            cp = params if n == 1 else params.clone(n=1, seed=None if params.seed is None else params.seed + i)
+            cid = request_id if n == 1 else f"{i}_{request_id}"
+            children.append(Request(cid, ids, cp, max_out, self.eos_token_ids, arrival, priority))
+            detoks.append(IncrementalDetokenizer(self.tokenizer, cp))
+        parent = _Parent(
+            request_id, text, ids, params, children, detoks, RequestMetrics(arrival_time=arrival),
+            [[] if params.logprobs is not None else None for _ in range(n)],
+            [0.0 if params.logprobs is not None else None for _ in range(n)],
+            [None] if params.prompt_logprobs is not None else None,
+        )
+        self._parents[request_id] = parent
+        for i, child in enumerate(children):
+            self._child_to_parent[child.request_id] = (parent, i)
+            self.scheduler.add_request(child)
+
+    def abort_request(self, request_id: str | Iterable[str]) -> None:
+        """Stops the requests and frees their KV blocks now; no further output is produced."""
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        for rid in ids:
+            parent = self._parents.pop(rid, None)
+            if parent is None:
+                continue
+            child_ids = [c.request_id for c in parent.children]
+            self.scheduler.finish_requests(child_ids, RequestStatus.FINISHED_ABORTED)
+            for cid in child_ids:
+                self._child_to_parent.pop(cid, None)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._parents)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self._parents)
+
+    # ---- one step --------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        so = self.scheduler.schedule()
+        if so.is_empty:
+            if so.finished_req_ids:
+                self.executor.execute_model(so)  # let the workers drop finished state
+            wait = self.scheduler.batch_wait_remaining()
+            if wait > 0:
+                time.sleep(min(wait, 0.002))
+            return []
+        runner_out = self.executor.execute_model(so)
+        results = self.scheduler.update_from_output(so, runner_out)
+        now = time.time()
+        touched: dict[str, _Parent] = {}
+        for req, token in results:
+            entry = self._child_to_parent.get(req.request_id)
+            if entry is None:
+                continue
+            parent, idx = entry
+            touched[parent.request_id] = parent
+            if parent.metrics.first_scheduled_time is None:
+                parent.metrics.first_scheduled_time = req.first_scheduled_time
+                parent.metrics.time_in_queue = (req.first_scheduled_time or now) - parent.metrics.arrival_time
+                self.prompt_tokens_total += len(parent.prompt_token_ids)
+            plp = runner_out.prompt_logprobs.get(req.request_id)
+            if plp is not None and idx == 0 and parent.prompt_logprobs is not None:
+                parent.prompt_logprobs.extend(self._to_logprob_dicts(plp))
+            if token is None:
+                continue
+            self.generation_tokens_total += 1
+            if parent.metrics.first_token_time is None:
+                parent.metrics.first_token_time = now
+            parent.metrics.last_token_time = now
+            lp = runner_out.logprobs.get(req.request_id)
+            if lp is not None and parent.logprobs[idx] is not None:
+                parent.logprobs[idx].append(self._to_logprob_dicts([lp])[0])
+                parent.cum_logprobs[idx] += lp.logprob
+            stopped_by_token = req.status == RequestStatus.FINISHED_STOPPED
+            detok = not stopped_by_token or req.sampling_params.include_stop_str_in_output
+            stop_str = parent.detoks[idx].update(token, detokenize=detok)
+            if stop_str is not None and not req.status.finished:
+                self.scheduler.finish_requests(req.request_id, RequestStatus.FINISHED_STOPPED)
+                req.stop_reason = stop_str
+            if req.status.finished:
+                parent.finished_children += 1
+                parent.metrics.num_preemptions += req.num_preemptions
+        outputs = []
+        for parent in touched.values():
+            out = self._make_output(parent)
+            if out.finished:
+                parent.metrics.finished_time = now
+                self._parents.pop(parent.request_id, None)
+                for c in parent.children:
+                    self._child_to_parent.pop(c.request_id, None)
+            outputs.append(out)
+        return outputs
+
+    def _to_logprob_dicts(self, items: list[TokenLogprobs | None]) -> list[dict[int, Logprob] | None]:
+        out: list[dict[int, Logprob] | None] = []
+        for it in items:
+            if it is None:
+                out.append(None)
+                continue
+            d = {it.token_id: Logprob(it.logprob, it.rank, self.tokenizer.decode([it.token_id]))}
+            for r, (tid, lp) in enumerate(zip(it.top_ids, it.top_logprobs), start=1):
+                if tid not in d:
+                    d[tid] = Logprob(lp, r, self.tokenizer.decode([tid]))
+            out.append(d)
+        return out
+
+    def _make_output(self, parent: _Parent) -> RequestOutput:
+        completions = []
+        for i, (child, det) in enumerate(zip(parent.children, parent.detoks)):
+            fin = child.status.finished
+            completions.append(CompletionOutput(
+                index=i,
+                text=det.visible_text(fin),
+                token_ids=list(child.output_token_ids),
+                cumulative_logprob=parent.cum_logprobs[i],
+                logprobs=list(parent.logprobs[i]) if parent.logprobs[i] is not None else None,
+                finish_reason=child.status.finish_reason if fin else None,
+                stop_reason=child.stop_reason if fin else None,
+            ))
+        finished = parent.finished_children == len(parent.children)
+        return RequestOutput(
+            request_id=parent.request_id,
+            prompt=parent.prompt,
+            prompt_token_ids=parent.prompt_token_ids,
+            prompt_logprobs=list(parent.prompt_logprobs) if parent.prompt_logprobs is not None else None,
+            outputs=completions,
+            finished=finished,
+            metrics=parent.metrics,
+            num_cached_tokens=max(parent.children[0].num_cached_tokens, 0),
+        )
+
+    # ---- introspection ---------------------------------------------------------------
+    def get_stats(self) -> EngineStats:
+        s = self.scheduler
+        bm = s.block_manager
+        return EngineStats(
+            num_running=len(s.running),
+            num_waiting=len(s.waiting),
+            num_swapped=len(s.swapped),
+            kv_cache_usage=bm.usage,
+            prefix_cache_queries=bm.prefix_cache_queries,
+            prefix_cache_hits=bm.prefix_cache_hits,
+            num_preemptions=s.num_preemptions,
+            prompt_tokens=self.prompt_tokens_total,
+            generation_tokens=self.generation_tokens_total,
+            num_gpu_blocks=bm.num_blocks,
+            num_free_blocks=bm.num_free_blocks,
+        )
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            chat_template: str | None = None) -> list[int]:
+        ids = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=add_generation_prompt, tokenize=True, chat_template=chat_template,
+        )
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return list(ids)

@@ -1,0 +1,448 @@
+"""Triton kernels of the paged-attention path; each must equal its torch reference in
+`pagedllm/attention/torch_backend.py` (`store_kv_torch`, `paged_attention_torch`).
+
+- `store_kv_triton`: writes each token's new K/V into its cache slot (slot -1: skipped).
+- `prefill_attention_triton`: varlen FlashAttention over the paged cache for prefill chunks.
+- `decode_attention_triton`: one query token per request, split-K along the context, then a
+  reduce kernel that merges the partial softmaxes.
+
+Both attention kernels read every key and value from the cache, so K/V must be stored first.
+They never copy to the host: sizes come from the caller (the `*_cpu` lists of ForwardBatch) and
+the per-request lengths are read on the device, so a pure-decode step can be captured in a CUDA
+graph (its grid depends only on the batch size and an upper bound of the sequence length).
+
+Prefill chunk of request r, with a cached prefix (chunked prefill or a prefix-cache hit):
+
+    context  |<------ ctx = seq_len - query_len ------>|<--- query_len new tokens --->|
+    query i (at position ctx + i) sees keys 0 .. ctx + i
+
+    a query block of BLOCK_M rows starting at row m0 walks the keys in tiles of BLOCK_N:
+    keys [0, ctx + m0)             visible to every row: no mask
+    keys [ctx + m0, ctx + m0 + BLOCK_M)  the diagonal: causal mask per (row, key)
+
+Keys are gathered through the block table, tile by tile:
+    key n  ->  page = block_tables[r, n // block_size], offset = n % block_size
+
+Decode split-K: request r's context is cut into NUM_SPLITS partitions of equal length (rounded
+up to BLOCK_N). Each program handles one (request, kv head, partition) and all the query heads
+of that kv head's group (GQA), and leaves an unnormalised output plus the running max and sum
+of its partition; the reduce kernel rescales and merges them. With NUM_SPLITS == 1 the first
+kernel writes the final output itself.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from pagedllm.kernels._triton import next_power_of_2
+
+_LOG2E = 1.4426950408889634
+
+
+# ----------------------------------------------------------------------------------- store KV
+
+
+@triton.jit
+def _store_kv_kernel(
+    k_ptr,  # [T, Hkv, D]
+    v_ptr,  # [T, Hkv, D]
+    k_cache_ptr,  # [N, bs, Hkv, D]
+    v_cache_ptr,  # [N, bs, Hkv, D]
+    slot_ptr,  # [T] int64, -1 = skip
+    stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_kcb, stride_kcs, stride_kch,
+    stride_vcb, stride_vcs, stride_vch,
+    num_kv_heads,
+    HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    t = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    if slot < 0:
+        return
+    block = slot // BLOCK_SIZE
+    offset = slot % BLOCK_SIZE
+    heads = tl.arange(0, BLOCK_H)
+    dims = tl.arange(0, BLOCK_D)
+    mask = (heads[:, None] < num_kv_heads) & (dims[None, :] < HEAD_DIM)
+    k = tl.load(k_ptr + t * stride_kt + heads[:, None] * stride_kh + dims[None, :], mask=mask)
+    v = tl.load(v_ptr + t * stride_vt + heads[:, None] * stride_vh + dims[None, :], mask=mask)
+    kc = k_cache_ptr + block * stride_kcb + offset * stride_kcs + heads[:, None] * stride_kch + dims[None, :]
+    vc = v_cache_ptr + block * stride_vcb + offset * stride_vcs + heads[:, None] * stride_vch + dims[None, :]
+    tl.store(kc, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(vc, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def store_kv_triton(
+    k: torch.Tensor,  # [T, Hkv, D]
+    v: torch.Tensor,  # [T, Hkv, D]
+    k_cache: torch.Tensor,  # [N, bs, Hkv, D]
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # [T] int64, -1 = skip
+) -> None:
+    t, hkv, d = k.shape
+    if t == 0:
+        return
+    assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1, "the cache's head_dim must be contiguous"
+    k, v = _last_dim_contiguous(k), _last_dim_contiguous(v)
+    block_h, block_d = next_power_of_2(hkv), next_power_of_2(d)
+    _store_kv_kernel[(t,)](
+        k, v, k_cache, v_cache, slot_mapping,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        hkv,
+        HEAD_DIM=d, BLOCK_SIZE=k_cache.shape[1], BLOCK_H=block_h, BLOCK_D=block_d,
+        num_warps=4 if block_h * block_d <= 2048 else 8,
+    )  # fmt: skip
+
+
+# ------------------------------------------------------------------------ shared tile helpers
+
+
+@triton.jit
+def _load_kv_tile(
+    cache_ptr, bt_row_ptr, keys, key_mask, kv_head, dims, dim_mask,
+    stride_b, stride_s, stride_h, BLOCK_SIZE: tl.constexpr,
+):  # fmt: skip
+    """Gathers the rows `keys` [BLOCK_N] of one kv head through the block table -> [BLOCK_N, BLOCK_D]."""
+    page = tl.load(bt_row_ptr + keys // BLOCK_SIZE, mask=key_mask, other=0).to(tl.int64)
+    offset = keys % BLOCK_SIZE
+    ptrs = cache_ptr + page[:, None] * stride_b + offset[:, None] * stride_s + kv_head * stride_h + dims[None, :]
+    return tl.load(ptrs, mask=key_mask[:, None] & dim_mask[None, :], other=0.0)
+
+
+@triton.jit
+def _attend_tile(
+    q, acc, m_i, l_i, k, v, valid, qk_scale,
+    DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """One online-softmax step in base 2: q [M, D] against a key tile k, v [N, D].
+    `valid` [M, N] masks keys out (every row has at least one valid key over the whole loop)."""
+    s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * qk_scale
+    s = tl.where(valid, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    # A row with no valid key yet keeps m = -inf; shift by 0 there to avoid (-inf) - (-inf).
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
+    return acc, m_new, l_i
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    # float32 inputs would otherwise go through TF32 on the tensor cores (10-bit mantissa).
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+# ----------------------------------------------------------------------------------- prefill
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr,  # [T, Hq, D]
+    k_cache_ptr,  # [N, bs, Hkv, D]
+    v_cache_ptr,  # [N, bs, Hkv, D]
+    block_tables_ptr,  # [B, max_blocks] int32
+    query_start_loc_ptr,  # [B+1] int32
+    seq_lens_ptr,  # [B] int32
+    out_ptr,  # [T, Hq, D]
+    qk_scale,  # softmax scale * log2(e)
+    first_req,
+    stride_qt, stride_qh, stride_ot, stride_oh,
+    stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+    stride_bt,
+    GROUP: tl.constexpr,  # query heads per kv head
+    HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    q_block = tl.program_id(0)
+    req = first_req + tl.program_id(1)
+    head = tl.program_id(2)
+    kv_head = head // GROUP
+    q_start = tl.load(query_start_loc_ptr + req)
+    query_len = tl.load(query_start_loc_ptr + req + 1) - q_start
+    m0 = q_block * BLOCK_M
+    if m0 >= query_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + req)
+    ctx = seq_len - query_len
+
+    rows = m0 + tl.arange(0, BLOCK_M)
+    row_mask = rows < query_len
+    dims = tl.arange(0, BLOCK_D)
+    dim_mask = dims < HEAD_DIM
+    tok = (q_start + rows).to(tl.int64)
+    q = tl.load(
+        q_ptr + tok[:, None] * stride_qt + head * stride_qh + dims[None, :],
+        mask=row_mask[:, None] & dim_mask[None, :],
+        other=0.0,
+    )
+    bt_row = block_tables_ptr + req.to(tl.int64) * stride_bt
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    offs_n = tl.arange(0, BLOCK_N)
+
+    # Keys below ctx + m0 are visible to every row of the block (and lie inside seq_len).
+    full_end = ((ctx + m0) // BLOCK_N) * BLOCK_N
+    for n0 in range(0, full_end, BLOCK_N):
+        keys = n0 + offs_n
+        key_mask = keys < full_end
+        k = _load_kv_tile(k_cache_ptr, bt_row, keys, key_mask, kv_head, dims, dim_mask,
+                          stride_kb, stride_ks, stride_kh, BLOCK_SIZE)  # fmt: skip
+        v = _load_kv_tile(v_cache_ptr, bt_row, keys, key_mask, kv_head, dims, dim_mask,
+                          stride_vb, stride_vs, stride_vh, BLOCK_SIZE)  # fmt: skip
+        acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, k, v, key_mask[None, :], qk_scale, DOT_PRECISION)
+
+    # The diagonal: the last row of the block sees keys up to ctx + m0 + BLOCK_M - 1.
+    end = tl.minimum(seq_len, ctx + m0 + BLOCK_M)
+    for n0 in range(full_end, end, BLOCK_N):
+        keys = n0 + offs_n
+        key_mask = keys < end
+        k = _load_kv_tile(k_cache_ptr, bt_row, keys, key_mask, kv_head, dims, dim_mask,
+                          stride_kb, stride_ks, stride_kh, BLOCK_SIZE)  # fmt: skip
+        v = _load_kv_tile(v_cache_ptr, bt_row, keys, key_mask, kv_head, dims, dim_mask,
+                          stride_vb, stride_vs, stride_vh, BLOCK_SIZE)  # fmt: skip
+        valid = key_mask[None, :] & (keys[None, :] <= ctx + rows[:, None])
+        acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, k, v, valid, qk_scale, DOT_PRECISION)
+
+    l_i = tl.where(l_i == 0.0, 1.0, l_i)
+    out = acc / l_i[:, None]
+    tl.store(
+        out_ptr + tok[:, None] * stride_ot + head * stride_oh + dims[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=row_mask[:, None] & dim_mask[None, :],
+    )
+
+
+def _prefill_config(head_dim: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages), sized so the tiles fit in shared memory."""
+    block_d = next_power_of_2(head_dim)
+    if dtype == torch.float32 or block_d > 128:
+        return 64, 32, 4, 2
+    return 128, 64, 8, 2
+
+
+def prefill_attention_triton(
+    q: torch.Tensor,  # [T, Hq, D]
+    k_cache: torch.Tensor,  # [N, bs, Hkv, D]
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # [B, max_blocks] int32
+    query_start_loc: torch.Tensor,  # [B+1] int32
+    seq_lens: torch.Tensor,  # [B] int32
+    out: torch.Tensor,  # [T, Hq, D], rows of requests first_req .. first_req+num_reqs-1 written
+    scale: float,
+    first_req: int,
+    num_reqs: int,
+    max_query_len: int,  # upper bound of query_len over those requests
+    config: tuple[int, int, int, int] | None = None,
+) -> torch.Tensor:
+    """Causal attention of requests [first_req, first_req + num_reqs) over their paged context."""
+    _, hq, d = q.shape
+    _, bs, hkv, _ = k_cache.shape
+    if num_reqs == 0 or max_query_len == 0:
+        return out
+    assert hq % hkv == 0 and out.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
+    q = _last_dim_contiguous(q)
+    block_m, block_n, num_warps, num_stages = config or _prefill_config(d, q.dtype)
+    grid = (triton.cdiv(max_query_len, block_m), num_reqs, hq)
+    _prefill_kernel[grid](
+        q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out,
+        scale * _LOG2E, first_req,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        block_tables.stride(0),
+        GROUP=hq // hkv, HEAD_DIM=d, BLOCK_SIZE=bs,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=next_power_of_2(d),
+        DOT_PRECISION=_dot_precision(q.dtype),
+        num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    return out
+
+
+# ------------------------------------------------------------------------------------ decode
+
+
+@triton.jit
+def _decode_kernel(
+    q_ptr,  # [B, Hq, D], one query token per request
+    k_cache_ptr,  # [N, bs, Hkv, D]
+    v_cache_ptr,  # [N, bs, Hkv, D]
+    block_tables_ptr,  # [B, max_blocks] int32
+    seq_lens_ptr,  # [B] int32
+    out_ptr,  # [B, Hq, D], written when NUM_SPLITS == 1
+    part_out_ptr,  # [B, Hq, NUM_SPLITS, D] float32, unnormalised partial outputs
+    part_max_ptr,  # [B, Hq, NUM_SPLITS] float32, running max (base 2)
+    part_sum_ptr,  # [B, Hq, NUM_SPLITS] float32, running sum of exp2
+    qk_scale,
+    stride_qt, stride_qh, stride_ot, stride_oh,
+    stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+    stride_bt,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    req = tl.program_id(0).to(tl.int64)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + req)
+    part_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * part_len
+    end = tl.minimum(start + part_len, seq_len)
+
+    g = tl.arange(0, BLOCK_G)  # rows: the query heads of this kv head's group (padded to >= 16)
+    g_mask = g < GROUP
+    heads = kv_head * GROUP + g
+    dims = tl.arange(0, BLOCK_D)
+    dim_mask = dims < HEAD_DIM
+    q = tl.load(
+        q_ptr + req * stride_qt + heads[:, None] * stride_qh + dims[None, :],
+        mask=g_mask[:, None] & dim_mask[None, :],
+        other=0.0,
+    )
+    bt_row = block_tables_ptr + req * stride_bt
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    offs_n = tl.arange(0, BLOCK_N)
+    for n0 in range(start, end, BLOCK_N):
+        keys = n0 + offs_n
+        key_mask = keys < end
+        k = _load_kv_tile(k_cache_ptr, bt_row, keys, key_mask, kv_head, dims, dim_mask,
+                          stride_kb, stride_ks, stride_kh, BLOCK_SIZE)  # fmt: skip
+        v = _load_kv_tile(v_cache_ptr, bt_row, keys, key_mask, kv_head, dims, dim_mask,
+                          stride_vb, stride_vs, stride_vh, BLOCK_SIZE)  # fmt: skip
+        acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, k, v, key_mask[None, :], qk_scale, DOT_PRECISION)
+
+    if NUM_SPLITS == 1:
+        # seq_len 0 (a padded CUDA-graph slot) gives l = 0: write zeros, not NaN.
+        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        tl.store(
+            out_ptr + req * stride_ot + heads[:, None] * stride_oh + dims[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=g_mask[:, None] & dim_mask[None, :],
+        )
+    else:
+        row = (req * (GROUP * tl.num_programs(1)) + heads) * NUM_SPLITS + split  # [BLOCK_G]
+        tl.store(part_max_ptr + row, m_i, mask=g_mask)
+        tl.store(part_sum_ptr + row, l_i, mask=g_mask)
+        tl.store(
+            part_out_ptr + row[:, None] * HEAD_DIM + dims[None, :],
+            acc,
+            mask=g_mask[:, None] & dim_mask[None, :],
+        )
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    part_out_ptr,  # [B, Hq, NUM_SPLITS, D] float32
+    part_max_ptr,  # [B, Hq, NUM_SPLITS] float32
+    part_sum_ptr,  # [B, Hq, NUM_SPLITS] float32
+    out_ptr,  # [B, Hq, D]
+    stride_ot, stride_oh,
+    HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    req = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    row = req * tl.num_programs(1) + head
+    s = tl.arange(0, BLOCK_S)
+    s_mask = s < NUM_SPLITS
+    dims = tl.arange(0, BLOCK_D)
+    dim_mask = dims < HEAD_DIM
+    m = tl.load(part_max_ptr + row * NUM_SPLITS + s, mask=s_mask, other=float("-inf"))
+    l = tl.load(part_sum_ptr + row * NUM_SPLITS + s, mask=s_mask, other=0.0)
+    m_max = tl.max(m, axis=0)
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)  # all partitions empty (seq_len 0)
+    w = tl.exp2(m - m_max)  # empty partitions: exp2(-inf) = 0
+    total = tl.sum(l * w, axis=0)
+    total = tl.where(total == 0.0, 1.0, total)
+    acc = tl.load(
+        part_out_ptr + (row * NUM_SPLITS + s[:, None]) * HEAD_DIM + dims[None, :],
+        mask=s_mask[:, None] & dim_mask[None, :],
+        other=0.0,
+    )
+    out = tl.sum(acc * w[:, None], axis=0) / total
+    tl.store(out_ptr + req * stride_ot + head * stride_oh + dims, out.to(out_ptr.dtype.element_ty), mask=dim_mask)
+
+
+@functools.cache
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+MIN_TOKENS_PER_SPLIT = 256
+MAX_SPLITS = 32
+
+
+def decode_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
+    """Partitions per sequence: enough programs to fill about two waves of the GPU, but no
+    partition shorter than MIN_TOKENS_PER_SPLIT. Depends only on its arguments, so a CUDA graph
+    captured for a batch size (with max_seq_len an upper bound) replays the same grid."""
+    programs = max(num_seqs * num_kv_heads, 1)
+    want = triton.cdiv(2 * num_sms, programs)
+    cap = triton.cdiv(max(max_seq_len, 1), MIN_TOKENS_PER_SPLIT)
+    return max(1, min(want, cap, MAX_SPLITS))
+
+
+def decode_attention_triton(
+    q: torch.Tensor,  # [B, Hq, D], row i = the query token of request i
+    k_cache: torch.Tensor,  # [N, bs, Hkv, D]
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # [B, max_blocks] int32 (rows beyond B are ignored)
+    seq_lens: torch.Tensor,  # [B] int32 (entries beyond B are ignored)
+    out: torch.Tensor,  # [B, Hq, D]
+    scale: float,
+    max_seq_len: int,  # upper bound of seq_lens; picks the split count only
+    num_splits: int | None = None,  # None: decode_num_splits(...)
+    block_n: int | None = None,
+) -> torch.Tensor:
+    b, hq, d = q.shape
+    _, bs, hkv, _ = k_cache.shape
+    if b == 0:
+        return out
+    assert hq % hkv == 0 and out.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
+    q = _last_dim_contiguous(q)
+    group = hq // hkv
+    if num_splits is None:
+        num_sms = _num_sms(q.device.index or 0) if q.is_cuda else 1
+        num_splits = decode_num_splits(b, hkv, max_seq_len, num_sms)
+    if block_n is None:
+        block_n = 64 if q.dtype != torch.float32 else 32
+    block_d = next_power_of_2(d)
+    if num_splits > 1:
+        part_out = torch.empty((b, hq, num_splits, d), dtype=torch.float32, device=q.device)
+        part_max = torch.empty((b, hq, num_splits), dtype=torch.float32, device=q.device)
+        part_sum = torch.empty((b, hq, num_splits), dtype=torch.float32, device=q.device)
+    else:
+        part_out = part_max = part_sum = out  # unused
+    _decode_kernel[(b, hkv, num_splits)](
+        q, k_cache, v_cache, block_tables, seq_lens, out, part_out, part_max, part_sum,
+        scale * _LOG2E,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        block_tables.stride(0),
+        GROUP=group, HEAD_DIM=d, BLOCK_SIZE=bs,
+        BLOCK_G=max(16, next_power_of_2(group)), BLOCK_N=block_n, BLOCK_D=block_d,
+        NUM_SPLITS=num_splits, DOT_PRECISION=_dot_precision(q.dtype),
+        num_warps=4, num_stages=2,
+    )  # fmt: skip
+    if num_splits > 1:
+        _decode_reduce_kernel[(b, hq)](
+            part_out, part_max, part_sum, out, out.stride(0), out.stride(1),
+            HEAD_DIM=d, NUM_SPLITS=num_splits, BLOCK_S=next_power_of_2(num_splits), BLOCK_D=block_d,
+            num_warps=4 if block_d <= 128 else 8,
+        )  # fmt: skip
+    return out

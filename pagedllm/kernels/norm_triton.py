@@ -1,0 +1,86 @@
+"""Triton RMSNorm and fused residual-add + RMSNorm; they must equal `rms_norm_torch` and
+`fused_add_rms_norm_torch` in norm.py. One program per row; the row lives in registers.
+
+Numerics follow the reference step by step: the residual sum is rounded to the input dtype, the
+norm is computed in float32 and rounded to the input dtype, then multiplied by the weight (the
+product of two 16-bit floats is exact in float32, so one final rounding matches torch's)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from pagedllm.kernels._triton import next_power_of_2
+
+
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr,  # [T, H]
+    res_ptr,  # [T, H] residual in (only read when HAS_RESIDUAL)
+    w_ptr,  # [H]
+    out_ptr,  # [T, H] normed out
+    res_out_ptr,  # [T, H] x + residual out (only written when HAS_RESIDUAL)
+    stride_x,
+    stride_res,
+    stride_out,
+    stride_res_out,
+    hidden,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < hidden
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    in_dtype = x.dtype
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(in_dtype)
+        tl.store(res_out_ptr + row * stride_res_out + cols, x, mask=mask)
+    xf = x.to(tl.float32)
+    var = tl.sum(xf * xf, axis=0) / hidden
+    y = (xf * tl.rsqrt(var + eps)).to(in_dtype).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_out + cols, (w * y).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    x2 = x.reshape(-1, x.shape[-1])
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+
+
+def _launch(x, residual, weight, eps):
+    hidden = x.shape[-1]
+    x2 = _rows(x)
+    t = x2.shape[0]
+    out_dtype = torch.promote_types(weight.dtype, x.dtype)
+    out = torch.empty((t, hidden), dtype=out_dtype, device=x.device)
+    if residual is not None:
+        r2 = _rows(residual)
+        res_out = torch.empty((t, hidden), dtype=x.dtype, device=x.device)
+    else:
+        r2, res_out = x2, out  # unused by the kernel
+    block = next_power_of_2(hidden)
+    num_warps = min(max(block // 512, 1), 16)
+    if t > 0:
+        _rms_norm_kernel[(t,)](
+            x2, r2, weight, out, res_out,
+            x2.stride(0), r2.stride(0), out.stride(0), res_out.stride(0),
+            hidden, eps,
+            HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=num_warps,
+        )  # fmt: skip
+    return out.view(*x.shape[:-1], hidden), res_out.view(*x.shape[:-1], hidden)
+
+
+def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # x: [..., H], weight: [H]
+    return _launch(x, None, weight, eps)[0]
+
+
+def fused_add_rms_norm_triton(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns (rms_norm(x + residual), x + residual) in new tensors (inputs are not written)."""
+    return _launch(x, residual, weight, eps)

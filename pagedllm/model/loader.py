@@ -1,0 +1,212 @@
+"""Loading a model: its config (HF directory or GGUF file), its tokenizer, and its weights
+from safetensors (single or sharded), GGUF (dequantized with the `gguf` package) or at random
+(`load_format="dummy"`, for benchmarks). Never unpickles anything."""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import logging
+import os
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    return _DTYPES[name]
+
+
+def _split_gguf(path: str) -> tuple[str, str]:
+    d, f = os.path.split(os.path.abspath(path))
+    return d, f
+
+
+def load_hf_config(model: str, load_format: str) -> tuple[Any, str | None, str]:
+    """Returns (transformers config, gguf file name or None, resolved load format)."""
+    from transformers import AutoConfig
+
+    if os.path.isfile(model):
+        if not model.endswith(".gguf"):
+            raise ValueError(f"model: {model!r} is a file but not a .gguf file")
+        if load_format not in ("auto", "gguf", "dummy"):
+            raise ValueError(f"load_format={load_format!r} does not fit the GGUF file {model!r}")
+        d, f = _split_gguf(model)
+        cfg = AutoConfig.from_pretrained(d, gguf_file=f)
+        if not getattr(cfg, "architectures", None):
+            cfg.architectures = [_GGUF_ARCH.get(cfg.model_type, "LlamaForCausalLM")]
+        return cfg, f, "gguf" if load_format == "auto" else load_format
+    if not os.path.isfile(os.path.join(model, "config.json")):
+        raise ValueError(f"model: {model!r} has no config.json")
+    cfg = AutoConfig.from_pretrained(model)
+    if load_format == "auto":
+        load_format = "safetensors"
+    if load_format == "gguf":
+        raise ValueError("load_format='gguf' needs model to be a .gguf file")
+    return cfg, None, load_format
+
+
+_GGUF_ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+              "mistral": "MistralForCausalLM"}
+
+
+def load_tokenizer(model: str, tokenizer: str | None, gguf_file: str | None):
+    from transformers import AutoTokenizer
+
+    path = tokenizer or model
+    if gguf_file is not None and os.path.isfile(path) and path.endswith(".gguf"):
+        d, f = _split_gguf(path)
+        return AutoTokenizer.from_pretrained(d, gguf_file=f)
+    return AutoTokenizer.from_pretrained(path)
+
+
+def eos_token_ids(model: str, gguf_file: str | None, hf_config: Any, tokenizer: Any) -> frozenset[int]:
+    """EOS ids from generation_config.json (it may list several), the config, the tokenizer."""
+    ids: set[int] = set()
+
+    def add(v: Any) -> None:
+        if isinstance(v, int):
+            ids.add(v)
+        elif isinstance(v, (list, tuple)):
+            ids.update(int(x) for x in v)
+
+    if gguf_file is None:
+        gen = os.path.join(model, "generation_config.json")
+        if os.path.isfile(gen):
+            with open(gen) as fh:
+                add(json.load(fh).get("eos_token_id"))
+    if not ids:
+        add(getattr(hf_config, "eos_token_id", None))
+    if not ids:
+        add(getattr(tokenizer, "eos_token_id", None))
+    return frozenset(ids)
+
+
+# ---- weights -------------------------------------------------------------------------------
+def iter_safetensors(model_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import safe_open
+
+    index = os.path.join(model_dir, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index) as fh:
+            files = sorted(set(json.load(fh)["weight_map"].values()))
+        files = [os.path.join(model_dir, f) for f in files]
+    else:
+        files = sorted(glob.glob(os.path.join(model_dir, "*.safetensors")))
+    if not files:
+        raise ValueError(f"model: no *.safetensors files in {model_dir!r} (pickled checkpoints are not loaded)")
+    for path in files:
+        with safe_open(path, framework="pt") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+
+
+_GGUF_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_GGUF_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+def _unpermute_rope(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """llama.cpp's converter interleaves the two rotary halves of each head of q and k for
+    Llama; undo it to get back HF's rotate-half layout."""
+    out_dim = w.shape[0]
+    return w.reshape(n_heads, out_dim // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def iter_gguf(path: str, hf_config: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    arch = str(getattr(hf_config, "model_type", "llama"))
+    n_heads = hf_config.num_attention_heads
+    n_kv = getattr(hf_config, "num_key_value_heads", None) or n_heads
+    for t in reader.tensors:
+        name = _GGUF_NAMES.get(t.name)
+        if name is None:
+            parts = t.name.split(".")
+            if len(parts) != 4 or parts[0] != "blk" or parts[2] not in _GGUF_LAYER_NAMES:
+                logger.debug("skipping GGUF tensor %s", t.name)
+                continue
+            name = f"model.layers.{parts[1]}.{_GGUF_LAYER_NAMES[parts[2]]}.{parts[3]}"
+        data = gguf.quants.dequantize(t.data, t.tensor_type)
+        shape = tuple(int(x) for x in reversed(t.shape))  # GGUF lists dims innermost first
+        data = np.array(data, dtype=np.float32, copy=True).reshape(shape)
+        if arch in ("llama", "mistral") and name.endswith(("q_proj.weight", "k_proj.weight")):
+            data = _unpermute_rope(data, n_heads if "q_proj" in name else n_kv)
+        yield name, torch.from_numpy(np.ascontiguousarray(data))
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype):
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def init_dummy_weights(model: torch.nn.Module, seed: int, std: float = 0.02) -> None:
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    for name, p in model.named_parameters():
+        if p.dim() == 1:
+            if name.endswith("norm.weight"):
+                p.data.fill_(1.0)
+            else:
+                p.data.zero_()
+        else:
+            cpu = torch.empty(p.shape, dtype=torch.float32).normal_(0.0, std, generator=gen)
+            p.data.copy_(cpu)
+
+
+def build_model(model_config, device: str, ps=None) -> torch.nn.Module:
+    """Construct the model on `device` in the configured dtype and fill its weights."""
+    from pagedllm.distributed import SINGLE
+    from pagedllm.model.registry import get_model_class
+
+    cls = get_model_class(model_config.architecture)
+    dtype = torch_dtype(model_config.dtype)
+    with _default_dtype(dtype), torch.device(device):
+        model = cls(model_config.hf_config, ps or SINGLE)
+    # rotary caches stay float32 whatever the model dtype
+    for m in model.modules():
+        for bname in ("cos_cache", "sin_cache"):
+            if hasattr(m, bname) and getattr(m, bname) is not None:
+                setattr(m, bname, getattr(m, bname).float())
+    fmt = model_config.load_format
+    if fmt == "dummy":
+        init_dummy_weights(model, model_config.seed,
+                           float(getattr(model_config.hf_config, "initializer_range", 0.02)))
+    else:
+        weights = (
+            iter_gguf(model_config.model, model_config.hf_config)
+            if fmt == "gguf"
+            else iter_safetensors(model_config.model)
+        )
+        loaded = model.load_weights(weights)
+        expected = {n for n, _ in model.named_parameters(remove_duplicate=False)}
+        missing = expected - loaded
+        if missing:
+            raise ValueError(f"model: checkpoint lacks weights for {sorted(missing)[:5]} ...")
+    return model.eval()

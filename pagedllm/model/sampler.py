@@ -1,0 +1,120 @@
+"""Sampling a batch of next tokens from logits, each row with its own SamplingParams.
+
+Order of work per row: penalties (repetition, frequency, presence) and min_tokens masking on
+the logits; then greedy rows take the argmax, random rows divide by temperature, keep top-k,
+top-p and min-p, and draw with the exponential-race trick (argmax of p / q, q ~ Exp(1)) so a
+per-request `seed` gives the same draw whatever the batch. Logprobs are from the raw logits
+(before any processing), as vLLM reports them by default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pagedllm.core.scheduler_output import TokenLogprobs
+
+
+@dataclass(slots=True)
+class SamplingBatch:
+    temperature: torch.Tensor  # [S] float32, 1.0 where greedy
+    greedy: torch.Tensor  # [S] bool
+    all_greedy: bool
+    top_k: torch.Tensor | None  # [S] int64, vocab size where disabled
+    top_p: torch.Tensor | None  # [S] float32
+    min_p: torch.Tensor | None  # [S] float32
+    presence: torch.Tensor | None  # [S] float32
+    frequency: torch.Tensor | None  # [S] float32
+    repetition: torch.Tensor | None  # [S] float32
+    output_tokens: list[list[int]] | None  # per row, for frequency/presence/repetition
+    prompt_tokens: list[list[int]] | None  # per row, for repetition
+    banned: list[tuple[int, list[int]]]  # (row, token ids to mask): min_tokens not reached
+    generators: list[torch.Generator | None]  # per row; None = the engine's generator
+    num_logprobs: list[int | None]  # per row
+
+
+def _token_counts(rows: list[list[int]], vocab: int, device) -> torch.Tensor:
+    counts = torch.zeros(len(rows), vocab, dtype=torch.float32, device=device)
+    for i, toks in enumerate(rows):
+        if toks:
+            t = torch.tensor(toks, dtype=torch.int64, device=device)
+            counts[i].index_add_(0, t, torch.ones(len(toks), device=device))
+    return counts
+
+
+def apply_penalties(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
+    vocab = logits.shape[1]
+    if sb.repetition is not None:
+        seen = _token_counts([p + o for p, o in zip(sb.prompt_tokens, sb.output_tokens)], vocab, logits.device) > 0
+        r = sb.repetition[:, None]
+        penalized = torch.where(logits > 0, logits / r, logits * r)
+        logits = torch.where(seen, penalized, logits)
+    if sb.frequency is not None or sb.presence is not None:
+        counts = _token_counts(sb.output_tokens, vocab, logits.device)
+        if sb.frequency is not None:
+            logits = logits - sb.frequency[:, None] * counts
+        if sb.presence is not None:
+            logits = logits - sb.presence[:, None] * (counts > 0).float()
+    return logits
+
+
+def compute_logprobs(logits: torch.Tensor, sampled: torch.Tensor, num: list[int | None]) -> list[TokenLogprobs | None]:
+    """Logprobs of the sampled tokens and the top-k, for rows that asked (k = num[row])."""
+    rows = [i for i, n in enumerate(num) if n is not None]
+    if not rows:
+        return [None] * len(num)
+    idx = torch.tensor(rows, device=logits.device)
+    lp = torch.log_softmax(logits[idx].float(), dim=-1)
+    chosen = sampled[idx]
+    chosen_lp = lp.gather(1, chosen[:, None])
+    ranks = (lp > chosen_lp).sum(-1) + 1
+    k = max(num[i] for i in rows)
+    top_lp, top_ids = lp.topk(k, dim=-1) if k > 0 else (lp[:, :0], chosen[:, None][:, :0])
+    chosen_l, chosen_lp_l, ranks_l = chosen.tolist(), chosen_lp[:, 0].tolist(), ranks.tolist()
+    top_lp_l, top_ids_l = top_lp.tolist(), top_ids.tolist()
+    out: list[TokenLogprobs | None] = [None] * len(num)
+    for j, i in enumerate(rows):
+        n = num[i]
+        out[i] = TokenLogprobs(chosen_l[j], chosen_lp_l[j], ranks_l[j], top_ids_l[j][:n], top_lp_l[j][:n])
+    return out
+
+
+def sample(logits: torch.Tensor, sb: SamplingBatch, default_gen: torch.Generator | None) -> torch.Tensor:
+    """logits: [S, V] float32 -> token ids [S] int64."""
+    raw = logits
+    if sb.repetition is not None or sb.frequency is not None or sb.presence is not None:
+        logits = apply_penalties(logits, sb)
+    if sb.banned:
+        logits = logits.clone() if logits is raw else logits
+        for row, ids in sb.banned:
+            logits[row, ids] = float("-inf")
+    greedy_tokens = logits.argmax(dim=-1)
+    if sb.all_greedy:
+        return greedy_tokens
+    x = logits / sb.temperature[:, None]
+    vocab = x.shape[1]
+    if sb.top_k is not None or sb.top_p is not None:
+        sorted_x, order = x.sort(dim=-1, descending=True)
+        drop = torch.zeros_like(sorted_x, dtype=torch.bool)
+        if sb.top_k is not None:
+            drop |= torch.arange(vocab, device=x.device)[None, :] >= sb.top_k[:, None]
+        if sb.top_p is not None:
+            probs_sorted = sorted_x.masked_fill(drop, float("-inf")).softmax(dim=-1)
+            before = probs_sorted.cumsum(dim=-1) - probs_sorted  # mass strictly before each token
+            drop |= before >= sb.top_p[:, None]
+        drop[:, 0] = False  # the most likely token always stays
+        sorted_x = sorted_x.masked_fill(drop, float("-inf"))
+        x = torch.empty_like(x).scatter_(1, order, sorted_x)
+    probs = x.softmax(dim=-1)
+    if sb.min_p is not None:
+        keep = probs >= sb.min_p[:, None] * probs.max(dim=-1, keepdim=True).values
+        probs = torch.where(keep, probs, torch.zeros_like(probs))
+    q = torch.empty_like(probs)
+    if any(g is None for g in sb.generators):
+        q.exponential_(generator=default_gen)
+    for i, g in enumerate(sb.generators):
+        if g is not None:
+            q[i].exponential_(generator=g)
+    random_tokens = (probs / q).argmax(dim=-1)
+    return torch.where(sb.greedy, greedy_tokens, random_tokens)

@@ -1,0 +1,217 @@
+"""ModelRunner: turns a SchedulerOutput into one forward pass and sampled tokens.
+
+It keeps a copy of each live request's tokens and block table (updated from the scheduler's
+diffs and from its own samples), builds the ForwardBatch (decodes first), runs the model,
+computes logits only at the rows that need them, and samples.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from pagedllm.attention.backend import AttentionBackend, ForwardBatch
+from pagedllm.config import EngineConfig
+from pagedllm.core.scheduler_output import ModelRunnerOutput, SchedulerOutput, TokenLogprobs
+from pagedllm.model.sampler import SamplingBatch, compute_logprobs, sample
+from pagedllm.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class CachedRequestState:
+    req_id: str
+    token_ids: list[int]
+    num_prompt_tokens: int
+    block_ids: list[int]
+    num_computed_tokens: int
+    sampling_params: SamplingParams
+    generator: torch.Generator | None
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, model: torch.nn.Module, backend: AttentionBackend,
+                 device: torch.device, eos_token_ids: frozenset[int]):
+        self.config = config
+        self.model = model
+        self.backend = backend
+        self.device = device
+        self.block_size = config.cache_config.block_size
+        self.vocab_size = config.model_config.vocab_size
+        self.requests: dict[str, CachedRequestState] = {}
+        self.generator = torch.Generator(device=device).manual_seed(config.model_config.seed)
+        self.pin = device.type == "cuda"
+        self.eos_token_ids = eos_token_ids
+
+    # ---- request state ---------------------------------------------------------------
+    def _update_states(self, so: SchedulerOutput) -> None:
+        for rid in so.finished_req_ids:
+            self.requests.pop(rid, None)
+        for new in so.scheduled_new_reqs:
+            old = self.requests.get(new.req_id)
+            gen = old.generator if old is not None else None
+            if gen is None and new.sampling_params.seed is not None:
+                gen = torch.Generator(device=self.device).manual_seed(new.sampling_params.seed)
+            self.requests[new.req_id] = CachedRequestState(
+                new.req_id, list(new.token_ids), new.num_prompt_tokens, list(new.block_ids),
+                new.num_computed_tokens, new.sampling_params, gen,
+            )
+        for c in so.scheduled_cached_reqs:
+            st = self.requests[c.req_id]
+            st.block_ids.extend(c.new_block_ids)
+            st.num_computed_tokens = c.num_computed_tokens
+
+    # ---- inputs ----------------------------------------------------------------------
+    def _to_device(self, array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+        t = torch.from_numpy(array).to(dtype)
+        if self.device.type == "cpu":
+            return t
+        if self.pin:
+            t = t.pin_memory()
+        return t.to(self.device, non_blocking=True)
+
+    def prepare_inputs(self, so: SchedulerOutput):
+        """Returns the batch, the request order, the requests that sample this step with their
+        logits rows, and for prompt-logprob requests the (first logits row, count) of their
+        chunk."""
+        order = sorted(so.num_scheduled_tokens, key=lambda r: so.num_scheduled_tokens[r] != 1)
+        bs = self.block_size
+        n_tok = so.total_num_scheduled_tokens
+        input_ids = np.empty(n_tok, dtype=np.int64)
+        positions = np.empty(n_tok, dtype=np.int64)
+        slots = np.empty(n_tok, dtype=np.int64)
+        qsl = [0]
+        seq_lens, query_lens = [], []
+        max_blocks = 0
+        logits_rows: list[int] = []
+        sampling: list[str] = []
+        sample_rows: list[int] = []
+        prompt_rows: dict[str, tuple[int, int]] = {}
+        num_decodes = 0
+        for rid in order:
+            st = self.requests[rid]
+            n = so.num_scheduled_tokens[rid]
+            c = st.num_computed_tokens
+            s = qsl[-1]
+            input_ids[s : s + n] = st.token_ids[c : c + n]
+            pos = np.arange(c, c + n)
+            positions[s : s + n] = pos
+            table = np.asarray(st.block_ids, dtype=np.int64)
+            slots[s : s + n] = table[pos // bs] * bs + pos % bs
+            qsl.append(s + n)
+            seq_lens.append(c + n)
+            query_lens.append(n)
+            max_blocks = max(max_blocks, len(st.block_ids))
+            if n == 1:
+                num_decodes += 1
+            if st.sampling_params.prompt_logprobs is not None and c < st.num_prompt_tokens - 1:
+                cnt = min(c + n, st.num_prompt_tokens - 1) - c
+                prompt_rows[rid] = (len(logits_rows), cnt)
+                logits_rows.extend(range(s, s + cnt))
+            if c + n == len(st.token_ids):
+                sampling.append(rid)
+                sample_rows.append(len(logits_rows))
+                logits_rows.append(s + n - 1)
+        block_tables = np.zeros((len(order), max(max_blocks, 1)), dtype=np.int32)
+        for i, rid in enumerate(order):
+            ids = self.requests[rid].block_ids
+            block_tables[i, : len(ids)] = ids
+        batch = ForwardBatch(
+            input_ids=self._to_device(input_ids, torch.int64),
+            positions=self._to_device(positions, torch.int64),
+            slot_mapping=self._to_device(slots, torch.int64),
+            query_start_loc=self._to_device(np.asarray(qsl, dtype=np.int32), torch.int32),
+            seq_lens=self._to_device(np.asarray(seq_lens, dtype=np.int32), torch.int32),
+            block_tables=self._to_device(block_tables, torch.int32),
+            logits_indices=self._to_device(np.asarray(logits_rows, dtype=np.int64), torch.int64),
+            num_decodes=num_decodes,
+            max_query_len=max(query_lens),
+            max_seq_len=max(seq_lens),
+            query_lens_cpu=query_lens,
+            seq_lens_cpu=seq_lens,
+        )
+        return batch, order, sampling, sample_rows, prompt_rows
+
+    def _sampling_batch(self, reqs: list[CachedRequestState]) -> SamplingBatch:
+        sps = [r.sampling_params for r in reqs]
+        dev = self.device
+
+        def col(values, dtype=torch.float32):
+            return torch.tensor(values, dtype=dtype, device=dev)
+
+        greedy = [sp.greedy for sp in sps]
+        any_top_k = any(sp.top_k > 0 for sp in sps)
+        any_top_p = any(sp.top_p < 1.0 for sp in sps)
+        any_min_p = any(sp.min_p > 0 for sp in sps)
+        any_rep = any(sp.repetition_penalty != 1.0 for sp in sps)
+        any_freq = any(sp.frequency_penalty != 0 for sp in sps)
+        any_pres = any(sp.presence_penalty != 0 for sp in sps)
+        banned = []
+        for i, r in enumerate(reqs):
+            sp = r.sampling_params
+            n_out = len(r.token_ids) - r.num_prompt_tokens
+            if n_out < sp.min_tokens:
+                ids = set(sp.all_stop_token_ids)
+                if not sp.ignore_eos:
+                    ids |= self.eos_token_ids
+                if ids:
+                    banned.append((i, sorted(t for t in ids if t < self.vocab_size)))
+        need_tokens = any_rep or any_freq or any_pres
+        return SamplingBatch(
+            temperature=col([1.0 if g else sp.temperature for g, sp in zip(greedy, sps)]),
+            greedy=col(greedy, torch.bool),
+            all_greedy=all(greedy),
+            top_k=col([sp.top_k if sp.top_k > 0 else self.vocab_size for sp in sps], torch.int64) if any_top_k else None,
+            top_p=col([sp.top_p for sp in sps]) if any_top_p else None,
+            min_p=col([sp.min_p for sp in sps]) if any_min_p else None,
+            presence=col([sp.presence_penalty for sp in sps]) if any_pres else None,
+            frequency=col([sp.frequency_penalty for sp in sps]) if any_freq else None,
+            repetition=col([sp.repetition_penalty for sp in sps]) if any_rep else None,
+            output_tokens=[r.token_ids[r.num_prompt_tokens :] for r in reqs] if need_tokens else None,
+            prompt_tokens=[r.token_ids[: r.num_prompt_tokens] for r in reqs] if need_tokens else None,
+            banned=banned,
+            generators=[r.generator for r in reqs],
+            num_logprobs=[r.sampling_params.logprobs for r in reqs],
+        )
+
+    # ---- one step --------------------------------------------------------------------
+    @torch.inference_mode()
+    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        self._update_states(so)
+        out = ModelRunnerOutput()
+        if so.total_num_scheduled_tokens == 0:
+            return out
+        batch, order, sampling, sample_rows, prompt_rows = self.prepare_inputs(so)
+        hidden = self.model(batch.input_ids, batch.positions, batch)
+        logits = self.model.compute_logits(hidden[batch.logits_indices]).float()  # [S', V]
+        if prompt_rows:
+            self._prompt_logprobs(logits, prompt_rows, out)
+        for rid in order:
+            self.requests[rid].num_computed_tokens += so.num_scheduled_tokens[rid]
+        if sampling:
+            reqs = [self.requests[r] for r in sampling]
+            rows = logits if len(sample_rows) == logits.shape[0] else logits[torch.tensor(sample_rows, device=logits.device)]
+            sb = self._sampling_batch(reqs)
+            tokens = sample(rows, sb, self.generator)
+            lps = compute_logprobs(rows, tokens, sb.num_logprobs)
+            for r, t, lp in zip(reqs, tokens.tolist(), lps):
+                r.token_ids.append(t)
+                out.sampled_token_ids[r.req_id] = t
+                if lp is not None:
+                    out.logprobs[r.req_id] = lp
+        return out
+
+    def _prompt_logprobs(self, logits: torch.Tensor, prompt_rows: dict[str, tuple[int, int]],
+                         out: ModelRunnerOutput) -> None:
+        """Row j of a chunk starting at position c scores prompt token c + j + 1."""
+        for rid, (start, cnt) in prompt_rows.items():
+            st = self.requests[rid]
+            c = st.num_computed_tokens
+            targets = torch.tensor(st.token_ids[c + 1 : c + 1 + cnt], device=logits.device)
+            k = st.sampling_params.prompt_logprobs
+            res = compute_logprobs(logits[start : start + cnt], targets, [k] * cnt)
+            out.prompt_logprobs[rid] = res  # type: ignore[assignment]

@@ -1,0 +1,127 @@
+"""Worker: one device. Loads the model, sizes and allocates the paged KV cache (and the CPU
+swap pool), runs block copies for swapping, and hands each step to its ModelRunner."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from pagedllm.attention.backend import get_attention_backend
+from pagedllm.config import EngineConfig
+from pagedllm.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from pagedllm.model.layers.attention import bind_kv_cache
+from pagedllm.model.loader import build_model, torch_dtype
+from pagedllm.worker.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+_GiB = 1 << 30
+_CPU_DEFAULT_CAP = 4 * _GiB
+
+
+def _available_ram() -> int:
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 * _GiB
+
+
+def _fmt(n: float) -> str:
+    return f"{n / _GiB:.2f} GiB"
+
+
+class Worker:
+    def __init__(self, config: EngineConfig, eos_token_ids: frozenset[int]):
+        self.config = config
+        self.device = torch.device(config.device)
+        mc = config.model_config
+        t0 = time.time()
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        self.model = build_model(mc, config.device)
+        self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        logger.info("loaded %s (%s, %s) in %.1fs: weights %s", mc.architecture, mc.dtype, mc.load_format,
+                    time.time() - t0, _fmt(self.weight_bytes))
+        self.backend = get_attention_backend(config.attention_backend, config.device)
+        self.runner = ModelRunner(config, self.model, self.backend, self.device, eos_token_ids)
+        self.kv_dtype = torch_dtype(mc.dtype)
+        self.num_gpu_blocks = 0
+        self.num_cpu_blocks = 0
+
+    # ---- sizing ----------------------------------------------------------------------
+    def bytes_per_block(self) -> int:
+        mc = self.config.model_config
+        elem = torch.empty((), dtype=self.kv_dtype).element_size()
+        return 2 * mc.num_layers * self.config.cache_config.block_size * mc.num_kv_heads * mc.head_dim * elem
+
+    def determine_num_blocks(self) -> tuple[int, int]:
+        cc = self.config.cache_config
+        per_block = self.bytes_per_block()
+        if cc.kv_cache_memory is not None:
+            kv_bytes = cc.kv_cache_memory
+            activation = 0
+        elif self.device.type == "cpu":
+            kv_bytes = min(int(_available_ram() * 0.25), _CPU_DEFAULT_CAP)
+            activation = 0
+        else:
+            kv_bytes, activation = self._profile_cuda()
+        num_gpu = max(int(kv_bytes // per_block), 0)
+        num_cpu = int(cc.swap_space_bytes // per_block) if self.config.scheduler_config.preemption_mode == "swap" else 0
+        mc = self.config.model_config
+        tokens = num_gpu * cc.block_size
+        logger.info(
+            "KV cache plan: weights %s, activations %s, KV cache %s = %d blocks x %d tokens = %d tokens "
+            "(%d bytes/token); max concurrency at max_model_len=%d: %.2fx; CPU swap pool %d blocks",
+            _fmt(self.weight_bytes), _fmt(activation), _fmt(num_gpu * per_block), num_gpu, cc.block_size, tokens,
+            per_block // cc.block_size, mc.max_model_len, tokens / mc.max_model_len, num_cpu,
+        )
+        return num_gpu, num_cpu
+
+    def _profile_cuda(self) -> tuple[int, int]:
+        """Run the largest batch the scheduler can form, measure the peak, and give the rest of
+        gpu_memory_utilization x total to the cache."""
+        from pagedllm.worker.profiling import profile_peak_memory
+
+        total = torch.cuda.get_device_properties(self.device).total_memory
+        peak, non_torch = profile_peak_memory(self)
+        budget = total * self.config.cache_config.gpu_memory_utilization - peak - non_torch
+        if budget <= 0:
+            raise ValueError(
+                f"gpu_memory_utilization={self.config.cache_config.gpu_memory_utilization} leaves no room "
+                f"for the KV cache (peak {_fmt(peak)} of {_fmt(total)})"
+            )
+        return int(budget), peak - self.weight_bytes
+
+    # ---- cache -----------------------------------------------------------------------
+    def allocate_kv_cache(self, num_gpu_blocks: int, num_cpu_blocks: int) -> None:
+        mc, cc = self.config.model_config, self.config.cache_config
+        shape = (mc.num_layers, 2, num_gpu_blocks, cc.block_size, mc.num_kv_heads, mc.head_dim)
+        self.kv_cache = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
+        bind_kv_cache(self.model, [self.kv_cache[i, 0] for i in range(mc.num_layers)],
+                      [self.kv_cache[i, 1] for i in range(mc.num_layers)], self.backend)
+        self.cpu_cache = None
+        if num_cpu_blocks > 0:
+            cpu_shape = (mc.num_layers, 2, num_cpu_blocks) + shape[3:]
+            pin = self.device.type == "cuda"
+            self.cpu_cache = torch.zeros(cpu_shape, dtype=self.kv_dtype, pin_memory=pin)
+        self.num_gpu_blocks, self.num_cpu_blocks = num_gpu_blocks, num_cpu_blocks
+
+    def _swap(self, so: SchedulerOutput) -> None:
+        if so.blocks_to_swap_out:
+            src = torch.tensor([g for g, _ in so.blocks_to_swap_out], device=self.device)
+            dst = torch.tensor([c for _, c in so.blocks_to_swap_out])
+            self.cpu_cache[:, :, dst] = self.kv_cache[:, :, src].to("cpu")
+        if so.blocks_to_swap_in:
+            src = torch.tensor([c for c, _ in so.blocks_to_swap_in])
+            dst = torch.tensor([g for _, g in so.blocks_to_swap_in], device=self.device)
+            self.kv_cache[:, :, dst] = self.cpu_cache[:, :, src].to(self.device, non_blocking=True)
+
+    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        self._swap(so)
+        return self.runner.execute_model(so)
