@@ -1,0 +1,112 @@
+"""The Triton kernels on the CPU, through Triton's interpreter (TRITON_INTERPRET=1), at tiny
+shapes, against their torch references. The checks are the GPU tests' own `check_*` functions
+(tests/gpu/test_kernels.py) run with device="cpu".
+
+TRITON_INTERPRET must be set before triton is imported, so all cases run in one subprocess (one
+import of torch and triton) and each test reads its case's result.
+
+What the interpreter cannot run, and is left to the GPU tests:
+- bfloat16 through `tl.dot` (the attention kernels): Triton 3.6's interpreter multiplies the raw
+  bf16 bits and returns garbage. bf16 elementwise kernels (casts, no dot) run fine.
+- exact bf16 rounding: the interpreter casts float32 -> bf16 toward zero, so bf16 cases run
+  with a wider tolerance here than on the GPU.
+- speed and CUDA graphs, of course.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+
+# name -> (check function, args after device and dtype, kwargs); dtypes below
+_CASES = {
+    "rms_norm": ("check_rms_norm", [5, 40], {}),
+    "silu_and_mul": ("check_silu_and_mul", [3, 24], {}),
+    "rotary_gqa": ("check_rotary", [4, 6, 2, 16], {"max_pos": 64}),
+    "store_kv_bs16": ("check_store_kv", [21, 2, 16, 16], {}),
+    "store_kv_bs32": ("check_store_kv", [21, 3, 24, 32], {}),
+    # decode: GQA 4/2, a context long enough for several tiles; forced 1 and 3 splits, then the heuristic
+    "decode_one_split": ("check_decode", [[1, 70, 17], 4, 2, 16, 16], {"num_splits": 1}),
+    "decode_split_k": ("check_decode", [[1, 70, 17], 4, 2, 16, 32], {"num_splits": 3}),
+    # prefill: a fresh prompt, a chunk after a cached prefix, a one-token chunk; 16x16 tiles
+    "prefill_cached_prefix": ("check_prefill", [[5, 20, 1], [5, 37, 20], 4, 2, 16, 16], {"config": (16, 16, 1, 1)}),
+    # backend: 2 decodes + 2 prefills (one over a cached prefix) + 2 padding tokens (slot -1)
+    "backend_mixed": ("check_backend", [[1, 1, 6, 18], [9, 30, 6, 40], 2, 4, 2, 16, 16], {"pad_tokens": 2}),
+}
+_DOTLESS = {"rms_norm", "silu_and_mul", "rotary_gqa", "store_kv_bs16", "store_kv_bs32"}
+_DTYPES = ["float32", "float16", "bfloat16"]
+
+_RUNNER = r"""
+import importlib.util, json, os, sys, traceback
+assert os.environ.get("TRITON_INTERPRET") == "1"
+import torch
+import triton.runtime.interpreter as interpreter
+
+# Triton 3.6's interpreter holds scalars as 1-element arrays and turns them into loop bounds with
+# int(array), which numpy >= 2.4 refuses for arrays of one dimension; read the element instead.
+_patch = getattr(interpreter, "_patch_lang_tensor", None)
+if _patch is not None:
+    def _patch_lang_tensor(tensor, scope):
+        _patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+    interpreter._patch_lang_tensor = _patch_lang_tensor
+
+spec = importlib.util.spec_from_file_location("kernel_checks", sys.argv[1])
+checks = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(checks)
+# The interpreter rounds float32 -> bf16 toward zero (the GPU rounds to nearest), so a bf16
+# residual sum can be off by an ulp and the norm after it by a few: a wider bf16 tolerance here.
+checks.ELEMENTWISE_TOL[torch.bfloat16] = (5e-2, 5e-2)
+results = {}
+for key, (fn, args, kwargs) in json.loads(sys.argv[2]).items():
+    name, dtype = key.split(":")
+    if "config" in kwargs:
+        kwargs["config"] = tuple(kwargs["config"])
+    try:
+        getattr(checks, fn)("cpu", getattr(torch, dtype), *args, **kwargs)
+        results[key] = None
+    except Exception:
+        results[key] = traceback.format_exc()[-3000:]
+print("RESULTS " + json.dumps(results))
+"""
+
+
+def _keys():
+    for name in _CASES:
+        for dtype in _DTYPES:
+            if dtype == "bfloat16" and name not in _DOTLESS:
+                continue  # see the module docstring: no bf16 tl.dot in the interpreter
+            yield f"{name}:{dtype}"
+
+
+@pytest.fixture(scope="module")
+def interpreter_results() -> dict[str, str | None]:
+    cases = {key: _CASES[key.split(":")[0]] for key in _keys()}
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    proc = subprocess.run(
+        [sys.executable, "-c", _RUNNER, str(ROOT / "tests" / "gpu" / "test_kernels.py"), json.dumps(cases)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULTS ")]
+    assert proc.returncode == 0 and lines, f"interpreter run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    return json.loads(lines[-1][len("RESULTS ") :])
+
+
+@pytest.mark.parametrize("key", list(_keys()))
+def test_kernel_under_interpreter(interpreter_results, key):
+    error = interpreter_results[key]
+    assert error is None, f"{key} differs from its torch reference under TRITON_INTERPRET=1:\n{error}"
