@@ -228,10 +228,12 @@ def _prefill_kernel(
 
 def _prefill_config(head_dim: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages), sized so the tiles fit in shared memory."""
+    # On an H200 (bf16, D=128, 2026-11-29 sweep in benchmarks/kernels_bench.py), 64x64 tiles with
+    # 4 warps beat 128x64/8 warps, 128x64/4 warps/3 stages and 128x128/8 warps by 5-45%.
     block_d = next_power_of_2(head_dim)
     if dtype == torch.float32 or block_d > 128:
         return 64, 32, 4, 2
-    return 128, 64, 8, 2
+    return 64, 64, 4, 2
 
 
 def prefill_attention_triton(
@@ -382,8 +384,10 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-MIN_TOKENS_PER_SPLIT = 256
-MAX_SPLITS = 32
+# H200 sweep: batch 1 over 1K tokens ran fastest with 8 splits (128 tokens each), over 32K
+# tokens with 64; more splits only cost the reduce kernel a little.
+MIN_TOKENS_PER_SPLIT = 128
+MAX_SPLITS = 64
 
 
 def decode_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
