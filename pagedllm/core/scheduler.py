@@ -46,6 +46,7 @@ class Scheduler:
         self.swapped: deque[Request] = deque()
         self._finished_since_last_step: set[str] = set()
         self.num_preemptions = 0
+        self.num_swap_outs = 0
         self.priority = scheduler_config.scheduling_policy == "priority"
 
     # ---- requests in and out ------------------------------------------------------------
@@ -124,6 +125,7 @@ class Scheduler:
         bm = self.block_manager
         if self.config.preemption_mode == "swap" and bm.can_swap_out(req):
             out.blocks_to_swap_out.extend(bm.swap_out(req))
+            self.num_swap_outs += 1
             req.status = RequestStatus.SWAPPED
             self.swapped.append(req)
         else:
