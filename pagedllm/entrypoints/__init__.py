@@ -1,0 +1,1 @@
+"""Entry points: the `pagedllm` CLI and the OpenAI-compatible server."""

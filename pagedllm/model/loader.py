@@ -83,7 +83,7 @@ def eos_token_ids(model: str, gguf_file: str | None, hf_config: Any, tokenizer: 
                 add(json.load(fh).get("eos_token_id"))
     if not ids:
         add(getattr(hf_config, "eos_token_id", None))
-    if not ids:
+    if not ids and tokenizer is not None:
         add(getattr(tokenizer, "eos_token_id", None))
     return frozenset(ids)
 

@@ -46,6 +46,7 @@ class ModelRunner:
         self.generator = torch.Generator(device=device).manual_seed(config.model_config.seed)
         self.pin = device.type == "cuda"
         self.eos_token_ids = eos_token_ids
+        self.graphs = None  # DecodeGraphs, set by the worker on CUDA unless enforce_eager
 
     # ---- request state ---------------------------------------------------------------
     def _update_states(self, so: SchedulerOutput) -> None:
@@ -186,7 +187,10 @@ class ModelRunner:
         if so.total_num_scheduled_tokens == 0:
             return out
         batch, order, sampling, sample_rows, prompt_rows = self.prepare_inputs(so)
-        hidden = self.model(batch.input_ids, batch.positions, batch)
+        if self.graphs is not None and self.graphs.can_run(batch):
+            hidden = self.graphs.run(batch)
+        else:
+            hidden = self.model(batch.input_ids, batch.positions, batch)
         logits = self.model.compute_logits(hidden[batch.logits_indices]).float()  # [S', V]
         if prompt_rows:
             self._prompt_logprobs(logits, prompt_rows, out)

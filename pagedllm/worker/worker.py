@@ -111,6 +111,14 @@ class Worker:
             pin = self.device.type == "cuda"
             self.cpu_cache = torch.zeros(cpu_shape, dtype=self.kv_dtype, pin_memory=pin)
         self.num_gpu_blocks, self.num_cpu_blocks = num_gpu_blocks, num_cpu_blocks
+        if self.device.type == "cuda" and not self.config.enforce_eager and self.backend.name == "triton":
+            from pagedllm.worker.cuda_graph import DecodeGraphs
+
+            sc = self.config.scheduler_config
+            graphs = DecodeGraphs(self.model, self.device, min(sc.max_num_seqs, 512), mc.max_model_len,
+                                  cc.block_size, mc.hf_config.hidden_size, self.kv_dtype)
+            graphs.capture()
+            self.runner.graphs = graphs
 
     def _swap(self, so: SchedulerOutput) -> None:
         if so.blocks_to_swap_out:

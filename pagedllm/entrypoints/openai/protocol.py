@@ -12,7 +12,7 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_serializer
 
 
 def random_id(prefix: str) -> str:
@@ -211,6 +211,11 @@ class ChatCompletionStreamChoice(BaseModel):
     logprobs: ChatCompletionLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+
+    @field_serializer("delta")
+    def _delta(self, delta: DeltaMessage) -> dict[str, Any]:
+        # OpenAI's deltas carry only what changed: {"role": ...} first, then {"content": ...}.
+        return delta.model_dump(exclude_none=True)
 
 
 class ChatCompletionStreamResponse(BaseModel):
