@@ -1,0 +1,356 @@
+"""The OpenAI-compatible HTTP server: FastAPI routes over an AsyncLLMEngine, run by uvicorn.
+
+Owns the app (routes, error shapes, the guard middleware for body size and API key), the
+per-server Prometheus registry, and the process lifecycle: load the engine, serve, and on
+SIGTERM / SIGINT stop accepting, give in-flight requests `--shutdown-timeout` seconds, abort
+the rest (their streams end with finish_reason "abort"), and exit 0.
+
+Every response that is not a success has OpenAI's shape
+`{"error": {"message", "type", "param", "code"}}`; user input never yields a 500.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hmac
+import logging
+import os
+import signal
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from pagedllm.engine.async_engine import AsyncLLMEngine
+from pagedllm.entrypoints.openai.protocol import (
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    ModelCard,
+    ModelList,
+)
+from pagedllm.entrypoints.openai.serving_chat import OpenAIServingChat
+from pagedllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from pagedllm.entrypoints.openai.serving_engine import parse_body, to_api_error
+
+logger = logging.getLogger("pagedllm.entrypoints.openai.api_server")
+
+STATS_LOG_INTERVAL_S = 5.0
+
+
+def error_response(err: APIError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status_code, headers=err.headers)
+
+
+class GuardMiddleware:
+    """Pure ASGI (so streaming is untouched): before any route runs, reject bodies larger than
+    `max_body_size` (413) and, when an API key is set, /v1 requests without it (401)."""
+
+    def __init__(self, app: Any, *, api_key: str | None, max_body_size: int) -> None:
+        self.app = app
+        self.api_key = api_key.encode() if api_key else None
+        self.max_body_size = max_body_size
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        path: str = scope.get("path", "")
+        if self.api_key is not None and (path == "/v1" or path.startswith("/v1/")) and scope["method"] != "OPTIONS":
+            if not self._authorized(headers.get(b"authorization", b"")):
+                await self._reject(scope, receive, send, APIError(
+                    "Incorrect or missing API key; send it as 'Authorization: Bearer KEY'.",
+                    401, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"},
+                ))
+                return
+        length = headers.get(b"content-length")
+        if length is not None:
+            try:
+                size = int(length)
+            except ValueError:
+                await self._reject(scope, receive, send, APIError("invalid Content-Length header"))
+                return
+            if size > self.max_body_size:
+                await self._reject(scope, receive, send, self._too_large(size))
+                return
+            await self.app(scope, receive, send)
+            return
+        if scope["method"] in ("POST", "PUT", "PATCH"):
+            # No Content-Length (chunked): read up to the limit here, then replay it to the app.
+            chunks, total = [], 0
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return
+                body = message.get("body", b"")
+                total += len(body)
+                if total > self.max_body_size:
+                    await self._reject(scope, receive, send, self._too_large(total))
+                    return
+                chunks.append(body)
+                if not message.get("more_body", False):
+                    break
+            replayed = False
+
+            async def replay() -> dict:
+                nonlocal replayed
+                if not replayed:
+                    replayed = True
+                    return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+                return await receive()
+
+            await self.app(scope, replay, send)
+            return
+        await self.app(scope, receive, send)
+
+    def _authorized(self, header: bytes) -> bool:
+        scheme, _, key = header.partition(b" ")
+        if scheme.lower() != b"bearer":
+            key = b""
+        # Compare in constant time, whatever the key's length.
+        return hmac.compare_digest(key.strip(), self.api_key) and bool(key)
+
+    def _too_large(self, size: int) -> APIError:
+        return APIError(
+            f"request body of {size} bytes exceeds the limit of {self.max_body_size} bytes",
+            413, code="request_too_large",
+        )
+
+    @staticmethod
+    async def _reject(scope: dict, receive: Any, send: Any, err: APIError) -> None:
+        await error_response(err)(scope, receive, send)
+
+
+def build_app(
+    engine: AsyncLLMEngine,
+    *,
+    served_model_names: list[str],
+    model_path: str | None = None,
+    max_model_len: int,
+    vocab_size: int,
+    api_key: str | None = None,
+    max_request_body_size: int = 8 << 20,
+    chat_template: str | None = None,
+    registry: Any = None,
+    version: str = "0.1.0",
+) -> FastAPI:
+    """The ASGI app over a started engine. `registry` is the Prometheus CollectorRegistry
+    that /metrics exposes (None: /metrics is empty)."""
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pagedllm-tokenizer")
+    common = dict(
+        served_model_names=served_model_names, max_model_len=max_model_len, vocab_size=vocab_size, executor=executor
+    )
+    completion = OpenAIServingCompletion(engine, **common)
+    chat = OpenAIServingChat(engine, chat_template=chat_template, **common)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> Any:
+        yield
+        executor.shutdown(wait=False, cancel_futures=True)
+
+    app = FastAPI(title="pagedllm", version=version, lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.engine = engine
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(APIError(f"invalid request: {exc.errors()}", 400))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return error_response(APIError(str(exc.detail), exc.status_code, code=code, headers=exc.headers))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        return error_response(to_api_error(exc))
+
+    @app.get("/health")
+    async def health() -> Response:
+        if engine.errored:
+            return error_response(APIError("the engine loop has stopped", 503, code="engine_unavailable"))
+        return Response(status_code=200)
+
+    @app.get("/version")
+    async def show_version() -> dict[str, str]:
+        return {"version": version}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        if registry is None:
+            return Response(b"", media_type="text/plain")
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        cards = [ModelCard(id=name, root=model_path, max_model_len=max_model_len) for name in served_model_names]
+        return ModelList(data=cards).model_dump()
+
+    @app.post("/v1/completions")
+    async def completions(raw_request: Request) -> Response:
+        req = await parse_body(raw_request, CompletionRequest)
+        return await completion.create_completion(req, raw_request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(raw_request: Request) -> Response:
+        req = await parse_body(raw_request, ChatCompletionRequest)
+        return await chat.create_chat_completion(req, raw_request)
+
+    app.add_middleware(GuardMiddleware, api_key=api_key, max_body_size=max_request_body_size)
+    return app
+
+
+# ---- process lifecycle ------------------------------------------------------------------------------
+
+
+class _Interrupted(BaseException):
+    """SIGTERM / SIGINT arrived while the engine was still loading (a BaseException, so that no
+    `except Exception` in the loading code swallows it)."""
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, plus: on the first exit signal, drain the engine (let in-flight requests
+    finish for `shutdown_timeout` seconds, then abort them) so that open streams end cleanly
+    and uvicorn's wait for connections ends."""
+
+    def __init__(self, config: uvicorn.Config, engine: AsyncLLMEngine, shutdown_timeout: float) -> None:
+        super().__init__(config)
+        self._engine = engine
+        self._shutdown_timeout = shutdown_timeout
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._draining = False
+
+    async def serve(self, sockets: Any = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        super().handle_exit(sig, frame)
+        if not self._draining and self._loop is not None:
+            self._draining = True
+            logger.info("received %s: finishing in-flight requests (up to %.0f s)",
+                        signal.Signals(sig).name, self._shutdown_timeout)
+            self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._drain()))
+
+    async def _drain(self) -> None:
+        deadline = time.monotonic() + self._shutdown_timeout
+        while self._engine.num_in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if self._engine.num_in_flight:
+            logger.info("aborting %d in-flight requests", self._engine.num_in_flight)
+            self._engine.abort_all()
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        format="%(levelname)s %(asctime)s %(name)s: %(message)s",
+        datefmt="%m-%d %H:%M:%S",
+        stream=sys.stderr,
+        force=True,
+    )
+
+
+def _read_chat_template(value: str | None) -> str | None:
+    if value is None:
+        return None
+    if os.path.isfile(value):
+        with open(value, encoding="utf-8") as f:
+            return f.read()
+    if "{" not in value:
+        raise ValueError(f"chat_template: {value!r} is neither a file nor a Jinja template")
+    return value
+
+
+def run_server(ns: argparse.Namespace, parser: argparse.ArgumentParser | None = None) -> int:
+    """Load the engine, serve until SIGTERM / SIGINT, return the exit code."""
+    from prometheus_client import CollectorRegistry
+
+    from pagedllm.engine.metrics import LoggingStatLogger, PrometheusStatLogger
+    from pagedllm.entrypoints.cli import _version, engine_args_from_namespace
+
+    _setup_logging(ns.log_level)
+    phase: dict[str, Any] = {"now": "loading", "server": None}
+
+    def on_signal(signum: int, frame: Any) -> None:
+        # uvicorn handles signals while it serves; this one sees them while loading (abort the
+        # load), just before uvicorn installs its handlers, and when uvicorn re-raises them
+        # after a graceful stop (then there is nothing left to do).
+        if phase["now"] == "loading":
+            raise _Interrupted()
+        if phase["now"] == "serving" and phase["server"] is not None:
+            phase["server"].handle_exit(signum, frame)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    engine: AsyncLLMEngine | None = None
+    try:
+        try:
+            chat_template = _read_chat_template(ns.chat_template)
+            engine_args = engine_args_from_namespace(ns)
+            engine = AsyncLLMEngine.from_engine_args(
+                engine_args, max_queue_len=ns.max_queue_len, start=False
+            )
+        except ValueError as e:
+            msg = f"error: {e}"
+            if parser is not None:
+                parser.print_usage(sys.stderr)
+            print(f"{parser.prog if parser else 'pagedllm'}: {msg}", file=sys.stderr)
+            return 2
+        except _Interrupted:
+            logger.info("interrupted while loading the model; exiting")
+            return 0
+        model_config = engine.model_config
+        names = ns.served_model_name or [model_config.served_model_name]
+        registry = CollectorRegistry()
+        engine.stat_loggers.append(PrometheusStatLogger(names[0], registry, model_config.max_model_len))
+        if not ns.disable_log_stats:
+            engine.stat_loggers.append(LoggingStatLogger(STATS_LOG_INTERVAL_S))
+        engine.start()
+        app = build_app(
+            engine,
+            served_model_names=names,
+            model_path=model_config.model,
+            max_model_len=model_config.max_model_len,
+            vocab_size=model_config.vocab_size,
+            api_key=ns.api_key or os.environ.get("PAGEDLLM_API_KEY") or None,
+            max_request_body_size=ns.max_request_body_size,
+            chat_template=chat_template,
+            registry=registry,
+            version=_version(),
+        )
+        config = uvicorn.Config(
+            app,
+            host=ns.host,
+            port=ns.port,
+            log_config=None,
+            log_level=ns.log_level,
+            access_log=not ns.disable_uvicorn_access_log,
+            timeout_keep_alive=5,
+        )
+        server = _Server(config, engine, ns.shutdown_timeout)
+        phase["server"] = server
+        phase["now"] = "serving"
+        logger.info("serving %s on http://%s:%d (model %s)", names[0], ns.host, ns.port, model_config.model)
+        asyncio.run(server.serve())
+        phase["now"] = "done"
+        return 0 if server.started else 1
+    finally:
+        phase["now"] = "done"
+        if engine is not None:
+            engine.shutdown()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

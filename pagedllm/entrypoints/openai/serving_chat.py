@@ -1,0 +1,267 @@
+"""POST /v1/chat/completions: the messages go through the model's chat template (or the one
+given with --chat-template), the result is tokenized without adding special tokens again (the
+template has them), and one engine request with `n` samples serves it.
+
+Streaming: each choice's first chunk carries `delta.role = "assistant"`, later ones the new
+content, the last one `finish_reason`; then usage if asked, then [DONE].
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from pagedllm.entrypoints.openai.protocol import (
+    APIError,
+    ChatCompletionLogProbs,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatCompletionResponseChoice,
+    ChatCompletionStreamChoice,
+    ChatCompletionStreamResponse,
+    ChatLogprobEntry,
+    ChatMessage,
+    ChatResponseMessage,
+    ChatTopLogprob,
+    DeltaMessage,
+    UsageInfo,
+    random_id,
+)
+from pagedllm.entrypoints.openai.serving_engine import (
+    _MAX_TOP_LOGPROBS,
+    SSE_DONE,
+    ClientDisconnected,
+    OpenAIServing,
+    cancel_on_disconnect,
+    prepend,
+    safe_text_end,
+    sse,
+    sse_error,
+    to_api_error,
+)
+from pagedllm.outputs import Logprob, RequestOutput
+
+
+class OpenAIServingChat(OpenAIServing):
+    def __init__(self, *args: Any, chat_template: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.chat_template = chat_template
+
+    async def create_chat_completion(self, req: ChatCompletionRequest, raw_request: Any) -> Response:
+        model_name = self.check_model(req.model)
+        self.check_common_unsupported(req)
+        if req.response_format and req.response_format.get("type", "text") != "text":
+            raise APIError("response_format other than text is not supported", param="response_format")
+        if req.tools and req.tool_choice != "none":
+            raise APIError("tools are not supported", param="tools")
+        if not req.messages:
+            raise APIError("messages must not be empty", param="messages")
+        if req.top_logprobs is not None:
+            if not 0 <= req.top_logprobs <= _MAX_TOP_LOGPROBS:
+                raise APIError(f"top_logprobs must be in [0, {_MAX_TOP_LOGPROBS}], got {req.top_logprobs}", param="top_logprobs")
+            if not req.logprobs and req.top_logprobs > 0:
+                raise APIError("top_logprobs needs logprobs to be true", param="top_logprobs")
+
+        conversation = [self._message(m, i) for i, m in enumerate(req.messages)]
+        prompt = await self.run_in_executor(self._render, conversation, req)
+        ids = await self.tokenize(prompt, add_special_tokens=False)
+        self.validate_prompt_ids(ids, param="messages")
+        if req.max_completion_tokens is not None:
+            max_tokens = self.resolve_max_tokens(req.max_completion_tokens, len(ids), "max_completion_tokens")
+        else:
+            max_tokens = self.resolve_max_tokens(req.max_tokens, len(ids), "max_tokens")
+        num_top = (req.top_logprobs or 0) if req.logprobs else None
+        params = self.sampling_params(req, max_tokens=max_tokens, logprobs=num_top)
+
+        request_id = random_id("chatcmpl")
+        created = int(time.time())
+        stream = self.submit([ids], [params], request_id, req.priority)
+        if req.stream:
+            first = await self.first_item(stream)
+            hold_back = 0  # the engine's text already holds back a possible stop-string start
+            body = self._stream(req, request_id, created, model_name, prepend(first, stream), len(ids), hold_back)
+            return StreamingResponse(body, media_type="text/event-stream")
+        try:
+            finals = await cancel_on_disconnect(self._collect(stream), raw_request)
+        except ClientDisconnected:
+            return Response(status_code=499)
+        except Exception as e:  # noqa: BLE001 - engine failures become OpenAI errors
+            raise to_api_error(e) from None
+        return JSONResponse(self._response(req, request_id, created, model_name, finals).model_dump())
+
+    @staticmethod
+    def _message(m: ChatMessage, idx: int) -> dict[str, Any]:
+        content = m.content
+        if isinstance(content, list):
+            texts = []
+            for part in content:
+                if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise APIError(
+                        f"messages[{idx}].content: only text parts are supported, got {part.get('type')!r}",
+                        param=f"messages.{idx}.content",
+                    )
+                texts.append(part["text"])
+            content = "\n".join(texts)
+        msg: dict[str, Any] = {"role": m.role, "content": content if content is not None else ""}
+        if m.name is not None:
+            msg["name"] = m.name
+        return msg
+
+    def _render(self, conversation: list[dict[str, Any]], req: ChatCompletionRequest) -> str:
+        if self.chat_template is None and not getattr(self.tokenizer, "chat_template", None):
+            raise APIError("this model has no chat template; start the server with --chat-template", param="messages")
+        kwargs = dict(req.chat_template_kwargs or {})
+        try:
+            out = self.tokenizer.apply_chat_template(
+                conversation,
+                chat_template=self.chat_template,
+                tokenize=False,
+                add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
+                continue_final_message=req.continue_final_message,
+                **kwargs,
+            )
+        except APIError:
+            raise
+        except Exception as e:  # noqa: BLE001 - template errors come from the user's messages
+            raise APIError(f"the chat template could not render these messages: {e}", param="messages") from None
+        if not isinstance(out, str):
+            raise APIError("the chat template did not produce text", 500, type="server_error")
+        return out
+
+    @staticmethod
+    async def _collect(stream: AsyncIterator[tuple[int, RequestOutput]]) -> RequestOutput:
+        final = None
+        async for _, out in stream:
+            final = out
+        assert final is not None
+        return final
+
+    # ---- logprobs ---------------------------------------------------------------------------------
+
+    def _logprobs(
+        self, token_ids: list[int], steps: list[dict[int, Logprob]] | None, num_top: int
+    ) -> ChatCompletionLogProbs:
+        content = []
+        for pos, tid in enumerate(token_ids):
+            step = steps[pos] if steps is not None and pos < len(steps) else None
+            lp = step.get(tid) if step else None
+            token = self.token_str(tid, lp)
+            top = [
+                ChatTopLogprob(token=(s := self.token_str(t, l)), logprob=self.clamp(l.logprob), bytes=list(s.encode()))
+                for t, l in self.top_entries(step or {}, num_top)
+            ]
+            content.append(
+                ChatLogprobEntry(
+                    token=token,
+                    logprob=self.clamp(lp.logprob) if lp is not None else -9999.0,
+                    bytes=list(token.encode()),
+                    top_logprobs=top,
+                )
+            )
+        return ChatCompletionLogProbs(content=content)
+
+    # ---- non-streaming ----------------------------------------------------------------------------
+
+    def _response(
+        self, req: ChatCompletionRequest, request_id: str, created: int, model_name: str, final: RequestOutput
+    ) -> ChatCompletionResponse:
+        num_top = req.top_logprobs or 0
+        choices = []
+        for c in final.outputs:
+            choices.append(
+                ChatCompletionResponseChoice(
+                    index=c.index,
+                    message=ChatResponseMessage(role="assistant", content=c.text),
+                    logprobs=self._logprobs(c.token_ids, c.logprobs, num_top) if req.logprobs else None,
+                    finish_reason=c.finish_reason,
+                    stop_reason=c.stop_reason,
+                )
+            )
+        prompt_tokens = len(final.prompt_token_ids)
+        completion_tokens = sum(len(c.token_ids) for c in final.outputs)
+        usage = UsageInfo(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+        )
+        return ChatCompletionResponse(id=request_id, created=created, model=model_name, choices=choices, usage=usage)
+
+    # ---- streaming --------------------------------------------------------------------------------
+
+    async def _stream(
+        self,
+        req: ChatCompletionRequest,
+        request_id: str,
+        created: int,
+        model_name: str,
+        outputs: AsyncIterator[tuple[int, RequestOutput]],
+        num_prompt_tokens: int,
+        hold_back: int,
+    ) -> AsyncIterator[str]:
+        n = req.n
+        num_top = req.top_logprobs or 0
+        sent_chars = [0] * n
+        sent_tokens = [0] * n
+        finished = [False] * n
+        opts = req.stream_options
+        include_usage = bool(opts and opts.include_usage)
+        continuous_usage = include_usage and bool(opts and opts.continuous_usage_stats)
+
+        def chunk(choice: ChatCompletionStreamChoice | None, usage: UsageInfo | None = None) -> str:
+            return sse(
+                ChatCompletionStreamResponse(
+                    id=request_id, created=created, model=model_name,
+                    choices=[choice] if choice is not None else [], usage=usage,
+                )
+            )
+
+        last: RequestOutput | None = None
+        try:
+            for i in range(n):
+                yield chunk(ChatCompletionStreamChoice(index=i, delta=DeltaMessage(role="assistant", content="")))
+            async for _, out in outputs:
+                for c in out.outputs:
+                    i = c.index
+                    if finished[i]:
+                        continue
+                    done = c.finish_reason is not None
+                    end = safe_text_end(c.text, done, hold_back)
+                    delta = c.text[sent_chars[i]:end] if end > sent_chars[i] else ""
+                    new_ids = c.token_ids[sent_tokens[i]:]
+                    if not delta and not done and not (new_ids and req.logprobs):
+                        continue
+                    logprobs = None
+                    if req.logprobs:
+                        steps = c.logprobs[sent_tokens[i]:] if c.logprobs is not None else None
+                        logprobs = self._logprobs(new_ids, steps, num_top)
+                    sent_chars[i] = max(sent_chars[i], end)
+                    sent_tokens[i] = len(c.token_ids)
+                    finished[i] = done
+                    usage = None
+                    if continuous_usage:
+                        gen = sum(len(x.token_ids) for x in out.outputs)
+                        usage = UsageInfo(prompt_tokens=num_prompt_tokens, completion_tokens=gen,
+                                          total_tokens=num_prompt_tokens + gen)
+                    yield chunk(
+                        ChatCompletionStreamChoice(
+                            index=i,
+                            delta=DeltaMessage(content=delta),
+                            logprobs=logprobs,
+                            finish_reason=c.finish_reason,
+                            stop_reason=c.stop_reason,
+                        ),
+                        usage,
+                    )
+                last = out
+            if include_usage:
+                gen = sum(len(x.token_ids) for x in last.outputs) if last is not None else 0
+                yield chunk(None, UsageInfo(prompt_tokens=num_prompt_tokens, completion_tokens=gen,
+                                            total_tokens=num_prompt_tokens + gen))
+        except Exception as e:  # noqa: BLE001 - the status line is gone; report in the stream
+            yield sse_error(e)
+        finally:
+            await outputs.aclose()  # type: ignore[attr-defined]
+        yield SSE_DONE

@@ -1,0 +1,353 @@
+"""What the completion and chat endpoints share: model-name checks, tokenization off the event
+loop, prompt validation, SamplingParams from a request, logprob formatting, and the plumbing of
+streams (merging several requests' streams, noticing a client that went away, SSE framing).
+
+Every user mistake becomes an APIError with a 4xx status here, before the engine sees the
+request; the engine's own checks are the second line, not the first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from pagedllm.engine.async_engine import (
+    AsyncLLMEngine,
+    EngineDeadError,
+    QueueFullError,
+    RequestFailedError,
+)
+from pagedllm.entrypoints.openai.protocol import APIError, ErrorInfo, ErrorResponse
+from pagedllm.outputs import Logprob
+from pagedllm.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+_M = TypeVar("_M", bound=BaseModel)
+
+# OpenAI's JSON has no -inf; vLLM clamps the same way.
+_MIN_LOGPROB = -9999.0
+_MAX_TOP_LOGPROBS = 20
+_RETRY_AFTER_S = "1"
+_SAMPLING_FIELDS = {f for f in SamplingParams.__dataclass_fields__}
+_FIELD_RE = re.compile(r"^([a-z_]+)\b")
+
+
+def to_api_error(e: BaseException) -> APIError:
+    """Map an engine-side exception to what the client should see."""
+    if isinstance(e, APIError):
+        return e
+    if isinstance(e, QueueFullError):
+        return APIError(str(e), 503, type="server_error", code="queue_full",
+                        headers={"Retry-After": _RETRY_AFTER_S})
+    if isinstance(e, EngineDeadError):
+        return APIError(str(e), 503, type="server_error", code="engine_unavailable",
+                        headers={"Retry-After": _RETRY_AFTER_S})
+    if isinstance(e, RequestFailedError):
+        return APIError(str(e), 500, type="server_error", code="engine_error")
+    if isinstance(e, ValueError):  # the engine rejected the request's input
+        m = _FIELD_RE.match(str(e))
+        return APIError(str(e), 400, param=m.group(1) if m and m.group(1) in _SAMPLING_FIELDS else None)
+    logger.exception("unexpected error", exc_info=e)
+    return APIError(f"internal error: {e!r}", 500, type="server_error")
+
+
+async def parse_body(raw_request: Any, model: type[_M]) -> _M:
+    """The request body as `model`, or a 400 naming what is wrong with it."""
+    body = await raw_request.body()
+    if not body.strip():
+        raise APIError("the request body is empty; expected a JSON object")
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise APIError(f"the request body is not valid JSON: {e}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise APIError(f"the request body must be a JSON object, got {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise validation_error(e) from None
+
+
+def validation_error(e: ValidationError) -> APIError:
+    errors = e.errors(include_url=False)
+    parts, params = [], []
+    for err in errors[:4]:
+        # Union branches add their type to the location ("prompt.list[int].0"); keep the field path.
+        loc = [str(p) for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p in ("str", "int", "float", "bool")))]
+        name = ".".join(loc) or "body"
+        params.append(name)
+        parts.append(f"{name}: {err['msg']}")
+    if len(errors) > 4:
+        parts.append(f"... and {len(errors) - 4} more")
+    return APIError("invalid request: " + "; ".join(parts), 400, param=params[0] if params else None)
+
+
+def sse(payload: BaseModel | dict[str, Any]) -> str:
+    data = payload.model_dump_json() if isinstance(payload, BaseModel) else json.dumps(payload)
+    return f"data: {data}\n\n"
+
+
+def sse_error(e: BaseException) -> str:
+    err = to_api_error(e)
+    body = ErrorResponse(error=ErrorInfo(message=err.message, type=err.type, param=err.param, code=err.code))
+    return sse(body)
+
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+async def _next(it: AsyncIterator[T]) -> T:
+    return await it.__anext__()
+
+
+async def merge_async_iterators(iterators: Sequence[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
+    """Yield (index of the iterator, item) as items arrive from any of them. Closing the merged
+    iterator closes every source (which aborts their requests)."""
+    if len(iterators) == 1:
+        try:
+            async for item in iterators[0]:
+                yield 0, item
+        finally:
+            await iterators[0].aclose()  # type: ignore[attr-defined]
+        return
+    pending: dict[asyncio.Future, int] = {
+        asyncio.ensure_future(_next(it)): i for i, it in enumerate(iterators)
+    }
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for fut in done:
+                i = pending.pop(fut)
+                try:
+                    item = fut.result()
+                except StopAsyncIteration:
+                    continue
+                yield i, item
+                pending[asyncio.ensure_future(_next(iterators[i]))] = i
+    finally:
+        for fut in pending:
+            fut.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+        for it in iterators:
+            await it.aclose()  # type: ignore[attr-defined]
+
+
+async def _wait_for_disconnect(raw_request: Any) -> None:
+    while True:
+        message = await raw_request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+class ClientDisconnected(Exception):
+    pass
+
+
+async def cancel_on_disconnect(coro: Awaitable[T], raw_request: Any) -> T:
+    """Run `coro`; if the client disconnects first, cancel it (its requests are aborted) and
+    raise ClientDisconnected."""
+    task = asyncio.ensure_future(coro)
+    watcher = asyncio.ensure_future(_wait_for_disconnect(raw_request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    try:
+        await task
+    except (asyncio.CancelledError, Exception):  # noqa: BLE001 - the client is gone anyway
+        pass
+    raise ClientDisconnected()
+
+
+class OpenAIServing:
+    def __init__(
+        self,
+        engine: AsyncLLMEngine,
+        *,
+        served_model_names: list[str],
+        max_model_len: int,
+        vocab_size: int,
+        executor: ThreadPoolExecutor,
+    ) -> None:
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.served_model_names = served_model_names
+        self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
+        self.executor = executor
+
+    # ---- checks -------------------------------------------------------------------------------
+
+    def check_model(self, name: str | None) -> str:
+        """The name to report in responses; 404 for a model this server does not serve."""
+        if name is None or name in self.served_model_names:
+            return name or self.served_model_names[0]
+        raise APIError(
+            f"The model `{name}` does not exist. This server serves: {', '.join(self.served_model_names)}",
+            404,
+            param="model",
+            code="model_not_found",
+        )
+
+    @staticmethod
+    def check_common_unsupported(req: Any) -> None:
+        if req.logit_bias:
+            raise APIError("logit_bias is not supported", param="logit_bias")
+        if req.n < 1:
+            raise APIError(f"n must be >= 1, got {req.n}", param="n")
+
+    def validate_prompt_ids(self, ids: list[int], param: str = "prompt") -> None:
+        if not ids:
+            raise APIError("the prompt is empty", param=param)
+        bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise APIError(f"token id {bad} is out of vocabulary (size {self.vocab_size})", param=param)
+        if len(ids) >= self.max_model_len:
+            raise APIError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, your "
+                f"prompt has {len(ids)} tokens, which leaves no room for the completion. Please "
+                "reduce the length of the prompt.",
+                param=param,
+                code="context_length_exceeded",
+            )
+
+    def resolve_max_tokens(self, requested: int | None, prompt_len: int, param: str) -> int:
+        room = self.max_model_len - prompt_len
+        if requested is None:
+            return room
+        if isinstance(requested, int) and prompt_len + requested > self.max_model_len:
+            raise APIError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you "
+                f"requested {prompt_len + requested} tokens ({prompt_len} in the prompt, {requested} "
+                "for the completion). Please reduce the length of the prompt or the completion.",
+                param=param,
+                code="context_length_exceeded",
+            )
+        return requested
+
+    @staticmethod
+    def sampling_params(
+        req: Any, *, max_tokens: int, logprobs: int | None, prompt_logprobs: int | None = None
+    ) -> SamplingParams:
+        def either(value: Any, default: Any) -> Any:
+            return default if value is None else value
+
+        try:
+            return SamplingParams(
+                n=req.n,
+                temperature=either(req.temperature, 1.0),
+                top_p=either(req.top_p, 1.0),
+                top_k=either(req.top_k, 0),
+                min_p=either(req.min_p, 0.0),
+                presence_penalty=either(req.presence_penalty, 0.0),
+                frequency_penalty=either(req.frequency_penalty, 0.0),
+                repetition_penalty=either(req.repetition_penalty, 1.0),
+                seed=req.seed,
+                stop=req.stop,
+                stop_token_ids=req.stop_token_ids,
+                ignore_eos=req.ignore_eos,
+                max_tokens=max_tokens,
+                min_tokens=req.min_tokens,
+                logprobs=logprobs,
+                prompt_logprobs=prompt_logprobs,
+                skip_special_tokens=req.skip_special_tokens,
+                include_stop_str_in_output=req.include_stop_str_in_output,
+            )
+        except ValueError as e:
+            m = _FIELD_RE.match(str(e))
+            raise APIError(str(e), param=m.group(1) if m else None) from None
+
+    # ---- tokenizer, off the event loop ------------------------------------------------------------
+
+    async def run_in_executor(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return await self.run_in_executor(
+            lambda: list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+        )
+
+    async def detokenize(self, ids: list[int]) -> str:
+        return await self.run_in_executor(lambda: self.tokenizer.decode(ids))
+
+    # ---- logprobs -------------------------------------------------------------------------------
+
+    def token_str(self, token_id: int, lp: Logprob | None) -> str:
+        if lp is not None and lp.decoded_token is not None:
+            return lp.decoded_token
+        return self.tokenizer.decode([token_id])
+
+    @staticmethod
+    def clamp(logprob: float) -> float:
+        return max(logprob, _MIN_LOGPROB)
+
+    @staticmethod
+    def top_entries(step: dict[int, Logprob], k: int) -> list[tuple[int, Logprob]]:
+        return sorted(step.items(), key=lambda kv: (kv[1].rank or 0, -kv[1].logprob))[:k] if k else []
+
+    # ---- engine admission -----------------------------------------------------------------------
+
+    def submit(
+        self, prompts: list[list[int]], params: list[SamplingParams], request_id: str, priority: int
+    ) -> AsyncIterator[tuple[int, Any]]:
+        """Start one engine request per prompt; the merged stream yields (prompt index, output)."""
+        try:
+            self.engine.check_capacity(len(prompts))
+        except (QueueFullError, EngineDeadError) as e:
+            raise to_api_error(e) from None
+        streams = []
+        try:
+            for i, (ids, p) in enumerate(zip(prompts, params)):
+                streams.append(self.engine.generate(ids, p, f"{request_id}-{i}", priority=priority))
+        except Exception as e:  # noqa: BLE001
+            self.engine.abort_nowait([f"{request_id}-{j}" for j in range(len(streams))])
+            raise to_api_error(e) from None
+        return merge_async_iterators(streams)
+
+    @staticmethod
+    async def first_item(stream: AsyncIterator[T]) -> T:
+        """The first output, so that an engine rejection is still a 4xx status, not an SSE
+        error after a 200."""
+        try:
+            return await stream.__anext__()
+        except StopAsyncIteration:
+            raise APIError("the engine produced no output", 500, type="server_error") from None
+        except Exception as e:  # noqa: BLE001
+            await stream.aclose()  # type: ignore[attr-defined]
+            raise to_api_error(e) from None
+
+
+async def prepend(first: T, rest: AsyncIterator[T]) -> AsyncIterator[T]:
+    try:
+        yield first
+        async for item in rest:
+            yield item
+    finally:
+        await rest.aclose()  # type: ignore[attr-defined]
+
+
+def safe_text_end(text: str, finished: bool, hold_back: int) -> int:
+    """How much of a still-growing text can be streamed: not a trailing partial UTF-8 character
+    (U+FFFD) and not the last `hold_back` characters, which could begin a stop string."""
+    if finished:
+        return len(text)
+    end = len(text) - hold_back
+    while end > 0 and text[end - 1] == "\ufffd":
+        end -= 1
+    return max(end, 0)
