@@ -165,9 +165,16 @@ class BlockManager:
         """Make room for `num_new_tokens` more tokens after the computed ones (counting the
         prefix-cache hits in `computed_blocks`, which the request takes a reference on).
         Returns False and changes nothing when there are not enough free blocks."""
+        rid = request.request_id
+        table = self.req_blocks.get(rid)
+        if table is not None and not computed_blocks:  # fast path: a running request
+            total = request.num_computed_tokens + num_new_tokens
+            if -(-total // self.block_size) <= len(table):
+                if self.enable_prefix_caching and total // self.block_size > self.req_num_hashed.get(rid, 0):
+                    self._register_full_blocks(request, total)
+                return True
         if not self.can_allocate(request, num_new_tokens, computed_blocks):
             return False
-        rid = request.request_id
         table = self.req_blocks.setdefault(rid, [])
         for bid in computed_blocks:
             blk = self.blocks[bid]

@@ -58,7 +58,7 @@ class LLM:
             for i, (p, sp) in enumerate(zip(prompts, params)):
                 rid = str(next(self._counter))
                 try:
-                    engine.add_request(rid, p, sp, priority=0 if priority is None else priority[i])
+                    engine.add_request(rid, p, sp, priority=0 if priority is None else priority[i], final_only=True)
                 except ValueError as e:
                     raise ValueError(f"prompt {i}: {e}") from None
                 ids.append(rid)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
-from typing import Any, Iterable
+from dataclasses import dataclass
+from typing import Iterable
 
 from pagedllm.config import EngineArgs, EngineConfig
 from pagedllm.core.request import Request, RequestStatus
@@ -56,7 +56,7 @@ class _Parent:
     cum_logprobs: list[float | None]
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     finished_children: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
+    final_only: bool = False  # produce a RequestOutput only when the request finishes
 
 
 class LLMEngine:
@@ -123,7 +123,10 @@ class LLMEngine:
         params: SamplingParams | None = None,
         arrival_time: float | None = None,
         priority: int = 0,
+        final_only: bool = False,
     ) -> None:
+        """Queues a request. Raises ValueError (naming the field) for bad input, leaving the
+        engine unchanged. With final_only, `step` reports it only once it has finished."""
         if request_id in self._parents:
             raise ValueError(f"request_id {request_id!r} is already in use")
         params = SamplingParams() if params is None else params
@@ -159,6 +162,7 @@ class LLMEngine:
             [[] if params.logprobs is not None else None for _ in range(n)],
             [0.0 if params.logprobs is not None else None for _ in range(n)],
             [None] if params.prompt_logprobs is not None else None,
+            final_only=final_only,
         )
         self._parents[request_id] = parent
         for i, child in enumerate(children):
@@ -232,6 +236,8 @@ class LLMEngine:
                 parent.metrics.num_preemptions += req.num_preemptions
         outputs = []
         for parent in touched.values():
+            if parent.final_only and parent.finished_children < len(parent.children):
+                continue
             out = self._make_output(parent)
             if out.finished:
                 parent.metrics.finished_time = now

@@ -31,6 +31,7 @@ class CachedRequestState:
     num_computed_tokens: int
     sampling_params: SamplingParams
     generator: torch.Generator | None
+    table_np: np.ndarray  # block_ids as an array, refreshed when blocks are added
 
 
 class ModelRunner:
@@ -59,16 +60,18 @@ class ModelRunner:
                 gen = torch.Generator(device=self.device).manual_seed(new.sampling_params.seed)
             self.requests[new.req_id] = CachedRequestState(
                 new.req_id, list(new.token_ids), new.num_prompt_tokens, list(new.block_ids),
-                new.num_computed_tokens, new.sampling_params, gen,
+                new.num_computed_tokens, new.sampling_params, gen, np.asarray(new.block_ids, dtype=np.int64),
             )
         for c in so.scheduled_cached_reqs:
             st = self.requests[c.req_id]
-            st.block_ids.extend(c.new_block_ids)
+            if c.new_block_ids:
+                st.block_ids.extend(c.new_block_ids)
+                st.table_np = np.asarray(st.block_ids, dtype=np.int64)
             st.num_computed_tokens = c.num_computed_tokens
 
     # ---- inputs ----------------------------------------------------------------------
-    def _to_device(self, array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-        t = torch.from_numpy(array).to(dtype)
+    def _to_device(self, array: np.ndarray) -> torch.Tensor:
+        t = torch.from_numpy(array)
         if self.device.type == "cpu":
             return t
         if self.pin:
@@ -78,57 +81,70 @@ class ModelRunner:
     def prepare_inputs(self, so: SchedulerOutput):
         """Returns the batch, the request order, the requests that sample this step with their
         logits rows, and for prompt-logprob requests the (first logits row, count) of their
-        chunk."""
-        order = sorted(so.num_scheduled_tokens, key=lambda r: so.num_scheduled_tokens[r] != 1)
+        chunk. All integer inputs travel to the device in one copy."""
+        sched = so.num_scheduled_tokens
+        order = sorted(sched, key=lambda r: sched[r] != 1)
+        num_reqs = len(order)
         bs = self.block_size
         n_tok = so.total_num_scheduled_tokens
-        input_ids = np.empty(n_tok, dtype=np.int64)
-        positions = np.empty(n_tok, dtype=np.int64)
-        slots = np.empty(n_tok, dtype=np.int64)
-        qsl = [0]
-        seq_lens, query_lens = [], []
-        max_blocks = 0
+        # one int64 buffer: input_ids | positions | slots | query_start_loc | seq_lens | (logits rows)
+        buf = np.empty(3 * n_tok + 2 * num_reqs + 1, dtype=np.int64)
+        input_ids, positions, slots = buf[:n_tok], buf[n_tok : 2 * n_tok], buf[2 * n_tok : 3 * n_tok]
+        qsl = buf[3 * n_tok : 3 * n_tok + num_reqs + 1]
+        seq_lens_np = buf[3 * n_tok + num_reqs + 1 :]
+        seq_lens, query_lens = [0] * num_reqs, [0] * num_reqs
+        max_blocks = 1
         logits_rows: list[int] = []
         sampling: list[str] = []
         sample_rows: list[int] = []
         prompt_rows: dict[str, tuple[int, int]] = {}
         num_decodes = 0
-        for rid in order:
-            st = self.requests[rid]
-            n = so.num_scheduled_tokens[rid]
+        s = 0
+        qsl[0] = 0
+        requests = self.requests
+        for i, rid in enumerate(order):
+            st = requests[rid]
+            n = sched[rid]
             c = st.num_computed_tokens
-            s = qsl[-1]
-            input_ids[s : s + n] = st.token_ids[c : c + n]
-            pos = np.arange(c, c + n)
-            positions[s : s + n] = pos
-            table = np.asarray(st.block_ids, dtype=np.int64)
-            slots[s : s + n] = table[pos // bs] * bs + pos % bs
-            qsl.append(s + n)
-            seq_lens.append(c + n)
-            query_lens.append(n)
-            max_blocks = max(max_blocks, len(st.block_ids))
             if n == 1:
                 num_decodes += 1
+                input_ids[s] = st.token_ids[c]
+                positions[s] = c
+                slots[s] = st.block_ids[c // bs] * bs + c % bs
+            else:
+                input_ids[s : s + n] = st.token_ids[c : c + n]
+                pos = np.arange(c, c + n)
+                positions[s : s + n] = pos
+                slots[s : s + n] = st.table_np[pos // bs] * bs + pos % bs
+            seq_lens[i] = c + n
+            query_lens[i] = n
+            if len(st.block_ids) > max_blocks:
+                max_blocks = len(st.block_ids)
             if st.sampling_params.prompt_logprobs is not None and c < st.num_prompt_tokens - 1:
                 cnt = min(c + n, st.num_prompt_tokens - 1) - c
                 prompt_rows[rid] = (len(logits_rows), cnt)
                 logits_rows.extend(range(s, s + cnt))
+            s += n
+            qsl[i + 1] = s
             if c + n == len(st.token_ids):
                 sampling.append(rid)
                 sample_rows.append(len(logits_rows))
-                logits_rows.append(s + n - 1)
-        block_tables = np.zeros((len(order), max(max_blocks, 1)), dtype=np.int32)
+                logits_rows.append(s - 1)
+        seq_lens_np[:] = seq_lens
+        block_tables = np.zeros((num_reqs, max_blocks), dtype=np.int32)
         for i, rid in enumerate(order):
-            ids = self.requests[rid].block_ids
-            block_tables[i, : len(ids)] = ids
+            t = requests[rid].table_np
+            block_tables[i, : len(t)] = t
+        ints = self._to_device(np.concatenate([buf, np.asarray(logits_rows, dtype=np.int64)]))
+        base = 3 * n_tok
         batch = ForwardBatch(
-            input_ids=self._to_device(input_ids, torch.int64),
-            positions=self._to_device(positions, torch.int64),
-            slot_mapping=self._to_device(slots, torch.int64),
-            query_start_loc=self._to_device(np.asarray(qsl, dtype=np.int32), torch.int32),
-            seq_lens=self._to_device(np.asarray(seq_lens, dtype=np.int32), torch.int32),
-            block_tables=self._to_device(block_tables, torch.int32),
-            logits_indices=self._to_device(np.asarray(logits_rows, dtype=np.int64), torch.int64),
+            input_ids=ints[:n_tok],
+            positions=ints[n_tok : 2 * n_tok],
+            slot_mapping=ints[2 * n_tok : base],
+            query_start_loc=ints[base : base + num_reqs + 1].to(torch.int32),
+            seq_lens=ints[base + num_reqs + 1 : base + 2 * num_reqs + 1].to(torch.int32),
+            block_tables=self._to_device(block_tables),
+            logits_indices=ints[base + 2 * num_reqs + 1 :],
             num_decodes=num_decodes,
             max_query_len=max(query_lens),
             max_seq_len=max(seq_lens),
@@ -142,7 +158,10 @@ class ModelRunner:
         dev = self.device
 
         def col(values, dtype=torch.float32):
-            return torch.tensor(values, dtype=dtype, device=dev)
+            t = torch.tensor(values, dtype=dtype)
+            if dev.type == "cpu":
+                return t
+            return (t.pin_memory() if self.pin else t).to(dev, non_blocking=True)
 
         greedy = [sp.greedy for sp in sps]
         any_top_k = any(sp.top_k > 0 for sp in sps)

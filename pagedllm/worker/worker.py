@@ -39,7 +39,7 @@ def _fmt(n: float) -> str:
 class Worker:
     def __init__(self, config: EngineConfig, eos_token_ids: frozenset[int]):
         self.config = config
-        self.device = torch.device(config.device)
+        self.device = torch.device("cuda", torch.cuda.current_device()) if config.device == "cuda" else torch.device("cpu")
         mc = config.model_config
         t0 = time.time()
         if self.device.type == "cuda":
