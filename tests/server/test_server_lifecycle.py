@@ -57,13 +57,13 @@ def test_queue_full_then_sigterm_ends_streams_cleanly(tiny_llama, tmp_path):
         server.stop()
 
 
-def test_sigterm_while_loading_exits_0(tmp_path):
-    # A model that takes a while to load (the embedded GGUF); SIGTERM arrives mid-start.
+def test_sigint_while_loading_exits_0(tmp_path):
+    # A model that takes a while to load (the embedded GGUF); Ctrl-C arrives mid-start.
     proc = subprocess.Popen([sys.executable, "-m", "pagedllm.entrypoints.openai_api_server", "--port", "0",
                              "--kv-cache-memory", "16MiB"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     time.sleep(2.0)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signal.SIGINT)
     try:
         rc = proc.wait(30)
     finally:

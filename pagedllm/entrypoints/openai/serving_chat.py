@@ -80,7 +80,10 @@ class OpenAIServingChat(OpenAIServing):
         created = int(time.time())
         stream = self.submit([ids], [params], request_id, req.priority)
         if req.stream:
-            first = await self.first_item(stream)
+            try:  # the first token may be a long prefill away: watch the client meanwhile
+                first = await cancel_on_disconnect(self.first_item(stream), raw_request)
+            except ClientDisconnected:
+                return Response(status_code=499)
             hold_back = 0  # the engine's text already holds back a possible stop-string start
             body = self._stream(req, request_id, created, model_name, prepend(first, stream), len(ids), hold_back)
             return StreamingResponse(body, media_type="text/event-stream")
