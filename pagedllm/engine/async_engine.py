@@ -24,6 +24,7 @@ the loop goes on. Only if the engine cannot even be cleaned up does the loop sto
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 import time
@@ -91,6 +92,7 @@ class _Add:
     priority: int
     stream: "_RequestStream"
     arrival: float  # time.monotonic() when generate() was called
+    final_only: bool = False
 
 
 @dataclass(slots=True)
@@ -104,6 +106,8 @@ class _RequestState:
 
     stream: "_RequestStream"
     arrival: float  # time.monotonic() when generate() was called
+    final_only: bool = False  # the engine reports it once, finished; timings come from its metrics
+    add_delay: float = 0.0  # seconds from generate() to the engine's add_request
     outputs: dict[int, CompletionOutput] = field(default_factory=dict)
     first_token_time: float | None = None
     last_token_time: float | None = None
@@ -145,19 +149,6 @@ class _RequestStream:
                 raise self._error
             self._ready.clear()
             await self._ready.wait()
-
-
-def _copy_completion(c: CompletionOutput) -> CompletionOutput:
-    # The engine may keep appending to its lists after we hand the output to another thread.
-    return CompletionOutput(
-        index=c.index,
-        text=c.text,
-        token_ids=list(c.token_ids),
-        cumulative_logprob=c.cumulative_logprob,
-        logprobs=None if c.logprobs is None else list(c.logprobs),
-        finish_reason=c.finish_reason,
-        stop_reason=c.stop_reason,
-    )
 
 
 class AsyncLLMEngine:
@@ -270,9 +261,11 @@ class AsyncLLMEngine:
         request_id: str,
         *,
         priority: int = 0,
+        final_only: bool = False,
     ) -> AsyncIterator[RequestOutput]:
         """Submit a request and return the async stream of its cumulative outputs; the last has
-        `finished=True`. Must be called from a running event loop.
+        `finished=True`. Must be called from a running event loop. With `final_only`, the stream
+        yields only the final output (less work per step for a caller that does not stream).
 
         Admission happens here, synchronously (so a handler can submit several requests with no
         other handler in between): EngineDeadError, QueueFullError and a duplicate id raise at
@@ -288,7 +281,7 @@ class AsyncLLMEngine:
         self.check_capacity(1)
         stream = _RequestStream(request_id, asyncio.get_running_loop())
         self._in_flight.add(request_id)
-        self._post(_Add(request_id, prompt, sampling_params, priority, stream, time.monotonic()))
+        self._post(_Add(request_id, prompt, sampling_params, priority, stream, time.monotonic(), final_only))
         return self._iterate(stream)
 
     async def _iterate(self, stream: _RequestStream) -> AsyncIterator[RequestOutput]:
@@ -362,8 +355,9 @@ class AsyncLLMEngine:
                 self._apply_abort(msg.request_ids, iteration)
 
     def _apply_add(self, msg: _Add) -> None:
+        extra = {"final_only": True} if msg.final_only else {}
         try:
-            self.engine.add_request(msg.request_id, msg.prompt, msg.params, priority=msg.priority)
+            self.engine.add_request(msg.request_id, msg.prompt, msg.params, priority=msg.priority, **extra)
         except ValueError as e:
             self._deliver([(msg.stream, ValueError(str(e)))])
             return
@@ -373,7 +367,8 @@ class AsyncLLMEngine:
             return
         num_prompt = len(msg.prompt) if isinstance(msg.prompt, list) else 0
         self._requests[msg.request_id] = _RequestState(
-            stream=msg.stream, arrival=msg.arrival, num_prompt_tokens=num_prompt
+            stream=msg.stream, arrival=msg.arrival, final_only=msg.final_only,
+            add_delay=time.monotonic() - msg.arrival, num_prompt_tokens=num_prompt,
         )
 
     def _apply_abort(self, request_ids: list[str], iteration: IterationStats) -> None:
@@ -391,9 +386,10 @@ class AsyncLLMEngine:
         self._deliver(deliveries)
 
     def _final_abort_output(self, request_id: str, state: _RequestState) -> RequestOutput:
-        for c in state.outputs.values():
+        # New objects: the old ones may be in the hands of the event loop thread right now.
+        for i, c in state.outputs.items():
             if c.finish_reason is None:
-                c.finish_reason = "abort"
+                state.outputs[i] = dataclasses.replace(c, finish_reason="abort")
         prev = state.last_output
         return RequestOutput(
             request_id=request_id,
@@ -437,25 +433,30 @@ class AsyncLLMEngine:
             deliveries.append((state.stream, snap))
             if out.finished:
                 self._requests.pop(out.request_id)
-                iteration.finished.append(self._finished_stats(state, snap, now, None))
+                fin = self._finished_stats(state, snap, now, None)
+                iteration.finished.append(fin)
+                if state.final_only and fin.time_to_first_token is not None:
+                    iteration.time_to_first_tokens.append(fin.time_to_first_token)
         self._deliver(deliveries)
 
     def _snapshot(
         self, state: _RequestState, out: RequestOutput, now: float, iteration: IterationStats
     ) -> RequestOutput:
+        # The engine builds fresh output objects (and lists) every step, so they can be handed to
+        # the event loop thread as they are.
         new_tokens = 0
         for c in out.outputs:
             prev = state.outputs.get(c.index)
             new_tokens += len(c.token_ids) - (len(prev.token_ids) if prev else 0)
-            state.outputs[c.index] = _copy_completion(c)
-        if new_tokens > 0:
+            state.outputs[c.index] = c
+        if new_tokens > 0 and not state.final_only:
             if state.first_token_time is None:
                 state.first_token_time = now
                 iteration.time_to_first_tokens.append(now - state.arrival)
             elif state.last_token_time is not None:
                 iteration.inter_token_latencies.append((now - state.last_token_time) / new_tokens)
             state.last_token_time = now
-            state.num_tokens += new_tokens
+        state.num_tokens += max(new_tokens, 0)
         state.num_prompt_tokens = len(out.prompt_token_ids)
         snap = RequestOutput(
             request_id=out.request_id,
@@ -481,12 +482,19 @@ class AsyncLLMEngine:
             reasons = [fallback] * max(1, len(state.outputs))
         else:
             reasons = [c.finish_reason or fallback for c in out.outputs] or [fallback]
-        ttft = None if state.first_token_time is None else state.first_token_time - state.arrival
-        tpot = None
-        if state.first_token_time is not None and state.num_tokens > 1:
-            tpot = (now - state.first_token_time) / (state.num_tokens - 1)
-        queue_time = None
         m = out.metrics if out is not None else None
+        ttft = tpot = None
+        if not state.final_only:
+            if state.first_token_time is not None:
+                ttft = state.first_token_time - state.arrival
+                if state.num_tokens > 1:
+                    tpot = (now - state.first_token_time) / (state.num_tokens - 1)
+        elif m is not None and m.first_token_time is not None:
+            # Only the engine saw the first token; its clock differs from ours, its deltas do not.
+            ttft = state.add_delay + (m.first_token_time - m.arrival_time)
+            if state.num_tokens > 1 and m.last_token_time is not None:
+                tpot = (m.last_token_time - m.first_token_time) / (state.num_tokens - 1)
+        queue_time = None
         if m is not None:
             if m.time_in_queue is not None:
                 queue_time = m.time_in_queue

@@ -8,7 +8,7 @@ import time
 from types import SimpleNamespace
 from typing import Callable
 
-from pagedllm.outputs import CompletionOutput, Logprob, RequestOutput
+from pagedllm.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from pagedllm.sampling_params import SamplingParams
 
 VOCAB = 64
@@ -37,11 +37,13 @@ class FakeEngine:
                                             vocab_size=VOCAB, model="/models/fake")
         self.step_delay = step_delay
         self.requests: dict[str, tuple[list[int], SamplingParams, list[list[int]]]] = {}
+        self.final_only: set[str] = set()
+        self.metrics: dict[str, RequestMetrics] = {}
         self.aborted: list[str] = []
         self.step_hook: Callable[["FakeEngine"], None] | None = None
         self.generation_tokens = 0
 
-    def add_request(self, request_id, prompt, params, arrival_time=None, priority=0) -> None:
+    def add_request(self, request_id, prompt, params, arrival_time=None, priority=0, final_only=False) -> None:
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not ids:
             raise ValueError("prompt must not be empty")
@@ -50,6 +52,9 @@ class FakeEngine:
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         self.requests[request_id] = (ids, params, [[] for _ in range(params.n)])
+        self.metrics[request_id] = RequestMetrics(arrival_time=time.time())
+        if final_only:
+            self.final_only.add(request_id)
 
     def abort_request(self, request_id) -> None:
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
@@ -73,6 +78,12 @@ class FakeEngine:
                 toks.append((prompt[-1] + len(toks) + i + 1) % VOCAB)
                 self.generation_tokens += 1
             done = len(samples[0]) >= (params.max_tokens or 16)
+            m = self.metrics[rid]
+            m.last_token_time = time.time()
+            if m.first_token_time is None:
+                m.first_token_time = m.first_scheduled_time = m.last_token_time
+            if rid in self.final_only and not done:
+                continue
             outs = []
             for i, toks in enumerate(samples):
                 lps = None
@@ -82,7 +93,7 @@ class FakeEngine:
                            for t in toks]
                 outs.append(CompletionOutput(i, self.tokenizer.decode(toks), list(toks), None, lps,
                                              "length" if done else None))
-            outputs.append(RequestOutput(rid, None, prompt, None, outs, done))
+            outputs.append(RequestOutput(rid, None, prompt, None, outs, done, metrics=m))
             if done:
                 del self.requests[rid]
         return outputs

@@ -218,3 +218,25 @@ def test_stat_loggers_see_stats_and_finished_requests(fake):
         assert 'pagedllm:request_generation_tokens_sum{model_name="fake"} 4.0' in text
     finally:
         engine.shutdown()
+
+
+def test_final_only_yields_one_output_with_timings(fake):
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from pagedllm.engine.metrics import PrometheusStatLogger
+
+    registry = CollectorRegistry()
+    engine = AsyncLLMEngine(fake, stat_loggers=[PrometheusStatLogger("fake", registry, 128)])
+    try:
+        async def go():
+            return [o async for o in engine.generate([1], SamplingParams(max_tokens=6), "r", final_only=True)]
+
+        outs = run(go())
+        assert len(outs) == 1 and outs[0].finished and len(outs[0].outputs[0].token_ids) == 6
+        assert wait_until(lambda: b'pagedllm:time_per_output_token_seconds_count{model_name="fake"} 1.0'
+                          in generate_latest(registry))
+        text = generate_latest(registry).decode()
+        assert 'pagedllm:time_to_first_token_seconds_count{model_name="fake"} 1.0' in text
+        assert 'pagedllm:request_generation_tokens_sum{model_name="fake"} 6.0' in text
+    finally:
+        engine.shutdown()

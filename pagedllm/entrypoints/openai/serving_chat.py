@@ -78,7 +78,7 @@ class OpenAIServingChat(OpenAIServing):
 
         request_id = random_id("chatcmpl")
         created = int(time.time())
-        stream = self.submit([ids], [params], request_id, req.priority)
+        stream = self.submit([ids], [params], request_id, req.priority, final_only=not req.stream)
         if req.stream:
             try:  # the first token may be a long prefill away: watch the client meanwhile
                 first = await cancel_on_disconnect(self.first_item(stream), raw_request)

@@ -61,7 +61,8 @@ class OpenAIServingCompletion(OpenAIServing):
             )
         request_id = random_id("cmpl")
         created = int(time.time())
-        stream = self.submit([ids for _, ids in prompts], params, request_id, req.priority)
+        stream = self.submit([ids for _, ids in prompts], params, request_id, req.priority,
+                             final_only=not req.stream)
         if req.stream:
             try:  # the first token may be a long prefill away: watch the client meanwhile
                 first = await cancel_on_disconnect(self.first_item(stream), raw_request)

@@ -304,9 +304,11 @@ class OpenAIServing:
     # ---- engine admission -----------------------------------------------------------------------
 
     def submit(
-        self, prompts: list[list[int]], params: list[SamplingParams], request_id: str, priority: int
+        self, prompts: list[list[int]], params: list[SamplingParams], request_id: str, priority: int,
+        final_only: bool = False,
     ) -> AsyncIterator[tuple[int, Any]]:
-        """Start one engine request per prompt; the merged stream yields (prompt index, output)."""
+        """Start one engine request per prompt; the merged stream yields (prompt index, output),
+        only the final ones with `final_only` (for a response that is not streamed)."""
         try:
             self.engine.check_capacity(len(prompts))
         except (QueueFullError, EngineDeadError) as e:
@@ -314,7 +316,9 @@ class OpenAIServing:
         streams = []
         try:
             for i, (ids, p) in enumerate(zip(prompts, params)):
-                streams.append(self.engine.generate(ids, p, f"{request_id}-{i}", priority=priority))
+                streams.append(
+                    self.engine.generate(ids, p, f"{request_id}-{i}", priority=priority, final_only=final_only)
+                )
         except Exception as e:  # noqa: BLE001
             self.engine.abort_nowait([f"{request_id}-{j}" for j in range(len(streams))])
             raise to_api_error(e) from None
