@@ -31,6 +31,7 @@ LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 PREEMPTION_MODES = ("recompute", "swap")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 DEVICES = ("auto", "cpu", "cuda")
+DISTRIBUTED_EXECUTOR_BACKENDS = ("mp", "ray", "uni")
 
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
 _GiB = 1 << 30
@@ -129,6 +130,13 @@ class SchedulerConfig:
 @dataclass(frozen=True, slots=True)
 class ParallelConfig:
     tensor_parallel_size: int = 1
+    # uni: one worker in the engine's process; mp: a process per rank (rank 0 in the
+    # engine's); ray: a Ray actor per rank
+    distributed_executor_backend: str = "uni"
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size  # x pipeline_parallel_size, when there is one
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +150,7 @@ class EngineConfig:
     disable_log_stats: bool
     attention_backend: str | None  # None: triton on CUDA, torch elsewhere
     skip_tokenizer_init: bool  # no tokenizer: token-id prompts only, no output text
+    async_scheduling: bool  # schedule step N+1 while step N runs on the device
 
 
 @dataclass
@@ -168,10 +177,12 @@ class EngineArgs:
     scheduling_policy: str = "fcfs"
     batch_wait_timeout: float = 0.0
     tensor_parallel_size: int = 1
+    distributed_executor_backend: str | None = None  # None: uni at tensor_parallel_size 1, else mp
     device: str = "auto"
     disable_log_stats: bool = True
     attention_backend: str | None = None
     skip_tokenizer_init: bool = False
+    async_scheduling: bool | None = None  # None: on for CUDA
     hf_overrides: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -224,14 +235,47 @@ def _resolve_dtype(dtype: str, hf_config: Any, device: str) -> str:
     return cfg if cfg in ("float16", "bfloat16") else "bfloat16"
 
 
+def _resolve_executor_backend(backend: str | None, tp: int) -> str:
+    if backend is None:
+        return "uni" if tp == 1 else "mp"
+    _check_choice("distributed_executor_backend", backend, DISTRIBUTED_EXECUTOR_BACKENDS)
+    if backend == "uni" and tp > 1:
+        raise ValueError(
+            f"distributed_executor_backend='uni' runs one worker; tensor_parallel_size={tp} needs 'mp' or 'ray'"
+        )
+    if backend == "ray":
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise ValueError(
+                "distributed_executor_backend='ray' needs the ray package: pip install 'pagedllm[ray]'"
+            )
+    return backend
+
+
+def _check_tensor_parallel(tp: int, hf_config: Any, device: str, backend: str) -> None:
+    """The model's heads and MLP must split evenly; with mp on CUDA, one GPU per rank."""
+    from pagedllm.distributed import check_tp_divides
+
+    heads = hf_config.num_attention_heads
+    kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
+    check_tp_divides(tp, heads, kv_heads)
+    inter = getattr(hf_config, "intermediate_size", None)
+    if inter is not None and inter % tp:
+        raise ValueError(f"tensor_parallel_size={tp} must divide the model's intermediate_size={inter}")
+    if device == "cuda" and backend == "mp":
+        import torch
+
+        n = torch.cuda.device_count()
+        if tp > n:
+            raise ValueError(f"tensor_parallel_size={tp} needs {tp} GPUs; this machine has {n}")
+
+
 def _build_engine_config(args: EngineArgs) -> EngineConfig:
     from pagedllm.model.loader import load_hf_config  # transformers is heavy; import on demand
 
     tp = _check_int("tensor_parallel_size", args.tensor_parallel_size, 1)
-    if tp != 1:
-        raise ValueError(
-            f"tensor_parallel_size={tp} is not supported yet; only tensor_parallel_size=1 is"
-        )
+    executor_backend = _resolve_executor_backend(args.distributed_executor_backend, tp)
     block_size = _check_int("block_size", args.block_size, 1, 1024)
     if block_size & (block_size - 1):
         raise ValueError(f"block_size must be a power of two, got {block_size}")
@@ -268,6 +312,7 @@ def _build_engine_config(args: EngineArgs) -> EngineConfig:
 
     architecture = resolve_architecture(archs)
     dtype = _resolve_dtype(args.dtype, hf_config, device)
+    _check_tensor_parallel(tp, hf_config, device, executor_backend)
 
     derived_len = int(getattr(hf_config, "max_position_embeddings", 0) or 2048)
     if args.max_model_len is None:
@@ -319,10 +364,11 @@ def _build_engine_config(args: EngineArgs) -> EngineConfig:
         model_config=model_config,
         cache_config=cache_config,
         scheduler_config=scheduler_config,
-        parallel_config=ParallelConfig(tensor_parallel_size=tp),
+        parallel_config=ParallelConfig(tensor_parallel_size=tp, distributed_executor_backend=executor_backend),
         device=device,
         enforce_eager=bool(args.enforce_eager),
         disable_log_stats=bool(args.disable_log_stats),
         skip_tokenizer_init=bool(args.skip_tokenizer_init),
+        async_scheduling=(device == "cuda") if args.async_scheduling is None else bool(args.async_scheduling),
         attention_backend=_check_choice("attention_backend", args.attention_backend, (None, "torch", "triton")),
     )

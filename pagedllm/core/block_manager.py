@@ -123,7 +123,8 @@ class BlockManager:
             return
         rid = request.request_id
         table = self.req_blocks[rid]
-        num_full = min(num_tokens // self.block_size, len(table))
+        # only blocks of known tokens: a token sampled by a step in flight is not known yet
+        num_full = min(min(num_tokens, request.num_tokens) // self.block_size, len(table))
         start = self.req_num_hashed.get(rid, 0)
         if num_full <= start:
             return
@@ -170,7 +171,7 @@ class BlockManager:
         if table is not None and not computed_blocks:  # fast path: a running request
             total = request.num_computed_tokens + num_new_tokens
             if -(-total // self.block_size) <= len(table):
-                if self.enable_prefix_caching and total // self.block_size > self.req_num_hashed.get(rid, 0):
+                if self.enable_prefix_caching and min(total, request.num_tokens) // self.block_size > self.req_num_hashed.get(rid, 0):
                     self._register_full_blocks(request, total)
                 return True
         if not self.can_allocate(request, num_new_tokens, computed_blocks):

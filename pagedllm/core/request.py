@@ -42,7 +42,7 @@ class Request:
         "request_id", "prompt_token_ids", "output_token_ids", "all_token_ids", "sampling_params",
         "arrival_time", "priority", "status", "num_computed_tokens", "num_cached_tokens",
         "max_output_tokens", "eos_token_ids", "num_preemptions", "first_scheduled_time",
-        "stop_reason", "block_hashes",
+        "stop_reason", "block_hashes", "num_pending", "needs_history",
     )
 
     def __init__(
@@ -71,10 +71,21 @@ class Request:
         self.first_scheduled_time: float | None = None
         self.stop_reason: int | str | None = None
         self.block_hashes: list[int] = []  # chained hashes of its full blocks, filled lazily
+        # tokens sampled by steps still in flight (asynchronous scheduling): scheduled, not known
+        self.num_pending = 0
+        # sampling reads the output history (penalties, min_tokens): no step may run ahead
+        sp = sampling_params
+        self.needs_history = bool(
+            sp.min_tokens or sp.repetition_penalty != 1.0 or sp.frequency_penalty or sp.presence_penalty
+        )
 
     @property
     def num_tokens(self) -> int:
         return len(self.all_token_ids)
+
+    @property
+    def num_tokens_with_pending(self) -> int:
+        return len(self.all_token_ids) + self.num_pending
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -1,5 +1,12 @@
 """Continuous batching under one token budget per step.
 
+Token accounting: a request's `num_computed_tokens` advances when a step is scheduled (its
+K/V will be written by that step). A step that reaches the end of a request's known tokens
+samples one; until the runner's output arrives that token is pending (`num_pending`), which
+lets the engine schedule step N+1 while step N still runs on the GPU (asynchronous
+scheduling). A request that stopped at step N may thus be computed once more in step N+1;
+that output is dropped.
+
 Each step serves the running requests first (a decode is one token; a request still in its
 prompt gets the next chunk), then swapped-out requests, then admits waiting ones, cutting a
 long prompt into chunks that fit the budget (chunked prefill). When the block pool runs dry,
@@ -47,11 +54,13 @@ class Scheduler:
         self._finished_since_last_step: set[str] = set()
         self.num_preemptions = 0
         self.num_swap_outs = 0
+        self.num_needing_history = 0  # live requests whose sampling reads their output history
         self.priority = scheduler_config.scheduling_policy == "priority"
 
     # ---- requests in and out ------------------------------------------------------------
     def add_request(self, request: Request) -> None:
         self.requests[request.request_id] = request
+        self.num_needing_history += request.needs_history
         request.status = RequestStatus.WAITING
         self._enqueue_waiting(request)
 
@@ -86,6 +95,7 @@ class Scheduler:
 
     def _free(self, req: Request, status: RequestStatus) -> None:
         req.status = status
+        self.num_needing_history -= req.needs_history
         self.block_manager.free(req)
         self.block_manager.free_swapped(req)
         self.requests.pop(req.request_id, None)
@@ -160,7 +170,12 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            num_new = min(req.num_tokens - req.num_computed_tokens, budget, max_len - req.num_computed_tokens)
+            if req.num_pending and (req.num_output_tokens + req.num_pending >= req.max_output_tokens
+                                    or req.num_tokens_with_pending >= max_len):
+                i += 1  # its last token is in flight: it finishes when that arrives
+                continue
+            num_new = min(req.num_tokens_with_pending - req.num_computed_tokens, budget,
+                          max_len - req.num_computed_tokens)
             if num_new <= 0:
                 i += 1
                 continue
@@ -178,7 +193,7 @@ class Scheduler:
             out.scheduled_cached_reqs.append(
                 CachedRequestData(req.request_id, bm.get_block_ids(req.request_id)[old_len:], req.num_computed_tokens)
             )
-            out.num_scheduled_tokens[req.request_id] = num_new
+            self._advance(req, num_new, out)
             budget -= num_new
             i += 1
 
@@ -195,7 +210,7 @@ class Scheduler:
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             out.scheduled_new_reqs.append(self._new_request_data(req))
-            out.num_scheduled_tokens[req.request_id] = num_new
+            self._advance(req, num_new, out)
             budget -= num_new
 
         # 3. waiting requests, with prefix-cache hits and chunked prefill
@@ -219,31 +234,39 @@ class Scheduler:
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             out.scheduled_new_reqs.append(self._new_request_data(req))
-            out.num_scheduled_tokens[req.request_id] = num_new
+            self._advance(req, num_new, out)
             budget -= num_new
 
         out.total_num_scheduled_tokens = sum(out.num_scheduled_tokens.values())
         return out
 
+    @staticmethod
+    def _advance(req: Request, num_new: int, out: SchedulerOutput) -> None:
+        out.num_scheduled_tokens[req.request_id] = num_new
+        req.num_computed_tokens += num_new
+        if req.num_computed_tokens == req.num_tokens_with_pending:
+            req.num_pending += 1  # this step samples the next token
+
     def update_from_output(
         self, sched_out: SchedulerOutput, runner_out: ModelRunnerOutput
     ) -> list[tuple[Request, int | None]]:
-        """Advance computed-token counts, append sampled tokens, apply token-level stops
-        (EOS, stop_token_ids, max_tokens, max_model_len). Returns (request, new token or None)
-        for every scheduled request; finished ones have already released their blocks."""
+        """Append the sampled tokens and apply token-level stops (EOS, stop_token_ids,
+        max_tokens, max_model_len). Returns (request, new token or None) for every scheduled
+        request still alive; finished ones have already released their blocks. A request
+        preempted since the step was scheduled still receives its token."""
         results = []
-        for rid, n in sched_out.num_scheduled_tokens.items():
+        sampled = runner_out.sampled_token_ids
+        for rid in sched_out.num_scheduled_tokens:
             req = self.requests.get(rid)
-            if req is None or req.status != RequestStatus.RUNNING:
-                continue  # aborted while the step ran
-            req.num_computed_tokens += n
-            token = runner_out.sampled_token_ids.get(rid)
+            if req is None:
+                continue  # finished or aborted while the step ran
+            token = sampled.get(rid)
             if token is not None:
+                req.num_pending -= 1
                 req.append_output_token(token)
                 status = req.check_stop(self.config.max_model_len)
                 if status is not None:
-                    self.running.remove(req)
-                    self._free(req, status)
+                    self.finish_requests(rid, status)
             results.append((req, token))
         return results
 

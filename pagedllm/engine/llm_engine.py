@@ -86,6 +86,7 @@ class LLMEngine:
         self._child_to_parent: dict[str, tuple[_Parent, int]] = {}
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
+        self._inflight = None  # (SchedulerOutput, handle) of a launched, uncollected step
         logger.info("engine ready in %.1fs", time.time() - t0)
 
     @classmethod
@@ -188,16 +189,43 @@ class LLMEngine:
         return len(self._parents)
 
     # ---- one step --------------------------------------------------------------------
+    def _can_run_ahead(self) -> bool:
+        return self.config.async_scheduling and self.scheduler.num_needing_history == 0
+
     def step(self) -> list[RequestOutput]:
-        so = self.scheduler.schedule()
-        if so.is_empty:
-            if so.finished_req_ids:
-                self.executor.execute_model(so)  # let the workers drop finished state
-            wait = self.scheduler.batch_wait_remaining()
-            if wait > 0:
-                time.sleep(min(wait, 0.002))
-            return []
-        runner_out = self.executor.execute_model(so)
+        """One iteration: schedule, run, read back, update. With asynchronous scheduling the
+        next step is scheduled and launched before this one's tokens are read back, so the
+        device does not wait for the host's bookkeeping:
+
+            host:   schedule N+1 | launch N+1 | collect N | update, detokenize N | ...
+            device: ......... step N ......... | ........ step N+1 ........ |
+        """
+        if self._inflight is None:
+            so = self.scheduler.schedule()
+            if so.is_empty:
+                if so.finished_req_ids:
+                    self.executor.execute_model(so)  # let the workers drop finished state
+                wait = self.scheduler.batch_wait_remaining()
+                if wait > 0:
+                    time.sleep(min(wait, 0.002))
+                return []
+            self._inflight = (so, self.executor.launch(so))
+        so, handle = self._inflight
+        self._inflight = None
+        if self._can_run_ahead():
+            nxt = self.scheduler.schedule()
+            if not nxt.is_empty or nxt.finished_req_ids:
+                self._inflight = (nxt, self.executor.launch(nxt))
+        runner_out = self.executor.collect(handle)
+        outputs = self._process(so, runner_out)
+        if self._inflight is not None and not self._parents:
+            # nothing left to report: drain the look-ahead step (its requests have finished)
+            so, handle = self._inflight
+            self._inflight = None
+            self.scheduler.update_from_output(so, self.executor.collect(handle))
+        return outputs
+
+    def _process(self, so, runner_out) -> list[RequestOutput]:
         results = self.scheduler.update_from_output(so, runner_out)
         now = time.time()
         touched: dict[str, _Parent] = {}

@@ -18,3 +18,13 @@ class UniProcExecutor:
 
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
         return self.worker.execute_model(so)
+
+    # asynchronous scheduling: launch step N+1 before collecting step N
+    def launch(self, so: SchedulerOutput):
+        return self.worker.launch(so)
+
+    def collect(self, handle) -> ModelRunnerOutput:
+        return self.worker.collect(handle)
+
+    def shutdown(self) -> None:
+        pass

@@ -1,6 +1,10 @@
 """Loading a model: its config (HF directory or GGUF file), its tokenizer, and its weights
 from safetensors (single or sharded), GGUF (dequantized with the `gguf` package) or at random
-(`load_format="dummy"`, for benchmarks). Never unpickles anything."""
+(`load_format="dummy"`, for benchmarks). Never unpickles anything.
+
+Under tensor parallelism each rank builds its shard of the model and reads only its part of
+every safetensors tensor (`CheckpointSlice`: the layers' weight loaders narrow it before it is
+read); a GGUF tensor is dequantized whole, then narrowed."""
 
 from __future__ import annotations
 
@@ -89,7 +93,33 @@ def eos_token_ids(model: str, gguf_file: str | None, hf_config: Any, tokenizer: 
 
 
 # ---- weights -------------------------------------------------------------------------------
-def iter_safetensors(model_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
+class CheckpointSlice:
+    """A safetensors tensor not read yet. The weight loaders use it like a tensor: `.shape`,
+    `.narrow(dim, start, length)` reads that part only, `.load()` reads all of it. Valid until
+    the iterator that made it moves on."""
+
+    __slots__ = ("_slice", "name", "shape")
+
+    def __init__(self, name: str, sl) -> None:
+        self.name = name
+        self._slice = sl
+        self.shape = torch.Size(sl.get_shape())
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+    def narrow(self, dim: int, start: int, length: int) -> torch.Tensor:
+        size = self.shape[dim]
+        if start < 0 or length < 0 or start + length > size:
+            raise ValueError(f"{self.name}: rows [{start}, {start + length}) of dim {dim} are outside its size {size}")
+        index = tuple(slice(None) for _ in range(dim)) + (slice(start, start + length),)
+        return self._slice[index]
+
+    def load(self) -> torch.Tensor:
+        return self._slice[:] if self.shape else self._slice[()]
+
+
+def iter_safetensors(model_dir: str) -> Iterator[tuple[str, CheckpointSlice]]:
     from safetensors import safe_open
 
     index = os.path.join(model_dir, "model.safetensors.index.json")
@@ -104,7 +134,7 @@ def iter_safetensors(model_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
     for path in files:
         with safe_open(path, framework="pt") as f:
             for name in f.keys():
-                yield name, f.get_tensor(name)
+                yield name, CheckpointSlice(name, f.get_slice(name))
 
 
 _GGUF_NAMES = {
@@ -168,16 +198,16 @@ def _default_dtype(dtype: torch.dtype):
 
 
 def init_dummy_weights(model: torch.nn.Module, seed: int, std: float = 0.02) -> None:
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    """Random weights, drawn on the parameters' own device (fast for an 8B model on a GPU)."""
+    gens: dict[torch.device, torch.Generator] = {}
     for name, p in model.named_parameters():
         if p.dim() == 1:
-            if name.endswith("norm.weight"):
-                p.data.fill_(1.0)
-            else:
-                p.data.zero_()
-        else:
-            cpu = torch.empty(p.shape, dtype=torch.float32).normal_(0.0, std, generator=gen)
-            p.data.copy_(cpu)
+            p.data.fill_(1.0 if name.endswith("norm.weight") else 0.0)
+            continue
+        gen = gens.get(p.device)
+        if gen is None:
+            gen = gens[p.device] = torch.Generator(device=p.device).manual_seed(seed)
+        p.data.normal_(0.0, std, generator=gen)
 
 
 def build_model(model_config, device: str, ps=None) -> torch.nn.Module:

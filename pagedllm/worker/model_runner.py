@@ -48,6 +48,8 @@ class ModelRunner:
         self.pin = device.type == "cuda"
         self.eos_token_ids = eos_token_ids
         self.graphs = None  # DecodeGraphs, set by the worker on CUDA unless enforce_eager
+        self._last_tokens: torch.Tensor | None = None  # [S] tokens of the latest launch
+        self._last_rows: dict[str, int] = {}  # request id -> row in _last_tokens
 
     # ---- request state ---------------------------------------------------------------
     def _update_states(self, so: SchedulerOutput) -> None:
@@ -99,6 +101,7 @@ class ModelRunner:
         sample_rows: list[int] = []
         prompt_rows: dict[str, tuple[int, int]] = {}
         num_decodes = 0
+        pending: list[tuple[int, int]] = []  # (input row, row of the previous launch's tokens)
         s = 0
         qsl[0] = 0
         requests = self.requests
@@ -108,7 +111,11 @@ class ModelRunner:
             c = st.num_computed_tokens
             if n == 1:
                 num_decodes += 1
-                input_ids[s] = st.token_ids[c]
+                if c < len(st.token_ids):
+                    input_ids[s] = st.token_ids[c]
+                else:  # sampled by the launch still in flight: filled in on the device
+                    input_ids[s] = 0
+                    pending.append((s, self._last_rows[rid]))
                 positions[s] = c
                 slots[s] = st.block_ids[c // bs] * bs + c % bs
             else:
@@ -126,7 +133,7 @@ class ModelRunner:
                 logits_rows.extend(range(s, s + cnt))
             s += n
             qsl[i + 1] = s
-            if c + n == len(st.token_ids):
+            if c + n >= len(st.token_ids):  # reaches the last token (or the one in flight)
                 sampling.append(rid)
                 sample_rows.append(len(logits_rows))
                 logits_rows.append(s - 1)
@@ -136,6 +143,11 @@ class ModelRunner:
             t = requests[rid].table_np
             block_tables[i, : len(t)] = t
         ints = self._to_device(np.concatenate([buf, np.asarray(logits_rows, dtype=np.int64)]))
+        if pending:
+            dst, src = zip(*pending)
+            idx = torch.tensor([dst, src], dtype=torch.int64)
+            idx = idx.to(self.device, non_blocking=True) if self.device.type != "cpu" else idx
+            ints[idx[0]] = self._last_tokens[idx[1]]
         base = 3 * n_tok
         batch = ForwardBatch(
             input_ids=ints[:n_tok],
@@ -199,42 +211,78 @@ class ModelRunner:
         )
 
     # ---- one step --------------------------------------------------------------------
-    @torch.inference_mode()
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        return self.collect(self.launch(so))
+
+    @torch.inference_mode()
+    def launch(self, so: SchedulerOutput) -> "StepHandle":
+        """Queues the step's work on the device and returns without waiting for it. A decode
+        whose input token was sampled by the previous launch (not yet collected) reads that
+        token on the device."""
         self._update_states(so)
-        out = ModelRunnerOutput()
         if so.total_num_scheduled_tokens == 0:
-            return out
+            return StepHandle()
         batch, order, sampling, sample_rows, prompt_rows = self.prepare_inputs(so)
         if self.graphs is not None and self.graphs.can_run(batch):
             hidden = self.graphs.run(batch)
         else:
             hidden = self.model(batch.input_ids, batch.positions, batch)
         logits = self.model.compute_logits(hidden[batch.logits_indices]).float()  # [S', V]
+        h = StepHandle()
         if prompt_rows:
-            self._prompt_logprobs(logits, prompt_rows, out)
+            h.logits, h.prompt_rows = logits, prompt_rows
+            h.prompt_starts = {rid: self.requests[rid].num_computed_tokens for rid in prompt_rows}
+            h.prompt_states = {rid: self.requests[rid] for rid in prompt_rows}
         for rid in order:
             self.requests[rid].num_computed_tokens += so.num_scheduled_tokens[rid]
         if sampling:
             reqs = [self.requests[r] for r in sampling]
             rows = logits if len(sample_rows) == logits.shape[0] else logits[torch.tensor(sample_rows, device=logits.device)]
             sb = self._sampling_batch(reqs)
-            tokens = sample(rows, sb, self.generator)
-            lps = compute_logprobs(rows, tokens, sb.num_logprobs)
-            for r, t, lp in zip(reqs, tokens.tolist(), lps):
-                r.token_ids.append(t)
-                out.sampled_token_ids[r.req_id] = t
-                if lp is not None:
-                    out.logprobs[r.req_id] = lp
+            h.tokens = sample(rows, sb, self.generator)
+            h.states = reqs
+            if any(n is not None for n in sb.num_logprobs):
+                h.rows, h.num_logprobs = rows, sb.num_logprobs
+            self._last_tokens = h.tokens
+            self._last_rows = {r: i for i, r in enumerate(sampling)}
+        return h
+
+    @torch.inference_mode()
+    def collect(self, h: "StepHandle") -> ModelRunnerOutput:
+        """Waits for a launched step and returns its tokens (and logprobs)."""
+        out = ModelRunnerOutput()
+        if h.prompt_rows:
+            self._prompt_logprobs(h, out)
+        if h.tokens is None:
+            return out
+        lps = compute_logprobs(h.rows, h.tokens, h.num_logprobs) if h.rows is not None else None
+        for i, (r, t) in enumerate(zip(h.states, h.tokens.tolist())):
+            r.token_ids.append(t)
+            out.sampled_token_ids[r.req_id] = t
+            if lps is not None and lps[i] is not None:
+                out.logprobs[r.req_id] = lps[i]
         return out
 
-    def _prompt_logprobs(self, logits: torch.Tensor, prompt_rows: dict[str, tuple[int, int]],
-                         out: ModelRunnerOutput) -> None:
+    def _prompt_logprobs(self, h: "StepHandle", out: ModelRunnerOutput) -> None:
         """Row j of a chunk starting at position c scores prompt token c + j + 1."""
-        for rid, (start, cnt) in prompt_rows.items():
-            st = self.requests[rid]
-            c = st.num_computed_tokens
-            targets = torch.tensor(st.token_ids[c + 1 : c + 1 + cnt], device=logits.device)
+        for rid, (start, cnt) in h.prompt_rows.items():
+            st = h.prompt_states[rid]
+            c = h.prompt_starts[rid]
+            targets = torch.tensor(st.token_ids[c + 1 : c + 1 + cnt], device=h.logits.device)
             k = st.sampling_params.prompt_logprobs
-            res = compute_logprobs(logits[start : start + cnt], targets, [k] * cnt)
+            res = compute_logprobs(h.logits[start : start + cnt], targets, [k] * cnt)
             out.prompt_logprobs[rid] = res  # type: ignore[assignment]
+
+
+@dataclass(slots=True)
+class StepHandle:
+    """A launched step: device tensors to read back in `collect`."""
+
+    tokens: torch.Tensor | None = None  # [S] sampled token ids
+    states: list[CachedRequestState] | None = None  # the sampling requests, in row order
+    rows: torch.Tensor | None = None  # [S, V] logits, kept only when logprobs were asked
+    num_logprobs: list[int | None] | None = None
+    logits: torch.Tensor | None = None  # all logits rows, kept for prompt logprobs
+    prompt_rows: dict[str, tuple[int, int]] | None = None
+    prompt_starts: dict[str, int] | None = None
+    prompt_states: dict[str, CachedRequestState] | None = None

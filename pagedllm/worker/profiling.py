@@ -22,7 +22,7 @@ def profile_peak_memory(worker) -> tuple[int, int]:
     lens = [seq] * (n_seq - 1) + [n_tok - seq * (n_seq - 1)]
     bs = cc.block_size
     blocks_per_seq = -(-seq // bs)
-    tmp = torch.zeros((mc.num_layers, 2, n_seq * blocks_per_seq, bs, mc.num_kv_heads, mc.head_dim),
+    tmp = torch.zeros((mc.num_layers, 2, n_seq * blocks_per_seq, bs, worker.num_kv_heads, mc.head_dim),
                       dtype=worker.kv_dtype, device=dev)
     bind_kv_cache(worker.model, [tmp[i, 0] for i in range(mc.num_layers)],
                   [tmp[i, 1] for i in range(mc.num_layers)], worker.backend)

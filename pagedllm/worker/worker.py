@@ -1,5 +1,11 @@
-"""Worker: one device. Loads the model, sizes and allocates the paged KV cache (and the CPU
-swap pool), runs block copies for swapping, and hands each step to its ModelRunner."""
+"""Worker: one device, one tensor-parallel rank. Loads its shard of the model, sizes and
+allocates its part of the paged KV cache (its KV heads; and the CPU swap pool), runs block
+copies for swapping, and hands each step to its ModelRunner.
+
+Under tensor parallelism every rank gets the same SchedulerOutput, runs the same step and
+samples the same tokens (identical gathered logits, identically seeded generators), so the
+runners' copies of the requests stay equal without any exchange of sampled tokens; the
+executor returns rank 0's output."""
 
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ import torch
 from pagedllm.attention.backend import get_attention_backend
 from pagedllm.config import EngineConfig
 from pagedllm.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from pagedllm.distributed import SINGLE, ParallelState, kv_heads_per_rank
 from pagedllm.model.layers.attention import bind_kv_cache
 from pagedllm.model.loader import build_model, torch_dtype
 from pagedllm.worker.model_runner import ModelRunner
@@ -37,37 +44,48 @@ def _fmt(n: float) -> str:
 
 
 class Worker:
-    def __init__(self, config: EngineConfig, eos_token_ids: frozenset[int]):
+    def __init__(self, config: EngineConfig, eos_token_ids: frozenset[int], ps: ParallelState = SINGLE):
+        """ps: this rank's tensor-parallel state (its group already joined). On CUDA the
+        worker runs on the current device: the caller picks it before building the group."""
         self.config = config
+        self.ps = ps
+        self.rank = ps.tp_rank
         self.device = torch.device("cuda", torch.cuda.current_device()) if config.device == "cuda" else torch.device("cpu")
         mc = config.model_config
+        self.num_kv_heads = kv_heads_per_rank(mc.num_kv_heads, ps.tp_size)  # this rank's share
         t0 = time.time()
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        self.model = build_model(mc, config.device)
+        self.model = build_model(mc, config.device, ps)
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        logger.info("loaded %s (%s, %s) in %.1fs: weights %s", mc.architecture, mc.dtype, mc.load_format,
-                    time.time() - t0, _fmt(self.weight_bytes))
+        logger.info("%sloaded %s (%s, %s) in %.1fs: weights %s", self._tag(), mc.architecture, mc.dtype,
+                    mc.load_format, time.time() - t0, _fmt(self.weight_bytes))
         self.backend = get_attention_backend(config.attention_backend, config.device)
         self.runner = ModelRunner(config, self.model, self.backend, self.device, eos_token_ids)
         self.kv_dtype = torch_dtype(mc.dtype)
         self.num_gpu_blocks = 0
         self.num_cpu_blocks = 0
 
+    def _tag(self) -> str:
+        return f"rank {self.rank}/{self.ps.tp_size}: " if self.ps.tp_size > 1 else ""
+
     # ---- sizing ----------------------------------------------------------------------
     def bytes_per_block(self) -> int:
         mc = self.config.model_config
         elem = torch.empty((), dtype=self.kv_dtype).element_size()
-        return 2 * mc.num_layers * self.config.cache_config.block_size * mc.num_kv_heads * mc.head_dim * elem
+        return 2 * mc.num_layers * self.config.cache_config.block_size * self.num_kv_heads * mc.head_dim * elem
 
     def determine_num_blocks(self) -> tuple[int, int]:
+        """Blocks this rank's memory holds (GPU cache, CPU swap pool). kv_cache_memory is per
+        rank, like a GPU's memory; on CPU the default budget is shared by the ranks of the
+        machine. The executor gives every rank the minimum over ranks."""
         cc = self.config.cache_config
         per_block = self.bytes_per_block()
         if cc.kv_cache_memory is not None:
             kv_bytes = cc.kv_cache_memory
             activation = 0
         elif self.device.type == "cpu":
-            kv_bytes = min(int(_available_ram() * 0.25), _CPU_DEFAULT_CAP)
+            kv_bytes = min(int(_available_ram() * 0.25), _CPU_DEFAULT_CAP) // self.ps.tp_size
             activation = 0
         else:
             kv_bytes, activation = self._profile_cuda()
@@ -76,9 +94,9 @@ class Worker:
         mc = self.config.model_config
         tokens = num_gpu * cc.block_size
         logger.info(
-            "KV cache plan: weights %s, activations %s, KV cache %s = %d blocks x %d tokens = %d tokens "
+            "%sKV cache plan: weights %s, activations %s, KV cache %s = %d blocks x %d tokens = %d tokens "
             "(%d bytes/token); max concurrency at max_model_len=%d: %.2fx; CPU swap pool %d blocks",
-            _fmt(self.weight_bytes), _fmt(activation), _fmt(num_gpu * per_block), num_gpu, cc.block_size, tokens,
+            self._tag(), _fmt(self.weight_bytes), _fmt(activation), _fmt(num_gpu * per_block), num_gpu, cc.block_size, tokens,
             per_block // cc.block_size, mc.max_model_len, tokens / mc.max_model_len, num_cpu,
         )
         return num_gpu, num_cpu
@@ -101,7 +119,7 @@ class Worker:
     # ---- cache -----------------------------------------------------------------------
     def allocate_kv_cache(self, num_gpu_blocks: int, num_cpu_blocks: int) -> None:
         mc, cc = self.config.model_config, self.config.cache_config
-        shape = (mc.num_layers, 2, num_gpu_blocks, cc.block_size, mc.num_kv_heads, mc.head_dim)
+        shape = (mc.num_layers, 2, num_gpu_blocks, cc.block_size, self.num_kv_heads, mc.head_dim)
         self.kv_cache = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
         bind_kv_cache(self.model, [self.kv_cache[i, 0] for i in range(mc.num_layers)],
                       [self.kv_cache[i, 1] for i in range(mc.num_layers)], self.backend)
@@ -131,5 +149,11 @@ class Worker:
             self.kv_cache[:, :, dst] = self.cpu_cache[:, :, src].to(self.device, non_blocking=True)
 
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        return self.collect(self.launch(so))
+
+    def launch(self, so: SchedulerOutput):
         self._swap(so)
-        return self.runner.execute_model(so)
+        return self.runner.launch(so)
+
+    def collect(self, handle) -> ModelRunnerOutput:
+        return self.runner.collect(handle)

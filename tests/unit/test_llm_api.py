@@ -84,7 +84,7 @@ def test_chat_applies_template(llm):
 
 
 @pytest.mark.parametrize("kwargs,field", [
-    (dict(tensor_parallel_size=2), "tensor_parallel_size"), (dict(block_size=12), "block_size"),
+    (dict(tensor_parallel_size=3), "tensor_parallel_size"), (dict(block_size=12), "block_size"),
     (dict(dtype="int3"), "dtype"), (dict(gpu_memory_utilization=1.5), "gpu_memory_utilization"),
     (dict(max_num_seqs=0), "max_num_seqs"), (dict(preemption_mode="drop"), "preemption_mode"),
     (dict(scheduling_policy="lifo"), "scheduling_policy"), (dict(load_format="pickle"), "load_format"),

@@ -29,6 +29,15 @@ def make_request(rid, prompt, max_tokens=8, priority=0, arrival=None, **sp):
     return Request(rid, list(prompt), params, max_tokens, frozenset({2}), arrival, priority)
 
 
+def fake_output(s: Scheduler, out, rng: random.Random) -> ModelRunnerOutput:
+    """What a runner returns: a token for each request whose chunk reached its end."""
+    ro = ModelRunnerOutput()
+    for rid in out.num_scheduled_tokens:
+        if s.requests[rid].num_pending:
+            ro.sampled_token_ids[rid] = rng.randrange(3, 500)
+    return ro
+
+
 def run_to_completion(s: Scheduler, rng: random.Random, max_steps=2000, on_step=None):
     steps = 0
     finished = []
@@ -36,12 +45,7 @@ def run_to_completion(s: Scheduler, rng: random.Random, max_steps=2000, on_step=
         out = s.schedule()
         assert out.total_num_scheduled_tokens <= s.config.max_num_batched_tokens
         s.check_invariants()
-        ro = ModelRunnerOutput()
-        for rid, n in out.num_scheduled_tokens.items():
-            req = s.requests[rid]
-            if req.num_computed_tokens + n == req.num_tokens:
-                ro.sampled_token_ids[rid] = rng.randrange(3, 500)
-        for req, _ in s.update_from_output(out, ro):
+        for req, _ in s.update_from_output(out, fake_output(s, out, rng)):
             if req.status.finished:
                 finished.append(req)
         s.check_invariants()
@@ -121,6 +125,7 @@ def test_max_num_seqs_caps_running():
         s.add_request(make_request(f"r{i}", [5, 6, 7], max_tokens=4))
     out = s.schedule()
     assert len(out.num_scheduled_tokens) == 2
+    s.update_from_output(out, fake_output(s, out, random.Random(4)))
     run_to_completion(s, random.Random(4))
     assert_all_free(s)
 
@@ -146,8 +151,9 @@ def test_prefix_cache_hit_shares_blocks_and_counts():
     run_to_completion(s, random.Random(5))
     s.add_request(make_request("b", prompt + [7, 8], max_tokens=2))
     out = s.schedule()
-    assert s.requests["b"].num_computed_tokens == 20
-    assert out.num_scheduled_tokens["b"] == 2
+    assert s.requests["b"].num_cached_tokens == 20
+    assert out.num_scheduled_tokens["b"] == 2 and s.requests["b"].num_computed_tokens == 22
+    s.update_from_output(out, fake_output(s, out, random.Random(5)))
     bm = s.block_manager
     assert bm.prefix_cache_hits == 20 and bm.prefix_cache_queries == 20 + 22
     run_to_completion(s, random.Random(6))
@@ -161,7 +167,7 @@ def test_full_prompt_hit_still_computes_last_token():
     run_to_completion(s, random.Random(7))
     s.add_request(make_request("b", prompt, max_tokens=1))
     out = s.schedule()
-    assert s.requests["b"].num_computed_tokens == 12  # the last block is recomputed
+    assert s.requests["b"].num_cached_tokens == 12  # the last block is recomputed
     assert out.num_scheduled_tokens["b"] == 4
 
 
