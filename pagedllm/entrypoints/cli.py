@@ -17,6 +17,7 @@ from pagedllm.config import (
     PREEMPTION_MODES,
     SCHEDULING_POLICIES,
     DEVICES,
+    DISTRIBUTED_EXECUTOR_BACKENDS,
     EngineArgs,
     parse_size,
 )
@@ -153,6 +154,10 @@ def add_server_args(parser: argparse.ArgumentParser, *, positional_model: bool) 
     g.add_argument("--enforce-eager", action="store_true", help="Never capture CUDA graphs.")
     g.add_argument("--tensor-parallel-size", "-tp", type=_positive_int, default=_DEFAULTS.tensor_parallel_size,
                    help="Number of GPUs to split the model across.")
+    g.add_argument("--distributed-executor-backend", default=None, choices=DISTRIBUTED_EXECUTOR_BACKENDS,
+                   help="How the tensor-parallel ranks run: mp (a process per rank on this machine; the "
+                   "default when --tensor-parallel-size > 1), ray (a Ray actor per rank, on the cluster "
+                   "of $RAY_ADDRESS or a local one) or uni (one worker in the server's process).")
 
     g = parser.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="Address to listen on (0.0.0.0 for every interface).")
@@ -199,6 +204,7 @@ def engine_args_from_namespace(ns: argparse.Namespace) -> EngineArgs:
         scheduling_policy=ns.scheduling_policy,
         batch_wait_timeout=ns.batch_wait_timeout,
         tensor_parallel_size=ns.tensor_parallel_size,
+        distributed_executor_backend=ns.distributed_executor_backend,
         device=ns.device,
         disable_log_stats=ns.disable_log_stats,
     )

@@ -1,0 +1,33 @@
+"""Executors: where the workers run. The engine talks to one through this interface and never
+knows how many ranks there are:
+
+    num_gpu_blocks, num_cpu_blocks       KV blocks every rank holds (the minimum over ranks)
+    execute_model(so) -> ModelRunnerOutput
+    launch(so) -> handle; collect(handle) -> ModelRunnerOutput     (asynchronous scheduling;
+                                         handles are collected in the order they were launched)
+    collective_rpc(method, args) -> [result of rank 0, rank 1, ...]
+    shutdown()                           idempotent; the workers are gone when it returns
+
+`make_executor` picks one from `parallel_config.distributed_executor_backend`:
+"uni" (UniProcExecutor: one worker in the engine's process), "mp" (MultiprocExecutor: one
+process per rank, rank 0 in the engine's process), "ray" (RayExecutor: one Ray actor per rank).
+"""
+
+from __future__ import annotations
+
+from pagedllm.config import EngineConfig
+from pagedllm.executor.uniproc import UniProcExecutor
+
+
+def make_executor(config: EngineConfig, eos_token_ids: frozenset[int]):
+    backend = config.parallel_config.distributed_executor_backend
+    if backend == "ray":
+        from pagedllm.executor.ray_executor import RayExecutor
+
+        return RayExecutor(config, eos_token_ids)
+    if backend == "mp" and config.parallel_config.world_size > 1:
+        from pagedllm.executor.multiproc import MultiprocExecutor
+
+        return MultiprocExecutor(config, eos_token_ids)
+    # "uni", or "mp" with a single rank: rank 0 runs in the engine's process either way
+    return UniProcExecutor(config, eos_token_ids)

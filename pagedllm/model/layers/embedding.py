@@ -1,5 +1,12 @@
 """Vocab-parallel embedding and LM head (rows of the vocabulary split across ranks; plain at
-world size 1)."""
+world size 1).
+
+The vocabulary is padded up to a multiple of tp_size; rank r holds rows
+[r * per_rank, (r + 1) * per_rank), and the padding rows (past vocab_size, on the last ranks)
+are zeros that never reach the caller:
+
+    vocab 10, tp 4 -> per_rank 3:  rank0 0..2 | rank1 3..5 | rank2 6..8 | rank3 9, pad, pad
+"""
 
 from __future__ import annotations
 
@@ -8,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagedllm.distributed import SINGLE, ParallelState
+from pagedllm.model.layers.linear import copy_checked
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -15,29 +23,40 @@ class VocabParallelEmbedding(nn.Module):
         super().__init__()
         self.ps = ps
         self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
         self.per_rank = -(-vocab_size // ps.tp_size)
         self.start = ps.tp_rank * self.per_rank
+        # rows of the real vocabulary this rank holds (0 on a rank that is all padding)
+        self.num_real = max(0, min(self.per_rank, vocab_size - self.start))
         self.weight = nn.Parameter(torch.empty(self.per_rank, hidden_size), requires_grad=False)
         self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
-        part = loaded[self.start : self.start + self.per_rank]
-        param.data[: part.shape[0]].copy_(part)
-        param.data[part.shape[0] :].zero_()
+    def weight_loader(self, param: nn.Parameter, loaded, shard_id=None) -> None:
+        rows, cols = int(loaded.shape[0]), int(loaded.shape[1])
+        if rows != self.vocab_size or cols != self.hidden_size:
+            raise ValueError(
+                f"embedding shape mismatch: model ({self.vocab_size}, {self.hidden_size}), checkpoint ({rows}, {cols})"
+            )
+        n = self.num_real
+        if n:
+            copy_checked(param.data[:n], loaded.narrow(0, self.start, n))
+        param.data[n:].zero_()
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         # input_ids: [T] -> [T, H]
         if self.ps.tp_size == 1:
             return F.embedding(input_ids, self.weight)
+        # each rank embeds the ids it holds, zeros elsewhere; the all-reduce assembles them
         local = input_ids - self.start
-        mask = (local >= 0) & (local < self.per_rank)
-        y = F.embedding(local.clamp(0, self.per_rank - 1), self.weight) * mask.unsqueeze(-1)
+        outside = (local < 0) | (local >= self.num_real)
+        y = F.embedding(local.masked_fill(outside, 0), self.weight)
+        y.masked_fill_(outside.unsqueeze(-1), 0.0)
         return self.ps.all_reduce(y)
 
 
 class ParallelLMHead(VocabParallelEmbedding):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        # hidden: [S, H] -> logits [S, vocab]
+        # hidden: [S, H] -> local logits [S, per_rank] -> gathered [S, tp * per_rank] -> [S, vocab]
         logits = F.linear(hidden, self.weight)
         logits = self.ps.all_gather_last_dim(logits)
         return logits[:, : self.vocab_size]

@@ -5,6 +5,15 @@ features and all-reduces the partial sums. Weights are [out_features, in_feature
 nn.Linear. Every parameter carries a `weight_loader(param, loaded, shard_id)` that copies the
 rank's slice of a checkpoint tensor into place, so fused layers (qkv, gate_up) load from the
 separate checkpoint tensors.
+
+`loaded` is a torch.Tensor or a lazy checkpoint slice (model/loader.py `CheckpointSlice`):
+loaders only call `.shape` and `.narrow(dim, start, length)` on it, and `materialize()` where
+a parameter is replicated, so a rank reads just its own part of the checkpoint.
+
+How q/k/v heads land on ranks (4 q heads, 2 kv heads):
+
+    tp=2:  rank 0: q0 q1 | k0 | v0        rank 1: q2 q3 | k1 | v1
+    tp=4:  rank r: q_r   | k_{r//2} | v_{r//2}    (each kv head replicated on 2 ranks)
 """
 
 from __future__ import annotations
@@ -13,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pagedllm.distributed import SINGLE, ParallelState
+from pagedllm.distributed import SINGLE, ParallelState, check_tp_divides, kv_heads_per_rank
 
 
 def _set_loader(param: nn.Parameter, loader) -> nn.Parameter:
@@ -21,10 +30,22 @@ def _set_loader(param: nn.Parameter, loader) -> nn.Parameter:
     return param
 
 
-def default_weight_loader(param: torch.Tensor, loaded: torch.Tensor, shard_id=None) -> None:
-    if param.shape != loaded.shape:
+def materialize(loaded) -> torch.Tensor:
+    """The whole checkpoint tensor (reads a lazy slice in full)."""
+    return loaded if isinstance(loaded, torch.Tensor) else loaded.load()
+
+
+def copy_checked(dst: torch.Tensor, src: torch.Tensor, what: str = "weight") -> None:
+    if dst.shape != src.shape:
+        raise ValueError(f"{what} shape mismatch: parameter {tuple(dst.shape)}, checkpoint {tuple(src.shape)}")
+    dst.copy_(src)
+
+
+def default_weight_loader(param: torch.Tensor, loaded, shard_id=None) -> None:
+    """A replicated parameter: every rank holds the whole tensor."""
+    if tuple(param.shape) != tuple(loaded.shape):
         raise ValueError(f"weight shape mismatch: parameter {tuple(param.shape)}, checkpoint {tuple(loaded.shape)}")
-    param.data.copy_(loaded)
+    param.data.copy_(materialize(loaded))
 
 
 class ColumnParallelLinear(nn.Module):
@@ -41,50 +62,55 @@ class ColumnParallelLinear(nn.Module):
             if bias else None
         )
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+    def weight_loader(self, param: nn.Parameter, loaded, shard_id=None) -> None:
         n = self.out_per_rank
-        param.data.copy_(loaded.narrow(0, self.ps.tp_rank * n, n))
+        copy_checked(param.data, loaded.narrow(0, self.ps.tp_rank * n, n))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [T, in] -> [T, out / tp]
         return F.linear(x, self.weight, self.bias)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
-    """Several column-parallel outputs stored as one matrix (gate and up projections)."""
+    """Several column-parallel outputs stored as one matrix (gate and up projections); each
+    rank holds its slice of every output, side by side: [gate_r | up_r]."""
 
     def __init__(self, in_features: int, output_sizes: list[int], bias: bool = False, ps: ParallelState = SINGLE):
+        for size in output_sizes:
+            if size % ps.tp_size:
+                raise ValueError(f"output size {size} does not split over tp_size={ps.tp_size}")
         self.output_sizes = output_sizes
         super().__init__(in_features, sum(output_sizes), bias, ps)
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int) -> None:
+    def weight_loader(self, param: nn.Parameter, loaded, shard_id: int) -> None:
         tp = self.ps.tp_size
         offset = sum(self.output_sizes[:shard_id]) // tp
         size = self.output_sizes[shard_id] // tp
-        param.data.narrow(0, offset, size).copy_(loaded.narrow(0, self.ps.tp_rank * size, size))
+        copy_checked(param.data.narrow(0, offset, size), loaded.narrow(0, self.ps.tp_rank * size, size))
 
 
 class QKVParallelLinear(ColumnParallelLinear):
     """q, k and v projections in one matrix; heads are split across ranks (kv heads are
-    replicated when there are fewer of them than ranks)."""
+    replicated when there are fewer of them than ranks). A rank's output: [q_r | k_r | v_r]."""
 
     def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int,
                  bias: bool = False, ps: ParallelState = SINGLE):
         tp = ps.tp_size
-        if num_heads % tp:
-            raise ValueError(f"num_attention_heads={num_heads} does not split over tp_size={tp}")
+        check_tp_divides(tp, num_heads, num_kv_heads)
         self.head_dim = head_dim
         self.num_heads = num_heads // tp
-        self.num_kv_heads = max(1, num_kv_heads // tp)
+        self.num_kv_heads = kv_heads_per_rank(num_kv_heads, tp)
         self.kv_replicas = max(1, tp // num_kv_heads)
         out = (self.num_heads + 2 * self.num_kv_heads) * head_dim * tp
         super().__init__(hidden_size, out, bias, ps)
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str) -> None:
+    def weight_loader(self, param: nn.Parameter, loaded, shard_id: str) -> None:
         d = self.head_dim
         q, kv = self.num_heads * d, self.num_kv_heads * d
         offset, size = {"q": (0, q), "k": (q, kv), "v": (q + kv, kv)}[shard_id]
-        rank = self.ps.tp_rank if shard_id == "q" else self.ps.tp_rank // self.kv_replicas
-        param.data.narrow(0, offset, size).copy_(loaded.narrow(0, rank * size, size))
+        # the rank's block of heads in the checkpoint tensor; replicas of a kv head share one
+        block = self.ps.tp_rank if shard_id == "q" else self.ps.tp_rank // self.kv_replicas
+        copy_checked(param.data.narrow(0, offset, size), loaded.narrow(0, block * size, size), f"{shard_id}_proj")
 
 
 class RowParallelLinear(nn.Module):
@@ -95,16 +121,18 @@ class RowParallelLinear(nn.Module):
         self.ps = ps
         self.in_per_rank = in_features // ps.tp_size
         self.weight = _set_loader(nn.Parameter(torch.empty(out_features, self.in_per_rank), requires_grad=False), self.weight_loader)
+        # the bias is added once, after the all-reduce, so every rank holds all of it
         self.bias = (
             _set_loader(nn.Parameter(torch.empty(out_features), requires_grad=False), default_weight_loader)
             if bias else None
         )
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+    def weight_loader(self, param: nn.Parameter, loaded, shard_id=None) -> None:
         n = self.in_per_rank
-        param.data.copy_(loaded.narrow(1, self.ps.tp_rank * n, n))
+        copy_checked(param.data, loaded.narrow(1, self.ps.tp_rank * n, n))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [T, in / tp] -> partial sums [T, out] -> all-reduced [T, out]
         y = F.linear(x, self.weight)
         y = self.ps.all_reduce(y)
         if self.bias is not None:

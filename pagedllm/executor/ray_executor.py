@@ -1,0 +1,213 @@
+"""RayExecutor: tensor parallelism on a Ray cluster, one actor per rank, for models larger
+than one machine. Ray is optional (`pip install 'pagedllm[ray]'`).
+
+`ray.init()` joins the cluster named by $RAY_ADDRESS (or one started with `ray start`) and
+otherwise starts a local one, which Ray stops when the engine's process exits. The ranks are
+placed by a placement group (one bundle per rank: a GPU, or on CPU a share of the cores),
+packed onto as few nodes as fit. The engine's process holds no rank; it hosts the rendezvous
+store (a TCPStore on an OS-picked port) and sends every call to every actor:
+
+    engine process                           actor rank r (r = 0 .. N-1)
+    ──────────────                           ───────────────────────────
+    launch(so)   ── step("launch", so) ───▶  worker.launch(so)        Ray runs one caller's
+    collect(h)   ── step("collect") ──────▶  worker.collect(oldest)   calls to an actor in
+                 ◀── rank 0's output ─────                            the order they were sent
+
+Only rank 0 returns its output (all ranks sample the same tokens). The engine waits on every
+rank's reply, taking them as they come, so an actor that dies or raises is reported at once
+(RuntimeError naming the rank), not after the other ranks time out.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import weakref
+from typing import Any
+
+from pagedllm.config import EngineConfig
+from pagedllm.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from pagedllm.distributed import create_store, init_parallel_state
+from pagedllm.executor.multiproc import WorkerRPC, cpu_threads_per_rank
+
+logger = logging.getLogger(__name__)
+
+PLACEMENT_TIMEOUT_S = 120.0
+
+
+class RayWorker:
+    """One rank, inside a Ray actor (wrapped with `ray.remote` by the executor, so this module
+    imports without ray)."""
+
+    def __init__(self, config: EngineConfig, eos_token_ids: frozenset[int], rank: int, num_threads: int,
+                 log_level: int) -> None:
+        logging.basicConfig(level=log_level,
+                            format=f"%(asctime)s %(levelname)s [tp rank {rank}] %(name)s: %(message)s")
+        self.config = config
+        self.eos_token_ids = eos_token_ids
+        self.rank = rank
+        self.num_threads = num_threads
+        self.rpc: WorkerRPC | None = None
+
+    def init_worker(self, store_host: str, store_port: int) -> int:
+        import ray
+        import torch
+
+        from pagedllm.worker.worker import Worker
+
+        cfg = self.config
+        if cfg.device == "cuda":
+            torch.cuda.set_device(0)  # Ray shows the actor only its own GPU
+        else:
+            torch.set_num_threads(self.num_threads)
+        ps = init_parallel_state(self.rank, cfg.parallel_config.world_size, store_host, store_port, cfg.device,
+                                 local_ip=ray.util.get_node_ip_address())
+        self.rpc = WorkerRPC(Worker(cfg, self.eos_token_ids, ps))
+        return os.getpid()
+
+    def call(self, method: str, args: tuple) -> Any:
+        return getattr(self.rpc, method)(*args)
+
+    def step(self, method: str, *args: Any) -> Any:
+        # args travel as top-level arguments: Ray resolves an ObjectRef only there
+        out = getattr(self.rpc, method)(*args)
+        return out if self.rank == 0 else None
+
+
+def _kill_actors(actors: list, placement_group) -> None:
+    try:
+        import ray
+
+        if not ray.is_initialized():
+            return
+        for a in actors:
+            ray.kill(a, no_restart=True)
+        actors.clear()
+        if placement_group is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(placement_group)
+    except Exception:  # noqa: BLE001 - at interpreter exit Ray may already be gone
+        logger.debug("Ray executor shutdown", exc_info=True)
+
+
+class RayExecutor:
+    def __init__(self, config: EngineConfig, eos_token_ids: frozenset[int]):
+        try:
+            import ray
+        except ImportError:
+            raise ValueError(
+                "distributed_executor_backend='ray' needs the ray package: pip install 'pagedllm[ray]'"
+            ) from None
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        self.config = config
+        self.world_size = ws = config.parallel_config.world_size
+        self._error: str | None = None
+        if not ray.is_initialized():
+            ray.init()
+        cuda = config.device == "cuda"
+        threads = cpu_threads_per_rank(ws)
+        bundle = {"GPU": 1} if cuda else {"CPU": threads}
+        self._actors: list = []
+        self._pg = placement_group([dict(bundle) for _ in range(ws)], strategy="PACK")
+        self._finalizer = weakref.finalize(self, _kill_actors, self._actors, self._pg)
+        try:
+            ready, _ = ray.wait([self._pg.ready()], timeout=PLACEMENT_TIMEOUT_S)
+            if not ready:
+                raise RuntimeError(
+                    f"the Ray cluster cannot place {ws} ranks of {bundle} within {PLACEMENT_TIMEOUT_S:.0f}s "
+                    f"(it has {ray.cluster_resources()})"
+                )
+            actor_cls = ray.remote(num_cpus=0 if cuda else threads, num_gpus=1 if cuda else 0)(RayWorker)
+            level = logging.getLogger("pagedllm").getEffectiveLevel()
+            for rank in range(ws):
+                strategy = PlacementGroupSchedulingStrategy(placement_group=self._pg,
+                                                            placement_group_bundle_index=rank)
+                self._actors.append(actor_cls.options(scheduling_strategy=strategy, name=None).remote(
+                    config, eos_token_ids, rank, threads, level))
+            self._store = create_store()
+            host = ray.util.get_node_ip_address()
+            self.worker_pids = self._wait([a.init_worker.remote(host, self._store.port) for a in self._actors])
+            blocks = self.collective_rpc("determine_num_blocks")
+            num_gpu = min(b[0] for b in blocks)
+            num_cpu = min(b[1] for b in blocks)
+            if num_gpu < 1:
+                raise ValueError("kv_cache_memory is too small to hold one KV block")
+            self.collective_rpc("allocate_kv_cache", (num_gpu, num_cpu))
+        except BaseException:
+            self.shutdown()
+            raise
+        self.num_gpu_blocks, self.num_cpu_blocks = num_gpu, num_cpu
+        logger.info("tensor parallelism on Ray: %d ranks (%s), %d KV blocks per rank", ws,
+                    "NCCL" if cuda else "gloo", num_gpu)
+
+    # ---- steps -----------------------------------------------------------------------
+    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        return self._step("execute_model", (so,))[0]
+
+    def launch(self, so: SchedulerOutput):
+        self._check_usable()
+        import ray
+
+        arg = ray.put(so)
+        return [a.step.remote("launch", arg) for a in self._actors]
+
+    def collect(self, handle) -> ModelRunnerOutput:
+        """Collects the oldest launched step (the engine collects in launch order)."""
+        self._check_usable()
+        refs = [a.step.remote("collect") for a in self._actors]
+        self._wait(list(handle))
+        return self._wait(refs)[0]
+
+    def _step(self, method: str, args: tuple) -> list[Any]:
+        self._check_usable()
+        import ray
+
+        args = tuple(ray.put(a) for a in args)
+        return self._wait([a.step.remote(method, *args) for a in self._actors])
+
+    # ---- control ---------------------------------------------------------------------
+    def collective_rpc(self, method: str, args: tuple = ()) -> list[Any]:
+        """Calls `method(*args)` on every rank's worker; returns the results by rank."""
+        self._check_usable()
+        return self._wait([a.call.remote(method, args) for a in self._actors])
+
+    def check_health(self) -> None:
+        self._check_usable()
+
+    def shutdown(self) -> None:
+        if self._error is None:
+            self._error = "the executor has been shut down"
+        self._finalizer()
+
+    # ---- internals -------------------------------------------------------------------
+    def _check_usable(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(self._error)
+
+    def _wait(self, refs: list) -> list[Any]:
+        """The results of one call per rank, raising as soon as any rank fails."""
+        import ray
+
+        rank_of = {ref: rank for rank, ref in enumerate(refs)}
+        pending = list(refs)
+        try:
+            while pending:
+                ready, pending = ray.wait(pending, num_returns=1)
+                for ref in ready:
+                    try:
+                        ray.get(ref)
+                    except ray.exceptions.RayActorError as e:
+                        self._error = (f"Ray tensor-parallel worker rank {rank_of[ref]} died; the engine cannot "
+                                       f"continue and must be restarted ({type(e).__name__}: {e})")
+                        raise RuntimeError(self._error) from e
+                    except ray.exceptions.RayTaskError as e:
+                        self._error = f"Ray tensor-parallel worker rank {rank_of[ref]} failed:\n{e}"
+                        raise RuntimeError(self._error) from e
+        except BaseException as e:
+            if self._error is None:
+                self._error = f"a step failed and the ranks are out of step: {e!r}"
+            raise
+        return ray.get(refs)
