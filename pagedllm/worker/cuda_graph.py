@@ -30,7 +30,7 @@ def batch_size_ladder(max_bs: int) -> list[int]:
 
 class DecodeGraphs:
     def __init__(self, model: torch.nn.Module, device: torch.device, max_bs: int, max_model_len: int,
-                 block_size: int, hidden_size: int, dtype: torch.dtype):
+                 block_size: int, vocab_size: int):
         self.model = model
         self.device = device
         self.max_bs = max_bs
@@ -45,7 +45,8 @@ class DecodeGraphs:
         self.block_tables = torch.zeros(max_bs, self.max_blocks, dtype=torch.int32, **kw)
         self.query_start_loc = torch.arange(max_bs + 1, dtype=torch.int32, **kw)
         self.logits_indices = torch.arange(max_bs, dtype=torch.int64, **kw)
-        self.hidden = torch.zeros(max_bs, hidden_size, dtype=dtype, **kw)
+        # the graph runs the LM head too: logits of every row, in float32
+        self.logits = torch.zeros(max_bs, vocab_size, dtype=torch.float32, **kw)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.pool = None
 
@@ -64,17 +65,21 @@ class DecodeGraphs:
         for bs in reversed(self.sizes):
             batch = self._batch(bs)
             for _ in range(2):  # compile kernels and settle allocations before capture
-                self.hidden[:bs] = self.model(batch.input_ids, batch.positions, batch)
+                self._forward(batch, bs)
             torch.cuda.synchronize(self.device)
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=self.pool):
-                self.hidden[:bs] = self.model(batch.input_ids, batch.positions, batch)
+                self._forward(batch, bs)
             if self.pool is None:
                 self.pool = g.pool()
             self.graphs[bs] = g
         torch.cuda.synchronize(self.device)
         logger.info("captured CUDA graphs for %d decode batch sizes (up to %d) in %.1fs",
                     len(self.sizes), self.max_bs, time.time() - t0)
+
+    def _forward(self, batch: ForwardBatch, bs: int) -> None:
+        hidden = self.model(batch.input_ids, batch.positions, batch)
+        self.logits[:bs] = self.model.compute_logits(hidden).float()
 
     def can_run(self, batch: ForwardBatch) -> bool:
         n = batch.num_reqs
@@ -94,4 +99,4 @@ class DecodeGraphs:
             self.slot_mapping[n:bs].fill_(-1)
             self.seq_lens[n:bs].zero_()
         self.graphs[bs].replay()
-        return self.hidden[:n]
+        return self.logits[:n]  # [n, vocab] float32; row i is token i

@@ -224,10 +224,10 @@ class ModelRunner:
             return StepHandle()
         batch, order, sampling, sample_rows, prompt_rows = self.prepare_inputs(so)
         if self.graphs is not None and self.graphs.can_run(batch):
-            hidden = self.graphs.run(batch)
+            logits = self.graphs.run(batch)[batch.logits_indices]  # [S', V]
         else:
             hidden = self.model(batch.input_ids, batch.positions, batch)
-        logits = self.model.compute_logits(hidden[batch.logits_indices]).float()  # [S', V]
+            logits = self.model.compute_logits(hidden[batch.logits_indices]).float()  # [S', V]
         h = StepHandle()
         if prompt_rows:
             h.logits, h.prompt_rows = logits, prompt_rows

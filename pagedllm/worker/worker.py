@@ -134,7 +134,7 @@ class Worker:
 
             sc = self.config.scheduler_config
             graphs = DecodeGraphs(self.model, self.device, min(sc.max_num_seqs, 512), mc.max_model_len,
-                                  cc.block_size, mc.hf_config.hidden_size, self.kv_dtype)
+                                  cc.block_size, mc.vocab_size)
             graphs.capture()
             self.runner.graphs = graphs
 
