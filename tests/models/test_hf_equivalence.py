@@ -19,6 +19,9 @@ MODELS = {
     "qwen2-tied": ("qwen2", dict(tie=True, heads=2, kv_heads=2)),
     "qwen3-gqa": ("qwen3", dict(tie=False, heads=4, kv_heads=2, head_dim=32)),
     "qwen3-tied": ("qwen3", dict(tie=True, heads=8, kv_heads=2, head_dim=16)),
+    "llama3-rope-scaling": ("llama", dict(tie=False, heads=4, kv_heads=2, rope_scaling={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 128})),
 }
 MAX_NEW = 12
 
@@ -148,3 +151,21 @@ def test_unseen_random_config(tmp_path, tokenizer_dir, seed):
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     llm = LLM(path, kv_cache_memory="8MiB", max_model_len=256, max_num_batched_tokens=32, block_size=8)
     check(llm, hf, prompts_of([rng.randrange(1, 70) for _ in range(5)], seed=seed))
+
+
+def test_sharded_checkpoint(tmp_path, tokenizer_dir):
+    """A checkpoint split over several safetensors files with an index loads the same model."""
+    from transformers import AutoModelForCausalLM
+
+    cfg = tiny_config("qwen2", heads=4, kv_heads=2)
+    torch.manual_seed(7)
+    hf = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    hf.save_pretrained(str(tmp_path), max_shard_size="2MB")
+    import os
+    import shutil
+
+    assert os.path.exists(tmp_path / "model.safetensors.index.json")
+    for name in os.listdir(tokenizer_dir):
+        shutil.copy(os.path.join(tokenizer_dir, name), tmp_path)
+    llm = LLM(str(tmp_path), kv_cache_memory="8MiB", max_model_len=256)
+    check(llm, hf, prompts_of([12, 30], seed=8))
