@@ -49,10 +49,15 @@ class ParallelState:
         # x: [..., N] on every rank -> [..., tp_size * N], rank r's part at [r * N, (r + 1) * N)
         if self.tp_size == 1:
             return x
-        x = x.contiguous()
-        parts = [torch.empty_like(x) for _ in range(self.tp_size)]
-        self.group.allgather([parts], [x]).wait()
-        return torch.cat(parts, dim=-1)
+        # one flat buffer (all_gather_into_tensor): no per-rank copies, and NCCL captures it
+        # in a CUDA graph (the LM head runs inside the decode graphs)
+        n = x.shape[-1]
+        flat = x.reshape(-1, n).contiguous()  # [M, N]
+        out = torch.empty((self.tp_size * flat.shape[0], n), dtype=x.dtype, device=x.device)
+        self.group._allgather_base(out, flat).wait()
+        # [tp, M, N] -> [M, tp, N] -> [..., tp * N]
+        out = out.view(self.tp_size, flat.shape[0], n).transpose(0, 1)
+        return out.reshape(*x.shape[:-1], self.tp_size * n)
 
     def barrier(self) -> None:
         if self.tp_size > 1:
