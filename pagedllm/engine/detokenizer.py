@@ -1,9 +1,10 @@
 """Incremental detokenization and stop strings.
 
-Text is produced by decoding a short window of token ids twice, with and without the newest
-tokens, and emitting the difference; while the window ends in an incomplete UTF-8 sequence
-(decodes to U+FFFD) or an unfinished BPE merge, nothing is emitted yet. The concatenated deltas
-equal `tokenizer.decode(all output ids)`.
+With a fast (Rust `tokenizers`) tokenizer, text comes from its `DecodeStream`, which holds
+back incomplete UTF-8 sequences itself (about 2 us a token). Otherwise a short window of token
+ids is decoded twice, with and without the newest tokens, and the difference emitted; while the
+window ends in an incomplete UTF-8 sequence (decodes to U+FFFD) nothing is emitted yet. Either
+way the concatenated deltas equal `tokenizer.decode(all output ids)`.
 
 Stop strings are searched only in the tail that new text can affect, so a stop string split
 across tokens is found; the text is cut before it (or after it with
@@ -29,6 +30,16 @@ class IncrementalDetokenizer:
         self.prefix_offset = 0
         self.read_offset = 0
         self.text = ""
+        backend = getattr(tokenizer, "_tokenizer", None)
+        self._stream = None
+        if backend is not None:
+            try:
+                from tokenizers.decoders import DecodeStream
+
+                self._stream = DecodeStream(skip_special_tokens=self.skip_special_tokens)
+                self._backend = backend
+            except (ImportError, TypeError):
+                self._stream = None
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
@@ -38,6 +49,12 @@ class IncrementalDetokenizer:
         self.token_ids.append(token_id)
         if not detokenize:
             return None
+        if self._stream is not None:
+            delta = self._stream.step(self._backend, token_id)
+            if not delta:
+                return None
+            self.text += delta
+            return self._check_stop(len(delta))
         ids = self.token_ids
         prefix_text = self._decode(ids[self.prefix_offset : self.read_offset])
         new_text = self._decode(ids[self.prefix_offset :])

@@ -23,10 +23,14 @@ def tok(tokenizer_dir):
     return AutoTokenizer.from_pretrained(tokenizer_dir)
 
 
+@pytest.mark.parametrize("use_stream", [True, False], ids=["decode-stream", "window"])
 @pytest.mark.parametrize("text", TEXTS)
-def test_incremental_equals_full_decode(tok, text):
+def test_incremental_equals_full_decode(tok, text, use_stream):
     ids = tok.encode(text)
     det = IncrementalDetokenizer(tok, SamplingParams())
+    assert det._stream is not None  # a fast tokenizer streams through tokenizers' DecodeStream
+    if not use_stream:
+        det._stream = None  # the window path, used for slow tokenizers
     pieces = []
     for t in ids:
         before = det.text
