@@ -61,7 +61,7 @@ class _Parent:
 
 class LLMEngine:
     def __init__(self, config: EngineConfig):
-        from pagedllm.executor.uniproc import UniProcExecutor
+        from pagedllm.executor import make_executor
         from pagedllm.model.loader import eos_token_ids, load_tokenizer
 
         t0 = time.time()
@@ -72,10 +72,11 @@ class LLMEngine:
             None if config.skip_tokenizer_init else load_tokenizer(mc.model, mc.tokenizer, mc.gguf_file)
         )
         self.eos_token_ids = eos_token_ids(mc.model, mc.gguf_file, mc.hf_config, self.tokenizer)
-        self.executor = UniProcExecutor(config, self.eos_token_ids)
+        self.executor = make_executor(config, self.eos_token_ids)
         cc = config.cache_config
         capacity = self.executor.num_gpu_blocks * cc.block_size
         if capacity < mc.max_model_len:
+            self.executor.shutdown()
             raise ValueError(
                 f"max_model_len={mc.max_model_len} does not fit the KV cache ({capacity} tokens); "
                 f"lower max_model_len or give the cache more memory (kv_cache_memory / gpu_memory_utilization)"
@@ -313,6 +314,10 @@ class LLMEngine:
             metrics=parent.metrics,
             num_cached_tokens=max(parent.children[0].num_cached_tokens, 0),
         )
+
+    def shutdown(self) -> None:
+        """Stops the workers (other processes under tensor parallelism). Idempotent."""
+        self.executor.shutdown()
 
     # ---- introspection ---------------------------------------------------------------
     def get_stats(self) -> EngineStats:

@@ -17,7 +17,7 @@ import pytest
 from conftest import save_tiny_model, tiny_config
 from pagedllm import SamplingParams
 from pagedllm.config import EngineArgs
-from tp_utils import engine, one_thread, process_gone, prompts_of, route_executors, token_ids
+from tp_utils import engine, one_thread, process_gone, prompts_of, token_ids
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -27,7 +27,6 @@ TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
 @pytest.fixture(autouse=True)
 def _routed(monkeypatch):
-    route_executors(monkeypatch)
     with one_thread():
         yield
 
@@ -111,11 +110,6 @@ def test_shutdown_stops_the_workers(llama):
 CHILD = """
 import sys, time
 sys.path[:0] = [{tests!r}, {dist!r}]
-from tp_utils import engine_routes_executors
-if not engine_routes_executors():
-    import pagedllm.executor.uniproc as u
-    from pagedllm.executor import make_executor
-    u.UniProcExecutor = make_executor
 from pagedllm import LLM, SamplingParams
 
 if __name__ == "__main__":

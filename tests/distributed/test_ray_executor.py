@@ -8,7 +8,7 @@ import pytest
 
 from conftest import save_tiny_model, tiny_config
 from pagedllm import SamplingParams
-from tp_utils import engine, one_thread, prompts_of, route_executors, token_ids
+from tp_utils import engine, one_thread, prompts_of, token_ids
 
 ray = pytest.importorskip("ray")
 
@@ -17,7 +17,6 @@ pytestmark = pytest.mark.timeout(300)
 
 @pytest.fixture(autouse=True)
 def _routed(monkeypatch):
-    route_executors(monkeypatch)
     with one_thread():
         yield
 

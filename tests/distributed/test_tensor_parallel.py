@@ -9,7 +9,7 @@ import pytest
 
 from conftest import save_tiny_model, tiny_config
 from pagedllm import SamplingParams
-from tp_utils import engine, one_thread, prompts_of, route_executors, token_ids
+from tp_utils import engine, one_thread, prompts_of, token_ids
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -25,7 +25,6 @@ ENGINE = dict(kv_cache_memory="8MiB", max_model_len=512, max_num_batched_tokens=
 
 @pytest.fixture(autouse=True)
 def _routed(monkeypatch):
-    route_executors(monkeypatch)
     with one_thread():
         yield
 

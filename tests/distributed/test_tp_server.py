@@ -10,16 +10,12 @@ import pytest
 
 from conftest import save_tiny_model, tiny_config
 from pagedllm import SamplingParams
-from tp_utils import engine, engine_routes_executors, one_thread, process_gone, prompts_of
+from tp_utils import engine, one_thread, process_gone, prompts_of
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "server"))
 from server_utils import ServerProcess  # noqa: E402
 
-pytestmark = [
-    pytest.mark.timeout(300),
-    pytest.mark.skipif(not engine_routes_executors(),
-                       reason="LLMEngine does not build its executor with make_executor yet"),
-]
+pytestmark = [pytest.mark.timeout(300)]
 
 
 def children_of(pid: int) -> list[int]:

@@ -49,27 +49,6 @@ def process_gone(pid: int) -> bool:
         return not os.path.exists(f"/proc/{pid}")
 
 
-def engine_routes_executors() -> bool:
-    """Whether LLMEngine builds its executor with `make_executor` (else it always makes a
-    UniProcExecutor, and the tests route it themselves; see `route_executors`)."""
-    import inspect
-
-    from pagedllm.engine.llm_engine import LLMEngine
-
-    return "make_executor" in inspect.getsource(LLMEngine.__init__)
-
-
-def route_executors(monkeypatch) -> None:
-    """Until LLMEngine calls make_executor itself: make its `UniProcExecutor(config, eos)` go
-    through make_executor (a no-op once it does)."""
-    if engine_routes_executors():
-        return
-    import pagedllm.executor.uniproc as uniproc
-    from pagedllm.executor import make_executor
-
-    monkeypatch.setattr(uniproc, "UniProcExecutor", make_executor)
-
-
 @contextlib.contextmanager
 def one_thread():
     """The TP=1 references run with one torch thread: on a 2-core machine two ranks take one
