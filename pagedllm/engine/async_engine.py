@@ -19,6 +19,9 @@ Failure model: a request the engine rejects (ValueError from add_request) gets t
 when `step()` raises, every in-flight request fails with RequestFailedError and is aborted, and
 the loop goes on. Only if the engine cannot even be cleaned up does the loop stop; from then on
 `errored` is true, `generate()` raises EngineDeadError, and the server's /health says 503.
+
+Tests reach both failure paths through `StepFault` (the server reads it from
+$PAGEDLLM_TEST_FAULT): a chosen engine step raises, or kills the loop, before it runs.
 """
 
 from __future__ import annotations
@@ -51,6 +54,46 @@ class QueueFullError(RuntimeError):
 
 class RequestFailedError(RuntimeError):
     """The engine failed while this request was in flight (not the request's own fault)."""
+
+
+class InjectedEngineDeath(BaseException):
+    """Raised by a `die:N` StepFault: a BaseException, so that it passes the per-step handler
+    and kills the engine loop as an unrecoverable engine error would."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepFault:
+    """Test-only fault injection, parsed from a spec such as "step:3" or "step:3,die:40":
+
+    - `step:N`: the N-th engine step raises RuntimeError instead of running; the requests in
+      flight fail with RequestFailedError and the loop goes on.
+    - `die:N`: the N-th engine step kills the engine loop (the engine is then dead).
+
+    Steps are counted from 1 over the calls of `LLMEngine.step()` made by the loop.
+    """
+
+    fail_steps: frozenset[int] = frozenset()
+    die_steps: frozenset[int] = frozenset()
+
+    ENV_VAR = "PAGEDLLM_TEST_FAULT"
+
+    @classmethod
+    def parse(cls, spec: str) -> "StepFault":
+        fail, die = set(), set()
+        for item in filter(None, (part.strip() for part in spec.split(","))):
+            kind, _, number = item.partition(":")
+            if kind not in ("step", "die") or not number.isdigit() or int(number) < 1:
+                raise ValueError(
+                    f"{cls.ENV_VAR}: expected items such as 'step:3' or 'die:10' (N >= 1), got {item!r}"
+                )
+            (fail if kind == "step" else die).add(int(number))
+        return cls(frozenset(fail), frozenset(die))
+
+    def before_step(self, step: int) -> None:
+        if step in self.die_steps:
+            raise InjectedEngineDeath(f"injected engine death at step {step}")
+        if step in self.fail_steps:
+            raise RuntimeError(f"injected fault at step {step}")
 
 
 @dataclass(slots=True)
@@ -167,6 +210,7 @@ class AsyncLLMEngine:
         stat_loggers: Sequence[StatLogger] = (),
         idle_tick: float = 1.0,
         start: bool = True,
+        step_fault: StepFault | None = None,
     ) -> None:
         if max_queue_len is not None and max_queue_len < 0:
             raise ValueError(f"max_queue_len must be >= 0, got {max_queue_len}")
@@ -180,6 +224,8 @@ class AsyncLLMEngine:
         self.max_queue_len = max_queue_len
         self.stat_loggers = list(stat_loggers)
         self._idle_tick = idle_tick
+        self._step_fault = step_fault
+        self._num_steps = 0
 
         self._cv = threading.Condition()
         self._inbox: list[_Add | _Abort] = []
@@ -403,7 +449,10 @@ class AsyncLLMEngine:
         )
 
     def _step(self, iteration: IterationStats) -> None:
+        self._num_steps += 1
         try:
+            if self._step_fault is not None:
+                self._step_fault.before_step(self._num_steps)
             outputs = self.engine.step()
         except Exception as e:  # noqa: BLE001
             ids = list(self._requests)

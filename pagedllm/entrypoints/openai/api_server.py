@@ -3,7 +3,8 @@
 Owns the app (routes, error shapes, the guard middleware for body size and API key), the
 per-server Prometheus registry, and the process lifecycle: load the engine, serve, and on
 SIGTERM / SIGINT stop accepting, give in-flight requests `--shutdown-timeout` seconds, abort
-the rest (their streams end with finish_reason "abort"), and exit 0.
+the rest (their streams end with finish_reason "abort"), and exit 0. If the engine loop dies,
+/health answers 503 and the process exits with status 1 a moment later (a supervisor restarts it).
 
 Every response that is not a success has OpenAI's shape
 `{"error": {"message", "type", "param", "code"}}`; user input never yields a 500.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import hmac
 import logging
 import os
@@ -26,10 +28,11 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from pagedllm.engine.async_engine import AsyncLLMEngine
+from pagedllm.engine.async_engine import AsyncLLMEngine, StepFault
 from pagedllm.entrypoints.openai.protocol import (
     APIError,
     ChatCompletionRequest,
@@ -44,6 +47,12 @@ from pagedllm.entrypoints.openai.serving_engine import parse_body, to_api_error
 logger = logging.getLogger("pagedllm.entrypoints.openai.api_server")
 
 STATS_LOG_INTERVAL_S = 5.0
+# After the engine loop dies: how long /health keeps answering 503 (and the failed requests'
+# errors go out) before the server shuts down, and how long that shutdown may wait for
+# connections before it closes them.
+DEAD_ENGINE_GRACE_S = 2.0
+DEAD_ENGINE_SHUTDOWN_S = 3.0
+EXIT_ENGINE_DEAD = 1
 
 
 def error_response(err: APIError) -> JSONResponse:
@@ -56,7 +65,9 @@ class GuardMiddleware:
 
     def __init__(self, app: Any, *, api_key: str | None, max_body_size: int) -> None:
         self.app = app
-        self.api_key = api_key.encode() if api_key else None
+        # Only the key's digest is kept; comparing digests takes the same time whatever the
+        # length or content of the key that was sent.
+        self.api_key = hashlib.sha256(api_key.encode()).digest() if api_key else None
         self.max_body_size = max_body_size
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
@@ -114,10 +125,9 @@ class GuardMiddleware:
 
     def _authorized(self, header: bytes) -> bool:
         scheme, _, key = header.partition(b" ")
-        if scheme.lower() != b"bearer":
-            key = b""
-        # Compare in constant time, whatever the key's length.
-        return hmac.compare_digest(key.strip(), self.api_key) and bool(key)
+        key = key.strip() if scheme.lower() == b"bearer" else b""
+        # Constant time: equal-length digests, compared without an early exit.
+        return hmac.compare_digest(hashlib.sha256(key).digest(), self.api_key) and bool(key)
 
     def _too_large(self, size: int) -> APIError:
         return APIError(
@@ -159,6 +169,20 @@ def build_app(
 
     app = FastAPI(title="pagedllm", version=version, lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.engine = engine
+    # The routes parse their bodies themselves (for OpenAI-shaped 400s); the schema still
+    # describes those bodies, for clients and for schema-driven fuzzing.
+    body_schemas: dict[str, Any] = {}
+    completion_body = _request_body(CompletionRequest, body_schemas)
+    chat_body = _request_body(ChatCompletionRequest, body_schemas)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            schema.setdefault("components", {}).setdefault("schemas", {}).update(body_schemas)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
@@ -200,18 +224,28 @@ def build_app(
         cards = [ModelCard(id=name, root=model_path, max_model_len=max_model_len) for name in served_model_names]
         return ModelList(data=cards).model_dump()
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra={"requestBody": completion_body})
     async def completions(raw_request: Request) -> Response:
         req = await parse_body(raw_request, CompletionRequest)
         return await completion.create_completion(req, raw_request)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra={"requestBody": chat_body})
     async def chat_completions(raw_request: Request) -> Response:
         req = await parse_body(raw_request, ChatCompletionRequest)
         return await chat.create_chat_completion(req, raw_request)
 
     app.add_middleware(GuardMiddleware, api_key=api_key, max_body_size=max_request_body_size)
     return app
+
+
+def _request_body(model: Any, schemas: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAPI requestBody for `model`; its schema and those it refers to go into `schemas`
+    (the document's components)."""
+    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    schemas.update(schema.pop("$defs", {}))
+    schemas[model.__name__] = schema
+    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {"required": True, "content": {"application/json": {"schema": ref}}}
 
 
 # ---- process lifecycle ------------------------------------------------------------------------------
@@ -225,7 +259,8 @@ class _Interrupted(BaseException):
 class _Server(uvicorn.Server):
     """uvicorn's server, plus: on the first exit signal, drain the engine (let in-flight requests
     finish for `shutdown_timeout` seconds, then abort them) so that open streams end cleanly
-    and uvicorn's wait for connections ends."""
+    and uvicorn's wait for connections ends; and a watchdog that shuts the server down (with
+    `engine_died` set) when the engine loop dies."""
 
     def __init__(self, config: uvicorn.Config, engine: AsyncLLMEngine, shutdown_timeout: float) -> None:
         super().__init__(config)
@@ -233,10 +268,28 @@ class _Server(uvicorn.Server):
         self._shutdown_timeout = shutdown_timeout
         self._loop: asyncio.AbstractEventLoop | None = None
         self._draining = False
+        self.engine_died = False
 
     async def serve(self, sockets: Any = None) -> None:
         self._loop = asyncio.get_running_loop()
-        await super().serve(sockets)
+        watchdog = asyncio.ensure_future(self._watch_engine())
+        try:
+            await super().serve(sockets)
+        finally:
+            watchdog.cancel()
+
+    async def _watch_engine(self) -> None:
+        while not self.should_exit:
+            if self._engine.errored:
+                self.engine_died = True
+                logger.error("the engine loop has died (%r); /health answers 503 and the server "
+                             "exits in %.0f s", self._engine.dead_error, DEAD_ENGINE_GRACE_S)
+                await asyncio.sleep(DEAD_ENGINE_GRACE_S)
+                self.should_exit = True
+                await asyncio.sleep(DEAD_ENGINE_SHUTDOWN_S)
+                self.force_exit = True  # stop waiting for connections that do not close
+                return
+            await asyncio.sleep(0.1)
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         super().handle_exit(sig, frame)
@@ -276,6 +329,16 @@ def _read_chat_template(value: str | None) -> str | None:
     return value
 
 
+def _step_fault_from_env() -> StepFault | None:
+    """The test-only fault hook: $PAGEDLLM_TEST_FAULT (see StepFault), unset in production."""
+    spec = os.environ.get(StepFault.ENV_VAR)
+    if not spec:
+        return None
+    fault = StepFault.parse(spec)
+    logger.warning("TEST FAULT INJECTION ENABLED (%s=%s)", StepFault.ENV_VAR, spec)
+    return fault
+
+
 def run_server(ns: argparse.Namespace, parser: argparse.ArgumentParser | None = None) -> int:
     """Load the engine, serve until SIGTERM / SIGINT, return the exit code."""
     from prometheus_client import CollectorRegistry
@@ -300,9 +363,10 @@ def run_server(ns: argparse.Namespace, parser: argparse.ArgumentParser | None = 
     try:
         try:
             chat_template = _read_chat_template(ns.chat_template)
+            step_fault = _step_fault_from_env()
             engine_args = engine_args_from_namespace(ns)
             engine = AsyncLLMEngine.from_engine_args(
-                engine_args, max_queue_len=ns.max_queue_len, start=False
+                engine_args, max_queue_len=ns.max_queue_len, start=False, step_fault=step_fault
             )
         except ValueError as e:
             msg = f"error: {e}"
@@ -347,6 +411,9 @@ def run_server(ns: argparse.Namespace, parser: argparse.ArgumentParser | None = 
         logger.info("serving %s on http://%s:%d (model %s)", names[0], ns.host, ns.port, model_config.model)
         asyncio.run(server.serve())
         phase["now"] = "done"
+        if server.engine_died:
+            logger.error("exiting with status %d: the engine loop died", EXIT_ENGINE_DEAD)
+            return EXIT_ENGINE_DEAD
         return 0 if server.started else 1
     finally:
         phase["now"] = "done"

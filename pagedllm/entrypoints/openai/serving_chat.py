@@ -44,6 +44,16 @@ from pagedllm.entrypoints.openai.serving_engine import (
 )
 from pagedllm.outputs import Logprob, RequestOutput
 
+# OpenAI's message roles.
+_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+# Arguments of apply_chat_template that the server sets itself; chat_template_kwargs may not
+# replace them (a request never picks the template, nor turns rendering into tokenizing).
+_RESERVED_TEMPLATE_KWARGS = frozenset({
+    "conversation", "chat_template", "tokenize", "add_generation_prompt", "continue_final_message",
+    "return_dict", "return_tensors", "return_assistant_tokens_mask", "tokenizer_kwargs", "padding",
+    "truncation", "max_length",
+})
+
 
 class OpenAIServingChat(OpenAIServing):
     def __init__(self, *args: Any, chat_template: str | None = None, **kwargs: Any) -> None:
@@ -97,6 +107,11 @@ class OpenAIServingChat(OpenAIServing):
 
     @staticmethod
     def _message(m: ChatMessage, idx: int) -> dict[str, Any]:
+        if m.role not in _ROLES:
+            raise APIError(
+                f"messages[{idx}].role must be one of {', '.join(sorted(_ROLES))}; got {m.role!r}",
+                param=f"messages.{idx}.role",
+            )
         content = m.content
         if isinstance(content, list):
             texts = []
@@ -117,6 +132,9 @@ class OpenAIServingChat(OpenAIServing):
         if self.chat_template is None and not getattr(self.tokenizer, "chat_template", None):
             raise APIError("this model has no chat template; start the server with --chat-template", param="messages")
         kwargs = dict(req.chat_template_kwargs or {})
+        reserved = sorted(_RESERVED_TEMPLATE_KWARGS.intersection(kwargs))
+        if reserved:
+            raise APIError(f"chat_template_kwargs may not set {', '.join(reserved)}", param="chat_template_kwargs")
         try:
             out = self.tokenizer.apply_chat_template(
                 conversation,

@@ -69,12 +69,44 @@ async def parse_body(raw_request: Any, model: type[_M]) -> _M:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError) as e:
         raise APIError(f"the request body is not valid JSON: {e}", code="invalid_json") from None
+    except RecursionError:
+        raise APIError("the request body is nested too deeply", code="invalid_json") from None
     if not isinstance(data, dict):
         raise APIError(f"the request body must be a JSON object, got {type(data).__name__}")
+    bad = _first_invalid_string(body, data)
+    if bad is not None:
+        raise APIError(f"{bad or 'body'}: the string is not valid Unicode (a lone surrogate escape)", param=bad)
     try:
         return model.model_validate(data)
     except ValidationError as e:
         raise validation_error(e) from None
+
+
+# A JSON escape of a UTF-16 surrogate, the only way a JSON text carries one.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _first_invalid_string(body: bytes, data: Any) -> str | None:
+    """The path ("messages.0.content") of the first string that is not valid Unicode: JSON lets
+    a lone surrogate through as "\\ud800", and the tokenizer would fail on it later. Only a body
+    that holds such an escape is walked."""
+    if b"\\u" not in body or not _SURROGATE_ESCAPE.search(body):
+        return None
+    stack: list[tuple[tuple, Any]] = [((), data)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                # The path may hold the bad string itself (a key): escape it for the response.
+                return ".".join(str(p) for p in path).encode("utf-8", "backslashreplace").decode()
+        elif isinstance(value, dict):
+            stack.extend(((*path, k), v) for k, v in reversed(list(value.items())))
+            stack.extend(((*path, k), k) for k in value)
+        elif isinstance(value, list):
+            stack.extend(((*path, i), v) for i, v in reversed(list(enumerate(value))) if isinstance(v, (str, list, dict)))
+    return None
 
 
 def validation_error(e: ValidationError) -> APIError:
@@ -231,6 +263,8 @@ class OpenAIServing:
         room = self.max_model_len - prompt_len
         if requested is None:
             return room
+        if isinstance(requested, int) and requested < 1:
+            raise APIError(f"{param} must be an integer >= 1, got {requested}", param=param)
         if isinstance(requested, int) and prompt_len + requested > self.max_model_len:
             raise APIError(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you "
