@@ -263,6 +263,9 @@ class AsyncLLMEngine:
             self._cv.notify()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
+        engine_shutdown = getattr(self.engine, "shutdown", None)
+        if engine_shutdown is not None and (self._thread is None or not self._thread.is_alive()):
+            engine_shutdown()  # stops tensor-parallel workers
 
     @property
     def is_running(self) -> bool:
