@@ -4,6 +4,7 @@ greedy completions equal the offline TP=1 engine's, and SIGTERM leaves no worker
 from __future__ import annotations
 
 import os
+import time
 import sys
 
 import pytest
@@ -53,4 +54,7 @@ def test_server_tp2_matches_offline_tp1(tmp_path, tokenizer_dir):
     finally:
         rc = server.stop()
     assert rc == 0, server.log_tail()
+    deadline = time.monotonic() + 10.0  # children (ranks, multiprocessing's tracker) exit right after
+    while not all(process_gone(p) for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert workers and all(process_gone(p) for p in workers), server.log_tail()
