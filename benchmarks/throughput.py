@@ -1,0 +1,322 @@
+"""Offline throughput: pagedllm's `LLM.generate` against `transformers` on the same weights, in
+one process run (see /work/shared/BENCHMARKS.md).
+
+W4 (CPU): the embedded SmolLM2-135M-Instruct in float32, 32 chat prompts, max_tokens uniform in
+[16, 128], greedy. W1 (GPU): Qwen3-0.6B bf16 with random weights, 256 random-token prompts of
+[100, 1024] tokens, max_tokens uniform in [100, 1024], temperature 0.6.
+
+Every request sets ignore_eos, so it produces exactly its max_tokens; the peers disable EOS and
+count only each request's own max_tokens as useful output, whatever padding they computed.
+
+A config dir holds no tokenizer files (AutoTokenizer then fails for Llama and builds a one-token
+vocabulary for Qwen3), so the engine gets a synthetic word-level tokenizer covering the whole
+vocabulary (common.synthetic_tokenizer) and detokenizes at a realistic cost;
+--skip-tokenizer-init runs it with none.
+
+    python benchmarks/throughput.py --workload w4 --output-json /tmp/w4.json
+    python benchmarks/throughput.py --workload w1 --peer hf-cb          # on the GPU
+    python benchmarks/throughput.py --workload w1 --num-prompts 4 --peer none   # CPU smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import tempfile
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# Short, varied user questions for W4; with SmolLM2's chat template they come to 35-43 tokens.
+W4_QUESTIONS = [
+    "What is the capital of France?",
+    "Explain photosynthesis in one paragraph.",
+    "Write a haiku about autumn leaves.",
+    "How do I reverse a list in Python?",
+    "Why is the sky blue?",
+    "Give me three tips for better sleep.",
+    "What is the difference between a virus and a bacterium?",
+    "Summarize the plot of Romeo and Juliet.",
+    "How does a bicycle stay upright?",
+    "What are prime numbers? Give examples.",
+    "Suggest a name for a coffee shop by the sea.",
+    "How many continents are there, and which is largest?",
+    "Translate 'good morning' into Spanish and German.",
+    "What causes the seasons on Earth?",
+    "Describe a cat to someone who has never seen one.",
+    "What is machine learning, in simple words?",
+    "List five fruits that are rich in vitamin C.",
+    "How do vaccines train the immune system?",
+    "Write a short limerick about a forgetful robot.",
+    "What is the boiling point of water at sea level?",
+    "Why do we have leap years?",
+    "Give a recipe idea using eggs, spinach and cheese.",
+    "What does a compiler do?",
+    "How far is the Moon from the Earth?",
+    "Explain what inflation means for savings.",
+    "What are the rules of tic-tac-toe?",
+    "Recommend a good habit for learning a new language.",
+    "Why do leaves change color in the fall?",
+    "What is the Pythagorean theorem?",
+    "How do bees make honey?",
+    "Write two sentences about the ocean at night.",
+    "What is the tallest mountain in the world?",
+]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workload", choices=("w4", "w1"), default="w4")
+    p.add_argument("--num-prompts", type=int, default=None, help="W4: 32 (at most 32), W1: 256")
+    p.add_argument("--seed", type=int, default=0, help="seeds the request lengths and token ids")
+    p.add_argument("--model", default=None,
+                   help="W4: a .gguf file (default: the embedded SmolLM2); W1: a config dir "
+                        "(default: benchmarks/configs/qwen3-0.6b)")
+    p.add_argument("--tokenizer", default=None,
+                   help="W1: tokenizer dir; default: the model dir's own, else a synthetic "
+                        "word-level tokenizer covering the vocabulary")
+    p.add_argument("--skip-tokenizer-init", action="store_true",
+                   help="W1: run the engine without a tokenizer (no output text, no detokenizing cost)")
+    p.add_argument("--dtype", default=None, help="W4: float32, W1: bfloat16")
+    p.add_argument("--peer", default="all",
+                   help="comma-separated: hf-static, hf-cb, all, none (default all)")
+    p.add_argument("--peer-batch-size", default=None,
+                   help="static batch sizes, comma-separated (W4: 8,32; W1: 64)")
+    p.add_argument("--prompt-len-range", type=int, nargs=2, default=None, metavar=("LO", "HI"),
+                   help="W1 only: prompt length range (default 100 1024)")
+    p.add_argument("--output-len-range", type=int, nargs=2, default=None, metavar=("LO", "HI"),
+                   help="max_tokens range (W4: 16 128, W1: 100 1024)")
+    p.add_argument("--temperature", type=float, default=None, help="W4: 0 (greedy), W1: 0.6")
+    p.add_argument("--max-model-len", type=int, default=None, help="W4: 512, W1: 4096 (at most the model's max_position_embeddings)")
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--kv-cache-memory", default=None, help="e.g. 2GiB; default: the engine decides")
+    p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: core count)")
+    p.add_argument("--profile", default=None, metavar="PATH",
+                   help="cProfile the timed pagedllm call, write the stats to PATH and print the top "
+                        "functions (the profiler slows it: take the figure from a run without it)")
+    p.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
+                   help="before each timed phase, wait up to SECONDS for the CPU to be idle (a shared "
+                        "machine); the table's 'others' column says how busy it was anyway")
+    p.add_argument("--output-json", default=None)
+    args = p.parse_args(argv)
+
+    w4 = args.workload == "w4"
+    if args.num_prompts is None:
+        args.num_prompts = 32 if w4 else 256
+    if args.num_prompts < 1 or (w4 and args.num_prompts > len(W4_QUESTIONS)):
+        p.error(f"--num-prompts must be in [1, {len(W4_QUESTIONS) if w4 else 'inf'}]")
+    if args.dtype is None:
+        args.dtype = "float32" if w4 else "bfloat16"
+    if args.temperature is None:
+        args.temperature = 0.0 if w4 else 0.6
+    if args.output_len_range is None:
+        args.output_len_range = [16, 128] if w4 else [100, 1024]
+    if args.prompt_len_range is None:
+        args.prompt_len_range = [100, 1024]
+    if args.max_model_len is None:
+        args.max_model_len = 512 if w4 else 4096
+    if args.peer_batch_size is None:
+        args.peer_batch_size = "8,32" if w4 else "64"
+    args.peer_batch_sizes = [int(x) for x in str(args.peer_batch_size).split(",") if x]
+    peers = {x.strip() for x in args.peer.split(",") if x.strip()}
+    allowed = {"hf-static", "hf-cb", "all", "none"}
+    if not peers <= allowed:
+        p.error(f"--peer: unknown {sorted(peers - allowed)}; choose from {sorted(allowed)}")
+    if "all" in peers:
+        peers = {"hf-static", "hf-cb"}
+    peers.discard("none")
+    args.peers = peers
+    for lo, hi in (args.output_len_range, args.prompt_len_range):
+        if not 1 <= lo <= hi:
+            p.error("length ranges need 1 <= LO <= HI")
+    return args
+
+
+# ---- workloads -------------------------------------------------------------------------------
+def w4_requests(args, tokenizer) -> tuple[list[list[int]], list[int]]:
+    rng = random.Random(args.seed)
+    prompts = []
+    for q in W4_QUESTIONS[: args.num_prompts]:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                            tokenize=True)
+        if hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        prompts.append(list(ids))
+    lo, hi = args.output_len_range
+    max_tokens = [rng.randint(lo, hi) for _ in prompts]
+    return prompts, max_tokens
+
+
+def w1_requests(args) -> tuple[list[list[int]], list[int]]:
+    # nano-vllm's bench.py draws the same way: a length, then that many ids in [0, 10000)
+    rng = random.Random(args.seed)
+    plo, phi = args.prompt_len_range
+    olo, ohi = args.output_len_range
+    prompts = [[rng.randint(0, 9999) for _ in range(rng.randint(plo, phi))] for _ in range(args.num_prompts)]
+    max_tokens = [rng.randint(olo, ohi) for _ in range(args.num_prompts)]
+    return prompts, max_tokens
+
+
+# ---- our engine ------------------------------------------------------------------------------
+def print_profile(path: str, seconds: float, top: int = 25) -> None:
+    import pstats
+
+    print(f"\ncProfile of the timed pagedllm call ({seconds:.2f} s under the profiler; stats in {path}); "
+          f"top {top} by own time, then by cumulative time:")
+    stats = pstats.Stats(path)
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumulative").print_stats(top)
+
+
+def run_ours(llm, prompts, max_tokens, temperature: float, profile: str | None = None,
+             wait_quiet: float = 0.0) -> tuple[common.Row, list[list[int]]]:
+    from pagedllm import SamplingParams
+
+    params = [SamplingParams(temperature=temperature, max_tokens=m, ignore_eos=True) for m in max_tokens]
+    # one small warm-up call, excluded: first-call allocations, lazy imports, kernel selection
+    llm.generate(prompts[:2], SamplingParams(temperature=temperature, max_tokens=4, ignore_eos=True),
+                 use_tqdm=False)
+    common.wait_for_quiet(wait_quiet)
+    prof = None
+    if profile:
+        import cProfile
+
+        prof = cProfile.Profile()
+    with common.Stopwatch() as watch:
+        if prof is not None:
+            prof.enable()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        if prof is not None:
+            prof.disable()
+    if prof is not None:
+        prof.dump_stats(profile)
+        print_profile(profile, watch.seconds)
+    tokens = [list(o.outputs[0].token_ids) for o in outs]
+    for t, m in zip(tokens, max_tokens):
+        if len(t) != m:
+            raise RuntimeError(f"pagedllm produced {len(t)} tokens for a request with max_tokens={m}")
+    n = sum(len(t) for t in tokens)
+    return common.Row("pagedllm LLM.generate", n, n, watch.seconds, cpu_seconds=watch.cpu_seconds,
+                      others_busy=watch.others_busy), tokens
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    threads = common.set_threads(args.threads)
+    from pagedllm import LLM
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    engine_kw = dict(dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+                     enforce_eager=args.enforce_eager)
+    if args.kv_cache_memory:
+        engine_kw["kv_cache_memory"] = args.kv_cache_memory
+    tmp = tempfile.TemporaryDirectory(prefix="pagedllm-bench-")
+    if args.workload == "w4":
+        from pagedllm.config import default_model_path
+
+        model = args.model or default_model_path()
+        llm = LLM(model, **engine_kw)
+        prompts, max_tokens = w4_requests(args, llm.get_tokenizer())
+        describe = f"{os.path.basename(model)} (weights dequantized to {args.dtype}), chat prompts"
+    else:
+        from transformers import AutoConfig
+
+        model = args.model or os.path.join(HERE, "configs", "qwen3-0.6b")
+        cfg = AutoConfig.from_pretrained(model)
+        tokenizer = args.tokenizer
+        if args.skip_tokenizer_init:
+            engine_kw["skip_tokenizer_init"] = True
+        elif tokenizer is None and not common.has_tokenizer_files(model):
+            tokenizer = common.synthetic_tokenizer(cfg.vocab_size, common.first_eos(cfg),
+                                                   os.path.join(tmp.name, "tokenizer"))
+        limit = getattr(cfg, "max_position_embeddings", None)
+        if limit and engine_kw["max_model_len"] > limit:
+            engine_kw["max_model_len"] = limit
+        llm = LLM(model, tokenizer=tokenizer, load_format="dummy", seed=args.seed, **engine_kw)
+        prompts, max_tokens = w1_requests(args)
+        describe = f"{os.path.basename(model.rstrip('/'))} random weights ({args.dtype}), random-token prompts"
+
+    mode = "greedy" if args.temperature == 0 else f"temperature {args.temperature}"
+    print(f"workload {args.workload.upper()}: {len(prompts)} requests, {describe}; prompt tokens "
+          f"{min(map(len, prompts))}-{max(map(len, prompts))} (sum {sum(map(len, prompts))}); max_tokens "
+          f"{args.output_len_range[0]}-{args.output_len_range[1]} (sum {sum(max_tokens)}); {mode}; "
+          f"ignore_eos=True, so every request produces exactly its max_tokens; peers disable EOS and "
+          f"count only each request's own max_tokens; {threads} torch threads on {device}")
+
+    ours, our_tokens = run_ours(llm, prompts, max_tokens, args.temperature, args.profile,
+                                  args.wait_quiet)
+    rows = [ours]
+    print(f"pagedllm: {ours.useful_tokens} tokens in {ours.seconds:.2f} s = {ours.tok_per_s:.1f} tok/s", flush=True)
+    del llm
+    common.release_memory()
+
+    if args.peers:
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
+        if args.workload == "w4":
+            peer_model = common.hf_model_from_gguf(model, dtype, device)
+        else:
+            peer_model = common.hf_model_from_config(model, dtype, device, args.seed)
+        results = []
+        if "hf-static" in args.peers:
+            # the same warm-up as ours, excluded
+            common.run_hf_static(peer_model, prompts[:2], [4, 4], 2, args.temperature)
+            for bs in args.peer_batch_sizes:
+                common.wait_for_quiet(args.wait_quiet)
+                results.append(common.run_hf_static(peer_model, prompts, max_tokens, bs, args.temperature))
+                print(f"{results[-1].name}: {results[-1].seconds:.2f} s", flush=True)
+        if "hf-cb" in args.peers:
+            cb_kwargs = None
+            if device == "cpu":
+                # the CB defaults size the cache for a GPU; one page per request is plenty here
+                longest = max(len(p) + m for p, m in zip(prompts, max_tokens))
+                page = 256
+                per_req = -(-longest // page) + 1
+                cb_kwargs = dict(page_size=page, num_blocks=len(prompts) * per_req + 8,
+                                 max_batch_tokens=2048, max_requests_per_batch=len(prompts))
+            try:
+                results.append(common.run_hf_cb(peer_model, prompts, max_tokens, args.temperature, cb_kwargs,
+                                                warmup_prompt=prompts[0], wait_quiet=args.wait_quiet))
+                print(f"{results[-1].name}: {results[-1].seconds:.2f} s", flush=True)
+            except Exception as e:  # a peer failing must not hide our figure
+                print(f"hf continuous batching failed: {type(e).__name__}: {e}", flush=True)
+        for r in results:
+            note = r.note
+            if args.temperature == 0:
+                same, frac = common.agreement(our_tokens, r.outputs)
+                note = (note + "; " if note else "") + (
+                    f"greedy agreement with pagedllm: {same}/{len(prompts)} identical, "
+                    f"{100 * frac:.1f}% of leading tokens")
+            rows.append(common.Row(r.name, r.useful_tokens, r.generated_tokens, r.seconds, note,
+                                   r.cpu_seconds, r.others_busy))
+        del peer_model
+        common.release_memory()
+
+    print()
+    common.print_table(rows, ours)
+    machine = common.machine_info()
+    print(f"\n{machine['date']}; {machine.get('gpu') or machine['cpu']}; {machine['cores']} cores; torch "
+          f"{machine['torch']}, transformers {machine['transformers']}; load avg (1 min) {machine['load_avg_1m']}; "
+          f"commit {machine.get('commit', '?')} with {machine.get('pagedllm_uncommitted_changes', '?')} "
+          f"uncommitted changes under pagedllm/")
+    common.write_json(args.output_json, {
+        "workload": args.workload,
+        "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+        "args": {k: v for k, v in vars(args).items() if k != "peers"},
+        "machine": machine,
+        "num_requests": len(prompts),
+        "prompt_tokens": [len(p) for p in prompts],
+        "max_tokens": max_tokens,
+        "rows": rows,
+    })
+    tmp.cleanup()
+
+
+if __name__ == "__main__":
+    main()
