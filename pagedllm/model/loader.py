@@ -219,11 +219,7 @@ def build_model(model_config, device: str, ps=None) -> torch.nn.Module:
     dtype = torch_dtype(model_config.dtype)
     with _default_dtype(dtype), torch.device(device):
         model = cls(model_config.hf_config, ps or SINGLE)
-    # rotary caches stay float32 whatever the model dtype
-    for m in model.modules():
-        for bname in ("cos_cache", "sin_cache"):
-            if hasattr(m, bname) and getattr(m, bname) is not None:
-                setattr(m, bname, getattr(m, bname).float())
+    # (rotary cos/sin caches are built in float32 explicitly, whatever the default dtype)
     fmt = model_config.load_format
     if fmt == "dummy":
         init_dummy_weights(model, model_config.seed,

@@ -45,7 +45,6 @@ def profile_peak_memory(worker) -> tuple[int, int]:
     torch.cuda.synchronize(dev)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(dev)
-    base = torch.cuda.memory_allocated(dev) - tmp.numel() * tmp.element_size()
     hidden = worker.model(batch.input_ids, batch.positions, batch)
     logits = worker.model.compute_logits(hidden[batch.logits_indices]).float()
     logits.sort(dim=-1, descending=True)
@@ -56,5 +55,4 @@ def profile_peak_memory(worker) -> tuple[int, int]:
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(dev)
     non_torch = max(0, (total - free) - torch.cuda.memory_reserved(dev))
-    del base
     return int(peak), int(non_torch)
