@@ -278,8 +278,7 @@ def run_hf_static(model, prompts: list[list[int]], max_tokens: list[int], batch_
 
 @torch.no_grad()  # not inference_mode: CB updates its tensors from its own thread
 def run_hf_cb(model, prompts: list[list[int]], max_tokens: list[int], temperature: float,
-              cb_kwargs: dict[str, Any] | None = None, warmup_prompt: list[int] | None = None,
-              wait_quiet: float = 0.0) -> PeerResult:
+              cb_kwargs: dict[str, Any] | None = None, warmup_prompt: list[int] | None = None) -> PeerResult:
     """transformers continuous batching (`init_continuous_batching`), per-request max_new_tokens,
     EOS disabled. The manager is built, warmed up and started before the clock starts."""
     import inspect
@@ -318,7 +317,6 @@ def run_hf_cb(model, prompts: list[list[int]], max_tokens: list[int], temperatur
         no_eos = {"eos_token_id": -1} if "eos_token_id" in inspect.signature(manager.add_request).parameters else {}
         if warmup_prompt is not None:
             collect([manager.add_request(warmup_prompt, request_id="warmup", max_new_tokens=4, **no_eos)])
-        wait_for_quiet(wait_quiet)  # the manager's thread idles meanwhile
         with Stopwatch() as watch:
             ids = [manager.add_request(p, request_id=f"r{i}", max_new_tokens=m, **no_eos)
                    for i, (p, m) in enumerate(zip(prompts, max_tokens))]

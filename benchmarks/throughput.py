@@ -68,6 +68,7 @@ W4_QUESTIONS = [
     "Write two sentences about the ocean at night.",
     "What is the tallest mountain in the world?",
 ]
+W4_WARMUP_QUESTIONS = ["Say hello.", "Name a color."]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -104,8 +105,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
                    help="before each timed phase, wait up to SECONDS for the CPU to be idle (a shared "
                         "machine); the table's 'others' column says how busy it was anyway")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="time each engine N times in a row and keep its fastest run (noise on a shared "
+                        "machine only adds time); the prefix cache is reset between runs")
     p.add_argument("--output-json", default=None)
     args = p.parse_args(argv)
+    if args.repeat < 1:
+        p.error("--repeat must be >= 1")
 
     w4 = args.workload == "w4"
     if args.num_prompts is None:
@@ -140,15 +146,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 # ---- workloads -------------------------------------------------------------------------------
+def chat_ids(tokenizer, question: str) -> list[int]:
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
+                                        tokenize=True)
+    if hasattr(ids, "keys"):
+        ids = ids["input_ids"]
+    return list(ids)
+
+
 def w4_requests(args, tokenizer) -> tuple[list[list[int]], list[int]]:
     rng = random.Random(args.seed)
-    prompts = []
-    for q in W4_QUESTIONS[: args.num_prompts]:
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                            tokenize=True)
-        if hasattr(ids, "keys"):
-            ids = ids["input_ids"]
-        prompts.append(list(ids))
+    prompts = [chat_ids(tokenizer, q) for q in W4_QUESTIONS[: args.num_prompts]]
     lo, hi = args.output_len_range
     max_tokens = [rng.randint(lo, hi) for _ in prompts]
     return prompts, max_tokens
@@ -175,36 +183,59 @@ def print_profile(path: str, seconds: float, top: int = 25) -> None:
     stats.sort_stats("cumulative").print_stats(top)
 
 
-def run_ours(llm, prompts, max_tokens, temperature: float, profile: str | None = None,
-             wait_quiet: float = 0.0) -> tuple[common.Row, list[list[int]]]:
+def _reset_prefix_cache(llm) -> None:
+    """So that no timed run finds the prompts of an earlier one (warm-up or repeat) cached."""
+    bm = getattr(getattr(llm.llm_engine, "scheduler", None), "block_manager", None)
+    if bm is not None and hasattr(bm, "reset_prefix_cache") and not bm.reset_prefix_cache():
+        print("(could not reset the prefix cache: blocks still in use)", flush=True)
+
+
+def best(runs: list, key=lambda r: r.seconds):
+    """The fastest of repeated runs: on a shared machine noise only ever adds time."""
+    return min(runs, key=key)
+
+
+def run_ours(llm, prompts, max_tokens, temperature: float, warmup_prompts, profile: str | None = None,
+             wait_quiet: float = 0.0, repeat: int = 1) -> tuple[common.Row, list[list[int]]]:
     from pagedllm import SamplingParams
 
     params = [SamplingParams(temperature=temperature, max_tokens=m, ignore_eos=True) for m in max_tokens]
     # one small warm-up call, excluded: first-call allocations, lazy imports, kernel selection
-    llm.generate(prompts[:2], SamplingParams(temperature=temperature, max_tokens=4, ignore_eos=True),
+    llm.generate(warmup_prompts, SamplingParams(temperature=temperature, max_tokens=4, ignore_eos=True),
                  use_tqdm=False)
-    common.wait_for_quiet(wait_quiet)
-    prof = None
-    if profile:
-        import cProfile
+    runs = []
+    for i in range(repeat):
+        _reset_prefix_cache(llm)
+        common.wait_for_quiet(wait_quiet)
+        prof = None
+        if profile and i == 0:
+            import cProfile
 
-        prof = cProfile.Profile()
-    with common.Stopwatch() as watch:
+            prof = cProfile.Profile()
+        with common.Stopwatch() as watch:
+            if prof is not None:
+                prof.enable()
+            outs = llm.generate(prompts, params, use_tqdm=False)
+            if prof is not None:
+                prof.disable()
         if prof is not None:
-            prof.enable()
-        outs = llm.generate(prompts, params, use_tqdm=False)
-        if prof is not None:
-            prof.disable()
-    if prof is not None:
-        prof.dump_stats(profile)
-        print_profile(profile, watch.seconds)
-    tokens = [list(o.outputs[0].token_ids) for o in outs]
-    for t, m in zip(tokens, max_tokens):
-        if len(t) != m:
-            raise RuntimeError(f"pagedllm produced {len(t)} tokens for a request with max_tokens={m}")
-    n = sum(len(t) for t in tokens)
-    return common.Row("pagedllm LLM.generate", n, n, watch.seconds, cpu_seconds=watch.cpu_seconds,
-                      others_busy=watch.others_busy), tokens
+            prof.dump_stats(profile)
+            print_profile(profile, watch.seconds)
+        tokens = [list(o.outputs[0].token_ids) for o in outs]
+        for t, m in zip(tokens, max_tokens):
+            if len(t) != m:
+                raise RuntimeError(f"pagedllm produced {len(t)} tokens for a request with max_tokens={m}")
+        n = sum(len(t) for t in tokens)
+        row = common.Row("pagedllm LLM.generate", n, n, watch.seconds, cpu_seconds=watch.cpu_seconds,
+                         others_busy=watch.others_busy)
+        if repeat > 1:
+            print(f"  pagedllm run {i + 1}/{repeat}: {row.seconds:.2f} s, others {_pct(row.others_busy)}", flush=True)
+        runs.append((row, tokens))
+    return best(runs, key=lambda rt: rt[0].seconds)
+
+
+def _pct(x: float | None) -> str:
+    return "?" if x is None else f"{100 * x:.0f}%"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -224,6 +255,7 @@ def main(argv: list[str] | None = None) -> None:
         model = args.model or default_model_path()
         llm = LLM(model, **engine_kw)
         prompts, max_tokens = w4_requests(args, llm.get_tokenizer())
+        warmup_prompts = [chat_ids(llm.get_tokenizer(), q) for q in W4_WARMUP_QUESTIONS]
         describe = f"{os.path.basename(model)} (weights dequantized to {args.dtype}), chat prompts"
     else:
         from transformers import AutoConfig
@@ -241,6 +273,7 @@ def main(argv: list[str] | None = None) -> None:
             engine_kw["max_model_len"] = limit
         llm = LLM(model, tokenizer=tokenizer, load_format="dummy", seed=args.seed, **engine_kw)
         prompts, max_tokens = w1_requests(args)
+        warmup_prompts = [p[::-1] for p in prompts[:2]]  # not the timed prompts: no prefix-cache hits
         describe = f"{os.path.basename(model.rstrip('/'))} random weights ({args.dtype}), random-token prompts"
 
     mode = "greedy" if args.temperature == 0 else f"temperature {args.temperature}"
@@ -250,8 +283,8 @@ def main(argv: list[str] | None = None) -> None:
           f"ignore_eos=True, so every request produces exactly its max_tokens; peers disable EOS and "
           f"count only each request's own max_tokens; {threads} torch threads on {device}")
 
-    ours, our_tokens = run_ours(llm, prompts, max_tokens, args.temperature, args.profile,
-                                  args.wait_quiet)
+    ours, our_tokens = run_ours(llm, prompts, max_tokens, args.temperature, warmup_prompts, args.profile,
+                                args.wait_quiet, args.repeat)
     rows = [ours]
     print(f"pagedllm: {ours.useful_tokens} tokens in {ours.seconds:.2f} s = {ours.tok_per_s:.1f} tok/s", flush=True)
     del llm
@@ -264,12 +297,24 @@ def main(argv: list[str] | None = None) -> None:
         else:
             peer_model = common.hf_model_from_config(model, dtype, device, args.seed)
         results = []
+
+        def repeated(label: str, fn):
+            runs = []
+            for i in range(args.repeat):
+                common.wait_for_quiet(args.wait_quiet)
+                runs.append(fn())
+                if args.repeat > 1:
+                    print(f"  {label} run {i + 1}/{args.repeat}: {runs[-1].seconds:.2f} s, "
+                          f"others {_pct(runs[-1].others_busy)}", flush=True)
+            return best(runs)
+
         if "hf-static" in args.peers:
             # the same warm-up as ours, excluded
-            common.run_hf_static(peer_model, prompts[:2], [4, 4], 2, args.temperature)
+            common.run_hf_static(peer_model, warmup_prompts, [4] * len(warmup_prompts), len(warmup_prompts),
+                                 args.temperature)
             for bs in args.peer_batch_sizes:
-                common.wait_for_quiet(args.wait_quiet)
-                results.append(common.run_hf_static(peer_model, prompts, max_tokens, bs, args.temperature))
+                results.append(repeated(f"static batch {bs}", lambda bs=bs: common.run_hf_static(
+                    peer_model, prompts, max_tokens, bs, args.temperature)))
                 print(f"{results[-1].name}: {results[-1].seconds:.2f} s", flush=True)
         if "hf-cb" in args.peers:
             cb_kwargs = None
@@ -281,14 +326,15 @@ def main(argv: list[str] | None = None) -> None:
                 cb_kwargs = dict(page_size=page, num_blocks=len(prompts) * per_req + 8,
                                  max_batch_tokens=2048, max_requests_per_batch=len(prompts))
             try:
-                results.append(common.run_hf_cb(peer_model, prompts, max_tokens, args.temperature, cb_kwargs,
-                                                warmup_prompt=prompts[0], wait_quiet=args.wait_quiet))
+                results.append(repeated("continuous batching", lambda: common.run_hf_cb(
+                    peer_model, prompts, max_tokens, args.temperature, cb_kwargs,
+                    warmup_prompt=warmup_prompts[0])))
                 print(f"{results[-1].name}: {results[-1].seconds:.2f} s", flush=True)
             except Exception as e:  # a peer failing must not hide our figure
                 print(f"hf continuous batching failed: {type(e).__name__}: {e}", flush=True)
         for r in results:
             note = r.note
-            if args.temperature == 0:
+            if args.temperature == 0 and args.workload == "w4":  # same weights only for W4
                 same, frac = common.agreement(our_tokens, r.outputs)
                 note = (note + "; " if note else "") + (
                     f"greedy agreement with pagedllm: {same}/{len(prompts)} identical, "
