@@ -203,6 +203,70 @@ async def send(client: httpx.AsyncClient, url: str, body: dict[str, Any], req: S
 # ---- the run ----------------------------------------------------------------------------------------
 
 
+def _cpu_times() -> tuple[float, float] | None:
+    """(idle, total) jiffies of all CPUs from /proc/stat; None where there is none."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [float(x) for x in f.readline().split()[1:]]
+    except OSError:
+        return None
+    return fields[3] + (fields[4] if len(fields) > 4 else 0.0), sum(fields)
+
+
+def _process_cpu(pid: int | str) -> float | None:
+    """CPU time (user + system, all threads) a process has used, in clock ticks."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return float(fields[11]) + float(fields[12])  # utime, stime
+
+
+def _cpu_snapshot(server_pid: int | None) -> dict[str, float | None] | None:
+    times = _cpu_times()
+    if times is None:
+        return None
+    return {"idle": times[0], "total": times[1], "self": _process_cpu("self"),
+            "server": _process_cpu(server_pid) if server_pid else None}
+
+
+def cpu_report(before: dict | None, after: dict | None, duration: float) -> dict[str, float | None]:
+    """How busy the host was during the run, in cores on average: all of it, this client, the
+    server (with --server-pid) and the rest, that is whatever else shared the machine."""
+    if not before or not after or duration <= 0:
+        return {}
+    ticks = os.sysconf("SC_CLK_TCK")
+    busy = ((after["total"] - before["total"]) - (after["idle"] - before["idle"])) / ticks / duration
+    client = (after["self"] - before["self"]) / ticks / duration if before["self"] is not None else None
+    server = None
+    if before["server"] is not None and after["server"] is not None:
+        server = (after["server"] - before["server"]) / ticks / duration
+    other = busy - (client or 0.0) - (server or 0.0) if server is not None else None
+    return {"host_busy_cores": busy, "client_cores": client, "server_cores": server, "other_cores": other}
+
+
+def wait_for_quiet(max_wait: float, min_idle: float = 0.85, window_s: float = 5.0, windows: int = 2) -> float | None:
+    """On a shared machine (client and server on one host): wait up to `max_wait` seconds until
+    the CPUs were at least `min_idle` idle over `windows` windows in a row. Returns the idle
+    fraction of the last window (None without /proc/stat)."""
+    deadline = time.monotonic() + max_wait
+    quiet, idle = 0, None
+    while time.monotonic() < deadline:
+        before = _cpu_times()
+        if before is None:
+            return None
+        time.sleep(window_s)
+        after = _cpu_times()
+        idle = (after[0] - before[0]) / max(after[1] - before[1], 1.0)
+        quiet = quiet + 1 if idle >= min_idle else 0
+        if quiet >= windows:
+            return idle
+    print(f"(the machine did not get quiet within {max_wait:.0f} s: idle {idle:.0%}; measuring anyway)",
+          file=sys.stderr)
+    return idle
+
+
 async def first_model(client: httpx.AsyncClient, base_url: str) -> str:
     r = await client.get(base_url + "/v1/models")
     r.raise_for_status()
@@ -246,9 +310,13 @@ async def run(args: argparse.Namespace, warmups: list[SampleRequest],
                 print(f"  {done}/{len(requests_)} requests done, {time.perf_counter() - t0:.1f} s", file=sys.stderr)
             return res
 
+        if args.wait_quiet:
+            args.idle_before = wait_for_quiet(args.wait_quiet)
+        cpu_before = _cpu_snapshot(args.server_pid)
         t0 = time.perf_counter()
         results = await asyncio.gather(*(one(i, r) for i, r in enumerate(requests_)))
         duration = time.perf_counter() - t0
+        args.cpu = cpu_report(cpu_before, _cpu_snapshot(args.server_pid), duration)
     return list(results), duration, model
 
 
@@ -362,6 +430,11 @@ def print_report(args: argparse.Namespace, m: dict[str, Any], slos: dict[str, fl
     row("Total token throughput (tok/s):", f"{m['total_token_throughput']:.2f}")
     row("Peak output tokens/s (1 s windows):", f"{m['max_output_tokens_per_s']:.0f}")
     row("Peak concurrent requests:", m["max_concurrent_requests"])
+    names = {"host_busy_cores": "Host CPU busy (cores):", "client_cores": "  of which this client:",
+             "server_cores": "  of which the server:", "other_cores": "  of which other processes:"}
+    for key, name in names.items():
+        if args.cpu.get(key) is not None:
+            row(name, f"{args.cpu[key]:.2f}")
     for key, title in (("ttft_ms", "Time to First Token"), ("tpot_ms", "Time per Output Token (excl. 1st)"),
                        ("itl_ms", "Inter-token Latency"), ("e2el_ms", "End-to-end Latency")):
         print(f"{' ' + title + ' ':-^60}")
@@ -460,6 +533,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="shape of the gamma-distributed gaps: 1 = Poisson, < 1 burstier, > 1 more even")
     g.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight at once")
     g.add_argument("--num-warmups", type=int, default=1, help="requests sent first and not counted")
+    g.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
+                   help="before the timed run, wait up to this long for this host's CPUs to be idle "
+                   "(for a server on the same shared machine)")
+    g.add_argument("--server-pid", type=int, default=None,
+                   help="the server's process id, when it runs on this host: the report then tells "
+                   "how much CPU other processes took during the run")
     g = p.add_argument_group("report")
     g.add_argument("--goodput", nargs="+", default=[], metavar="NAME:MS",
                    help="SLOs for goodput, e.g. ttft:500 tpot:50 e2el:10000 (milliseconds)")
@@ -484,6 +563,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not 0 <= args.random_range_ratio < 1:
         p.error("--random-range-ratio must be in [0, 1)")
     args.base_url = args.base_url.rstrip("/")
+    args.idle_before = None
+    args.cpu = {}
     args.chat = args.endpoint.rstrip("/").endswith("chat/completions")
     return args
 

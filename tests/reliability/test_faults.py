@@ -121,3 +121,58 @@ def test_dead_engine_health_503_and_exit_nonzero(tiny_llama, tmp_path):
         assert "the engine loop died" in log and "exiting with status" in log
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async-scheduling"])
+def test_failure_inside_a_step_frees_every_block(tiny_llama, offline_llm, async_scheduling):
+    """A fault deeper than the hook above: the executor fails while reading back a step that the
+    scheduler has already planned (blocks allocated; with asynchronous scheduling the next step
+    already launched). In-process, with the executor's `collect` patched on this one engine."""
+    from pagedllm import SamplingParams
+    from pagedllm.config import EngineArgs
+    from pagedllm.engine.async_engine import AsyncLLMEngine, RequestFailedError
+
+    engine = AsyncLLMEngine.from_engine_args(EngineArgs(
+        model=tiny_llama, max_model_len=256, kv_cache_memory="512KiB", async_scheduling=async_scheduling,
+    ))
+    executor = engine.engine.executor
+    real_collect, calls = executor.collect, []
+
+    def failing_collect(handle):
+        calls.append(1)
+        if len(calls) == 4:
+            raise RuntimeError("injected: the device went away mid-step")
+        return real_collect(handle)
+
+    executor.collect = failing_collect
+    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=20)
+    prompts = [f"Request {i} is about to fail" for i in range(3)]
+
+    async def run(tag: str) -> list:
+        async def one(i: int):
+            try:
+                final = None
+                async for out in engine.generate(prompts[i], params, f"{tag}-{i}"):
+                    final = out
+                return final.outputs[0].text
+            except RequestFailedError as e:
+                return e
+
+        return await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(3))), 60)
+
+    try:
+        failed = asyncio.run(run("a"))
+        assert all(isinstance(r, RequestFailedError) for r in failed), failed
+        expected = greedy_reference(offline_llm, prompts, 20)
+        assert asyncio.run(run("b")) == expected  # the engine serves on, correctly
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            stats = engine.last_stats
+            if stats and stats.num_free_blocks == stats.num_gpu_blocks and stats.num_running == 0:
+                break
+            time.sleep(0.05)
+        stats = engine.last_stats
+        assert (stats.num_free_blocks, stats.num_running, stats.num_waiting) == (stats.num_gpu_blocks, 0, 0)
+        assert not engine.errored
+    finally:
+        engine.shutdown()
