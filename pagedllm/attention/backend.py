@@ -20,7 +20,7 @@ Requests in a batch are ordered decodes first (query_len == 1), then prefill chu
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -39,6 +39,9 @@ class ForwardBatch:
     max_seq_len: int
     query_lens_cpu: list[int]  # [B] host copy
     seq_lens_cpu: list[int]  # [B] host copy
+    # what a backend derives from the batch once per step and reuses in every layer
+    # (gather indices, masks); the runner never reads it
+    step_cache: dict = field(default_factory=dict)
 
     @property
     def num_reqs(self) -> int:

@@ -26,6 +26,20 @@ def store_kv_torch(
     v_cache.view(n * bs, h, d).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
 
 
+def _decode_layout(batch: ForwardBatch, bs: int, device) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The decodes' block ids (flattened, [nd * nblk]), their key mask ([nd, 1, 1, span]) and
+    the span of tokens gathered per request; computed once per step, shared by all layers."""
+    got = batch.step_cache.get("decode")
+    if got is None:
+        nd = batch.num_decodes
+        nblk = (max(batch.seq_lens_cpu[:nd]) + bs - 1) // bs
+        idx = batch.block_tables[:nd, :nblk].reshape(-1).to(device=device, dtype=torch.long)
+        lens = batch.seq_lens[:nd].to(device=device, dtype=torch.long)
+        mask = torch.arange(nblk * bs, device=device)[None, :] < lens[:, None]
+        got = batch.step_cache["decode"] = (idx, mask[:, None, None, :], nblk * bs)
+    return got
+
+
 def paged_attention_torch(
     q: torch.Tensor,  # [T, Hq, D]
     k_cache: torch.Tensor,  # [N, bs, Hkv, D]
@@ -40,25 +54,22 @@ def paged_attention_torch(
     nd = batch.num_decodes
     gqa = hq != hkv
     if nd > 0:
-        max_len = max(batch.seq_lens_cpu[:nd])
-        nblk = (max_len + bs - 1) // bs
-        bt = batch.block_tables[:nd, :nblk].long()  # [nd, nblk]
-        kd = k_cache[bt].reshape(nd, nblk * bs, hkv, d)[:, :max_len].transpose(1, 2)
-        vd = v_cache[bt].reshape(nd, nblk * bs, hkv, d)[:, :max_len].transpose(1, 2)
-        lens = batch.seq_lens[:nd].to(q.device).long()
-        mask = torch.arange(max_len, device=q.device)[None, :] < lens[:, None]  # [nd, L]
-        qd = q[:nd].unsqueeze(2)  # [nd, Hq, 1, D]
-        o = F.scaled_dot_product_attention(
-            qd, kd.to(q.dtype), vd.to(q.dtype), attn_mask=mask[:, None, None, :], scale=scale, enable_gqa=gqa
-        )
-        out[:nd] = o.squeeze(2)
+        idx, mask, span = _decode_layout(batch, bs, q.device)
+        # index_select of whole blocks, then [nd, Hkv, span, D] views; no copy by transpose
+        kd = k_cache.index_select(0, idx).view(nd, span, hkv, d).transpose(1, 2)
+        vd = v_cache.index_select(0, idx).view(nd, span, hkv, d).transpose(1, 2)
+        # GQA without repeating K/V: the query heads of one group become that kv head's
+        # query rows ([nd, Hkv, Hq/Hkv, D]), which every row of the group shares the mask of
+        qd = q[:nd].reshape(nd, hkv, hq // hkv, d)
+        o = F.scaled_dot_product_attention(qd, kd.to(q.dtype), vd.to(q.dtype), attn_mask=mask, scale=scale)
+        out[:nd] = o.reshape(nd, hq, d)
     start = nd  # decodes hold one token each
     for i in range(nd, batch.num_reqs):
         qlen, slen = batch.query_lens_cpu[i], batch.seq_lens_cpu[i]
         nblk = (slen + bs - 1) // bs
-        bt = batch.block_tables[i, :nblk].long()
-        kc = k_cache[bt].reshape(nblk * bs, hkv, d)[:slen].transpose(0, 1).to(q.dtype)  # [Hkv, L, D]
-        vc = v_cache[bt].reshape(nblk * bs, hkv, d)[:slen].transpose(0, 1).to(q.dtype)
+        bt = batch.block_tables[i, :nblk].to(device=q.device, dtype=torch.long)
+        kc = k_cache.index_select(0, bt).view(nblk * bs, hkv, d)[:slen].transpose(0, 1).to(q.dtype)  # [Hkv, L, D]
+        vc = v_cache.index_select(0, bt).view(nblk * bs, hkv, d)[:slen].transpose(0, 1).to(q.dtype)
         qi = q[start : start + qlen].transpose(0, 1)  # [Hq, qlen, D]
         ctx = slen - qlen
         if ctx == 0:
