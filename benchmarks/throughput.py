@@ -212,6 +212,9 @@ def run_ours(llm, prompts, max_tokens, temperature: float, warmup_prompts, profi
             import cProfile
 
             prof = cProfile.Profile()
+        from pagedllm.engine.llm_engine import StepTiming
+
+        llm.llm_engine.step_timing = StepTiming()
         with common.Stopwatch() as watch:
             if prof is not None:
                 prof.enable()
@@ -230,6 +233,7 @@ def run_ours(llm, prompts, max_tokens, temperature: float, warmup_prompts, profi
                          others_busy=watch.others_busy)
         if repeat > 1:
             print(f"  pagedllm run {i + 1}/{repeat}: {row.seconds:.2f} s, others {_pct(row.others_busy)}", flush=True)
+        print(f"  pagedllm {llm.llm_engine.step_timing.summary()}", flush=True)
         runs.append((row, tokens))
     return best(runs, key=lambda rt: rt[0].seconds)
 

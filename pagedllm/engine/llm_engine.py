@@ -59,6 +59,22 @@ class _Parent:
     final_only: bool = False  # produce a RequestOutput only when the request finishes
 
 
+@dataclass
+class StepTiming:
+    """Host seconds spent in each phase of `LLMEngine.step`, summed over steps."""
+
+    schedule: float = 0.0
+    launch: float = 0.0  # input preparation and the launch of the device work
+    collect: float = 0.0  # waiting for a step's sampled tokens
+    process: float = 0.0  # appending tokens, stop checks, detokenizing, building outputs
+    steps: int = 0
+
+    def summary(self) -> str:
+        n = max(self.steps, 1)
+        parts = ", ".join(f"{k} {1e3 * getattr(self, k) / n:.2f}" for k in ("schedule", "launch", "collect", "process"))
+        return f"{self.steps} steps; host ms per step: {parts}"
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig):
         from pagedllm.executor import make_executor
@@ -88,6 +104,9 @@ class LLMEngine:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self._inflight = None  # (SchedulerOutput, handle) of a launched, uncollected step
+        # host seconds per phase of step(), summed: where an engine bound by its host spends
+        # them ("collect" is the wait for the device's results; near 0 means host-bound)
+        self.step_timing = StepTiming()
         logger.info("engine ready in %.1fs", time.time() - t0)
 
     @classmethod
@@ -201,6 +220,8 @@ class LLMEngine:
             host:   schedule N+1 | launch N+1 | collect N | update, detokenize N | ...
             device: ......... step N ......... | ........ step N+1 ........ |
         """
+        tm, clock = self.step_timing, time.perf_counter
+        t0 = clock()
         if self._inflight is None:
             so = self.scheduler.schedule()
             if so.is_empty:
@@ -210,15 +231,29 @@ class LLMEngine:
                 if wait > 0:
                     time.sleep(min(wait, 0.002))
                 return []
+            t1 = clock()
             self._inflight = (so, self.executor.launch(so))
+            t2 = clock()
+            tm.schedule += t1 - t0
+            tm.launch += t2 - t1
+            t0 = t2
         so, handle = self._inflight
         self._inflight = None
         if self._can_run_ahead():
             nxt = self.scheduler.schedule()
+            t1 = clock()
+            tm.schedule += t1 - t0
             if not nxt.is_empty or nxt.finished_req_ids:
                 self._inflight = (nxt, self.executor.launch(nxt))
+            t0 = clock()
+            tm.launch += t0 - t1
         runner_out = self.executor.collect(handle)
+        t1 = clock()
         outputs = self._process(so, runner_out)
+        t2 = clock()
+        tm.collect += t1 - t0
+        tm.process += t2 - t1
+        tm.steps += 1
         if self._inflight is not None and not self._parents:
             # nothing left to report: drain the look-ahead step (its requests have finished)
             so, handle = self._inflight

@@ -5,6 +5,10 @@ the logits; then greedy rows take the argmax, random rows divide by temperature,
 top-p and min-p, and draw with the exponential-race trick (argmax of p / q, q ~ Exp(1)) so a
 per-request `seed` gives the same draw whatever the batch. Logprobs are from the raw logits
 (before any processing), as vLLM reports them by default.
+
+On CUDA, a batch without top-k / top-p / min-p and without per-request seeds is drawn by one
+Triton kernel (kernels/sampling_triton.py: Gumbel-max, one pass over the logits), after the
+penalties and masking above.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from pagedllm.core.scheduler_output import TokenLogprobs
+from pagedllm.kernels._triton import use_triton
 
 
 @dataclass(slots=True)
@@ -34,12 +39,22 @@ class SamplingBatch:
     num_logprobs: list[int | None]  # per row
 
 
+def host_to_device(values, dtype: torch.dtype, device) -> torch.Tensor:
+    """A host list as a device tensor without a synchronizing copy: through pinned memory,
+    non-blocking, on CUDA (a plain `torch.tensor(values, device="cuda")` waits for the whole
+    stream, which would stall the overlap of host and device work)."""
+    t = torch.tensor(values, dtype=dtype)
+    if torch.device(device).type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 def _token_counts(rows: list[list[int]], vocab: int, device) -> torch.Tensor:
     counts = torch.zeros(len(rows), vocab, dtype=torch.float32, device=device)
-    for i, toks in enumerate(rows):
-        if toks:
-            t = torch.tensor(toks, dtype=torch.int64, device=device)
-            counts[i].index_add_(0, t, torch.ones(len(toks), device=device))
+    row_ids = [i for i, toks in enumerate(rows) for _ in toks]
+    if row_ids:
+        idx = host_to_device([row_ids, [t for toks in rows for t in toks]], torch.int64, device)
+        counts.index_put_((idx[0], idx[1]), torch.ones(len(row_ids), device=device), accumulate=True)
     return counts
 
 
@@ -87,11 +102,18 @@ def sample(logits: torch.Tensor, sb: SamplingBatch, default_gen: torch.Generator
         logits = apply_penalties(logits, sb)
     if sb.banned:
         logits = logits.clone() if logits is raw else logits
-        for row, ids in sb.banned:
-            logits[row, ids] = float("-inf")
-    greedy_tokens = logits.argmax(dim=-1)
+        rows = [row for row, ids in sb.banned for _ in ids]
+        idx = host_to_device([rows, [t for _, ids in sb.banned for t in ids]], torch.int64, logits.device)
+        logits[idx[0], idx[1]] = float("-inf")
     if sb.all_greedy:
-        return greedy_tokens
+        return logits.argmax(dim=-1)
+    if (sb.top_k is None and sb.top_p is None and sb.min_p is None and use_triton(logits)
+            and all(g is None for g in sb.generators) and logits.numel() < 2**31):
+        from pagedllm.kernels.sampling_triton import sample_triton
+
+        seed = torch.randint(0, 2**31 - 1, (1,), device=logits.device, generator=default_gen)
+        return sample_triton(logits, sb.temperature, sb.greedy, seed)
+    greedy_tokens = logits.argmax(dim=-1)
     x = logits / sb.temperature[:, None]
     vocab = x.shape[1]
     if sb.top_k is not None or sb.top_p is not None:

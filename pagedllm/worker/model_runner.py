@@ -16,7 +16,7 @@ import torch
 from pagedllm.attention.backend import AttentionBackend, ForwardBatch
 from pagedllm.config import EngineConfig
 from pagedllm.core.scheduler_output import ModelRunnerOutput, SchedulerOutput, TokenLogprobs
-from pagedllm.model.sampler import SamplingBatch, compute_logprobs, sample
+from pagedllm.model.sampler import SamplingBatch, compute_logprobs, host_to_device, sample
 from pagedllm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -145,8 +145,7 @@ class ModelRunner:
         ints = self._to_device(np.concatenate([buf, np.asarray(logits_rows, dtype=np.int64)]))
         if pending:
             dst, src = zip(*pending)
-            idx = torch.tensor([dst, src], dtype=torch.int64)
-            idx = idx.to(self.device, non_blocking=True) if self.device.type != "cpu" else idx
+            idx = self._to_device(np.array([dst, src], dtype=np.int64))
             ints[idx[0]] = self._last_tokens[idx[1]]
         base = 3 * n_tok
         batch = ForwardBatch(
@@ -170,10 +169,7 @@ class ModelRunner:
         dev = self.device
 
         def col(values, dtype=torch.float32):
-            t = torch.tensor(values, dtype=dtype)
-            if dev.type == "cpu":
-                return t
-            return (t.pin_memory() if self.pin else t).to(dev, non_blocking=True)
+            return host_to_device(values, dtype, dev)
 
         greedy = [sp.greedy for sp in sps]
         any_top_k = any(sp.top_k > 0 for sp in sps)
@@ -223,26 +219,40 @@ class ModelRunner:
         if so.total_num_scheduled_tokens == 0:
             return StepHandle()
         batch, order, sampling, sample_rows, prompt_rows = self.prepare_inputs(so)
+        static = False
         if self.graphs is not None and self.graphs.can_run(batch):
-            logits = self.graphs.run(batch)[batch.logits_indices]  # [S', V]
+            logits = self.graphs.run(batch)  # [n, V], row i is token i
+            if batch.logits_indices.shape[0] != batch.num_tokens:  # else the rows are 0..n-1
+                logits = logits[batch.logits_indices]  # [S', V]
+            else:
+                # the graph's own output buffer, which the next launch overwrites before this
+                # step is collected: whatever `collect` reads later must be a copy
+                static = True
         else:
             hidden = self.model(batch.input_ids, batch.positions, batch)
             logits = self.model.compute_logits(hidden[batch.logits_indices]).float()  # [S', V]
         h = StepHandle()
         if prompt_rows:
-            h.logits, h.prompt_rows = logits, prompt_rows
+            h.logits, h.prompt_rows = (logits.clone() if static else logits), prompt_rows
             h.prompt_starts = {rid: self.requests[rid].num_computed_tokens for rid in prompt_rows}
             h.prompt_states = {rid: self.requests[rid] for rid in prompt_rows}
         for rid in order:
             self.requests[rid].num_computed_tokens += so.num_scheduled_tokens[rid]
         if sampling:
             reqs = [self.requests[r] for r in sampling]
-            rows = logits if len(sample_rows) == logits.shape[0] else logits[torch.tensor(sample_rows, device=logits.device)]
+            rows = logits if len(sample_rows) == logits.shape[0] else logits[self._to_device(np.asarray(sample_rows, dtype=np.int64))]
             sb = self._sampling_batch(reqs)
             h.tokens = sample(rows, sb, self.generator)
+            if self.device.type == "cuda":
+                # read back through pinned memory behind an event recorded now: `collect` then
+                # waits for this step only, not for the next one launched after it on the stream
+                h.tokens_host = torch.empty(h.tokens.shape, dtype=h.tokens.dtype, pin_memory=True)
+                h.tokens_host.copy_(h.tokens, non_blocking=True)
+                h.ready = torch.cuda.Event()
+                h.ready.record()
             h.states = reqs
             if any(n is not None for n in sb.num_logprobs):
-                h.rows, h.num_logprobs = rows, sb.num_logprobs
+                h.rows, h.num_logprobs = (rows.clone() if static and rows is logits else rows), sb.num_logprobs
             self._last_tokens = h.tokens
             self._last_rows = {r: i for i, r in enumerate(sampling)}
         return h
@@ -255,8 +265,13 @@ class ModelRunner:
             self._prompt_logprobs(h, out)
         if h.tokens is None:
             return out
+        if h.ready is not None:
+            h.ready.synchronize()
+            tokens = h.tokens_host.tolist()
+        else:
+            tokens = h.tokens.tolist()
         lps = compute_logprobs(h.rows, h.tokens, h.num_logprobs) if h.rows is not None else None
-        for i, (r, t) in enumerate(zip(h.states, h.tokens.tolist())):
+        for i, (r, t) in enumerate(zip(h.states, tokens)):
             r.token_ids.append(t)
             out.sampled_token_ids[r.req_id] = t
             if lps is not None and lps[i] is not None:
@@ -279,6 +294,8 @@ class StepHandle:
     """A launched step: device tensors to read back in `collect`."""
 
     tokens: torch.Tensor | None = None  # [S] sampled token ids
+    tokens_host: torch.Tensor | None = None  # [S] pinned host copy (CUDA), valid once `ready`
+    ready: torch.cuda.Event | None = None  # recorded right after the copy to tokens_host
     states: list[CachedRequestState] | None = None  # the sampling requests, in row order
     rows: torch.Tensor | None = None  # [S, V] logits, kept only when logprobs were asked
     num_logprobs: list[int | None] | None = None

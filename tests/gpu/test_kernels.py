@@ -214,6 +214,59 @@ def check_backend(device, dtype, query_lens, seq_lens, num_decodes, hq, hkv, hea
 # ------------------------------------------------------------------------------ GPU tests
 
 
+def check_sample(device, dtype, vocab, rows, temperature=0.8, seed=0):
+    """The fused sampler (Gumbel-max): greedy rows give the argmax; rows drawn at a temperature
+    follow softmax(x / T) (every row holds the same logits, so the rows are the draws; each
+    token's frequency within 5 standard errors); a token at -inf is never drawn; the draw
+    is the same for the same seed and changes with it."""
+    from pagedllm.kernels.sampling_triton import sample_triton
+
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(vocab, generator=gen) * 1.5
+    x[vocab // 3] = float("-inf")
+    logits = x.repeat(rows, 1).to(device)
+    greedy = torch.zeros(rows, dtype=torch.bool)
+    greedy[: max(1, rows // 50)] = True
+    temp = torch.full((rows,), temperature)
+    args = (temp.to(device), greedy.to(device))
+    seed_t = torch.tensor([1234], dtype=torch.int64, device=device)
+    out = sample_triton(logits, *args, seed_t).cpu()
+    assert out.dtype == torch.int64 and out.shape == (rows,)
+    assert (out[greedy] == int(x.argmax())).all(), "greedy rows must take the argmax"
+    drawn = out[~greedy]
+    assert (drawn != vocab // 3).all(), "a token at -inf was drawn"
+    assert ((drawn >= 0) & (drawn < vocab)).all()
+    p = torch.softmax(x / temperature, dim=0).double()
+    counts = torch.bincount(drawn, minlength=vocab).double()
+    # tokens expected at least 25 times are checked one by one, the rest pooled into one bucket
+    # (a rare token's count is Poisson-like, so a normal bound on it alone would be wrong)
+    n = drawn.numel()
+    common = p * n >= 25
+    groups = [(f"token {i}", p[i], counts[i]) for i in common.nonzero().flatten().tolist()]
+    groups.append(("rare tokens", p[~common].sum(), counts[~common].sum()))
+    for what, pk, ck in groups:
+        se = (pk * (1 - pk) / n).sqrt()
+        assert abs(ck / n - pk) <= 5 * se + 1e-4, f"{what}: drawn {float(ck / n):.5f}, softmax {float(pk):.5f}"
+    assert torch.equal(sample_triton(logits, *args, seed_t).cpu(), out), "same seed, other draw"
+    other = sample_triton(logits, *args, torch.tensor([99], dtype=torch.int64, device=device)).cpu()
+    assert not torch.equal(other[~greedy], drawn), "the seed does not change the draw"
+
+
+@pytest.mark.parametrize("vocab,rows", [(7, 20000), (3000, 5000), (151936, 64)])
+def test_sample(vocab, rows):
+    if vocab > 10000:  # a real vocabulary: greedy and range checks only (too few draws per token)
+        from pagedllm.kernels.sampling_triton import sample_triton
+
+        logits = torch.randn(rows, vocab, device="cuda") * 3
+        greedy = torch.arange(rows, device="cuda") % 2 == 0
+        out = sample_triton(logits, torch.full((rows,), 0.6, device="cuda"), greedy,
+                            torch.tensor([5], dtype=torch.int64, device="cuda"))
+        assert torch.equal(out[greedy], logits.argmax(-1)[greedy])
+        assert ((out >= 0) & (out < vocab)).all()
+        return
+    check_sample("cuda", torch.float32, vocab, rows)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("num_tokens,hidden", [(1, 64), (7, 1000), (133, 4096), (64, 8192)])
 def test_rms_norm(dtype, num_tokens, hidden):

@@ -40,10 +40,14 @@ _CASES = {
     # prefill: a fresh prompt, a chunk after a cached prefix, a one-token chunk; 16x16 tiles
     "prefill_cached_prefix": ("check_prefill", [[5, 20, 1], [5, 37, 20], 4, 2, 16, 16], {"config": (16, 16, 1, 1)}),
     # backend: 2 decodes + 2 prefills (one over a cached prefix) + 2 padding tokens (slot -1)
+    # the fused sampler: greedy rows, the softmax law over 300 draws of 6 tokens (the GPU test
+    # draws 20000), -inf never drawn; each program is slow to interpret, so few rows
+    "sample": ("check_sample", [6, 300], {}),
     "backend_mixed": ("check_backend", [[1, 1, 6, 18], [9, 30, 6, 40], 2, 4, 2, 16, 16], {"pad_tokens": 2}),
 }
 _DOTLESS = {"rms_norm", "silu_and_mul", "rotary_gqa", "store_kv_bs16", "store_kv_bs32"}
 _DTYPES = ["float32", "float16", "bfloat16"]
+_FLOAT32_ONLY = {"sample"}  # logits are float32 whatever the model's dtype
 
 _RUNNER = r"""
 import importlib.util, json, os, sys, traceback
@@ -83,6 +87,8 @@ print("RESULTS " + json.dumps(results))
 def _keys():
     for name in _CASES:
         for dtype in _DTYPES:
+            if name in _FLOAT32_ONLY and dtype != "float32":
+                continue
             if dtype == "bfloat16" and name not in _DOTLESS:
                 continue  # see the module docstring: no bf16 tl.dot in the interpreter
             yield f"{name}:{dtype}"
