@@ -620,6 +620,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return metrics
 
 
+def replot(result_json: str, png: str) -> None:
+    """Draws the PNG of a run from its --result-json (e.g. one made on a machine without
+    matplotlib): chunk times are rebuilt from each request's start, TTFT and ITL gaps."""
+    with open(result_json, encoding="utf-8") as f:
+        data = json.load(f)
+    results = []
+    for r in data["requests"]:
+        rr = RequestResult(**{k: r[k] for k in ("success", "error", "start", "ttft", "latency", "itl",
+                                                 "prompt_len", "output_len")})
+        first = rr.start + rr.ttft
+        rr.chunk_times = [first] + list(first + np.cumsum(rr.itl)) if rr.success else []
+        results.append(rr)
+    plot(png, results, data["metrics"], data["metrics"]["duration_s"], data["label"])
+
+
 if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--replot":
+        replot(sys.argv[2], sys.argv[3])  # python benchmarks/serve.py --replot RESULT.json OUT.png
+        sys.exit(0)
     m = main()
     sys.exit(0 if m["completed"] else 1)
