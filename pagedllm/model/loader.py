@@ -236,42 +236,19 @@ def build_model(model_config, device: str, ps=None) -> torch.nn.Module:
         if missing:
             raise ValueError(f"model: checkpoint lacks weights for {sorted(missing)[:5]} ...")
     if torch.device(device).type == "cpu" and dtype == torch.float32:
-        prepare_cpu_weights(model)
+        use_column_major_weights(model)
     return model.eval()
 
 
-def prepare_cpu_weights(model: torch.nn.Module) -> None:
-    """Lays the projection weights out for the CPU's GEMM libraries (float32).
-
-    Measured on the 2-core Xeon with SmolLM2-135M's 30 layers + LM head per step, weights
-    streamed from memory (benchmarks/RESULTS.md): the row-major weight through F.linear (MKL
-    sgemm with a transposed operand) is the slowest at 5-32 rows; the same weight stored
-    column-major (strides (1, out)) takes 20 ms a step at 1 row, 27 at 4, 46 at 8, 60 at 32;
-    oneDNN's matmul on a copy reordered once into its blocked layout takes 31 ms at 8 rows and
-    38 at 16. So every 2-D weight becomes column-major (an embedding lookup then reads strided
-    rows, which costs little for a step's few tokens), and each projection with a
-    `packed_weight` slot also keeps a oneDNN copy, used from linear.PACKED_MIN_ROWS rows (W4:
-    7-8% less time, alternated in one process). The copy doubles the projections' memory."""
+def use_column_major_weights(model: torch.nn.Module) -> None:
+    """Store every 2-D projection weight column-major (the same [out, in] tensor with strides
+    (1, out)) so that `F.linear` hands MKL's sgemm an untransposed right operand. On the CPU
+    this takes 1.3-2x less time per step at the decode batch sizes of 2 to 48 rows (SmolLM2's
+    projections, float32, benchmarks/RESULTS.md); one row runs as fast either way. The
+    embedding lookup reads strided rows then, which costs little for a step's few tokens."""
     seen: set[int] = set()
     for _, param in model.named_parameters(remove_duplicate=False):
         if param.dim() != 2 or id(param) in seen or not param.is_contiguous():
             continue
         seen.add(id(param))
         param.data = param.data.t().contiguous().t()
-    if not torch.backends.mkldnn.is_available():
-        return
-    extra = 0
-    for module in model.modules():
-        weight = getattr(module, "weight", None)
-        if not hasattr(module, "packed_weight") or not isinstance(weight, torch.Tensor):
-            continue
-        try:
-            module.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight.data, 32)
-        except (RuntimeError, AttributeError) as e:  # a torch built without oneDNN's matmul
-            logger.info("no oneDNN weight prepacking (%s): plain F.linear", e)
-            for m in model.modules():
-                if hasattr(m, "packed_weight"):
-                    m.packed_weight = None
-            return
-        extra += weight.numel() * weight.element_size()
-    logger.info("CPU: projection weights prepacked for oneDNN (%.0f MiB more memory)", extra / 2**20)

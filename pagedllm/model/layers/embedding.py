@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagedllm.distributed import SINGLE, ParallelState
-from pagedllm.model.layers.linear import copy_checked, linear
+from pagedllm.model.layers.linear import copy_checked
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -55,10 +55,8 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class ParallelLMHead(VocabParallelEmbedding):
-    packed_weight: torch.Tensor | None = None  # set on the CPU after loading (linear.linear)
-
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [S, H] -> local logits [S, per_rank] -> gathered [S, tp * per_rank] -> [S, vocab]
-        logits = linear(hidden, self.weight, None, self.packed_weight)
+        logits = F.linear(hidden, self.weight)
         logits = self.ps.all_gather_last_dim(logits)
         return logits[:, : self.vocab_size]

@@ -41,18 +41,6 @@ def copy_checked(dst: torch.Tensor, src: torch.Tensor, what: str = "weight") -> 
     dst.copy_(src)
 
 
-# rows from which a CPU step uses the oneDNN-prepacked weight (below it MKL's GEMV-like path on
-# the column-major weight is as fast or faster; see model/loader.py `prepare_cpu_weights`)
-PACKED_MIN_ROWS = 5
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor | None) -> torch.Tensor:
-    """F.linear, or oneDNN's matmul on a prepacked copy of the weight (CPU, enough rows)."""
-    if packed is not None and x.dim() == 2 and x.shape[0] >= PACKED_MIN_ROWS:
-        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
-    return F.linear(x, weight, bias)
-
-
 def default_weight_loader(param: torch.Tensor, loaded, shard_id=None) -> None:
     """A replicated parameter: every rank holds the whole tensor."""
     if tuple(param.shape) != tuple(loaded.shape):
@@ -68,7 +56,6 @@ class ColumnParallelLinear(nn.Module):
         self.ps = ps
         self.in_features = in_features
         self.out_per_rank = out_features // ps.tp_size
-        self.packed_weight: torch.Tensor | None = None  # set on the CPU after loading
         self.weight = _set_loader(nn.Parameter(torch.empty(self.out_per_rank, in_features), requires_grad=False), self.weight_loader)
         self.bias = (
             _set_loader(nn.Parameter(torch.empty(self.out_per_rank), requires_grad=False), self.weight_loader)
@@ -81,7 +68,7 @@ class ColumnParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, in] -> [T, out / tp]
-        return linear(x, self.weight, self.bias, self.packed_weight)
+        return F.linear(x, self.weight, self.bias)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -133,7 +120,6 @@ class RowParallelLinear(nn.Module):
             raise ValueError(f"{in_features} input features do not split over tp_size={ps.tp_size}")
         self.ps = ps
         self.in_per_rank = in_features // ps.tp_size
-        self.packed_weight: torch.Tensor | None = None  # set on the CPU after loading
         self.weight = _set_loader(nn.Parameter(torch.empty(out_features, self.in_per_rank), requires_grad=False), self.weight_loader)
         # the bias is added once, after the all-reduce, so every rank holds all of it
         self.bias = (
@@ -147,7 +133,7 @@ class RowParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, in / tp] -> partial sums [T, out] -> all-reduced [T, out]
-        y = linear(x, self.weight, None, self.packed_weight)
+        y = F.linear(x, self.weight)
         y = self.ps.all_reduce(y)
         if self.bias is not None:
             y = y + self.bias
