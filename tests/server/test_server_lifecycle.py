@@ -17,8 +17,8 @@ from server_utils import ServerProcess
 
 def test_queue_full_then_sigterm_ends_streams_cleanly(tiny_llama, tmp_path):
     server = ServerProcess(
-        ["--model", tiny_llama, "--max-model-len", "512", "--kv-cache-memory", "16MiB", "--max-num-seqs", "1",
-         "--max-queue-len", "0", "--shutdown-timeout", "1", "--disable-log-stats"],
+        ["--model", tiny_llama, "--max-model-len", "1024", "--kv-cache-memory", "16MiB", "--max-num-seqs", "1",
+         "--max-queue-len", "0", "--shutdown-timeout", "0.3", "--disable-log-stats"],
         str(tmp_path / "server.log"),
     )
     try:
@@ -27,7 +27,8 @@ def test_queue_full_then_sigterm_ends_streams_cleanly(tiny_llama, tmp_path):
         first = threading.Event()
 
         def stream() -> None:
-            body = {"prompt": "A long story", "max_tokens": 500, "temperature": 0, "ignore_eos": True, "stream": True}
+            # long enough (about a second of decoding here) to outlast the 0.3 s shutdown timeout
+            body = {"prompt": "A long story", "max_tokens": 1000, "temperature": 0, "ignore_eos": True, "stream": True}
             with requests.post(server.url + "/v1/completions", json=body, stream=True, timeout=60) as r:
                 assert r.status_code == 200
                 for line in r.iter_lines():
