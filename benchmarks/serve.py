@@ -447,56 +447,6 @@ def print_report(args: argparse.Namespace, m: dict[str, Any], slos: dict[str, fl
     print(line)
 
 
-def plot(path: str, results: list[RequestResult], m: dict[str, Any], duration: float, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ok = [r for r in results if r.success]
-    series = {
-        "TTFT": [r.ttft * 1000 for r in ok],
-        "TPOT": [(r.latency - r.ttft) / (r.output_len - 1) * 1000 for r in ok if r.output_len > 1],
-        "ITL": [x * 1000 for r in ok for x in r.itl],
-        "E2E latency": [r.latency * 1000 for r in ok],
-    }
-    fig = plt.figure(figsize=(16, 8.5), constrained_layout=True)
-    grid = fig.add_gridspec(2, 4)
-    for col, (name, values) in enumerate(series.items()):
-        ax = fig.add_subplot(grid[0, col])
-        if values:
-            ax.hist(values, bins=min(40, max(5, len(values) // 4)), color=f"C{col}", alpha=0.85)
-            for stat, style in (("mean", "-"), ("median", "--"), ("p99", ":")):
-                key = {"TTFT": "ttft_ms", "TPOT": "tpot_ms", "ITL": "itl_ms", "E2E latency": "e2el_ms"}[name]
-                if stat in m[key]:
-                    ax.axvline(m[key][stat], color="k", linestyle=style, linewidth=1,
-                               label=f"{stat} {m[key][stat]:.0f} ms")
-            ax.legend(fontsize=8)
-        ax.set_title(f"{name} (ms)")
-        ax.set_xlabel("ms")
-        ax.set_ylabel("requests" if name != "ITL" else "gaps")
-    per_second, concurrency = timelines(ok, duration)
-    ax = fig.add_subplot(grid[1, :])
-    ax.bar(np.arange(len(per_second)) + 0.5, per_second, width=1.0, color="C0", alpha=0.6,
-           label="output tokens/s (1 s windows)")
-    ax.set_xlabel("seconds since the start")
-    ax.set_ylabel("output tokens/s")
-    ax2 = ax.twinx()
-    ax2.plot(np.arange(len(concurrency)) * 0.1, concurrency, color="C3", label="requests in flight")
-    ax2.set_ylabel("requests in flight")
-    starts = [r.start for r in results]
-    ax2.plot(starts, np.zeros(len(starts)), "|", color="k", markersize=12, label="request sent")
-    ax.set_xlim(0, max(duration, 1.0))
-    lines = ax.get_legend_handles_labels()
-    lines2 = ax2.get_legend_handles_labels()
-    ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="upper right", fontsize=8)
-    ax.set_title(f"throughput over time: {m['output_throughput']:.1f} output tok/s, "
-                 f"{m['request_throughput']:.2f} req/s, {m['completed']} ok / {m['failed']} failed")
-    fig.suptitle(title)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 # ---- CLI ---------------------------------------------------------------------------------------------
 
 
@@ -616,8 +566,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         with open(args.result_json, "w", encoding="utf-8") as f:
             json.dump(out, f, indent=1)
     if args.plot:
-        plot(args.plot, results, metrics, duration, label)
+        _plot(args.plot, results, metrics, duration, label)
     return metrics
+
+
+def _plot(path: str, results: list[RequestResult], m: dict[str, Any], duration: float, title: str) -> None:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from serve_plot import plot
+
+    plot(path, results, m, duration, title, *timelines([r for r in results if r.success], duration))
 
 
 def replot(result_json: str, png: str) -> None:
@@ -632,7 +589,7 @@ def replot(result_json: str, png: str) -> None:
         first = rr.start + rr.ttft
         rr.chunk_times = [first] + list(first + np.cumsum(rr.itl)) if rr.success else []
         results.append(rr)
-    plot(png, results, data["metrics"], data["metrics"]["duration_s"], data["label"])
+    _plot(png, results, data["metrics"], data["metrics"]["duration_s"], data["label"])
 
 
 if __name__ == "__main__":
