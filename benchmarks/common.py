@@ -68,6 +68,14 @@ def machine_info() -> dict[str, Any]:
     return info
 
 
+def print_machine_line(machine: dict[str, Any]) -> None:
+    """The closing line of a benchmark's report: when, where, which versions and commit."""
+    print(f"\n{machine['date']}; {machine.get('gpu') or machine['cpu']}; {machine['cores']} cores; torch "
+          f"{machine['torch']}, transformers {machine['transformers']}; load avg (1 min) {machine['load_avg_1m']}; "
+          f"commit {machine.get('commit', '?')} with {machine.get('pagedllm_uncommitted_changes', '?')} "
+          f"uncommitted changes under pagedllm/")
+
+
 def source_revision() -> dict[str, Any]:
     """The commit measured, and whether pagedllm/ differed from it (others edit the tree)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

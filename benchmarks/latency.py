@@ -186,10 +186,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{r['engine']:<34} {r['ttft_ms']:>9.1f} {r['e2e_s']:>8.3f} {r['decode_ms_per_token']:>14.2f} "
               f"{r['decode_tok_per_s']:>13.1f} {r['e2e_tok_per_s']:>10.1f} {ratio:>13}")
     machine = common.machine_info()
-    print(f"\n{machine['date']}; {machine.get('gpu') or machine['cpu']}; {machine['cores']} cores; torch "
-          f"{machine['torch']}, transformers {machine['transformers']}; load avg (1 min) {machine['load_avg_1m']}; "
-          f"commit {machine.get('commit', '?')} with {machine.get('pagedllm_uncommitted_changes', '?')} "
-          f"uncommitted changes under pagedllm/")
+    common.print_machine_line(machine)
     common.write_json(args.output_json, {
         "workload": "w2",
         "command": " ".join([os.path.basename(sys.executable)] + sys.argv),

@@ -295,9 +295,7 @@ def run_interleaved(args, llm, model: str, device: str, prompts, max_tokens, war
           f"median static batch {bs} {med_peer:.2f} s ({useful / med_peer:.1f} tok/s); median of the "
           f"rounds' ratios {med_ratio:.2f}x, ratio of the medians {med_peer / med_ours:.2f}x")
     machine = common.machine_info()
-    print(f"{machine['date']}; {machine.get('gpu') or machine['cpu']}; {machine['cores']} cores; commit "
-          f"{machine.get('commit', '?')} with {machine.get('pagedllm_uncommitted_changes', '?')} uncommitted "
-          f"changes under pagedllm/")
+    common.print_machine_line(machine)
     common.write_json(args.output_json, {
         "workload": args.workload, "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
         "args": {k: v for k, v in vars(args).items() if k != "peers"}, "machine": machine,
@@ -421,10 +419,7 @@ def main(argv: list[str] | None = None) -> None:
     print()
     common.print_table(rows, ours)
     machine = common.machine_info()
-    print(f"\n{machine['date']}; {machine.get('gpu') or machine['cpu']}; {machine['cores']} cores; torch "
-          f"{machine['torch']}, transformers {machine['transformers']}; load avg (1 min) {machine['load_avg_1m']}; "
-          f"commit {machine.get('commit', '?')} with {machine.get('pagedllm_uncommitted_changes', '?')} "
-          f"uncommitted changes under pagedllm/")
+    common.print_machine_line(machine)
     common.write_json(args.output_json, {
         "workload": args.workload,
         "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
