@@ -148,7 +148,7 @@ class EngineConfig:
     device: str  # resolved: cpu | cuda
     enforce_eager: bool
     disable_log_stats: bool
-    attention_backend: str | None  # None: triton on CUDA, torch elsewhere
+    attention_backend: str | None  # None: triton on CUDA, cpu (C decode kernel) or torch on the CPU
     skip_tokenizer_init: bool  # no tokenizer: token-id prompts only, no output text
     async_scheduling: bool  # schedule step N+1 while step N runs on the device
 
@@ -370,5 +370,5 @@ def _build_engine_config(args: EngineArgs) -> EngineConfig:
         disable_log_stats=bool(args.disable_log_stats),
         skip_tokenizer_init=bool(args.skip_tokenizer_init),
         async_scheduling=(device == "cuda") if args.async_scheduling is None else bool(args.async_scheduling),
-        attention_backend=_check_choice("attention_backend", args.attention_backend, (None, "torch", "triton")),
+        attention_backend=_check_choice("attention_backend", args.attention_backend, (None, "torch", "triton", "cpu")),
     )

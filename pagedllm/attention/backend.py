@@ -74,10 +74,15 @@ class AttentionBackend(ABC):
 
 
 def get_attention_backend(name: str | None, device: str) -> AttentionBackend:
-    """`name` None picks the default: triton on CUDA (when importable), torch elsewhere."""
+    """`name` None picks the default: triton on CUDA (when importable), cpu on the CPU (when its
+    C kernel builds), torch otherwise."""
     if name is None:
         name = "torch"
-        if device == "cuda":
+        if device == "cpu":
+            from pagedllm.kernels import cpu_kernels
+
+            name = "cpu" if cpu_kernels.available() else "torch"
+        elif device == "cuda":
             try:
                 import triton  # noqa: F401
 
@@ -94,4 +99,12 @@ def get_attention_backend(name: str | None, device: str) -> AttentionBackend:
         from pagedllm.attention.triton_backend import TritonAttentionBackend
 
         return TritonAttentionBackend()
-    raise ValueError(f"attention_backend must be torch or triton, got {name!r}")
+    if name == "cpu":
+        from pagedllm.attention.cpu_backend import CpuAttentionBackend
+        from pagedllm.kernels import cpu_kernels
+
+        if not cpu_kernels.available():
+            raise ValueError("attention_backend='cpu' needs its C kernel, which could not be built "
+                             "(see the log; a C compiler is required) or is turned off by PAGEDLLM_CPU_KERNELS=0")
+        return CpuAttentionBackend()
+    raise ValueError(f"attention_backend must be torch, triton or cpu, got {name!r}")

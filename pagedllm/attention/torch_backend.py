@@ -17,10 +17,13 @@ def store_kv_torch(
     k_cache: torch.Tensor,  # [N, bs, Hkv, D]
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,  # [T] int64, -1 = skip
+    all_valid: bool | None = None,  # known already: no -1 in slot_mapping
 ) -> None:
     n, bs, h, d = k_cache.shape
-    valid = slot_mapping >= 0
-    if not bool(valid.all()):
+    if all_valid is None:
+        all_valid = bool((slot_mapping >= 0).all())
+    if not all_valid:
+        valid = slot_mapping >= 0
         k, v, slot_mapping = k[valid], v[valid], slot_mapping[valid]
     k_cache.view(n * bs, h, d).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
     v_cache.view(n * bs, h, d).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
@@ -46,14 +49,23 @@ def paged_attention_torch(
     v_cache: torch.Tensor,
     batch: ForwardBatch,
     scale: float,
+    decode_attention=None,
 ) -> torch.Tensor:  # [T, Hq, D]
-    """Attention of every scheduled query over its request's paged context (already stored)."""
+    """Attention of every scheduled query over its request's paged context (already stored).
+    `decode_attention(q[:nd], k_cache, v_cache, batch, scale) -> [nd, Hq, D]`, if given, takes
+    the decodes' place of the gather + SDPA below (a backend's own decode kernel)."""
     _, bs, hkv, d = k_cache.shape
     hq = q.shape[1]
-    out = torch.empty_like(q)
     nd = batch.num_decodes
+    # decodes only, one row each: SDPA's output is the result, nothing to copy
+    out = None if 0 < nd == batch.num_reqs == q.shape[0] else torch.empty_like(q)
     gqa = hq != hkv
-    if nd > 0:
+    if nd > 0 and decode_attention is not None:
+        o = decode_attention(q[:nd], k_cache, v_cache, batch, scale)
+        if out is None:
+            return o
+        out[:nd] = o
+    elif nd > 0:
         idx, mask, span = _decode_layout(batch, bs, q.device)
         # index_select of whole blocks, then [nd, Hkv, span, D] views; no copy by transpose
         kd = k_cache.index_select(0, idx).view(nd, span, hkv, d).transpose(1, 2)
@@ -62,6 +74,8 @@ def paged_attention_torch(
         # query rows ([nd, Hkv, Hq/Hkv, D]), which every row of the group shares the mask of
         qd = q[:nd].reshape(nd, hkv, hq // hkv, d)
         o = F.scaled_dot_product_attention(qd, kd.to(q.dtype), vd.to(q.dtype), attn_mask=mask, scale=scale)
+        if out is None:
+            return o.reshape(nd, hq, d)
         out[:nd] = o.reshape(nd, hq, d)
     start = nd  # decodes hold one token each
     for i in range(nd, batch.num_reqs):
@@ -87,6 +101,14 @@ def paged_attention_torch(
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
+    def decode_kernel(self, q: torch.Tensor, k_cache: torch.Tensor):
+        """A subclass's own decode attention for these tensors (see paged_attention_torch's
+        `decode_attention`); None: the gather + SDPA path."""
+        return None
+
     def forward(self, q, k, v, k_cache, v_cache, batch: ForwardBatch, scale: float) -> torch.Tensor:
-        store_kv_torch(k, v, k_cache, v_cache, batch.slot_mapping)
-        return paged_attention_torch(q, k_cache, v_cache, batch, scale)
+        all_valid = batch.step_cache.get("all_slots_valid")
+        if all_valid is None:
+            all_valid = batch.step_cache["all_slots_valid"] = bool((batch.slot_mapping >= 0).all())
+        store_kv_torch(k, v, k_cache, v_cache, batch.slot_mapping, all_valid)
+        return paged_attention_torch(q, k_cache, v_cache, batch, scale, self.decode_kernel(q, k_cache))

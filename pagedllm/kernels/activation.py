@@ -12,7 +12,7 @@ from pagedllm.kernels._triton import use_triton
 def silu_and_mul_torch(x: torch.Tensor) -> torch.Tensor:
     # x: [T, 2 * d] -> [T, d]
     d = x.shape[-1] // 2
-    return F.silu(x[..., :d]) * x[..., d:]
+    return F.silu(x[..., :d]).mul_(x[..., d:])
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

@@ -237,6 +237,9 @@ def build_model(model_config, device: str, ps=None) -> torch.nn.Module:
             raise ValueError(f"model: checkpoint lacks weights for {sorted(missing)[:5]} ...")
     if torch.device(device).type == "cpu" and dtype == torch.float32:
         use_column_major_weights(model)
+        from pagedllm.kernels import cpu_gemm
+
+        cpu_gemm.pack_linear_weights(model)
     return model.eval()
 
 

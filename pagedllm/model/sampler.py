@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from pagedllm.core.scheduler_output import TokenLogprobs
+from pagedllm.kernels import cpu_kernels
 from pagedllm.kernels._triton import use_triton
 
 
@@ -106,14 +107,14 @@ def sample(logits: torch.Tensor, sb: SamplingBatch, default_gen: torch.Generator
         idx = host_to_device([rows, [t for _, ids in sb.banned for t in ids]], torch.int64, logits.device)
         logits[idx[0], idx[1]] = float("-inf")
     if sb.all_greedy:
-        return logits.argmax(dim=-1)
+        return cpu_kernels.argmax(logits)
     if (sb.top_k is None and sb.top_p is None and sb.min_p is None and use_triton(logits)
             and all(g is None for g in sb.generators) and logits.numel() < 2**31):
         from pagedllm.kernels.sampling_triton import sample_triton
 
         seed = torch.randint(0, 2**31 - 1, (1,), device=logits.device, generator=default_gen)
         return sample_triton(logits, sb.temperature, sb.greedy, seed)
-    greedy_tokens = logits.argmax(dim=-1)
+    greedy_tokens = cpu_kernels.argmax(logits)
     x = logits / sb.temperature[:, None]
     vocab = x.shape[1]
     if sb.top_k is not None or sb.top_p is not None:

@@ -197,14 +197,17 @@ def check_prefill(device, dtype, query_lens, seq_lens, hq, hkv, head_dim, block_
     _close(out, ref, ATTENTION_TOL, "prefill")
 
 
-def check_backend(device, dtype, query_lens, seq_lens, num_decodes, hq, hkv, head_dim, block_size, seed=0, pad_tokens=0):
-    """The whole backend (store + decode + prefill) against TorchAttentionBackend."""
-    from pagedllm.attention.triton_backend import TritonAttentionBackend
+def check_backend(device, dtype, query_lens, seq_lens, num_decodes, hq, hkv, head_dim, block_size, seed=0, pad_tokens=0,
+                  backend=None):
+    """The whole backend (store + decode + prefill; default Triton) against TorchAttentionBackend."""
+    if backend is None:
+        from pagedllm.attention.triton_backend import TritonAttentionBackend
 
+        backend = TritonAttentionBackend()
     batch, num_blocks = make_batch(query_lens, seq_lens, num_decodes, block_size, device, seed, pad_tokens)
     q, k, v, k_cache, v_cache = _attention_inputs(batch, num_blocks, block_size, hq, hkv, head_dim, dtype, device, seed)
     kc_ref, vc_ref = k_cache.clone(), v_cache.clone()
-    out = TritonAttentionBackend().forward(q, k, v, k_cache, v_cache, batch, head_dim**-0.5)
+    out = backend.forward(q, k, v, k_cache, v_cache, batch, head_dim**-0.5)
     ref = TorchAttentionBackend().forward(q, k, v, kc_ref, vc_ref, batch, head_dim**-0.5)
     assert torch.equal(k_cache, kc_ref) and torch.equal(v_cache, vc_ref), "caches differ"
     n = batch.num_tokens - pad_tokens

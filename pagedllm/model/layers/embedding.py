@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagedllm.distributed import SINGLE, ParallelState
+from pagedllm.kernels import cpu_gemm
 from pagedllm.model.layers.linear import copy_checked
 
 
@@ -55,8 +56,10 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class ParallelLMHead(VocabParallelEmbedding):
+    packed_weight: cpu_gemm.PackedWeight | None = None
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [S, H] -> local logits [S, per_rank] -> gathered [S, tp * per_rank] -> [S, vocab]
-        logits = F.linear(hidden, self.weight)
+        logits = cpu_gemm.linear(hidden, self.weight, None, self.packed_weight)
         logits = self.ps.all_gather_last_dim(logits)
         return logits[:, : self.vocab_size]

@@ -19,10 +19,10 @@ How q/k/v heads land on ranks (4 q heads, 2 kv heads):
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from pagedllm.distributed import SINGLE, ParallelState, check_tp_divides, kv_heads_per_rank
+from pagedllm.kernels import cpu_gemm
 
 
 def _set_loader(param: nn.Parameter, loader) -> nn.Parameter:
@@ -49,6 +49,9 @@ def default_weight_loader(param: torch.Tensor, loaded, shard_id=None) -> None:
 
 
 class ColumnParallelLinear(nn.Module):
+    # MKL-packed copy of the weight for small CPU products (kernels/cpu_gemm.py), set after loading
+    packed_weight: cpu_gemm.PackedWeight | None = None
+
     def __init__(self, in_features: int, out_features: int, bias: bool = False, ps: ParallelState = SINGLE):
         super().__init__()
         if out_features % ps.tp_size:
@@ -68,7 +71,7 @@ class ColumnParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, in] -> [T, out / tp]
-        return F.linear(x, self.weight, self.bias)
+        return cpu_gemm.linear(x, self.weight, self.bias, self.packed_weight)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -114,6 +117,8 @@ class QKVParallelLinear(ColumnParallelLinear):
 
 
 class RowParallelLinear(nn.Module):
+    packed_weight: cpu_gemm.PackedWeight | None = None
+
     def __init__(self, in_features: int, out_features: int, bias: bool = False, ps: ParallelState = SINGLE):
         super().__init__()
         if in_features % ps.tp_size:
@@ -133,7 +138,7 @@ class RowParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, in / tp] -> partial sums [T, out] -> all-reduced [T, out]
-        y = F.linear(x, self.weight)
+        y = cpu_gemm.linear(x, self.weight, None, self.packed_weight)
         y = self.ps.all_reduce(y)
         if self.bias is not None:
             y = y + self.bias

@@ -5,6 +5,7 @@ pagedllm.kernels.rotary."""
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any
 
 import torch
@@ -58,5 +59,22 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos_cache", emb.cos(), persistent=False)  # [max_pos, D] float32
         self.register_buffer("sin_cache", emb.sin(), persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        return apply_rotary(positions, q, k, self.cos_cache, self.sin_cache)
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, step_cache: dict | None = None):
+        return apply_rotary(positions, q, k, self.cos_cache, self.sin_cache, step_cache)
+
+
+# live rotary embeddings by (head_dim, max_position, params, device): the layers of a model
+# share one, as its cos/sin caches are the same for all (Llama-3.1's 131,072 positions take
+# 67 MB per cache and layer otherwise); an entry goes when its model does
+_shared: "weakref.WeakValueDictionary[tuple, RotaryEmbedding]" = weakref.WeakValueDictionary()
+
+
+def get_rotary_embedding(head_dim: int, max_position: int, params: dict) -> RotaryEmbedding:
+    """A RotaryEmbedding on the current default device, shared with any live one of the same
+    parameters."""
+    key = (head_dim, max_position, repr(sorted(params.items())), str(torch.get_default_device()))
+    rope = _shared.get(key)
+    if rope is None:
+        rope = RotaryEmbedding(head_dim, max_position, params)
+        _shared[key] = rope
+    return rope

@@ -21,7 +21,7 @@ from pagedllm.model.layers.linear import (
     RowParallelLinear,
     default_weight_loader,
 )
-from pagedllm.model.layers.rotary import RotaryEmbedding, rope_parameters
+from pagedllm.model.layers.rotary import get_rotary_embedding, rope_parameters
 
 
 class LlamaAttention(nn.Module):
@@ -41,7 +41,7 @@ class LlamaAttention(nn.Module):
         o_bias = bool(getattr(cfg, "attention_bias", False)) and not self.qkv_bias_default
         self.o_proj = RowParallelLinear(num_heads * self.head_dim, hidden, bias=o_bias, ps=ps)
         max_pos = int(getattr(cfg, "max_position_embeddings", 4096))
-        self.rotary_emb = RotaryEmbedding(self.head_dim, max_pos, rope_parameters(cfg))
+        self.rotary_emb = get_rotary_embedding(self.head_dim, max_pos, rope_parameters(cfg))
         if self.use_qk_norm:
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
@@ -59,7 +59,7 @@ class LlamaAttention(nn.Module):
         if self.use_qk_norm:
             q = self.q_norm(q)
             k = self.k_norm(k)
-        q, k = self.rotary_emb(positions, q, k)
+        q, k = self.rotary_emb(positions, q, k, batch.step_cache)
         return self.o_proj(self.attn(q, k, v, batch))
 
 
