@@ -23,11 +23,12 @@ Prefill chunk of request r, with a cached prefix (chunked prefill or a prefix-ca
 Keys are gathered through the block table, tile by tile:
     key n  ->  page = block_tables[r, n // block_size], offset = n % block_size
 
-Decode split-K: request r's context is cut into NUM_SPLITS partitions of equal length (rounded
+Decode split-K: request r's context is cut into num_splits partitions of equal length (rounded
 up to BLOCK_N). Each program handles one (request, kv head, partition) and all the query heads
 of that kv head's group (GQA), and leaves an unnormalised output plus the running max and sum
-of its partition; the reduce kernel rescales and merges them. With NUM_SPLITS == 1 the first
-kernel writes the final output itself.
+of its partition; the reduce kernel rescales and merges them. With one split the first kernel
+writes the final output itself. The split count is a runtime value (the grid's third
+dimension), so a step with a new count compiles nothing.
 """
 
 from __future__ import annotations
@@ -146,7 +147,9 @@ def _dot_precision(dtype: torch.dtype) -> str:
 # ----------------------------------------------------------------------------------- prefill
 
 
-@triton.jit
+# first_req (the index of the first prefill request, i.e. the number of decodes before it) takes
+# any value: not specialized (Triton would compile other variants for 1 and multiples of 16)
+@triton.jit(do_not_specialize=["first_req"])
 def _prefill_kernel(
     q_ptr,  # [T, Hq, D]
     k_cache_ptr,  # [N, bs, Hkv, D]
@@ -284,23 +287,27 @@ def _decode_kernel(
     v_cache_ptr,  # [N, bs, Hkv, D]
     block_tables_ptr,  # [B, max_blocks] int32
     seq_lens_ptr,  # [B] int32
-    out_ptr,  # [B, Hq, D], written when NUM_SPLITS == 1
-    part_out_ptr,  # [B, Hq, NUM_SPLITS, D] float32, unnormalised partial outputs
-    part_max_ptr,  # [B, Hq, NUM_SPLITS] float32, running max (base 2)
-    part_sum_ptr,  # [B, Hq, NUM_SPLITS] float32, running sum of exp2
+    out_ptr,  # [B, Hq, D], written when there is one split
+    part_out_ptr,  # [B, Hq, num_splits, D] float32, unnormalised partial outputs
+    part_max_ptr,  # [B, Hq, num_splits] float32, running max (base 2)
+    part_sum_ptr,  # [B, Hq, num_splits] float32, running sum of exp2
     qk_scale,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
     stride_bt,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
+    # The split count is the grid's third dimension, a runtime value: a new count (it follows
+    # the batch size and the longest context) needs no new compile, which would stall serving
+    # for a second or more. SPLIT (count > 1) picks partial outputs over the final one.
     req = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
+    num_splits = tl.num_programs(2)
     seq_len = tl.load(seq_lens_ptr + req)
-    part_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    part_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
     start = split * part_len
     end = tl.minimum(start + part_len, seq_len)
 
@@ -328,7 +335,7 @@ def _decode_kernel(
                           stride_vb, stride_vs, stride_vh, BLOCK_SIZE)  # fmt: skip
         acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, k, v, key_mask[None, :], qk_scale, DOT_PRECISION)
 
-    if NUM_SPLITS == 1:
+    if not SPLIT:
         # seq_len 0 (a padded CUDA-graph slot) gives l = 0: write zeros, not NaN.
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         tl.store(
@@ -337,7 +344,7 @@ def _decode_kernel(
             mask=g_mask[:, None] & dim_mask[None, :],
         )
     else:
-        row = (req * (GROUP * tl.num_programs(1)) + heads) * NUM_SPLITS + split  # [BLOCK_G]
+        row = (req * (GROUP * tl.num_programs(1)) + heads) * num_splits + split  # [BLOCK_G]
         tl.store(part_max_ptr + row, m_i, mask=g_mask)
         tl.store(part_sum_ptr + row, l_i, mask=g_mask)
         tl.store(
@@ -347,31 +354,32 @@ def _decode_kernel(
         )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _decode_reduce_kernel(
-    part_out_ptr,  # [B, Hq, NUM_SPLITS, D] float32
-    part_max_ptr,  # [B, Hq, NUM_SPLITS] float32
-    part_sum_ptr,  # [B, Hq, NUM_SPLITS] float32
+    part_out_ptr,  # [B, Hq, num_splits, D] float32
+    part_max_ptr,  # [B, Hq, num_splits] float32
+    part_sum_ptr,  # [B, Hq, num_splits] float32
     out_ptr,  # [B, Hq, D]
     stride_ot, stride_oh,
-    HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    num_splits,
+    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     req = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     row = req * tl.num_programs(1) + head
     s = tl.arange(0, BLOCK_S)
-    s_mask = s < NUM_SPLITS
+    s_mask = s < num_splits
     dims = tl.arange(0, BLOCK_D)
     dim_mask = dims < HEAD_DIM
-    m = tl.load(part_max_ptr + row * NUM_SPLITS + s, mask=s_mask, other=float("-inf"))
-    l = tl.load(part_sum_ptr + row * NUM_SPLITS + s, mask=s_mask, other=0.0)
+    m = tl.load(part_max_ptr + row * num_splits + s, mask=s_mask, other=float("-inf"))
+    l = tl.load(part_sum_ptr + row * num_splits + s, mask=s_mask, other=0.0)
     m_max = tl.max(m, axis=0)
     m_max = tl.where(m_max == float("-inf"), 0.0, m_max)  # all partitions empty (seq_len 0)
     w = tl.exp2(m - m_max)  # empty partitions: exp2(-inf) = 0
     total = tl.sum(l * w, axis=0)
     total = tl.where(total == 0.0, 1.0, total)
     acc = tl.load(
-        part_out_ptr + (row * NUM_SPLITS + s[:, None]) * HEAD_DIM + dims[None, :],
+        part_out_ptr + (row * num_splits + s[:, None]) * HEAD_DIM + dims[None, :],
         mask=s_mask[:, None] & dim_mask[None, :],
         other=0.0,
     )
@@ -440,13 +448,13 @@ def decode_attention_triton(
         block_tables.stride(0),
         GROUP=group, HEAD_DIM=d, BLOCK_SIZE=bs,
         BLOCK_G=max(16, next_power_of_2(group)), BLOCK_N=block_n, BLOCK_D=block_d,
-        NUM_SPLITS=num_splits, DOT_PRECISION=_dot_precision(q.dtype),
+        SPLIT=num_splits > 1, DOT_PRECISION=_dot_precision(q.dtype),
         num_warps=4, num_stages=2,
     )  # fmt: skip
     if num_splits > 1:
         _decode_reduce_kernel[(b, hq)](
-            part_out, part_max, part_sum, out, out.stride(0), out.stride(1),
-            HEAD_DIM=d, NUM_SPLITS=num_splits, BLOCK_S=next_power_of_2(num_splits), BLOCK_D=block_d,
+            part_out, part_max, part_sum, out, out.stride(0), out.stride(1), num_splits,
+            HEAD_DIM=d, BLOCK_S=max(MAX_SPLITS, next_power_of_2(num_splits)), BLOCK_D=block_d,
             num_warps=4 if block_d <= 128 else 8,
         )  # fmt: skip
     return out
