@@ -15,7 +15,9 @@ each stage would get its own tensor-parallel group from the same store.
 from __future__ import annotations
 
 import datetime
+import logging
 import os
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,12 +70,32 @@ class ParallelState:
         if self.group is not None and hasattr(self.group, "abort"):
             self.group.abort()
 
-    def shutdown(self) -> None:
-        if self.group is not None and hasattr(self.group, "shutdown"):
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Releases the group without waiting on the other ranks, and returns within `timeout`
+        seconds whatever the library does. NCCL's shutdown waits for every rank to make the same
+        call, so an NCCL group is aborted (local); on two H200s even that once blocked, so the
+        teardown runs in a daemon thread and is left behind, with a warning, if it does not
+        return in time (the process's exit frees what it holds). gloo's shutdown is local."""
+        if self.group is None:
+            return
+        group = self.group
+
+        def teardown() -> None:
             try:
-                self.group.shutdown()
+                if type(group).__name__ == "ProcessGroupNCCL" and hasattr(group, "abort"):
+                    group.abort()
+                elif hasattr(group, "shutdown"):
+                    group.shutdown()
             except RuntimeError:
                 pass  # already aborted
+
+        t = threading.Thread(target=teardown, name="pagedllm-group-teardown", daemon=True)
+        t.start()
+        t.join(timeout)
+        if t.is_alive():
+            logging.getLogger(__name__).warning(
+                "tensor-parallel group of rank %d did not shut down in %.0f s; left to the process's exit",
+                self.tp_rank, timeout)
 
 
 SINGLE = ParallelState()

@@ -134,7 +134,10 @@ def _worker_main(config: EngineConfig, eos_token_ids: frozenset[int], rank: int,
             continue
         if reply:
             _send_quietly(conn, ("ok", result))
+    rpc.worker.release_graphs()
     ps.shutdown()
+    conn.close()
+    os._exit(0)  # nothing left to run; interpreter teardown would only meet the NCCL group again
 
 
 def _send_quietly(conn, msg) -> None:
@@ -159,6 +162,7 @@ class _Shared:
 
     workers: list[_WorkerProc] = field(default_factory=list)
     ps: ParallelState | None = None
+    driver: Any = None  # rank 0's Worker
     device: str = "cpu"
     error: str | None = None  # set once the executor can no longer run steps
     stopping: bool = False
@@ -226,6 +230,9 @@ def _shutdown(shared: _Shared) -> None:
             shared.watcher.join(2.0)
         shared.wake[0].close()
         shared.wake[1].close()
+    if shared.driver is not None:
+        shared.driver.release_graphs()
+        shared.driver = None
     if shared.ps is not None:
         shared.ps.shutdown()
         shared.ps = None
@@ -267,7 +274,7 @@ class MultiprocExecutor:
                 torch.set_num_threads(n)
             self._shared.ps = init_parallel_state(0, self.world_size, "127.0.0.1", self._store.port,
                                                   config.device)
-            self.driver = Worker(config, eos_token_ids, self._shared.ps)
+            self.driver = self._shared.driver = Worker(config, eos_token_ids, self._shared.ps)
             for w in self._shared.workers:
                 self._recv(w, STARTUP_TIMEOUT_S)
             blocks = self.collective_rpc("determine_num_blocks")

@@ -138,6 +138,13 @@ class Worker:
             graphs.capture()
             self.runner.graphs = graphs
 
+    def release_graphs(self) -> None:
+        """Drops the captured CUDA graphs (before a tensor-parallel group is torn down: NCCL
+        calls captured in them keep the communicator in use)."""
+        if getattr(self.runner, "graphs", None) is not None:
+            torch.cuda.synchronize(self.device)
+            self.runner.graphs = None
+
     def _swap(self, so: SchedulerOutput) -> None:
         if so.blocks_to_swap_out:
             src = torch.tensor([g for g, _ in so.blocks_to_swap_out], device=self.device)
