@@ -97,6 +97,10 @@ def _load():
     lib.paged_decode_attention_f32.argtypes = [p, i64, p, p, p, i64, p, p, i, i, i, i, i, f, i]
     lib.argmax_rows_f32.restype = None
     lib.argmax_rows_f32.argtypes = [p, i64, i64, i64, p, i]
+    lib.add_rms_norm_f32.restype = None
+    lib.add_rms_norm_f32.argtypes = [p, i64, p, i64, p, p, p, i64, i64, f, i]
+    lib.rotary_f32.restype = None
+    lib.rotary_f32.argtypes = [p, i64, p, i64, p, p, p, p, i64, i, i, i, i]
     _lib = lib
     return lib
 
@@ -148,3 +152,44 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty(x.shape[0], dtype=torch.int64)
     lib.argmax_rows_f32(x.data_ptr(), x.stride(0), x.shape[0], x.shape[1], out.data_ptr(), torch.get_num_threads())
     return out
+
+
+def _rows_ok(x: torch.Tensor) -> bool:
+    return x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2 and x.stride(1) == 1
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             residual: torch.Tensor | None = None):
+    """RMSNorm of [T, H] float32 rows in one call (torch's CPU rms_norm is six ops); with
+    `residual`, returns (rms_norm(x + residual), x + residual) like fused_add_rms_norm. None
+    where the kernel does not apply (the caller falls back to torch)."""
+    lib = _load()
+    if (lib is None or not _rows_ok(x) or not weight.is_contiguous() or weight.dtype != torch.float32
+            or (residual is not None and (not _rows_ok(residual) or residual.shape != x.shape))):
+        return None
+    t, h = x.shape
+    out = torch.empty(t, h, dtype=torch.float32)
+    total = torch.empty(t, h, dtype=torch.float32) if residual is not None else None
+    lib.add_rms_norm_f32(x.data_ptr(), x.stride(0), None if residual is None else residual.data_ptr(),
+                         0 if residual is None else residual.stride(0), weight.data_ptr(), out.data_ptr(),
+                         None if total is None else total.data_ptr(), t, h, float(eps), torch.get_num_threads())
+    return out if residual is None else (out, total)
+
+
+def rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_cache: torch.Tensor,
+           sin_cache: torch.Tensor):
+    """apply_rotary_torch's result (bit for bit) in one call: q [T, Hq, D], k [T, Hkv, D] with
+    contiguous heads -> views of one new [T, Hq + Hkv, D]. None where it does not apply."""
+    lib = _load()
+    if (lib is None or q.device.type != "cpu" or q.dtype != torch.float32 or k.dtype != torch.float32
+            or q.dim() != 3 or k.dim() != 3 or positions.dtype != torch.int64 or not positions.is_contiguous()
+            or cos_cache.dtype != torch.float32 or not cos_cache.is_contiguous() or not sin_cache.is_contiguous()):
+        return None
+    t, hq, d = q.shape
+    hkv = k.shape[1]
+    if q.stride(2) != 1 or q.stride(1) != d or k.stride(2) != 1 or k.stride(1) != d or d % 2:
+        return None
+    out = torch.empty(t, hq + hkv, d, dtype=torch.float32)
+    lib.rotary_f32(q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), positions.data_ptr(), cos_cache.data_ptr(),
+                   sin_cache.data_ptr(), out.data_ptr(), t, hq, hkv, d, torch.get_num_threads())
+    return out[:, :hq], out[:, hq:]

@@ -1,11 +1,13 @@
 """RMSNorm, optionally fused with the residual add that precedes it (HF Llama numerics:
 computed in float32, cast back before the weight multiply). The Triton versions live in
-norm_triton.py; `rms_norm` and `fused_add_rms_norm` use them for CUDA tensors."""
+norm_triton.py; `rms_norm` and `fused_add_rms_norm` use them for CUDA tensors, and the C
+kernel of cpu_kernels.py for float32 rows on the CPU."""
 
 from __future__ import annotations
 
 import torch
 
+from pagedllm.kernels import cpu_kernels
 from pagedllm.kernels._triton import use_triton
 
 
@@ -33,7 +35,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         from pagedllm.kernels.norm_triton import rms_norm_triton
 
         return rms_norm_triton(x, weight, eps)
-    return rms_norm_torch(x, weight, eps)
+    out = cpu_kernels.rms_norm(x, weight, eps) if x.device.type == "cpu" else None
+    return out if out is not None else rms_norm_torch(x, weight, eps)
 
 
 def fused_add_rms_norm(
@@ -43,4 +46,5 @@ def fused_add_rms_norm(
         from pagedllm.kernels.norm_triton import fused_add_rms_norm_triton
 
         return fused_add_rms_norm_triton(x, residual, weight, eps)
-    return fused_add_rms_norm_torch(x, residual, weight, eps)
+    out = cpu_kernels.rms_norm(x, weight, eps, residual) if x.device.type == "cpu" else None
+    return out if out is not None else fused_add_rms_norm_torch(x, residual, weight, eps)

@@ -1,12 +1,14 @@
 """Rotary position embedding in the rotate-half (GPT-NeoX / HF Llama) layout, applied to q and
 k from a precomputed cos/sin cache indexed by position. The Triton version lives in
-rotary_triton.py; `apply_rotary` uses it for CUDA tensors. Both return new tensors and leave
-q and k unchanged."""
+rotary_triton.py; `apply_rotary` uses it for CUDA tensors, and the C kernel of cpu_kernels.py
+(the same bits as the torch path) for float32 on the CPU. All return new tensors and leave q
+and k unchanged."""
 
 from __future__ import annotations
 
 import torch
 
+from pagedllm.kernels import cpu_kernels
 from pagedllm.kernels._triton import use_triton
 
 
@@ -44,6 +46,10 @@ def apply_rotary(positions, q, k, cos_cache, sin_cache, step_cache: dict | None 
         from pagedllm.kernels.rotary_triton import apply_rotary_triton
 
         return apply_rotary_triton(positions, q, k, cos_cache, sin_cache)
+    if q.device.type == "cpu":
+        out = cpu_kernels.rotary(positions, q, k, cos_cache, sin_cache)
+        if out is not None:
+            return out
     cos_sin = None
     if step_cache is not None:
         key = ("rotary", cos_cache.data_ptr(), q.dtype)

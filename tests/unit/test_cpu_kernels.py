@@ -88,3 +88,36 @@ def test_argmax_equals_torch(cols):
     view = torch.randn(8, cols + 3, generator=g)[:, 1 : cols + 1]  # a row stride
     assert torch.equal(cpu_kernels.argmax(view), view.argmax(dim=-1))
     assert cpu_kernels.argmax(torch.randn(0, cols)).shape == (0,)
+
+
+def test_rms_norm_matches_torch_reference():
+    from pagedllm.kernels.norm import fused_add_rms_norm_torch, rms_norm_torch
+
+    g = torch.Generator().manual_seed(0)
+    for rows, h in [(1, 64), (7, 576), (300, 96)]:
+        x = torch.randn(rows, h, generator=g) * 3
+        r = torch.randn(rows, h + 8, generator=g)[:, :h]  # a row stride
+        w = torch.randn(h, generator=g)
+        torch.testing.assert_close(cpu_kernels.rms_norm(x, w, 1e-6), rms_norm_torch(x, w, 1e-6), rtol=2e-6, atol=2e-6)
+        out, total = cpu_kernels.rms_norm(x, w, 1e-5, residual=r)
+        ref_out, ref_total = fused_add_rms_norm_torch(x, r, w, 1e-5)
+        assert torch.equal(total, ref_total)
+        torch.testing.assert_close(out, ref_out, rtol=2e-6, atol=2e-6)
+    assert cpu_kernels.rms_norm(x.bfloat16(), w.bfloat16(), 1e-6) is None  # left to torch
+    assert cpu_kernels.rms_norm(x.view(10, 30, 96), w, 1e-6) is None
+
+
+def test_rotary_is_bit_identical_to_torch_path():
+    from pagedllm.kernels.rotary import apply_rotary_torch
+    from pagedllm.model.layers.rotary import get_rotary_embedding
+
+    rope = get_rotary_embedding(64, 1024, {"rope_theta": 10000.0, "rope_type": "default"})
+    g = torch.Generator().manual_seed(1)
+    qkv = torch.randn(37, (9 + 3 + 3) * 64, generator=g)
+    q = qkv[:, : 9 * 64].view(37, 9, 64)  # views into the fused projection, as in the model
+    k = qkv[:, 9 * 64 : 12 * 64].view(37, 3, 64)
+    pos = torch.randint(0, 1024, (37,), generator=g)
+    got = cpu_kernels.rotary(pos, q, k, rope.cos_cache, rope.sin_cache)
+    ref = apply_rotary_torch(pos, q, k, rope.cos_cache, rope.sin_cache)
+    assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+    assert cpu_kernels.rotary(pos, q.double(), k.double(), rope.cos_cache, rope.sin_cache) is None

@@ -148,3 +148,69 @@ void argmax_rows_f32(const float *x, int64_t row_stride, int64_t rows, int64_t c
         out[r] = idx;
     }
 }
+
+/* RMSNorm of each row, optionally after adding the residual (HF Llama's order in float32:
+ * r = x + residual; out = w * (r * (1 / sqrt(mean(r^2) + eps)))). With residual != NULL the
+ * sum r is written to sum_out. x, residual: rows x_stride / res_stride apart; out, sum_out:
+ * contiguous [rows, H]. */
+void add_rms_norm_f32(const float *x, int64_t x_stride, const float *residual, int64_t res_stride,
+                      const float *w, float *out, float *sum_out, int64_t rows, int64_t H, float eps,
+                      int num_threads)
+{
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (rows * H >= 16384)
+    for (int64_t t = 0; t < rows; ++t) {
+        const float *xr = x + t * x_stride;
+        const float *r = xr;
+        if (residual) {
+            const float *rr = residual + t * res_stride;
+            float *sr = sum_out + t * H;
+#pragma omp simd
+            for (int64_t i = 0; i < H; ++i)
+                sr[i] = xr[i] + rr[i];
+            r = sr;
+        }
+        float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+        for (int64_t i = 0; i < H; ++i)
+            ss += r[i] * r[i];
+        const float inv = 1.0f / sqrtf(ss / (float)H + eps);
+        float *o = out + t * H;
+#pragma omp simd
+        for (int64_t i = 0; i < H; ++i)
+            o[i] = w[i] * (r[i] * inv);
+    }
+}
+
+/* Rotary embedding (rotate-half layout) of q and k into one output [T, hq + hkv, D]:
+ * out = x * cos + swap_halves(x) * folded_sin, where folded_sin is sin with its first half
+ * negated (so that swap_halves(x) * folded_sin == rotate_half(x) * sin exactly). cos/sin:
+ * [max_pos, D] caches, row positions[t]. q, k: head rows D apart, token rows q_stride /
+ * k_stride apart. */
+#if defined(__GNUC__) && !defined(__clang__)
+#define NO_FMA __attribute__((optimize("fp-contract=off"))) /* the same bits as torch's mul, mul, add */
+#else
+#define NO_FMA
+#endif
+NO_FMA void rotary_f32(const float *q, int64_t q_stride, const float *k, int64_t k_stride, const int64_t *positions,
+                const float *cos_cache, const float *sin_cache, float *out, int64_t T, int hq, int hkv, int D,
+                int num_threads)
+{
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#endif
+    const int half = D / 2;
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (T * (hq + hkv) * D >= 16384)
+    for (int64_t t = 0; t < T; ++t) {
+        const float *c = cos_cache + positions[t] * D;
+        const float *s = sin_cache + positions[t] * D;
+        for (int h = 0; h < hq + hkv; ++h) {
+            const float *x = h < hq ? q + t * q_stride + (int64_t)h * D : k + t * k_stride + (int64_t)(h - hq) * D;
+            float *o = out + (t * (hq + hkv) + h) * (int64_t)D;
+#pragma omp simd
+            for (int i = 0; i < half; ++i) {
+                o[i] = x[i] * c[i] + x[i + half] * -s[i];
+                o[i + half] = x[i + half] * c[i + half] + x[i] * s[i + half];
+            }
+        }
+    }
+}
