@@ -23,7 +23,6 @@ from reliability_utils import (
     assert_healthy,
     finished_count,
     greedy_reference,
-    read_metrics,
     stream_request,
     wait_idle,
 )

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from server_utils import API_KEY, TINY_SERVER_ARGS, ServerProcess
+from server_process import ServerProcess
+from server_utils import API_KEY, TINY_SERVER_ARGS
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ import time
 
 import requests
 
-from server_utils import ServerProcess
+from server_process import ServerProcess
 
 
 def test_queue_full_then_sigterm_ends_streams_cleanly(tiny_llama, tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from server_utils import ServerProcess
+from server_process import ServerProcess
 
 
 @pytest.mark.slow
