@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import os
 import time
-import sys
 
 import pytest
 
 from conftest import save_tiny_model, tiny_config
 from pagedllm import SamplingParams
+from server_process import ServerProcess
 from tp_utils import engine, one_thread, process_gone, prompts_of
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "server"))
-from server_utils import ServerProcess  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(300)]
 
