@@ -75,25 +75,65 @@ def apply_penalties(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
     return logits
 
 
-def compute_logprobs(logits: torch.Tensor, sampled: torch.Tensor, num: list[int | None]) -> list[TokenLogprobs | None]:
-    """Logprobs of the sampled tokens and the top-k, for rows that asked (k = num[row])."""
+@dataclass(slots=True)
+class LogprobTensors:
+    """The logprob results of the rows in `rows` (those whose `num[row]` is not None), as
+    tensors: queued on the device by `logprob_tensors`, read on the host by `logprob_lists`."""
+
+    rows: list[int]
+    num: list[int | None]
+    chosen: torch.Tensor  # [R] the sampled (or target) token of each row
+    chosen_lp: torch.Tensor  # [R] its logprob
+    ranks: torch.Tensor  # [R] its rank (1 = the most likely)
+    top_lp: torch.Tensor  # [R, k] the k most likely tokens' logprobs (k = max of num)
+    top_ids: torch.Tensor  # [R, k]
+
+    def to_host(self) -> "LogprobTensors":
+        """Copies on CUDA into pinned memory without waiting (valid once the stream got there);
+        on the CPU the same object."""
+        if self.chosen.device.type != "cuda":
+            return self
+
+        def pinned(t: torch.Tensor) -> torch.Tensor:
+            h = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            return h.copy_(t, non_blocking=True)
+
+        return LogprobTensors(self.rows, self.num, pinned(self.chosen), pinned(self.chosen_lp), pinned(self.ranks),
+                              pinned(self.top_lp), pinned(self.top_ids))
+
+
+def logprob_tensors(logits: torch.Tensor, sampled: torch.Tensor, num: list[int | None]) -> LogprobTensors | None:
+    """Queues the logprobs of the sampled tokens and the top-k, for rows that asked (k = num[row]);
+    nothing here waits for the device."""
     rows = [i for i, n in enumerate(num) if n is not None]
     if not rows:
-        return [None] * len(num)
-    idx = torch.tensor(rows, device=logits.device)
-    lp = torch.log_softmax(logits[idx].float(), dim=-1)
-    chosen = sampled[idx]
+        return None
+    idx = host_to_device(rows, torch.int64, logits.device) if len(rows) < len(num) else None
+    lp = torch.log_softmax((logits if idx is None else logits[idx]).float(), dim=-1)
+    chosen = sampled if idx is None else sampled[idx]
     chosen_lp = lp.gather(1, chosen[:, None])
     ranks = (lp > chosen_lp).sum(-1) + 1
     k = max(num[i] for i in rows)
     top_lp, top_ids = lp.topk(k, dim=-1) if k > 0 else (lp[:, :0], chosen[:, None][:, :0])
-    chosen_l, chosen_lp_l, ranks_l = chosen.tolist(), chosen_lp[:, 0].tolist(), ranks.tolist()
-    top_lp_l, top_ids_l = top_lp.tolist(), top_ids.tolist()
-    out: list[TokenLogprobs | None] = [None] * len(num)
-    for j, i in enumerate(rows):
-        n = num[i]
-        out[i] = TokenLogprobs(chosen_l[j], chosen_lp_l[j], ranks_l[j], top_ids_l[j][:n], top_lp_l[j][:n])
+    return LogprobTensors(rows, num, chosen, chosen_lp[:, 0], ranks, top_lp, top_ids)
+
+
+def logprob_lists(t: LogprobTensors | None, n: int) -> list[TokenLogprobs | None]:
+    """One entry per row of the `n`: TokenLogprobs where asked, else None."""
+    out: list[TokenLogprobs | None] = [None] * n
+    if t is None:
+        return out
+    chosen_l, chosen_lp_l, ranks_l = t.chosen.tolist(), t.chosen_lp.tolist(), t.ranks.tolist()
+    top_lp_l, top_ids_l = t.top_lp.tolist(), t.top_ids.tolist()
+    for j, i in enumerate(t.rows):
+        k = t.num[i]
+        out[i] = TokenLogprobs(chosen_l[j], chosen_lp_l[j], ranks_l[j], top_ids_l[j][:k], top_lp_l[j][:k])
     return out
+
+
+def compute_logprobs(logits: torch.Tensor, sampled: torch.Tensor, num: list[int | None]) -> list[TokenLogprobs | None]:
+    """Logprobs of the sampled tokens and the top-k, for rows that asked (k = num[row])."""
+    return logprob_lists(logprob_tensors(logits, sampled, num), len(num))
 
 
 def sample(logits: torch.Tensor, sb: SamplingBatch, default_gen: torch.Generator | None) -> torch.Tensor:

@@ -15,8 +15,15 @@ import torch
 
 from pagedllm.attention.backend import AttentionBackend, ForwardBatch
 from pagedllm.config import EngineConfig
-from pagedllm.core.scheduler_output import ModelRunnerOutput, SchedulerOutput, TokenLogprobs
-from pagedllm.model.sampler import SamplingBatch, compute_logprobs, host_to_device, sample
+from pagedllm.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from pagedllm.model.sampler import (
+    LogprobTensors,
+    SamplingBatch,
+    host_to_device,
+    logprob_lists,
+    logprob_tensors,
+    sample,
+)
 from pagedllm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -219,23 +226,19 @@ class ModelRunner:
         if so.total_num_scheduled_tokens == 0:
             return StepHandle()
         batch, order, sampling, sample_rows, prompt_rows = self.prepare_inputs(so)
-        static = False
         if self.graphs is not None and self.graphs.can_run(batch):
+            # the graph's own output buffer, which the next launch overwrites: everything read
+            # from it (sampling, logprobs) is queued below, before that launch
             logits = self.graphs.run(batch)  # [n, V], row i is token i
             if batch.logits_indices.shape[0] != batch.num_tokens:  # else the rows are 0..n-1
                 logits = logits[batch.logits_indices]  # [S', V]
-            else:
-                # the graph's own output buffer, which the next launch overwrites before this
-                # step is collected: whatever `collect` reads later must be a copy
-                static = True
         else:
             hidden = self.model(batch.input_ids, batch.positions, batch)
             logits = self.model.compute_logits(hidden[batch.logits_indices]).float()  # [S', V]
         h = StepHandle()
         if prompt_rows:
-            h.logits, h.prompt_rows = (logits.clone() if static else logits), prompt_rows
-            h.prompt_starts = {rid: self.requests[rid].num_computed_tokens for rid in prompt_rows}
-            h.prompt_states = {rid: self.requests[rid] for rid in prompt_rows}
+            # queued now, before the next launch can overwrite a CUDA graph's output buffer
+            h.prompt_logprobs = self._prompt_logprobs(logits, prompt_rows)
         for rid in order:
             self.requests[rid].num_computed_tokens += so.num_scheduled_tokens[rid]
         if sampling:
@@ -243,34 +246,34 @@ class ModelRunner:
             rows = logits if len(sample_rows) == logits.shape[0] else logits[self._to_device(np.asarray(sample_rows, dtype=np.int64))]
             sb = self._sampling_batch(reqs)
             h.tokens = sample(rows, sb, self.generator)
+            lt = logprob_tensors(rows, h.tokens, sb.num_logprobs)
+            h.logprobs = lt.to_host() if lt is not None else None
             if self.device.type == "cuda":
-                # read back through pinned memory behind an event recorded now: `collect` then
-                # waits for this step only, not for the next one launched after it on the stream
                 h.tokens_host = torch.empty(h.tokens.shape, dtype=h.tokens.dtype, pin_memory=True)
                 h.tokens_host.copy_(h.tokens, non_blocking=True)
-                h.ready = torch.cuda.Event()
-                h.ready.record()
             h.states = reqs
-            if any(n is not None for n in sb.num_logprobs):
-                h.rows, h.num_logprobs = (rows.clone() if static and rows is logits else rows), sb.num_logprobs
             self._last_tokens = h.tokens
             self._last_rows = {r: i for i, r in enumerate(sampling)}
+        if self.device.type == "cuda" and (h.tokens is not None or h.prompt_logprobs):
+            # everything `collect` reads comes back through pinned memory behind an event
+            # recorded now: it then waits for this step only, not for the next one launched
+            # after it on the stream
+            h.ready = torch.cuda.Event()
+            h.ready.record()
         return h
 
     @torch.inference_mode()
     def collect(self, h: "StepHandle") -> ModelRunnerOutput:
         """Waits for a launched step and returns its tokens (and logprobs)."""
         out = ModelRunnerOutput()
-        if h.prompt_rows:
-            self._prompt_logprobs(h, out)
-        if h.tokens is None:
-            return out
         if h.ready is not None:
             h.ready.synchronize()
-            tokens = h.tokens_host.tolist()
-        else:
-            tokens = h.tokens.tolist()
-        lps = compute_logprobs(h.rows, h.tokens, h.num_logprobs) if h.rows is not None else None
+        for rid, lt in (h.prompt_logprobs or {}).items():
+            out.prompt_logprobs[rid] = logprob_lists(lt, len(lt.num))  # type: ignore[assignment]
+        if h.tokens is None:
+            return out
+        tokens = (h.tokens_host if h.tokens_host is not None else h.tokens).tolist()
+        lps = logprob_lists(h.logprobs, len(tokens)) if h.logprobs is not None else None
         for i, (r, t) in enumerate(zip(h.states, tokens)):
             r.token_ids.append(t)
             out.sampled_token_ids[r.req_id] = t
@@ -278,15 +281,17 @@ class ModelRunner:
                 out.logprobs[r.req_id] = lps[i]
         return out
 
-    def _prompt_logprobs(self, h: "StepHandle", out: ModelRunnerOutput) -> None:
-        """Row j of a chunk starting at position c scores prompt token c + j + 1."""
-        for rid, (start, cnt) in h.prompt_rows.items():
-            st = h.prompt_states[rid]
-            c = h.prompt_starts[rid]
-            targets = torch.tensor(st.token_ids[c + 1 : c + 1 + cnt], device=h.logits.device)
+    def _prompt_logprobs(self, logits: torch.Tensor, prompt_rows: dict[str, tuple[int, int]]) -> dict:
+        """Row j of a chunk starting at position c scores prompt token c + j + 1; queued on the
+        device, copied to the host without waiting."""
+        res = {}
+        for rid, (start, cnt) in prompt_rows.items():
+            st = self.requests[rid]
+            c = st.num_computed_tokens
+            targets = host_to_device(st.token_ids[c + 1 : c + 1 + cnt], torch.int64, logits.device)
             k = st.sampling_params.prompt_logprobs
-            res = compute_logprobs(h.logits[start : start + cnt], targets, [k] * cnt)
-            out.prompt_logprobs[rid] = res  # type: ignore[assignment]
+            res[rid] = logprob_tensors(logits[start : start + cnt], targets, [k] * cnt).to_host()
+        return res
 
 
 @dataclass(slots=True)
@@ -295,11 +300,7 @@ class StepHandle:
 
     tokens: torch.Tensor | None = None  # [S] sampled token ids
     tokens_host: torch.Tensor | None = None  # [S] pinned host copy (CUDA), valid once `ready`
-    ready: torch.cuda.Event | None = None  # recorded right after the copy to tokens_host
+    ready: torch.cuda.Event | None = None  # recorded after every copy to the host (tokens, logprobs)
     states: list[CachedRequestState] | None = None  # the sampling requests, in row order
-    rows: torch.Tensor | None = None  # [S, V] logits, kept only when logprobs were asked
-    num_logprobs: list[int | None] | None = None
-    logits: torch.Tensor | None = None  # all logits rows, kept for prompt logprobs
-    prompt_rows: dict[str, tuple[int, int]] | None = None
-    prompt_starts: dict[str, int] | None = None
-    prompt_states: dict[str, CachedRequestState] | None = None
+    logprobs: LogprobTensors | None = None  # of the sampled rows that asked (host copies on CUDA)
+    prompt_logprobs: dict[str, LogprobTensors] | None = None  # per request with prompt_logprobs

@@ -83,3 +83,29 @@ def test_long_context_runs(tmp_path, tokenizer_dir):
     prompt = prompts_of([32768], seed=7)[0]
     out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=64, ignore_eos=True), use_tqdm=False)[0]
     assert len(out.outputs[0].token_ids) == 64
+
+
+def test_float32_logprobs_equal_hf_log_softmax(tmp_path, tokenizer_dir):
+    """Sampled-token and prompt logprobs with CUDA graphs and asynchronous scheduling (they are
+    queued at launch and read back behind the step's event) against HF's float32 log-softmax."""
+    from transformers import AutoModelForCausalLM
+
+    from pagedllm import LLM, SamplingParams
+
+    path = save_tiny_model(tiny_config("llama", heads=4, kv_heads=2, hidden=128), str(tmp_path), tokenizer_dir, seed=6)
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda().eval()
+    llm = LLM(path, dtype="float32", max_model_len=512, gpu_memory_utilization=0.3, max_num_seqs=8)
+    prompts = prompts_of([5, 40, 12], seed=7)
+    sp = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=3, prompt_logprobs=2)
+    for p, o in zip(prompts, llm.generate(prompts, sp, use_tqdm=False)):
+        ref, ref_lps = hf_generate(hf, p, 16)
+        assert o.outputs[0].token_ids == ref
+        for j, (t, lps) in enumerate(zip(ref, o.outputs[0].logprobs)):
+            assert abs(lps[t].logprob - float(ref_lps[j][t])) < 1e-4
+            top = ref_lps[j].topk(3).indices.tolist()
+            assert set(top) <= set(lps)
+        with torch.no_grad():
+            full = torch.log_softmax(hf(torch.tensor([p], device="cuda")).logits[0].float(), -1)
+        assert o.prompt_logprobs[0] is None
+        for j in range(1, len(p)):
+            assert abs(o.prompt_logprobs[j][p[j]].logprob - float(full[j - 1, p[j]])) < 1e-4
