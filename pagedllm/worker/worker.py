@@ -20,6 +20,7 @@ from pagedllm.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from pagedllm.distributed import SINGLE, ParallelState, kv_heads_per_rank
 from pagedllm.model.layers.attention import bind_kv_cache
 from pagedllm.model.loader import build_model, torch_dtype
+from pagedllm.model.sampler import host_to_device
 from pagedllm.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -141,18 +142,18 @@ class Worker:
     def release_graphs(self) -> None:
         """Drops the captured CUDA graphs (before a tensor-parallel group is torn down: NCCL
         calls captured in them keep the communicator in use)."""
-        if getattr(self.runner, "graphs", None) is not None:
+        if self.runner.graphs is not None:
             torch.cuda.synchronize(self.device)
             self.runner.graphs = None
 
     def _swap(self, so: SchedulerOutput) -> None:
         if so.blocks_to_swap_out:
-            src = torch.tensor([g for g, _ in so.blocks_to_swap_out], device=self.device)
+            src = host_to_device([g for g, _ in so.blocks_to_swap_out], torch.int64, self.device)
             dst = torch.tensor([c for _, c in so.blocks_to_swap_out])
             self.cpu_cache[:, :, dst] = self.kv_cache[:, :, src].to("cpu")
         if so.blocks_to_swap_in:
             src = torch.tensor([c for c, _ in so.blocks_to_swap_in])
-            dst = torch.tensor([g for _, g in so.blocks_to_swap_in], device=self.device)
+            dst = host_to_device([g for _, g in so.blocks_to_swap_in], torch.int64, self.device)
             self.kv_cache[:, :, dst] = self.cpu_cache[:, :, src].to(self.device, non_blocking=True)
 
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:

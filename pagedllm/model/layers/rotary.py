@@ -59,8 +59,8 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos_cache", emb.cos(), persistent=False)  # [max_pos, D] float32
         self.register_buffer("sin_cache", emb.sin(), persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, step_cache: dict | None = None):
-        return apply_rotary(positions, q, k, self.cos_cache, self.sin_cache, step_cache)
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        return apply_rotary(positions, q, k, self.cos_cache, self.sin_cache)
 
 
 # live rotary embeddings by (head_dim, max_position, params, device): the layers of a model

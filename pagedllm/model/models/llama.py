@@ -59,7 +59,7 @@ class LlamaAttention(nn.Module):
         if self.use_qk_norm:
             q = self.q_norm(q)
             k = self.k_norm(k)
-        q, k = self.rotary_emb(positions, q, k, batch.step_cache)
+        q, k = self.rotary_emb(positions, q, k)
         return self.o_proj(self.attn(q, k, v, batch))
 
 
