@@ -175,7 +175,7 @@ def _attn_setup(query_lens, seq_lens, num_decodes, dtype, hq=32, hkv=8, hd=128, 
 
 
 def bench_decode(quick: bool, sweep: bool, dtype=torch.bfloat16) -> None:
-    from pagedllm.kernels.attention import _num_sms, decode_attention_triton, decode_num_splits
+    from pagedllm.kernels.attention_decode import _num_sms, decode_attention_triton, decode_num_splits
 
     hq, hkv, hd = 32, 8, 128
     cases = [(1, 1024), (1, 32768), (8, 8192), (64, 2048), (256, 1024)]

@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 
 from pagedllm.attention.backend import AttentionBackend, ForwardBatch
-from pagedllm.kernels.attention import decode_attention_triton, prefill_attention_triton, store_kv_triton
+from pagedllm.kernels.attention import prefill_attention_triton, store_kv_triton
+from pagedllm.kernels.attention_decode import decode_attention_triton
 
 
 class TritonAttentionBackend(AttentionBackend):

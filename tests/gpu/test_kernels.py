@@ -168,7 +168,7 @@ def check_store_kv(device, dtype, num_tokens, hkv, head_dim, block_size, seed=0)
 
 def check_decode(device, dtype, seq_lens, hq, hkv, head_dim, block_size, num_splits=None, seed=0):
     """Decode kernel alone (num_splits None: the heuristic for the batch's max_seq_len)."""
-    from pagedllm.kernels.attention import decode_attention_triton
+    from pagedllm.kernels.attention_decode import decode_attention_triton
 
     b = len(seq_lens)
     batch, num_blocks = make_batch([1] * b, seq_lens, b, block_size, device, seed)
@@ -309,7 +309,7 @@ def test_decode(dtype, block_size, hq, hkv, head_dim):
 @pytest.mark.parametrize("block_size", [16, 32])
 @pytest.mark.parametrize("hq,hkv", [(32, 8), (8, 8)])
 def test_decode_long_context_split_k(dtype, block_size, hq, hkv):
-    from pagedllm.kernels.attention import decode_num_splits
+    from pagedllm.kernels.attention_decode import decode_num_splits
 
     seq_lens = [16384, 3000, 9001]
     assert decode_num_splits(len(seq_lens), hkv, max(seq_lens), 132) > 1

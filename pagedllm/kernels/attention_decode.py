@@ -1,0 +1,203 @@
+"""Triton paged decode attention: one query token per request, split-K along the context, then
+a reduce kernel that merges the partial softmaxes; must equal the decode rows of
+`paged_attention_torch` (pagedllm/attention/torch_backend.py). The tile helpers are shared with
+the prefill kernel in attention.py.
+
+Decode split-K: request r's context is cut into num_splits partitions of equal length (rounded
+up to BLOCK_N). Each program handles one (request, kv head, partition) and all the query heads
+of that kv head's group (GQA), and leaves an unnormalised output plus the running max and sum
+of its partition; the reduce kernel rescales and merges them. With one split the first kernel
+writes the final output itself. The split count is a runtime value (the grid's third
+dimension), so a step with a new count compiles nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from pagedllm.kernels._triton import next_power_of_2
+from pagedllm.kernels.attention import _LOG2E, _attend_tile, _dot_precision, _last_dim_contiguous, _load_kv_tile
+
+
+@triton.jit
+def _decode_kernel(
+    q_ptr,  # [B, Hq, D], one query token per request
+    k_cache_ptr,  # [N, bs, Hkv, D]
+    v_cache_ptr,  # [N, bs, Hkv, D]
+    block_tables_ptr,  # [B, max_blocks] int32
+    seq_lens_ptr,  # [B] int32
+    out_ptr,  # [B, Hq, D], written when there is one split
+    part_out_ptr,  # [B, Hq, num_splits, D] float32, unnormalised partial outputs
+    part_max_ptr,  # [B, Hq, num_splits] float32, running max (base 2)
+    part_sum_ptr,  # [B, Hq, num_splits] float32, running sum of exp2
+    qk_scale,
+    stride_qt, stride_qh, stride_ot, stride_oh,
+    stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+    stride_bt,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    # The split count is the grid's third dimension, a runtime value: a new count (it follows
+    # the batch size and the longest context) needs no new compile, which would stall serving
+    # for a second or more. SPLIT (count > 1) picks partial outputs over the final one.
+    req = tl.program_id(0).to(tl.int64)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    num_splits = tl.num_programs(2)
+    seq_len = tl.load(seq_lens_ptr + req)
+    part_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    start = split * part_len
+    end = tl.minimum(start + part_len, seq_len)
+
+    g = tl.arange(0, BLOCK_G)  # rows: the query heads of this kv head's group (padded to >= 16)
+    g_mask = g < GROUP
+    heads = kv_head * GROUP + g
+    dims = tl.arange(0, BLOCK_D)
+    dim_mask = dims < HEAD_DIM
+    q = tl.load(
+        q_ptr + req * stride_qt + heads[:, None] * stride_qh + dims[None, :],
+        mask=g_mask[:, None] & dim_mask[None, :],
+        other=0.0,
+    )
+    bt_row = block_tables_ptr + req * stride_bt
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    offs_n = tl.arange(0, BLOCK_N)
+    for n0 in range(start, end, BLOCK_N):
+        keys = n0 + offs_n
+        key_mask = keys < end
+        k = _load_kv_tile(k_cache_ptr, bt_row, keys, key_mask, kv_head, dims, dim_mask,
+                          stride_kb, stride_ks, stride_kh, BLOCK_SIZE)  # fmt: skip
+        v = _load_kv_tile(v_cache_ptr, bt_row, keys, key_mask, kv_head, dims, dim_mask,
+                          stride_vb, stride_vs, stride_vh, BLOCK_SIZE)  # fmt: skip
+        acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, k, v, key_mask[None, :], qk_scale, DOT_PRECISION)
+
+    if not SPLIT:
+        # seq_len 0 (a padded CUDA-graph slot) gives l = 0: write zeros, not NaN.
+        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        tl.store(
+            out_ptr + req * stride_ot + heads[:, None] * stride_oh + dims[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=g_mask[:, None] & dim_mask[None, :],
+        )
+    else:
+        row = (req * (GROUP * tl.num_programs(1)) + heads) * num_splits + split  # [BLOCK_G]
+        tl.store(part_max_ptr + row, m_i, mask=g_mask)
+        tl.store(part_sum_ptr + row, l_i, mask=g_mask)
+        tl.store(
+            part_out_ptr + row[:, None] * HEAD_DIM + dims[None, :],
+            acc,
+            mask=g_mask[:, None] & dim_mask[None, :],
+        )
+
+
+@triton.jit(do_not_specialize=["num_splits"])
+def _decode_reduce_kernel(
+    part_out_ptr,  # [B, Hq, num_splits, D] float32
+    part_max_ptr,  # [B, Hq, num_splits] float32
+    part_sum_ptr,  # [B, Hq, num_splits] float32
+    out_ptr,  # [B, Hq, D]
+    stride_ot, stride_oh,
+    num_splits,
+    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    req = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    row = req * tl.num_programs(1) + head
+    s = tl.arange(0, BLOCK_S)
+    s_mask = s < num_splits
+    dims = tl.arange(0, BLOCK_D)
+    dim_mask = dims < HEAD_DIM
+    m = tl.load(part_max_ptr + row * num_splits + s, mask=s_mask, other=float("-inf"))
+    l = tl.load(part_sum_ptr + row * num_splits + s, mask=s_mask, other=0.0)
+    m_max = tl.max(m, axis=0)
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)  # all partitions empty (seq_len 0)
+    w = tl.exp2(m - m_max)  # empty partitions: exp2(-inf) = 0
+    total = tl.sum(l * w, axis=0)
+    total = tl.where(total == 0.0, 1.0, total)
+    acc = tl.load(
+        part_out_ptr + (row * num_splits + s[:, None]) * HEAD_DIM + dims[None, :],
+        mask=s_mask[:, None] & dim_mask[None, :],
+        other=0.0,
+    )
+    out = tl.sum(acc * w[:, None], axis=0) / total
+    tl.store(out_ptr + req * stride_ot + head * stride_oh + dims, out.to(out_ptr.dtype.element_ty), mask=dim_mask)
+
+
+@functools.cache
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+# H200 sweep: batch 1 over 1K tokens ran fastest with 8 splits (128 tokens each), over 32K
+# tokens with 64; more splits only cost the reduce kernel a little.
+MIN_TOKENS_PER_SPLIT = 128
+MAX_SPLITS = 64
+
+
+def decode_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
+    """Partitions per sequence: enough programs to fill about two waves of the GPU, but no
+    partition shorter than MIN_TOKENS_PER_SPLIT. Depends only on its arguments, so a CUDA graph
+    captured for a batch size (with max_seq_len an upper bound) replays the same grid."""
+    programs = max(num_seqs * num_kv_heads, 1)
+    want = triton.cdiv(2 * num_sms, programs)
+    cap = triton.cdiv(max(max_seq_len, 1), MIN_TOKENS_PER_SPLIT)
+    return max(1, min(want, cap, MAX_SPLITS))
+
+
+def decode_attention_triton(
+    q: torch.Tensor,  # [B, Hq, D], row i = the query token of request i
+    k_cache: torch.Tensor,  # [N, bs, Hkv, D]
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # [B, max_blocks] int32 (rows beyond B are ignored)
+    seq_lens: torch.Tensor,  # [B] int32 (entries beyond B are ignored)
+    out: torch.Tensor,  # [B, Hq, D]
+    scale: float,
+    max_seq_len: int,  # upper bound of seq_lens; picks the split count only
+    num_splits: int | None = None,  # None: decode_num_splits(...)
+    block_n: int | None = None,
+) -> torch.Tensor:
+    b, hq, d = q.shape
+    _, bs, hkv, _ = k_cache.shape
+    if b == 0:
+        return out
+    assert hq % hkv == 0 and out.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
+    q = _last_dim_contiguous(q)
+    group = hq // hkv
+    if num_splits is None:
+        num_sms = _num_sms(q.device.index or 0) if q.is_cuda else 1
+        num_splits = decode_num_splits(b, hkv, max_seq_len, num_sms)
+    if block_n is None:
+        block_n = 64 if q.dtype != torch.float32 else 32
+    block_d = next_power_of_2(d)
+    if num_splits > 1:
+        part_out = torch.empty((b, hq, num_splits, d), dtype=torch.float32, device=q.device)
+        part_max = torch.empty((b, hq, num_splits), dtype=torch.float32, device=q.device)
+        part_sum = torch.empty((b, hq, num_splits), dtype=torch.float32, device=q.device)
+    else:
+        part_out = part_max = part_sum = out  # unused
+    _decode_kernel[(b, hkv, num_splits)](
+        q, k_cache, v_cache, block_tables, seq_lens, out, part_out, part_max, part_sum,
+        scale * _LOG2E,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        block_tables.stride(0),
+        GROUP=group, HEAD_DIM=d, BLOCK_SIZE=bs,
+        BLOCK_G=max(16, next_power_of_2(group)), BLOCK_N=block_n, BLOCK_D=block_d,
+        SPLIT=num_splits > 1, DOT_PRECISION=_dot_precision(q.dtype),
+        num_warps=4, num_stages=2,
+    )  # fmt: skip
+    if num_splits > 1:
+        _decode_reduce_kernel[(b, hq)](
+            part_out, part_max, part_sum, out, out.stride(0), out.stride(1), num_splits,
+            HEAD_DIM=d, BLOCK_S=max(MAX_SPLITS, next_power_of_2(num_splits)), BLOCK_D=block_d,
+            num_warps=4 if block_d <= 128 else 8,
+        )  # fmt: skip
+    return out
