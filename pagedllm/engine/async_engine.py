@@ -33,8 +33,10 @@ import threading
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
+from pagedllm.engine.fault_injection import StepFault
+from pagedllm.engine.metrics import IterationStats, StatLogger, finished_request_stats
 from pagedllm.outputs import CompletionOutput, RequestOutput
 from pagedllm.sampling_params import SamplingParams
 
@@ -54,73 +56,6 @@ class QueueFullError(RuntimeError):
 
 class RequestFailedError(RuntimeError):
     """The engine failed while this request was in flight (not the request's own fault)."""
-
-
-class InjectedEngineDeath(BaseException):
-    """Raised by a `die:N` StepFault: a BaseException, so that it passes the per-step handler
-    and kills the engine loop as an unrecoverable engine error would."""
-
-
-@dataclass(frozen=True, slots=True)
-class StepFault:
-    """Test-only fault injection, parsed from a spec such as "step:3" or "step:3,die:40":
-
-    - `step:N`: the N-th engine step raises RuntimeError instead of running; the requests in
-      flight fail with RequestFailedError and the loop goes on.
-    - `die:N`: the N-th engine step kills the engine loop (the engine is then dead).
-
-    Steps are counted from 1 over the calls of `LLMEngine.step()` made by the loop.
-    """
-
-    fail_steps: frozenset[int] = frozenset()
-    die_steps: frozenset[int] = frozenset()
-
-    ENV_VAR = "PAGEDLLM_TEST_FAULT"
-
-    @classmethod
-    def parse(cls, spec: str) -> "StepFault":
-        fail, die = set(), set()
-        for item in filter(None, (part.strip() for part in spec.split(","))):
-            kind, _, number = item.partition(":")
-            if kind not in ("step", "die") or not number.isdigit() or int(number) < 1:
-                raise ValueError(
-                    f"{cls.ENV_VAR}: expected items such as 'step:3' or 'die:10' (N >= 1), got {item!r}"
-                )
-            (fail if kind == "step" else die).add(int(number))
-        return cls(frozenset(fail), frozenset(die))
-
-    def before_step(self, step: int) -> None:
-        if step in self.die_steps:
-            raise InjectedEngineDeath(f"injected engine death at step {step}")
-        if step in self.fail_steps:
-            raise RuntimeError(f"injected fault at step {step}")
-
-
-@dataclass(slots=True)
-class IterationStats:
-    """What happened in one pass of the engine loop, for the stat loggers."""
-
-    time_to_first_tokens: list[float] = field(default_factory=list)
-    inter_token_latencies: list[float] = field(default_factory=list)
-    finished: list["FinishedRequestStats"] = field(default_factory=list)
-
-
-@dataclass(slots=True)
-class FinishedRequestStats:
-    finish_reasons: list[str]  # one per sample (n): stop | length | abort | error
-    e2e_latency: float  # seconds from generate() to the end
-    time_to_first_token: float | None
-    time_per_output_token: float | None  # (end - first token) / (tokens - 1)
-    queue_time: float | None  # arrival in the engine to first scheduling
-    num_prompt_tokens: int
-    num_generation_tokens: int
-
-
-class StatLogger(Protocol):
-    """Called on the engine thread after every loop pass (and about once a second when idle).
-    `stats` is what `LLMEngine.get_stats()` returned (None if it failed)."""
-
-    def record(self, stats: Any, iteration: IterationStats, now: float) -> None: ...
 
 
 # ---------------------------------------------------------------------------------------------
@@ -431,7 +366,7 @@ class AsyncLLMEngine:
             state = self._requests.pop(rid)
             final = self._final_abort_output(rid, state)
             deliveries.append((state.stream, final))
-            iteration.finished.append(self._finished_stats(state, final, now, "abort"))
+            iteration.finished.append(finished_request_stats(state, final, now, "abort"))
         self._deliver(deliveries)
 
     def _final_abort_output(self, request_id: str, state: _RequestState) -> RequestOutput:
@@ -468,7 +403,7 @@ class AsyncLLMEngine:
                 self.engine.abort_request(ids)
             finally:
                 self._deliver([(state.stream, err) for state in states])
-                iteration.finished.extend(self._finished_stats(s, None, now, "error") for s in states)
+                iteration.finished.extend(finished_request_stats(s, None, now, "error") for s in states)
             return
         now = time.monotonic()
         deliveries: list[tuple[_RequestStream, RequestOutput | BaseException]] = []
@@ -480,12 +415,12 @@ class AsyncLLMEngine:
             if out.error is not None:
                 self._requests.pop(out.request_id)
                 deliveries.append((state.stream, RequestFailedError(out.error)))
-                iteration.finished.append(self._finished_stats(state, snap, now, "error"))
+                iteration.finished.append(finished_request_stats(state, snap, now, "error"))
                 continue
             deliveries.append((state.stream, snap))
             if out.finished:
                 self._requests.pop(out.request_id)
-                fin = self._finished_stats(state, snap, now, None)
+                fin = finished_request_stats(state, snap, now, None)
                 iteration.finished.append(fin)
                 if state.final_only and fin.time_to_first_token is not None:
                     iteration.time_to_first_tokens.append(fin.time_to_first_token)
@@ -523,44 +458,6 @@ class AsyncLLMEngine:
         )
         state.last_output = snap
         return snap
-
-    @staticmethod
-    def _finished_stats(
-        state: _RequestState, out: RequestOutput | None, now: float, reason: str | None
-    ) -> FinishedRequestStats:
-        """`reason` fills in for samples without a finish reason of their own (abort, error)."""
-        fallback = reason or "stop"
-        if reason == "error" or out is None:
-            reasons = [fallback] * max(1, len(state.outputs))
-        else:
-            reasons = [c.finish_reason or fallback for c in out.outputs] or [fallback]
-        m = out.metrics if out is not None else None
-        ttft = tpot = None
-        if not state.final_only:
-            if state.first_token_time is not None:
-                ttft = state.first_token_time - state.arrival
-                if state.num_tokens > 1:
-                    tpot = (now - state.first_token_time) / (state.num_tokens - 1)
-        elif m is not None and m.first_token_time is not None:
-            # Only the engine saw the first token; its clock differs from ours, its deltas do not.
-            ttft = state.add_delay + (m.first_token_time - m.arrival_time)
-            if state.num_tokens > 1 and m.last_token_time is not None:
-                tpot = (m.last_token_time - m.first_token_time) / (state.num_tokens - 1)
-        queue_time = None
-        if m is not None:
-            if m.time_in_queue is not None:
-                queue_time = m.time_in_queue
-            elif m.first_scheduled_time is not None:
-                queue_time = max(0.0, m.first_scheduled_time - m.arrival_time)
-        return FinishedRequestStats(
-            finish_reasons=reasons,
-            e2e_latency=now - state.arrival,
-            time_to_first_token=ttft,
-            time_per_output_token=tpot,
-            queue_time=queue_time,
-            num_prompt_tokens=state.num_prompt_tokens,
-            num_generation_tokens=state.num_tokens,
-        )
 
     def _record(self, iteration: IterationStats) -> None:
         try:

@@ -1,4 +1,5 @@
-"""Stat loggers for the AsyncLLMEngine: a periodic log line and Prometheus metrics.
+"""What the AsyncLLMEngine measures per loop pass (`IterationStats`, `FinishedRequestStats`) and
+the stat loggers it feeds: a periodic log line and Prometheus metrics.
 
 Both are fed on the engine thread by `AsyncLLMEngine` after every loop pass with the engine's
 `get_stats()` (gauges and cumulative counters) and the loop's `IterationStats` (latencies of
@@ -13,11 +14,76 @@ never the global one, so two servers (or tests) can live in one process.
 from __future__ import annotations
 
 import logging
-from typing import Any
-
-from pagedllm.engine.async_engine import IterationStats
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class IterationStats:
+    """What happened in one pass of the engine loop, for the stat loggers."""
+
+    time_to_first_tokens: list[float] = field(default_factory=list)
+    inter_token_latencies: list[float] = field(default_factory=list)
+    finished: list["FinishedRequestStats"] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class FinishedRequestStats:
+    finish_reasons: list[str]  # one per sample (n): stop | length | abort | error
+    e2e_latency: float  # seconds from generate() to the end
+    time_to_first_token: float | None
+    time_per_output_token: float | None  # (end - first token) / (tokens - 1)
+    queue_time: float | None  # arrival in the engine to first scheduling
+    num_prompt_tokens: int
+    num_generation_tokens: int
+
+
+class StatLogger(Protocol):
+    """Called on the engine thread after every loop pass (and about once a second when idle).
+    `stats` is what `LLMEngine.get_stats()` returned (None if it failed)."""
+
+    def record(self, stats: Any, iteration: IterationStats, now: float) -> None: ...
+
+
+def finished_request_stats(state: Any, out: Any, now: float, reason: str | None) -> FinishedRequestStats:
+    """The stats of a request that ended: `state` is the AsyncLLMEngine's record of it (arrival,
+    first-token time, token counts), `out` its last RequestOutput (None if it never had one);
+    `reason` fills in for samples without a finish reason of their own (abort, error)."""
+    fallback = reason or "stop"
+    if reason == "error" or out is None:
+        reasons = [fallback] * max(1, len(state.outputs))
+    else:
+        reasons = [c.finish_reason or fallback for c in out.outputs] or [fallback]
+    m = out.metrics if out is not None else None
+    ttft = tpot = None
+    if not state.final_only:
+        if state.first_token_time is not None:
+            ttft = state.first_token_time - state.arrival
+            if state.num_tokens > 1:
+                tpot = (now - state.first_token_time) / (state.num_tokens - 1)
+    elif m is not None and m.first_token_time is not None:
+        # Only the engine saw the first token; its clock differs from ours, its deltas do not.
+        ttft = state.add_delay + (m.first_token_time - m.arrival_time)
+        if state.num_tokens > 1 and m.last_token_time is not None:
+            tpot = (m.last_token_time - m.first_token_time) / (state.num_tokens - 1)
+    queue_time = None
+    if m is not None:
+        if m.time_in_queue is not None:
+            queue_time = m.time_in_queue
+        elif m.first_scheduled_time is not None:
+            queue_time = max(0.0, m.first_scheduled_time - m.arrival_time)
+    return FinishedRequestStats(
+        finish_reasons=reasons,
+        e2e_latency=now - state.arrival,
+        time_to_first_token=ttft,
+        time_per_output_token=tpot,
+        queue_time=queue_time,
+        num_prompt_tokens=state.num_prompt_tokens,
+        num_generation_tokens=state.num_tokens,
+    )
+
 
 # Cumulative counters in the engine's stats object and the metric each feeds.
 _COUNTERS = {

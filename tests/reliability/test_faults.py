@@ -1,4 +1,4 @@
-"""Faults, through the test-only hook $PAGEDLLM_TEST_FAULT (see StepFault in async_engine):
+"""Faults, through the test-only hook $PAGEDLLM_TEST_FAULT (see StepFault in engine/fault_injection.py):
 
 - an engine step that raises fails the requests it was serving with an error response (a 500
   in OpenAI's shape, or an error event at the end of a stream that had begun), never a hang;

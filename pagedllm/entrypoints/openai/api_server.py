@@ -32,7 +32,8 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from pagedllm.engine.async_engine import AsyncLLMEngine, StepFault
+from pagedllm.engine.async_engine import AsyncLLMEngine
+from pagedllm.engine.fault_injection import StepFault
 from pagedllm.entrypoints.openai.protocol import (
     APIError,
     ChatCompletionRequest,
