@@ -85,6 +85,7 @@ class ModelConfig:
     seed: int
     served_model_name: str
     architecture: str
+    max_logprobs: int = 20  # the most logprobs / prompt_logprobs a request may ask for; -1: no cap
 
     @property
     def vocab_size(self) -> int:
@@ -184,6 +185,7 @@ class EngineArgs:
     skip_tokenizer_init: bool = False
     async_scheduling: bool | None = None  # None: on for CUDA
     hf_overrides: dict[str, Any] = field(default_factory=dict)
+    max_logprobs: int = 20
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -344,6 +346,7 @@ def _build_engine_config(args: EngineArgs) -> EngineConfig:
         seed=seed,
         served_model_name=name,
         architecture=architecture,
+        max_logprobs=_check_int("max_logprobs", args.max_logprobs, -1),
     )
     cache_config = CacheConfig(
         block_size=block_size,

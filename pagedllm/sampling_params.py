@@ -1,14 +1,18 @@
 """SamplingParams: how one request is sampled and when it stops (vLLM's fields and defaults).
 
 Pure Python (no torch). `__post_init__` validates every field and raises `ValueError` naming it.
+Limits that depend on the model or the engine (token ids below the vocabulary size, logprobs
+up to `max_logprobs`) are checked by the engine's `add_request`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pagedllm.structured_output.params import StructuredOutputsParams
+
 _MAX_STOP_STRINGS = 64
-_MAX_LOGPROBS = 20
+_MAX_LOGIT_BIAS = 100.0
 
 
 @dataclass(slots=True)
@@ -31,8 +35,15 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    spaces_between_special_tokens: bool = True
+    truncate_prompt_tokens: int | None = None  # keep only the prompt's last k tokens
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit, in [-100, 100]
+    allowed_token_ids: list[int] | None = None  # only these may be sampled
+    bad_words: list[str] | None = None  # never generated (a word's last token is banned after its others)
+    structured_outputs: StructuredOutputsParams | None = None
     # Filled by the engine, not by users.
     all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
+    bad_words_token_ids: list[list[int]] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         def is_int(v: object) -> bool:
@@ -59,8 +70,10 @@ class SamplingParams:
                 raise ValueError(f"{name} must be in [-2, 2], got {v!r}")
         if not is_num(self.repetition_penalty) or not 0.0 < self.repetition_penalty <= 10.0:
             raise ValueError(f"repetition_penalty must be in (0, 10], got {self.repetition_penalty!r}")
+        if self.seed == -1:  # vLLM's spelling of "random"
+            self.seed = None
         if self.seed is not None and (not is_int(self.seed) or not 0 <= self.seed < 2**63):
-            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
+            raise ValueError(f"seed must be a non-negative integer (or -1: random), got {self.seed!r}")
         if self.stop is None:
             self.stop = []
         elif isinstance(self.stop, str):
@@ -85,11 +98,47 @@ class SamplingParams:
             raise ValueError(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
         for name in ("logprobs", "prompt_logprobs"):
             v = getattr(self, name)
-            if v is not None and (not is_int(v) or not 0 <= v <= _MAX_LOGPROBS):
-                raise ValueError(f"{name} must be an integer in [0, {_MAX_LOGPROBS}], got {v!r}")
-        for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
+            if v is not None and (not is_int(v) or v < -1):
+                raise ValueError(f"{name} must be an integer >= 0 (or -1: the whole vocabulary), got {v!r}")
+        for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output",
+                     "spaces_between_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a boolean, got {getattr(self, name)!r}")
+        if self.truncate_prompt_tokens is not None and (
+            not is_int(self.truncate_prompt_tokens) or self.truncate_prompt_tokens < 1
+        ):
+            raise ValueError(f"truncate_prompt_tokens must be an integer >= 1, got {self.truncate_prompt_tokens!r}")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                raise ValueError(f"logit_bias must be a mapping of token id to bias, got {self.logit_bias!r}")
+            bias: dict[int, float] = {}
+            for k, v in self.logit_bias.items():
+                try:
+                    tid = int(k) if not isinstance(k, bool) else -1
+                except (TypeError, ValueError):
+                    tid = -1
+                if tid < 0 or (isinstance(k, float)):
+                    raise ValueError(f"logit_bias: key {k!r} is not a token id")
+                if not is_num(v):
+                    raise ValueError(f"logit_bias: the bias of token {k} must be a number, got {v!r}")
+                bias[tid] = max(-_MAX_LOGIT_BIAS, min(_MAX_LOGIT_BIAS, float(v)))
+            self.logit_bias = bias or None
+        if self.allowed_token_ids is not None and (
+            not isinstance(self.allowed_token_ids, list) or not self.allowed_token_ids
+            or not all(is_int(t) and t >= 0 for t in self.allowed_token_ids)
+        ):
+            raise ValueError(f"allowed_token_ids must be a non-empty list of token ids, got {self.allowed_token_ids!r}")
+        if self.bad_words is not None and (
+            not isinstance(self.bad_words, list) or not all(isinstance(w, str) and w for w in self.bad_words)
+        ):
+            raise ValueError(f"bad_words must be a list of non-empty strings, got {self.bad_words!r}")
+        if isinstance(self.structured_outputs, dict):
+            try:
+                self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
+            except TypeError as e:
+                raise ValueError(f"structured_outputs: {e}") from None
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            raise ValueError(f"structured_outputs must be a StructuredOutputsParams, got {self.structured_outputs!r}")
         self.all_stop_token_ids = set(self.stop_token_ids)
 
     @property
@@ -103,10 +152,12 @@ class SamplingParams:
     def clone(self, **changes: object) -> "SamplingParams":
         from dataclasses import fields, replace
 
-        kwargs = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "all_stop_token_ids"}
+        filled = ("all_stop_token_ids", "bad_words_token_ids")
+        kwargs = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in filled}
         kwargs["stop"] = list(self.stop)
         kwargs["stop_token_ids"] = list(self.stop_token_ids)
         kwargs.update(changes)
         out = SamplingParams(**kwargs)
         out.all_stop_token_ids |= self.all_stop_token_ids
+        out.bad_words_token_ids = [list(w) for w in self.bad_words_token_ids]
         return out

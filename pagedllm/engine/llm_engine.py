@@ -104,6 +104,7 @@ class LLMEngine:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self._inflight = None  # (SchedulerOutput, handle) of a launched, uncollected step
+        self._structured = None  # StructuredOutputManager, made with the first grammar
         # host seconds per phase of step(), summed: where an engine bound by its host spends
         # them ("collect" is the wait for the device's results; near 0 means host-bound)
         self.step_timing = StepTiming()
@@ -158,6 +159,9 @@ class LLMEngine:
         text, ids = self.tokenize_prompt(prompt)
         if not ids:
             raise ValueError("prompt must not be empty")
+        if params.truncate_prompt_tokens is not None and len(ids) > params.truncate_prompt_tokens:
+            ids = ids[-params.truncate_prompt_tokens :]
+        self.check_sampling_params(params)
         max_len = self.model_config.max_model_len
         if len(ids) > max_len:
             raise ValueError(
@@ -189,6 +193,52 @@ class LLMEngine:
         for i, child in enumerate(children):
             self._child_to_parent[child.request_id] = (parent, i)
             self.scheduler.add_request(child)
+
+    @property
+    def structured_output_manager(self):
+        """The grammar compiler and its cache (made on first use: it reads the vocabulary)."""
+        if self._structured is None:
+            if self.tokenizer is None:
+                raise ValueError("structured_outputs: grammars need a tokenizer (skip_tokenizer_init is set)")
+            from pagedllm.structured_output.manager import StructuredOutputManager
+
+            self._structured = StructuredOutputManager(self.tokenizer, self.model_config.vocab_size,
+                                                       self.eos_token_ids)
+        return self._structured
+
+    def check_sampling_params(self, params: SamplingParams) -> None:
+        """The checks that need the model: token ids in the vocabulary, logprobs within
+        max_logprobs; tokenizes bad_words and compiles the grammar (cached). Raises ValueError."""
+        vocab = self.model_config.vocab_size
+        cap = self.model_config.max_logprobs
+        for name in ("logprobs", "prompt_logprobs"):
+            v = getattr(params, name)
+            if v == -1:
+                if cap != -1:
+                    raise ValueError(f"{name}=-1 (the whole vocabulary) needs the server's --max-logprobs -1")
+                setattr(params, name, vocab)
+            elif v is not None and cap != -1 and v > cap:
+                raise ValueError(f"{name} must be <= max_logprobs={cap}, got {v}")
+            elif v is not None and v > vocab:
+                setattr(params, name, vocab)
+        if params.logit_bias and any(t >= vocab for t in params.logit_bias):
+            bad = next(t for t in params.logit_bias if t >= vocab)
+            raise ValueError(f"logit_bias: token id {bad} is outside the vocabulary [0, {vocab})")
+        if params.allowed_token_ids and any(t >= vocab for t in params.allowed_token_ids):
+            raise ValueError(f"allowed_token_ids must be < vocab size {vocab}")
+        if params.bad_words and not params.bad_words_token_ids:
+            if self.tokenizer is None:
+                raise ValueError("bad_words: bad words need a tokenizer (skip_tokenizer_init is set)")
+            seqs = []
+            for w in params.bad_words:
+                # the word as it appears at the start of the output and after a space
+                for variant in (w, " " + w.lstrip()):
+                    ids = list(self.tokenizer.encode(variant, add_special_tokens=False))
+                    if ids and ids not in seqs:
+                        seqs.append(ids)
+            params.bad_words_token_ids = seqs
+        if params.structured_outputs is not None:
+            self.structured_output_manager.compile(params.structured_outputs)
 
     def abort_request(self, request_id: str | Iterable[str]) -> None:
         """Stops the requests and frees their KV blocks now; no further output is produced."""

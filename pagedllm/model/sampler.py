@@ -1,7 +1,8 @@
 """Sampling a batch of next tokens from logits, each row with its own SamplingParams.
 
-Order of work per row: penalties (repetition, frequency, presence) and min_tokens masking on
-the logits; then greedy rows take the argmax, random rows divide by temperature, keep top-k,
+Order of work per row: penalties (repetition, frequency, presence), then the logits edits of
+model/logits_processors.py (logit_bias, allowed_token_ids, bad_words and min_tokens bans, the
+structured-output grammar bitmask); then greedy rows take the argmax, random rows divide by temperature, keep top-k,
 top-p and min-p, and draw with the exponential-race trick (argmax of p / q, q ~ Exp(1)) so a
 per-request `seed` gives the same draw whatever the batch. Logprobs are from the raw logits
 (before any processing), as vLLM reports them by default.
@@ -20,6 +21,7 @@ import torch
 from pagedllm.core.scheduler_output import TokenLogprobs
 from pagedllm.kernels import cpu_kernels
 from pagedllm.kernels._triton import use_triton
+from pagedllm.model.logits_processors import LogitsEdits, apply_logits_edits
 
 
 @dataclass(slots=True)
@@ -35,7 +37,7 @@ class SamplingBatch:
     repetition: torch.Tensor | None  # [S] float32
     output_tokens: list[list[int]] | None  # per row, for frequency/presence/repetition
     prompt_tokens: list[list[int]] | None  # per row, for repetition
-    banned: list[tuple[int, list[int]]]  # (row, token ids to mask): min_tokens not reached
+    edits: LogitsEdits  # logit_bias, allowed_token_ids, bans, grammar bitmask
     generators: list[torch.Generator | None]  # per row; None = the engine's generator
     num_logprobs: list[int | None]  # per row
 
@@ -141,11 +143,8 @@ def sample(logits: torch.Tensor, sb: SamplingBatch, default_gen: torch.Generator
     raw = logits
     if sb.repetition is not None or sb.frequency is not None or sb.presence is not None:
         logits = apply_penalties(logits, sb)
-    if sb.banned:
-        logits = logits.clone() if logits is raw else logits
-        rows = [row for row, ids in sb.banned for _ in ids]
-        idx = host_to_device([rows, [t for _, ids in sb.banned for t in ids]], torch.int64, logits.device)
-        logits[idx[0], idx[1]] = float("-inf")
+    if sb.edits:
+        logits = apply_logits_edits(logits, sb.edits, lambda v, dtype: host_to_device(v, dtype, raw.device))
     if sb.all_greedy:
         return cpu_kernels.argmax(logits)
     if (sb.top_k is None and sb.top_p is None and sb.min_p is None and use_triton(logits)

@@ -3,6 +3,13 @@
 It keeps a copy of each live request's tokens and block table (updated from the scheduler's
 diffs and from its own samples), builds the ForwardBatch (decodes first), runs the model,
 computes logits only at the rows that need them, and samples.
+
+Structured outputs: each constrained request has a grammar matcher here (a fresh one, fed the
+request's output so far, whenever the request arrives in full: at its start and after a
+preemption). A step's constrained rows get their bitmask filled on the host after the forward
+pass is queued; under asynchronous scheduling the previous step's tokens are first accepted
+into the matchers (one wait for that step, which ran before this one's forward: the device
+stays busy meanwhile).
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import torch
 from pagedllm.attention.backend import AttentionBackend, ForwardBatch
 from pagedllm.config import EngineConfig
 from pagedllm.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from pagedllm.model.logits_processors import LogitsEdits, banned_tail_tokens
 from pagedllm.model.sampler import (
     LogprobTensors,
     SamplingBatch,
@@ -25,6 +33,7 @@ from pagedllm.model.sampler import (
     sample,
 )
 from pagedllm.sampling_params import SamplingParams
+from pagedllm.structured_output.matcher import RequestGrammar, fill_bitmask, new_matcher
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +48,7 @@ class CachedRequestState:
     sampling_params: SamplingParams
     generator: torch.Generator | None
     table_np: np.ndarray  # block_ids as an array, refreshed when blocks are added
+    grammar: RequestGrammar | None = None  # structured outputs: the matcher of its output
 
 
 class ModelRunner:
@@ -57,6 +67,8 @@ class ModelRunner:
         self.graphs = None  # DecodeGraphs, set by the worker on CUDA unless enforce_eager
         self._last_tokens: torch.Tensor | None = None  # [S] tokens of the latest launch
         self._last_rows: dict[str, int] = {}  # request id -> row in _last_tokens
+        self._uncollected: StepHandle | None = None  # the latest launch, until collected
+        self._structured = None  # StructuredOutputManager, only where grammars arrive uncompiled
 
     # ---- request state ---------------------------------------------------------------
     def _update_states(self, so: SchedulerOutput) -> None:
@@ -67,16 +79,46 @@ class ModelRunner:
             gen = old.generator if old is not None else None
             if gen is None and new.sampling_params.seed is not None:
                 gen = torch.Generator(device=self.device).manual_seed(new.sampling_params.seed)
-            self.requests[new.req_id] = CachedRequestState(
+            st = self.requests[new.req_id] = CachedRequestState(
                 new.req_id, list(new.token_ids), new.num_prompt_tokens, list(new.block_ids),
                 new.num_computed_tokens, new.sampling_params, gen, np.asarray(new.block_ids, dtype=np.int64),
             )
+            if new.sampling_params.structured_outputs is not None:
+                st.grammar = self._new_grammar(st)
         for c in so.scheduled_cached_reqs:
             st = self.requests[c.req_id]
             if c.new_block_ids:
                 st.block_ids.extend(c.new_block_ids)
                 st.table_np = np.asarray(st.block_ids, dtype=np.int64)
             st.num_computed_tokens = c.num_computed_tokens
+
+    def _new_grammar(self, st: CachedRequestState) -> RequestGrammar:
+        so = st.sampling_params.structured_outputs
+        compiled = so.compiled
+        if compiled is None:  # a worker in another process than the engine: compile here
+            if self._structured is None:
+                from pagedllm.model.loader import load_tokenizer
+                from pagedllm.structured_output.manager import StructuredOutputManager
+
+                mc = self.config.model_config
+                tok = load_tokenizer(mc.model, mc.tokenizer, mc.gguf_file)
+                self._structured = StructuredOutputManager(tok, self.vocab_size, self.eos_token_ids)
+            compiled = self._structured.compile(so)
+        return RequestGrammar(new_matcher(compiled), st.token_ids[st.num_prompt_tokens :])
+
+    def _accept_uncollected(self) -> None:
+        """Feeds the matchers the tokens of the launch not yet collected (asynchronous
+        scheduling), so that this step's masks follow them."""
+        h = self._uncollected
+        if h is None or h.tokens is None or h.grammar_accepted:
+            return
+        if h.ready is not None:
+            h.ready.synchronize()
+        tokens = (h.tokens_host if h.tokens_host is not None else h.tokens).tolist()
+        for st, t in zip(h.states, tokens):
+            if st.grammar is not None:
+                st.grammar.accept(t)
+        h.grammar_accepted = True
 
     # ---- inputs ----------------------------------------------------------------------
     def _to_device(self, array: np.ndarray) -> torch.Tensor:
@@ -185,16 +227,31 @@ class ModelRunner:
         any_rep = any(sp.repetition_penalty != 1.0 for sp in sps)
         any_freq = any(sp.frequency_penalty != 0 for sp in sps)
         any_pres = any(sp.presence_penalty != 0 for sp in sps)
-        banned = []
+        edits = LogitsEdits()
+        grammar_rows = []
         for i, r in enumerate(reqs):
             sp = r.sampling_params
             n_out = len(r.token_ids) - r.num_prompt_tokens
+            ids = set()
             if n_out < sp.min_tokens:
                 ids = set(sp.all_stop_token_ids)
                 if not sp.ignore_eos:
                     ids |= self.eos_token_ids
-                if ids:
-                    banned.append((i, sorted(t for t in ids if t < self.vocab_size)))
+            if sp.bad_words_token_ids:
+                ids.update(banned_tail_tokens(r.token_ids[r.num_prompt_tokens :], sp.bad_words_token_ids))
+            if ids:
+                edits.banned.append((i, sorted(t for t in ids if t < self.vocab_size)))
+            if sp.logit_bias:
+                edits.bias.append((i, sp.logit_bias))
+            if sp.allowed_token_ids:
+                edits.allowed.append((i, sp.allowed_token_ids))
+            if r.grammar is not None:
+                grammar_rows.append(i)
+        if grammar_rows:
+            self._accept_uncollected()
+            bitmask = fill_bitmask([reqs[i].grammar for i in grammar_rows], self.vocab_size, self.pin)
+            edits.bitmask = bitmask.to(dev, non_blocking=True)
+            edits.bitmask_rows = col(grammar_rows, torch.int64)
         need_tokens = any_rep or any_freq or any_pres
         return SamplingBatch(
             temperature=col([1.0 if g else sp.temperature for g, sp in zip(greedy, sps)]),
@@ -208,7 +265,7 @@ class ModelRunner:
             repetition=col([sp.repetition_penalty for sp in sps]) if any_rep else None,
             output_tokens=[r.token_ids[r.num_prompt_tokens :] for r in reqs] if need_tokens else None,
             prompt_tokens=[r.token_ids[: r.num_prompt_tokens] for r in reqs] if need_tokens else None,
-            banned=banned,
+            edits=edits,
             generators=[r.generator for r in reqs],
             num_logprobs=[r.sampling_params.logprobs for r in reqs],
         )
@@ -254,6 +311,7 @@ class ModelRunner:
             h.states = reqs
             self._last_tokens = h.tokens
             self._last_rows = {r: i for i, r in enumerate(sampling)}
+            self._uncollected = h
         if self.device.type == "cuda" and (h.tokens is not None or h.prompt_logprobs):
             # everything `collect` reads comes back through pinned memory behind an event
             # recorded now: it then waits for this step only, not for the next one launched
@@ -272,10 +330,15 @@ class ModelRunner:
             out.prompt_logprobs[rid] = logprob_lists(lt, len(lt.num))  # type: ignore[assignment]
         if h.tokens is None:
             return out
+        if h is self._uncollected:
+            self._uncollected = None
         tokens = (h.tokens_host if h.tokens_host is not None else h.tokens).tolist()
         lps = logprob_lists(h.logprobs, len(tokens)) if h.logprobs is not None else None
+        accept = not h.grammar_accepted
         for i, (r, t) in enumerate(zip(h.states, tokens)):
             r.token_ids.append(t)
+            if accept and r.grammar is not None:
+                r.grammar.accept(t)
             out.sampled_token_ids[r.req_id] = t
             if lps is not None and lps[i] is not None:
                 out.logprobs[r.req_id] = lps[i]
@@ -304,3 +367,4 @@ class StepHandle:
     states: list[CachedRequestState] | None = None  # the sampling requests, in row order
     logprobs: LogprobTensors | None = None  # of the sampled rows that asked (host copies on CUDA)
     prompt_logprobs: dict[str, LogprobTensors] | None = None  # per request with prompt_logprobs
+    grammar_accepted: bool = False  # its tokens are already in the matchers (read by the next launch)

@@ -18,8 +18,8 @@ PROMPTS = [[101, 2002, 303, 44], [7, 8, 9, 10, 11, 12, 13], [4000]]
 @pytest.mark.parametrize("field,value", [
     ("n", 0), ("n", 1.5), ("temperature", -0.1), ("top_p", 0.0), ("top_p", 1.5), ("top_k", -2),
     ("min_p", 1.5), ("presence_penalty", 3.0), ("frequency_penalty", -2.5), ("repetition_penalty", 0.0),
-    ("max_tokens", 0), ("max_tokens", -3), ("min_tokens", -1), ("logprobs", 21), ("prompt_logprobs", -1),
-    ("seed", -1), ("stop", [""]), ("stop", 5), ("stop_token_ids", [-1]), ("ignore_eos", "yes"),
+    ("max_tokens", 0), ("max_tokens", -3), ("min_tokens", -1), ("logprobs", -2), ("prompt_logprobs", -2),
+    ("seed", -2), ("stop", [""]), ("stop", 5), ("stop_token_ids", [-1]), ("ignore_eos", "yes"),
 ])
 def test_invalid_params_name_the_field(field, value):
     with pytest.raises(ValueError, match=field):
