@@ -10,9 +10,18 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
+
+from pagedllm.engine.accepted_args import AcceptedArgs
+from pagedllm.engine.arg_utils import arg, log_accepted
+from pagedllm.engine.vllm_compat import (
+    log_inapplicable,
+    parse_gib_or_size,
+    parse_size,
+    resolve_attention_backend,
+    resolve_block_size,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -27,31 +36,14 @@ _DTYPE_ALIASES = {
     "bfloat16": "bfloat16",
     "bf16": "bfloat16",
 }
+_DTYPE_CHOICES = ("auto", "float32", "float16", "bfloat16", "half", "float", "bf16", "fp16", "fp32")
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 PREEMPTION_MODES = ("recompute", "swap")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 DEVICES = ("auto", "cpu", "cuda")
 DISTRIBUTED_EXECUTOR_BACKENDS = ("mp", "ray", "uni")
 
-_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
 _GiB = 1 << 30
-
-
-def parse_size(value: int | float | str, name: str) -> int:
-    """Bytes from an int or a string such as "4GiB", "512MB", "1.5g"."""
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be a size in bytes or a string like '4GiB', got {value!r}")
-    if isinstance(value, (int, float)):
-        if value < 0:
-            raise ValueError(f"{name} must be >= 0, got {value}")
-        return int(value)
-    m = _SIZE_RE.match(str(value))
-    if not m:
-        raise ValueError(f"{name} must be a size in bytes or a string like '4GiB', got {value!r}")
-    number, unit, binary = float(m.group(1)), m.group(2).lower(), m.group(3)
-    power = " kmgt".index(unit) if unit else 0
-    base = 1024 if (binary or unit) else 1
-    return int(number * base**power)
 
 
 def default_model_path() -> str:
@@ -86,6 +78,8 @@ class ModelConfig:
     served_model_name: str
     architecture: str
     max_logprobs: int = 20  # the most logprobs / prompt_logprobs a request may ask for; -1: no cap
+    generation_config: str = "auto"  # auto | vllm | a directory with generation_config.json
+    override_generation_config: dict[str, Any] | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -155,38 +149,105 @@ class EngineConfig:
 
 
 @dataclass
-class EngineArgs:
+class EngineArgs(AcceptedArgs):
     """Everything a user may set, with vLLM's names and defaults. Build once with
-    `create_engine_config()`; the frozen result is what the engine uses."""
+    `create_engine_config()`; the frozen result is what the engine uses.
 
-    model: str | None = None
-    tokenizer: str | None = None
-    served_model_name: str | None = None
-    dtype: str = "auto"
-    max_model_len: int | None = None
-    block_size: int = 16
-    gpu_memory_utilization: float = 0.9
-    kv_cache_memory: int | str | None = None
-    swap_space: float = 4.0
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int | None = None
-    enable_prefix_caching: bool = True
-    enforce_eager: bool = False
-    seed: int = 0
-    load_format: str = "auto"
-    preemption_mode: str = "recompute"
-    scheduling_policy: str = "fcfs"
-    batch_wait_timeout: float = 0.0
-    tensor_parallel_size: int = 1
-    distributed_executor_backend: str | None = None  # None: uni at tensor_parallel_size 1, else mp
-    device: str = "auto"
-    disable_log_stats: bool = True
-    attention_backend: str | None = None
-    skip_tokenizer_init: bool = False
-    async_scheduling: bool | None = None  # None: on for CUDA
-    hf_overrides: dict[str, Any] = field(default_factory=dict)
-    max_logprobs: int = 20
+    Every field is declared with `arg` (engine/arg_utils.py): its help text and parser become its
+    `pagedllm serve` flag automatically, so a new engine argument is one field. The vLLM arguments
+    that mean nothing here (accepted and logged) are inherited from `AcceptedArgs`.
+    """
 
+    # ---- model ----
+    model: str | None = arg(None, "Model: a Hugging Face directory, a .gguf file or a hub id "
+                            "(org/name, or org/name:FILE.gguf for a GGUF repo).", cli=False, group="model")
+    tokenizer: str | None = arg(None, "Tokenizer: a directory or hub id, when it differs from the model's.",
+                                group="model")
+    served_model_name: str | list[str] | None = arg(None, "Name clients use in the `model` field.", cli=False,
+                                                    group="model")
+    revision: str | None = arg(None, "Hub revision of the model (branch, tag or commit). Default: main.",
+                               group="model")
+    tokenizer_revision: str | None = arg(None, "Hub revision of the tokenizer. Default: the model's.",
+                                         group="model")
+    download_dir: str | None = arg(None, "Hugging Face cache directory to read and download into. "
+                                   "Default: $HF_HUB_CACHE, else $HF_HOME/hub.", group="model")
+    hf_token: str | bool | None = arg(None, "Hub token; the flag alone uses the stored one (huggingface-cli "
+                                      "login). Default: $HF_TOKEN.", parse="optional_token", group="model",
+                                      metavar="TOKEN")
+    gguf_file: str | None = arg(None, "The .gguf file of a GGUF hub repo (the same as MODEL written "
+                                "org/name:FILE.gguf).", group="model")
+    dtype: str = arg("auto", "Weight and activation dtype. auto: float32 on CPU, the model's half type on GPU.",
+                     choices=_DTYPE_CHOICES, group="model")
+    max_model_len: int | None = arg(None, "Longest sequence (prompt + completion) in tokens, e.g. 4096 or 4K "
+                                    "(= 4096). Default: the model's max_position_embeddings.",
+                                    flags=("--max-seq-length",), parse="positive_int", group="model")
+    seed: int | None = arg(0, "Random seed of the engine (None: 0).", parse="non_negative_int", group="model")
+    load_format: str = arg("auto", "How to load weights; dummy makes random weights (for benchmarks).",
+                           choices=LOAD_FORMATS, group="model")
+    hf_overrides: dict[str, Any] = arg(default_factory=dict, help="JSON object of values that replace the "
+                                       "model config's (e.g. '{\"rope_theta\": 50000}').", parse="json",
+                                       group="model")
+    generation_config: str = arg("auto", "Request defaults: auto takes temperature, top_p, top_k, min_p, "
+                                 "repetition_penalty and max_new_tokens from the model's "
+                                 "generation_config.json for requests that leave them unset; vllm keeps "
+                                 "the plain defaults; a directory reads its generation_config.json.",
+                                 group="model")
+    override_generation_config: dict[str, Any] = arg(default_factory=dict, help="JSON object of request "
+                                                     "defaults applied over generation_config's (e.g. "
+                                                     "'{\"temperature\": 0.5}').", parse="json", group="model")
+    max_logprobs: int = arg(20, "Most logprobs (and prompt logprobs) a request may ask for; -1: no cap.",
+                            parse="int", group="model")
+    skip_tokenizer_init: bool = arg(False, "Load no tokenizer: prompts must be token ids, outputs have no text.",
+                                    group="model")
+    # ---- cache ----
+    block_size: int = arg(16, "Tokens per KV-cache block (a power of two, at most 1024; a larger value is "
+                          "read as bytes per block of one layer's KV head, see README).",
+                          flags=("--cache-block-size",), parse="positive_int", group="cache")
+    gpu_memory_utilization: float = arg(0.9, "Fraction of GPU memory the engine may use (weights, activations "
+                                        "and KV cache), in (0, 1]. Does not apply on a CPU.", parse="fraction",
+                                        group="cache")
+    kv_cache_memory: int | str | None = arg(None, "KV-cache size, e.g. 2GiB or 512M; overrides "
+                                            "--gpu-memory-utilization. On CPU the default is a quarter of free "
+                                            "RAM, at most 4 GiB.", flags=("--kv-cache-memory-bytes",),
+                                            parse="size", group="cache")
+    kv_cache_memory_bytes: int | str | None = arg(None, "vLLM's name of kv_cache_memory.",
+                                                  alias_of="kv_cache_memory", group="cache")
+    swap_space: float | str = arg(4.0, "CPU memory for KV blocks of swapped-out requests (with "
+                                  "--preemption-mode swap): GiB, or a size such as 10G, 10GiB, 512M.",
+                                  parse="gib_or_size", group="cache")
+    enable_prefix_caching: bool = arg(True, "Reuse KV blocks of shared prompt prefixes across requests.",
+                                      group="cache")
+    # ---- scheduler ----
+    max_num_seqs: int = arg(256, "Most requests (sequences) in one batch.", parse="positive_int",
+                            group="scheduler")
+    max_num_batched_tokens: int | None = arg(None, "Token budget of one step (prefill chunks plus decodes). "
+                                             "Default: 2048 on CPU, 8192 on GPU.", parse="positive_int",
+                                             group="scheduler")
+    enable_chunked_prefill: bool | None = arg(None, "Split long prompts over steps. Always on in pagedllm "
+                                              "(False is an error).", group="scheduler")
+    preemption_mode: str = arg("recompute", "When KV blocks run out: recompute (free and re-run the prompt "
+                               "later) or swap (to CPU memory).", choices=PREEMPTION_MODES, group="scheduler")
+    scheduling_policy: str = arg("fcfs", "fcfs: first come first served; priority: lower `priority` first.",
+                                 choices=SCHEDULING_POLICIES, group="scheduler")
+    batch_wait_timeout: float = arg(0.0, "Milliseconds the scheduler may wait for more requests to fill a "
+                                    "batch.", parse="non_negative_float", group="scheduler")
+    async_scheduling: bool | None = arg(None, "Schedule step N+1 while step N runs. Default: on for CUDA.",
+                                        group="scheduler")
+    # ---- parallelism and device ----
+    tensor_parallel_size: int = arg(1, "Number of ranks (GPUs, or CPU processes) to split the model across.",
+                                    flags=("-tp",), parse="positive_int", group="parallel")
+    distributed_executor_backend: str | None = arg(
+        None, "How the tensor-parallel ranks run: mp (a process per rank on this machine; the default when "
+        "--tensor-parallel-size > 1), ray (a Ray actor per rank, on the cluster of $RAY_ADDRESS or a local "
+        "one) or uni (one worker in the engine's process).", choices=DISTRIBUTED_EXECUTOR_BACKENDS,
+        group="parallel")
+    device: str = arg("auto", "Where to run; auto picks cuda when present.", choices=DEVICES, group="parallel")
+    enforce_eager: bool = arg(False, "Never capture CUDA graphs.", group="parallel")
+    attention_backend: str | None = arg(None, "torch, triton or cpu; vLLM's names (FLASH_ATTN, TRITON_ATTN, "
+                                        "FLASHINFER, TORCH_SDPA, ...) map to these. Default: triton on CUDA, "
+                                        "the C decode kernel on a CPU.", group="parallel")
+    disable_log_stats: bool = arg(True, "Do not log the throughput / queue / KV-usage line every few seconds.",
+                                  cli_default=False, group="server")
     @classmethod
     def field_names(cls) -> set[str]:
         return {f.name for f in dataclasses.fields(cls)}
@@ -278,17 +339,28 @@ def _build_engine_config(args: EngineArgs) -> EngineConfig:
 
     tp = _check_int("tensor_parallel_size", args.tensor_parallel_size, 1)
     executor_backend = _resolve_executor_backend(args.distributed_executor_backend, tp)
-    block_size = _check_int("block_size", args.block_size, 1, 1024)
-    if block_size & (block_size - 1):
-        raise ValueError(f"block_size must be a power of two, got {block_size}")
+    _check_int("block_size", args.block_size, 1)
     util = args.gpu_memory_utilization
     if isinstance(util, bool) or not isinstance(util, (int, float)) or not 0 < util <= 1:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {util!r}")
-    kv_mem = None if args.kv_cache_memory is None else parse_size(args.kv_cache_memory, "kv_cache_memory")
+    kv_arg = args.kv_cache_memory
+    if args.kv_cache_memory_bytes is not None:
+        if kv_arg is not None and parse_size(kv_arg, "kv_cache_memory") != parse_size(
+                args.kv_cache_memory_bytes, "kv_cache_memory_bytes"):
+            raise ValueError("kv_cache_memory and kv_cache_memory_bytes are one setting; give one of them")
+        kv_arg = args.kv_cache_memory_bytes
+    kv_mem = None if kv_arg is None else parse_size(kv_arg, "kv_cache_memory")
     if kv_mem is not None and kv_mem <= 0:
         raise ValueError(f"kv_cache_memory must be > 0, got {args.kv_cache_memory!r}")
-    if isinstance(args.swap_space, bool) or not isinstance(args.swap_space, (int, float)) or args.swap_space < 0:
-        raise ValueError(f"swap_space must be a number of GiB >= 0, got {args.swap_space!r}")
+    swap_gib = parse_gib_or_size(args.swap_space, "swap_space")
+    if args.enable_chunked_prefill is False:
+        raise ValueError("enable_chunked_prefill=False: pagedllm always splits long prompts over steps "
+                         "(chunked prefill); leave enable_chunked_prefill unset or True")
+    if args.generation_config not in ("auto", "vllm") and not os.path.isdir(str(args.generation_config)):
+        raise ValueError(f"generation_config must be 'auto', 'vllm' or a directory, got {args.generation_config!r}")
+    for name in ("hf_overrides", "override_generation_config"):
+        if not isinstance(getattr(args, name) or {}, dict):
+            raise ValueError(f"{name} must be a dict, got {getattr(args, name)!r}")
     max_num_seqs = _check_int("max_num_seqs", args.max_num_seqs, 1)
     _check_choice("load_format", args.load_format, LOAD_FORMATS)
     _check_choice("preemption_mode", args.preemption_mode, PREEMPTION_MODES)
@@ -296,7 +368,7 @@ def _build_engine_config(args: EngineArgs) -> EngineConfig:
     bwt = args.batch_wait_timeout
     if isinstance(bwt, bool) or not isinstance(bwt, (int, float)) or bwt < 0:
         raise ValueError(f"batch_wait_timeout must be a number of milliseconds >= 0, got {bwt!r}")
-    seed = _check_int("seed", args.seed, 0)
+    seed = _check_int("seed", 0 if args.seed is None else args.seed, 0)
     device = _resolve_device(args.device)
 
     model = args.model if args.model is not None else default_model_path()
@@ -314,6 +386,10 @@ def _build_engine_config(args: EngineArgs) -> EngineConfig:
 
     architecture = resolve_architecture(archs)
     dtype = _resolve_dtype(args.dtype, hf_config, device)
+    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+    block_size = resolve_block_size(args.block_size, head_dim, 4 if dtype == "float32" else 2)
+    log_inapplicable(args, device, args.preemption_mode, swap_gib)
+    log_accepted(args)
     _check_tensor_parallel(tp, hf_config, device, executor_backend)
 
     derived_len = int(getattr(hf_config, "max_position_embeddings", 0) or 2048)
@@ -332,7 +408,9 @@ def _build_engine_config(args: EngineArgs) -> EngineConfig:
         max_num_batched_tokens = _check_int("max_num_batched_tokens", args.max_num_batched_tokens, 1)
 
     tokenizer = args.tokenizer or model
-    name = args.served_model_name or (
+    served = args.served_model_name
+    served = served[0] if isinstance(served, (list, tuple)) and served else served
+    name = served or (
         os.path.basename(model.rstrip("/")) if gguf_file is None else os.path.splitext(os.path.basename(model))[0]
     )
     model_config = ModelConfig(
@@ -347,12 +425,14 @@ def _build_engine_config(args: EngineArgs) -> EngineConfig:
         served_model_name=name,
         architecture=architecture,
         max_logprobs=_check_int("max_logprobs", args.max_logprobs, -1),
+        generation_config=args.generation_config,
+        override_generation_config=dict(args.override_generation_config or {}),
     )
     cache_config = CacheConfig(
         block_size=block_size,
         gpu_memory_utilization=float(util),
         kv_cache_memory=kv_mem,
-        swap_space=float(args.swap_space),
+        swap_space=swap_gib,
         enable_prefix_caching=bool(args.enable_prefix_caching),
     )
     scheduler_config = SchedulerConfig(
@@ -373,5 +453,5 @@ def _build_engine_config(args: EngineArgs) -> EngineConfig:
         disable_log_stats=bool(args.disable_log_stats),
         skip_tokenizer_init=bool(args.skip_tokenizer_init),
         async_scheduling=(device == "cuda") if args.async_scheduling is None else bool(args.async_scheduling),
-        attention_backend=_check_choice("attention_backend", args.attention_backend, (None, "torch", "triton", "cpu")),
+        attention_backend=resolve_attention_backend(args.attention_backend),
     )

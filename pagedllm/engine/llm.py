@@ -9,6 +9,7 @@ from typing import Any, Sequence
 from tqdm.auto import tqdm
 
 from pagedllm.config import EngineArgs
+from pagedllm.engine.arg_utils import split_engine_kwargs
 from pagedllm.engine.llm_engine import LLMEngine, PromptType
 from pagedllm.outputs import RequestOutput
 from pagedllm.sampling_params import SamplingParams
@@ -16,12 +17,11 @@ from pagedllm.sampling_params import SamplingParams
 
 class LLM:
     """model=None uses the embedded SmolLM2-135M-Instruct. Keyword arguments are EngineArgs
-    fields (vLLM's names: dtype, max_model_len, block_size, kv_cache_memory, ...)."""
+    fields (vLLM's names: dtype, max_model_len, block_size, kv_cache_memory, ...); a vLLM
+    argument with no meaning here is accepted and logged, an unknown one is a ValueError."""
 
     def __init__(self, model: str | None = None, **kwargs: Any):
-        unknown = set(kwargs) - EngineArgs.field_names()
-        if unknown:
-            raise ValueError(f"unknown engine arguments: {', '.join(sorted(unknown))}")
+        kwargs = split_engine_kwargs(EngineArgs, kwargs)
         self.llm_engine = LLMEngine.from_engine_args(EngineArgs(model=model, **kwargs))
         self._counter = itertools.count()
 

@@ -6,16 +6,18 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pagedllm.entrypoints.cli import _HelpFormatter, add_server_args, exit_on_signal_until_serving
+from pagedllm.entrypoints.cli import add_server_args, exit_on_signal_until_serving
+from pagedllm.entrypoints.engine_cli import ArgumentParser, HelpFormatter
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="python -m pagedllm.entrypoints.openai_api_server",
         description="Serve --model over the OpenAI API (/v1/completions, /v1/chat/completions, "
         "/v1/models) plus /health, /version and Prometheus /metrics. Without --model, the "
         "embedded SmolLM2-135M-Instruct is served.",
-        formatter_class=_HelpFormatter,
+        formatter_class=HelpFormatter,
+        usage="%(prog)s --model MODEL [options]",
     )
     return add_server_args(parser, positional_model=False)
 

@@ -372,7 +372,7 @@ def run_server(ns: argparse.Namespace, parser: argparse.ArgumentParser | None = 
         except ValueError as e:
             msg = f"error: {e}"
             if parser is not None:
-                parser.print_usage(sys.stderr)
+                getattr(parser, "print_short_usage", parser.print_usage)(sys.stderr)
             print(f"{parser.prog if parser else 'pagedllm'}: {msg}", file=sys.stderr)
             return 2
         except _Interrupted:
