@@ -128,6 +128,8 @@ class ParallelConfig:
     # uni: one worker in the engine's process; mp: a process per rank (rank 0 in the
     # engine's); ray: a Ray actor per rank
     distributed_executor_backend: str = "uni"
+    # MoE: whole experts per rank (expert parallelism over the tensor-parallel ranks)
+    enable_expert_parallel: bool = False
 
     @property
     def world_size(self) -> int:
@@ -241,6 +243,9 @@ class EngineArgs(AcceptedArgs):
         "--tensor-parallel-size > 1), ray (a Ray actor per rank, on the cluster of $RAY_ADDRESS or a local "
         "one) or uni (one worker in the engine's process).", choices=DISTRIBUTED_EXECUTOR_BACKENDS,
         group="parallel")
+    enable_expert_parallel: bool = arg(False, "MoE models: place whole experts on the tensor-parallel ranks "
+                                       "instead of slicing every expert across them (attention stays tensor "
+                                       "parallel).", group="parallel")
     device: str = arg("auto", "Where to run; auto picks cuda when present.", choices=DEVICES, group="parallel")
     enforce_eager: bool = arg(False, "Never capture CUDA graphs.", group="parallel")
     attention_backend: str | None = arg(None, "torch, triton or cpu; vLLM's names (FLASH_ATTN, TRITON_ATTN, "
@@ -316,9 +321,12 @@ def _resolve_executor_backend(backend: str | None, tp: int) -> str:
     return backend
 
 
-def _check_tensor_parallel(tp: int, hf_config: Any, device: str, backend: str) -> None:
+def _check_tensor_parallel(tp: int, hf_config: Any, device: str, backend: str, expert_parallel: bool = False) -> None:
     """The model's heads and MLP must split evenly; with mp on CUDA, one GPU per rank."""
     from pagedllm.distributed import check_tp_divides
+    from pagedllm.model.layers.fused_moe import check_moe_parallel
+
+    check_moe_parallel(hf_config, tp, expert_parallel)
 
     heads = hf_config.num_attention_heads
     kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
@@ -390,7 +398,7 @@ def _build_engine_config(args: EngineArgs) -> EngineConfig:
     block_size = resolve_block_size(args.block_size, head_dim, 4 if dtype == "float32" else 2)
     log_inapplicable(args, device, args.preemption_mode, swap_gib)
     log_accepted(args)
-    _check_tensor_parallel(tp, hf_config, device, executor_backend)
+    _check_tensor_parallel(tp, hf_config, device, executor_backend, bool(args.enable_expert_parallel))
 
     derived_len = int(getattr(hf_config, "max_position_embeddings", 0) or 2048)
     if args.max_model_len is None:
@@ -447,7 +455,8 @@ def _build_engine_config(args: EngineArgs) -> EngineConfig:
         model_config=model_config,
         cache_config=cache_config,
         scheduler_config=scheduler_config,
-        parallel_config=ParallelConfig(tensor_parallel_size=tp, distributed_executor_backend=executor_backend),
+        parallel_config=ParallelConfig(tensor_parallel_size=tp, distributed_executor_backend=executor_backend,
+                                       enable_expert_parallel=bool(args.enable_expert_parallel)),
         device=device,
         enforce_eager=bool(args.enforce_eager),
         disable_log_stats=bool(args.disable_log_stats),

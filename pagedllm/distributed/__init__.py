@@ -39,6 +39,8 @@ class ParallelState:
     # the c10d backend (ProcessGroupGloo / ProcessGroupNCCL) of this rank's tensor-parallel
     # group; None at tp_size 1 (and in tests that only shard weights)
     group: Any = None
+    # MoE layers place whole experts on the ranks of this group instead of slicing each one
+    enable_expert_parallel: bool = False
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sums x over the ranks, in place; every rank gets the same bits."""

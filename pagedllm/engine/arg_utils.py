@@ -76,7 +76,6 @@ PENDING_ARGS: dict[str, tuple[Any, str]] = {
     "kv_cache_dtype": ("auto", "a quantized KV cache (the quantization / FP8 issue)"),
     "pipeline_parallel_size": (1, "pipeline parallelism (the pipeline / data parallel issue)"),
     "data_parallel_size": (1, "data parallelism (the pipeline / data parallel issue)"),
-    "enable_expert_parallel": (False, "expert parallelism (the MoE issue)"),
 }
 # Server (frontend) flags other issues are delivering, with the same rule.
 PENDING_SERVER_ARGS: dict[str, tuple[Any, str]] = {

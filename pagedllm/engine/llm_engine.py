@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable
 
 from pagedllm.config import EngineArgs, EngineConfig
@@ -39,6 +39,9 @@ class EngineStats:
     generation_tokens: int
     num_gpu_blocks: int
     num_free_blocks: int
+    # MoE: tokens routed to each expert (summed over layers), and to each rank's experts
+    expert_load: list[int] = field(default_factory=list)
+    expert_load_per_rank: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -420,7 +423,18 @@ class LLMEngine:
             generation_tokens=self.generation_tokens_total,
             num_gpu_blocks=bm.num_blocks,
             num_free_blocks=bm.num_free_blocks,
+            **self._expert_load_stats(),
         )
+
+    def _expert_load_stats(self) -> dict:
+        load = self.executor.expert_load()
+        if not load:
+            return {}
+        from pagedllm.model.layers.fused_moe import load_per_rank
+
+        pc = self.config.parallel_config
+        return {"expert_load": load,
+                "expert_load_per_rank": load_per_rank(load, pc.tensor_parallel_size, pc.enable_expert_parallel)}
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             chat_template: str | None = None) -> list[int]:

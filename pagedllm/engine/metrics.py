@@ -234,6 +234,13 @@ class PrometheusStatLogger:
             "request_generation_tokens", "Number of generation tokens processed, per request.", token_buckets
         )
         self._last: dict[str, float] = {key: 0 for key in _COUNTERS}
+        # MoE: pairs (token, chosen expert) routed to each rank's experts (expert parallelism)
+        # or to all of them (one group): imbalance between groups is what users debug
+        self._expert_tokens = Counter(
+            "pagedllm:moe_expert_group_tokens", "Tokens routed to the experts of each expert group "
+            "(an expert-parallel rank), summed over the MoE layers.", ["model_name", "expert_group"],
+            registry=registry)
+        self._last_expert: list[int] = []
 
     def record(self, stats: Any, iteration: IterationStats, now: float) -> None:
         if stats is not None:
@@ -246,6 +253,14 @@ class PrometheusStatLogger:
                 if value > self._last[key]:
                     counter.inc(value - self._last[key])
                 self._last[key] = value
+            per_rank = list(getattr(stats, "expert_load_per_rank", None) or [])
+            for group, value in enumerate(per_rank):
+                before = self._last_expert[group] if group < len(self._last_expert) else 0
+                if value > before:
+                    self._expert_tokens.labels(model_name=self._labels["model_name"],
+                                               expert_group=str(group)).inc(value - before)
+            if per_rank:
+                self._last_expert = per_rank
         for t in iteration.time_to_first_tokens:
             self.time_to_first_token.observe(t)
         for t in iteration.inter_token_latencies:

@@ -6,6 +6,7 @@ knows how many ranks there are:
     launch(so) -> handle; collect(handle) -> ModelRunnerOutput     (asynchronous scheduling;
                                          handles are collected in the order they were launched)
     collective_rpc(method, args) -> [result of rank 0, rank 1, ...]
+    expert_load() -> [tokens routed to each expert]   (MoE; [] for a dense model)
     shutdown()                           idempotent; the workers are gone when it returns
 
 `make_executor` picks one from `parallel_config.distributed_executor_backend`:

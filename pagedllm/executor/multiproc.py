@@ -324,6 +324,10 @@ class MultiprocExecutor:
         results += [self._recv(w, RPC_TIMEOUT_S) for w in self._shared.workers]
         return results
 
+    def expert_load(self) -> list[int]:
+        """MoE: rank 0 sees every routing decision, so its counters are the whole load."""
+        return self.driver.expert_load()
+
     @property
     def worker_pids(self) -> list[int]:
         return [w.proc.pid for w in self._shared.workers]

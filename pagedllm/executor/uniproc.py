@@ -26,5 +26,8 @@ class UniProcExecutor:
     def collect(self, handle) -> ModelRunnerOutput:
         return self.worker.collect(handle)
 
+    def expert_load(self) -> list[int]:
+        return self.worker.expert_load()
+
     def shutdown(self) -> None:
         pass

@@ -9,6 +9,9 @@ _MODELS = {
     "MistralForCausalLM": ("pagedllm.model.models.llama", "LlamaForCausalLM"),
     "Qwen2ForCausalLM": ("pagedllm.model.models.qwen2", "Qwen2ForCausalLM"),
     "Qwen3ForCausalLM": ("pagedllm.model.models.qwen3", "Qwen3ForCausalLM"),
+    "Qwen3MoeForCausalLM": ("pagedllm.model.models.qwen3_moe", "Qwen3MoeForCausalLM"),
+    "Qwen2MoeForCausalLM": ("pagedllm.model.models.qwen2_moe", "Qwen2MoeForCausalLM"),
+    "MixtralForCausalLM": ("pagedllm.model.models.mixtral", "MixtralForCausalLM"),
 }
 
 

@@ -9,6 +9,7 @@ executor returns rank 0's output."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -49,6 +50,8 @@ class Worker:
         """ps: this rank's tensor-parallel state (its group already joined). On CUDA the
         worker runs on the current device: the caller picks it before building the group."""
         self.config = config
+        if config.parallel_config.enable_expert_parallel:
+            ps = dataclasses.replace(ps, enable_expert_parallel=True)
         self.ps = ps
         self.rank = ps.tp_rank
         self.device = torch.device("cuda", torch.cuda.current_device()) if config.device == "cuda" else torch.device("cpu")
@@ -61,6 +64,11 @@ class Worker:
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         logger.info("%sloaded %s (%s, %s) in %.1fs: weights %s", self._tag(), mc.architecture, mc.dtype,
                     mc.load_format, time.time() - t0, _fmt(self.weight_bytes))
+        from pagedllm.model.layers.fused_moe import ExpertLoadReader, log_param_counts
+
+        self.expert_load_reader = ExpertLoadReader(self.model)
+        if self.expert_load_reader.modules:
+            log_param_counts(type(self.model), mc.hf_config, self._tag())
         self.backend = get_attention_backend(config.attention_backend, config.device)
         self.runner = ModelRunner(config, self.model, self.backend, self.device, eos_token_ids)
         self.kv_dtype = torch_dtype(mc.dtype)
@@ -138,6 +146,7 @@ class Worker:
                                   cc.block_size, mc.vocab_size)
             graphs.capture()
             self.runner.graphs = graphs
+        self.expert_load_reader.reset()  # the profile run and graph captures routed nothing real
 
     def release_graphs(self) -> None:
         """Drops the captured CUDA graphs (before a tensor-parallel group is torn down: NCCL
@@ -145,6 +154,10 @@ class Worker:
         if self.runner.graphs is not None:
             torch.cuda.synchronize(self.device)
             self.runner.graphs = None
+
+    def expert_load(self) -> list[int]:
+        """MoE: tokens routed to each expert so far ([] for a dense model); see ExpertLoadReader."""
+        return self.expert_load_reader.read()
 
     def _swap(self, so: SchedulerOutput) -> None:
         if so.blocks_to_swap_out:

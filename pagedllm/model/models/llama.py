@@ -94,7 +94,10 @@ class LlamaDecoderLayer(nn.Module):
             x, residual = self.input_layernorm(x, residual)
         x = self.self_attn(positions, x, batch)
         x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
+        return self.run_mlp(x, batch), residual
+
+    def run_mlp(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        return self.mlp(x)
 
 
 class LlamaModel(nn.Module):
