@@ -243,6 +243,10 @@ class Scheduler:
     @staticmethod
     def _advance(req: Request, num_new: int, out: SchedulerOutput) -> None:
         out.num_scheduled_tokens[req.request_id] = num_new
+        if num_new == 1 and req.num_computed_tokens + 1 == req.num_tokens_with_pending:
+            out.num_decodes += 1
+        else:
+            out.num_prefill_tokens += num_new
         req.num_computed_tokens += num_new
         if req.num_computed_tokens == req.num_tokens_with_pending:
             req.num_pending += 1  # this step samples the next token

@@ -37,6 +37,10 @@ class SchedulerOutput:
     finished_req_ids: set[str] = field(default_factory=set)  # workers drop their state
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)  # (gpu, cpu)
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)  # (cpu, gpu)
+    # of total_num_scheduled_tokens: prompt (or recomputed) tokens, and requests that decode
+    # one token; for the engine's step log and metrics
+    num_prefill_tokens: int = 0
+    num_decodes: int = 0
 
     @property
     def is_empty(self) -> bool:

@@ -391,7 +391,12 @@ class AsyncLLMEngine:
         try:
             if self._step_fault is not None:
                 self._step_fault.before_step(self._num_steps)
+            steps_before = self.engine.num_steps_scheduled
             outputs = self.engine.step()
+            new_steps = self.engine.num_steps_scheduled - steps_before
+            if new_steps:
+                log = self.engine.step_log
+                iteration.step_tokens.extend(log[-i].num_tokens for i in range(min(new_steps, len(log)), 0, -1))
         except Exception as e:  # noqa: BLE001
             ids = list(self._requests)
             logger.exception("engine step failed; failing the %d in-flight requests", len(ids))

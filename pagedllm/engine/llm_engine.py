@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterable
 
 from pagedllm.config import EngineArgs, EngineConfig
 from pagedllm.core.request import Request, RequestStatus
 from pagedllm.core.scheduler import Scheduler
-from pagedllm.core.scheduler_output import TokenLogprobs
+from pagedllm.core.scheduler_output import SchedulerOutput, TokenLogprobs
 from pagedllm.engine.detokenizer import IncrementalDetokenizer
 from pagedllm.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from pagedllm.sampling_params import SamplingParams
@@ -60,6 +61,21 @@ class _Parent:
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     finished_children: int = 0
     final_only: bool = False  # produce a RequestOutput only when the request finishes
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One scheduled step, for the engine page and the iteration metrics."""
+
+    index: int  # 1, 2, ... in scheduling order
+    time: float  # time.time() when it was scheduled
+    num_prefill_tokens: int
+    num_decodes: int
+    num_tokens: int  # of max_num_batched_tokens
+    num_reqs: int
+
+
+STEP_LOG_LEN = 1024
 
 
 @dataclass
@@ -111,6 +127,8 @@ class LLMEngine:
         # host seconds per phase of step(), summed: where an engine bound by its host spends
         # them ("collect" is the wait for the device's results; near 0 means host-bound)
         self.step_timing = StepTiming()
+        self.step_log: deque[StepRecord] = deque(maxlen=STEP_LOG_LEN)
+        self.num_steps_scheduled = 0
         logger.info("engine ready in %.1fs", time.time() - t0)
 
     @classmethod
@@ -285,7 +303,7 @@ class LLMEngine:
                     time.sleep(min(wait, 0.002))
                 return []
             t1 = clock()
-            self._inflight = (so, self.executor.launch(so))
+            self._inflight = (so, self._launch(so))
             t2 = clock()
             tm.schedule += t1 - t0
             tm.launch += t2 - t1
@@ -297,7 +315,7 @@ class LLMEngine:
             t1 = clock()
             tm.schedule += t1 - t0
             if not nxt.is_empty or nxt.finished_req_ids:
-                self._inflight = (nxt, self.executor.launch(nxt))
+                self._inflight = (nxt, self._launch(nxt))
             t0 = clock()
             tm.launch += t0 - t1
         runner_out = self.executor.collect(handle)
@@ -313,6 +331,15 @@ class LLMEngine:
             self._inflight = None
             self.scheduler.update_from_output(so, self.executor.collect(handle))
         return outputs
+
+    def _launch(self, so: SchedulerOutput):
+        if not so.is_empty:
+            self.num_steps_scheduled += 1
+            self.step_log.append(StepRecord(
+                self.num_steps_scheduled, time.time(), so.num_prefill_tokens, so.num_decodes,
+                so.total_num_scheduled_tokens, len(so.num_scheduled_tokens),
+            ))
+        return self.executor.launch(so)
 
     def _process(self, so, runner_out) -> list[RequestOutput]:
         results = self.scheduler.update_from_output(so, runner_out)

@@ -27,6 +27,7 @@ class IterationStats:
     time_to_first_tokens: list[float] = field(default_factory=list)
     inter_token_latencies: list[float] = field(default_factory=list)
     finished: list["FinishedRequestStats"] = field(default_factory=list)
+    step_tokens: list[int] = field(default_factory=list)  # tokens of each step scheduled
 
 
 @dataclass(slots=True)
@@ -38,6 +39,9 @@ class FinishedRequestStats:
     queue_time: float | None  # arrival in the engine to first scheduling
     num_prompt_tokens: int
     num_generation_tokens: int
+    prefill_time: float | None = None  # first scheduling to first token (engine clock)
+    decode_time: float | None = None  # first token to last token
+    num_cached_tokens: int = 0  # prompt tokens served by the prefix cache
 
 
 class StatLogger(Protocol):
@@ -74,7 +78,16 @@ def finished_request_stats(state: Any, out: Any, now: float, reason: str | None)
             queue_time = m.time_in_queue
         elif m.first_scheduled_time is not None:
             queue_time = max(0.0, m.first_scheduled_time - m.arrival_time)
+    prefill_time = decode_time = None
+    if m is not None and m.first_token_time is not None:
+        if m.first_scheduled_time is not None:
+            prefill_time = max(0.0, m.first_token_time - m.first_scheduled_time)
+        if m.last_token_time is not None:
+            decode_time = max(0.0, m.last_token_time - m.first_token_time)
     return FinishedRequestStats(
+        prefill_time=prefill_time,
+        decode_time=decode_time,
+        num_cached_tokens=out.num_cached_tokens if out is not None else 0,
         finish_reasons=reasons,
         e2e_latency=now - state.arrival,
         time_to_first_token=ttft,
@@ -101,6 +114,7 @@ _LATENCY_BUCKETS = [
 _TOKEN_GAP_BUCKETS = [
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
 ]
+_ITERATION_TOKEN_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 _REQUEST_LATENCY_BUCKETS = [
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
     120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
@@ -226,6 +240,21 @@ class PrometheusStatLogger:
             "request_queue_time_seconds", "Histogram of time spent waiting in the queue in seconds.",
             _REQUEST_LATENCY_BUCKETS,
         )
+        self.prefill_time = histogram(
+            "request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.",
+            _REQUEST_LATENCY_BUCKETS,
+        )
+        self.decode_time = histogram(
+            "request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.",
+            _REQUEST_LATENCY_BUCKETS,
+        )
+        self.iteration_tokens = histogram(
+            "iteration_tokens_total", "Histogram of number of tokens per engine_step.", _ITERATION_TOKEN_BUCKETS
+        )
+        self.prompt_tokens_cached = Counter(
+            "pagedllm:prompt_tokens_cached", "Number of cached prompt tokens (served by the prefix cache).",
+            labels, registry=registry,
+        ).labels(**self._labels)
         token_buckets = _token_buckets(max_model_len)
         self.request_prompt_tokens = histogram(
             "request_prompt_tokens", "Number of prefill tokens processed, per request.", token_buckets
@@ -265,7 +294,15 @@ class PrometheusStatLogger:
             self.time_to_first_token.observe(t)
         for t in iteration.inter_token_latencies:
             self.inter_token_latency.observe(t)
+        for n in iteration.step_tokens:
+            self.iteration_tokens.observe(n)
         for fin in iteration.finished:
+            if fin.prefill_time is not None:
+                self.prefill_time.observe(fin.prefill_time)
+            if fin.decode_time is not None:
+                self.decode_time.observe(fin.decode_time)
+            if fin.num_cached_tokens:
+                self.prompt_tokens_cached.inc(fin.num_cached_tokens)
             for reason in fin.finish_reasons:
                 self._request_success.labels(model_name=self._labels["model_name"], finished_reason=reason).inc()
             self.e2e_latency.observe(fin.e2e_latency)

@@ -61,6 +61,8 @@ def add_server_args(parser: argparse.ArgumentParser, *, positional_model: bool) 
     g.add_argument("--log-level", default="info", choices=_LOG_LEVELS, help="Logging level.")
     g.add_argument("--uvicorn-log-level", default="info", choices=_UVICORN_LOG_LEVELS,
                    help="Logging level of uvicorn (the HTTP server).")
+    g.add_argument("--disable-ui", action="store_true",
+                   help="Do not serve the engine page (chat playground and live engine view) at /.")
     add_engine_args(parser, EngineArgs)
     return parser
 
@@ -101,6 +103,17 @@ def build_parser() -> argparse.ArgumentParser:
         usage="pagedllm serve [MODEL] [options]",
     )
     add_server_args(serve, positional_model=True)
+    from pagedllm.planner import add_plan_args
+
+    plan = sub.add_parser(
+        "plan",
+        help="Memory plan for a model before loading it: weights, activations, KV cache, concurrency.",
+        description="Weights per rank, KV bytes per token, activations and the KV cache a GPU (or this CPU) "
+        "holds for MODEL, the max concurrency at --max-model-len, what TP, FP8 or a shorter context would "
+        "buy, and the smallest change that fits. Reads only the model's config. Exit 1 when it does not fit.",
+        formatter_class=_HelpFormatter,
+    )
+    add_plan_args(plan)
     return parser
 
 
@@ -118,6 +131,10 @@ def exit_on_signal_until_serving() -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     ns = parser.parse_args(argv)
+    if ns.command == "plan":
+        from pagedllm.planner import run_plan
+
+        return run_plan(ns)
     if ns.command != "serve":
         parser.print_help()
         return 2

@@ -38,3 +38,19 @@ def test_gguf_weights_match_transformers_gguf_loader(smol):
                       max_new_tokens=24, do_sample=False)
     assert ours.outputs[0].token_ids == ref[0, len(prompt):].tolist()
     assert ours.outputs[0].finish_reason == "stop"
+
+
+def test_plan_agrees_with_the_engines_startup_plan(smol):
+    """`pagedllm plan` (config only, no weights read) gives the engine's own weight bytes and
+    KV block count for the embedded model on the CPU, and its default CPU cache rule."""
+    from pagedllm.planner import CPU_KV_CAP, PlanInputs, build_plan
+
+    worker = smol.llm_engine.executor.worker
+    plan = build_plan(PlanInputs(model=default_model_path(), device="cpu", kv_cache_memory=256 << 20,
+                                 max_model_len=2048))
+    assert abs(plan.weight_bytes_per_rank - worker.weight_bytes) <= 0.05 * worker.weight_bytes
+    assert abs(plan.num_blocks - worker.num_gpu_blocks) <= 0.05 * worker.num_gpu_blocks
+    assert plan.kv_bytes_per_token * 16 == worker.bytes_per_block()
+    assert plan.fits and plan.max_model_len == 2048
+    default = build_plan(PlanInputs(model=default_model_path(), device="cpu", available_ram=64 << 30))
+    assert default.kv_cache_bytes <= CPU_KV_CAP and default.num_blocks == CPU_KV_CAP // worker.bytes_per_block()

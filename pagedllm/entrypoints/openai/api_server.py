@@ -153,9 +153,10 @@ def build_app(
     chat_template: str | None = None,
     registry: Any = None,
     version: str = "0.1.0",
+    enable_ui: bool = True,
 ) -> FastAPI:
     """The ASGI app over a started engine. `registry` is the Prometheus CollectorRegistry
-    that /metrics exposes (None: /metrics is empty)."""
+    that /metrics exposes (None: /metrics is empty); `enable_ui` serves the engine page at /."""
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pagedllm-tokenizer")
     common = dict(
         served_model_names=served_model_names, max_model_len=max_model_len, vocab_size=vocab_size, executor=executor
@@ -185,8 +186,16 @@ def build_app(
 
     app.openapi = openapi  # type: ignore[method-assign]
 
+    rejected = None
+    if registry is not None:
+        from pagedllm.entrypoints.openai.monitoring import register_monitoring
+
+        rejected = register_monitoring(registry, engine, served_model_names[0])
+
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        if rejected is not None and exc.status_code == 503 and exc.code in ("queue_full", "engine_unavailable"):
+            rejected.labels(model_name=served_model_names[0], reason=exc.code).inc()
         return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
@@ -235,6 +244,10 @@ def build_app(
         req = await parse_body(raw_request, ChatCompletionRequest)
         return await chat.create_chat_completion(req, raw_request)
 
+    if enable_ui:
+        from pagedllm.entrypoints.openai.engine_page import register_engine_page
+
+        register_engine_page(app, engine, [api_key] if api_key else [])
     app.add_middleware(GuardMiddleware, api_key=api_key, max_body_size=max_request_body_size)
     return app
 
@@ -396,6 +409,7 @@ def run_server(ns: argparse.Namespace, parser: argparse.ArgumentParser | None = 
             chat_template=chat_template,
             registry=registry,
             version=_version(),
+            enable_ui=not getattr(ns, "disable_ui", False),
         )
         config = uvicorn.Config(
             app,
