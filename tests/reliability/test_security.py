@@ -161,7 +161,8 @@ _FS_CALLS = {"open", "io.open", "os.open", "os.listdir", "os.scandir", "os.walk"
              "Path", "pathlib.Path", "os.path.isfile", "os.path.exists", "os.path.isdir", "os.path.join",
              "safe_open", "np.memmap", "numpy.memmap"}
 # The one place the server reads a file: the --chat-template flag, at start-up.
-_ALLOWED = {("api_server.py", "_read_chat_template")}
+# start-up only: the --chat-template file, the engine page's static files
+_ALLOWED = {("api_server.py", "_read_chat_template"), ("engine_page.py", "_read_static_files")}
 
 
 def test_request_handlers_touch_no_file():

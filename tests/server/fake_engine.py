@@ -42,6 +42,8 @@ class FakeEngine:
         self.aborted: list[str] = []
         self.step_hook: Callable[["FakeEngine"], None] | None = None
         self.generation_tokens = 0
+        self.num_steps_scheduled = 0  # LLMEngine's step log (the fake schedules no steps)
+        self.step_log: list = []
 
     def add_request(self, request_id, prompt, params, arrival_time=None, priority=0, final_only=False) -> None:
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)

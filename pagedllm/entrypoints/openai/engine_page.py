@@ -22,7 +22,7 @@ import os
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from pagedllm.engine.snapshot import SnapshotCache
 
@@ -36,9 +36,19 @@ def _digest(key: str | bytes) -> bytes:
     return hashlib.sha256(key.encode() if isinstance(key, str) else key).digest()
 
 
+def _read_static_files() -> dict[str, bytes]:
+    """The page's files, read once at start-up: no request handler touches a file."""
+    files = {}
+    for name in _ASSETS:
+        with open(os.path.join(STATIC_DIR, name), "rb") as f:
+            files[name] = f.read()
+    return files
+
+
 def register_engine_page(app: FastAPI, engine: Any, api_keys: list[str]) -> None:
     """Adds `/`, `/ui/{asset}`, `/ui/state` and `/ui/events` to `app` (an AsyncLLMEngine's)."""
     cache = SnapshotCache(engine.engine, SNAPSHOT_INTERVAL_S)
+    files = _read_static_files()
     digests = [_digest(k) for k in api_keys]
 
     def authorized(request: Request) -> bool:
@@ -62,7 +72,7 @@ def register_engine_page(app: FastAPI, engine: Any, api_keys: list[str]) -> None
 
     @app.get("/", include_in_schema=False)
     async def index() -> Response:
-        return FileResponse(os.path.join(STATIC_DIR, "index.html"), media_type="text/html")
+        return Response(files["index.html"], media_type="text/html")
 
     @app.get("/ui/state", include_in_schema=False)
     async def state(request: Request) -> Response:
@@ -88,4 +98,4 @@ def register_engine_page(app: FastAPI, engine: Any, api_keys: list[str]) -> None
         if asset not in _ASSETS:
             return JSONResponse({"error": {"message": f"no asset {asset!r}", "type": "invalid_request_error",
                                            "param": None, "code": "not_found"}}, status_code=404)
-        return FileResponse(os.path.join(STATIC_DIR, asset), media_type=_ASSETS[asset])
+        return Response(files[asset], media_type=_ASSETS[asset])

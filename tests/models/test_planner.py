@@ -8,6 +8,7 @@ import os
 
 import pytest
 
+from conftest import save_tiny_model, tiny_config
 from pagedllm import LLM
 from pagedllm.planner import GPUS, PlanInputs, build_plan, smallest_fix, stage_layer_counts
 
@@ -18,8 +19,6 @@ QWEN3_06B = os.path.join(ROOT, "benchmarks", "configs", "qwen3-0.6b")
 
 @pytest.fixture(scope="module")
 def tiny_qwen3(tmp_path_factory, tokenizer_dir):
-    from conftest import save_tiny_model, tiny_config
-
     return save_tiny_model(tiny_config("qwen3", layers=3, tie=True), str(tmp_path_factory.mktemp("plan_qwen3")),
                            tokenizer_dir)
 
