@@ -51,6 +51,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--peer", choices=("hf", "none"), default="hf")
     p.add_argument("--kv-cache-memory", default=None, help="e.g. 1GiB; default: the engine decides")
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--quantization", default=None, help="fp8: FP8 weights (quantized at load)")
+    p.add_argument("--kv-cache-dtype", default="auto", help="auto | fp8")
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, help="GPUs for pagedllm (the peer uses one)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--output-json", default=None)
@@ -82,7 +84,8 @@ def run_ours(args, tokenizer: str | None, prompts) -> list[dict]:
     extra = {"skip_tokenizer_init": True} if args.skip_tokenizer_init else {}
     llm = LLM(args.model, tokenizer=tokenizer, load_format="dummy", dtype=args.dtype, seed=args.seed, **extra,
               max_model_len=args.input_len + args.output_len + 16, enforce_eager=args.enforce_eager,
-              tensor_parallel_size=args.tensor_parallel_size,
+              tensor_parallel_size=args.tensor_parallel_size, quantization=args.quantization,
+              kv_cache_dtype=args.kv_cache_dtype,
               **({"kv_cache_memory": args.kv_cache_memory} if args.kv_cache_memory else {}))
     n = args.output_len
     full = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)

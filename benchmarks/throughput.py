@@ -98,6 +98,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--kv-cache-memory", default=None, help="e.g. 2GiB; default: the engine decides")
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--quantization", default=None, help="fp8: FP8 weights (quantized at load)")
+    p.add_argument("--kv-cache-dtype", default="auto", help="auto | fp8")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: core count)")
     p.add_argument("--profile", default=None, metavar="PATH",
                    help="cProfile the timed pagedllm call, write the stats to PATH and print the top "
@@ -313,7 +315,8 @@ def main(argv: list[str] | None = None) -> None:
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     engine_kw = dict(dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-                     enforce_eager=args.enforce_eager)
+                     enforce_eager=args.enforce_eager, quantization=args.quantization,
+                     kv_cache_dtype=args.kv_cache_dtype)
     if args.kv_cache_memory:
         engine_kw["kv_cache_memory"] = args.kv_cache_memory
     tmp = tempfile.TemporaryDirectory(prefix="pagedllm-bench-")

@@ -42,6 +42,8 @@ PREEMPTION_MODES = ("recompute", "swap")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 DEVICES = ("auto", "cpu", "cuda")
 DISTRIBUTED_EXECUTOR_BACKENDS = ("mp", "ray", "uni")
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+QUANTIZATION_CHOICES = ("fp8", "compressed-tensors")
 
 _GiB = 1 << 30
 
@@ -80,6 +82,8 @@ class ModelConfig:
     max_logprobs: int = 20  # the most logprobs / prompt_logprobs a request may ask for; -1: no cap
     generation_config: str = "auto"  # auto | vllm | a directory with generation_config.json
     override_generation_config: dict[str, Any] | None = None
+    # resolved QuantizationConfig (model/layers/quantization) of the linears; None: plain
+    quantization: Any = None
 
     @property
     def vocab_size(self) -> int:
@@ -106,6 +110,7 @@ class CacheConfig:
     kv_cache_memory: int | None  # bytes; None = decide at startup
     swap_space: float  # GiB of CPU memory for swapped-out blocks
     enable_prefix_caching: bool
+    cache_dtype: str = "auto"  # resolved: auto (the model's dtype) | fp8_e4m3 | fp8_e5m2
 
     @property
     def swap_space_bytes(self) -> int:
@@ -186,6 +191,10 @@ class EngineArgs(AcceptedArgs):
     seed: int | None = arg(0, "Random seed of the engine (None: 0).", parse="non_negative_int", group="model")
     load_format: str = arg("auto", "How to load weights; dummy makes random weights (for benchmarks).",
                            choices=LOAD_FORMATS, group="model")
+    quantization: str | None = arg(None, "fp8: FP8 (e4m3) weights, quantized at load with per-channel scales "
+                                   "unless the checkpoint is already FP8 (quant_method fp8 or compressed-tensors; "
+                                   "its quantization_config is used either way).", flags=("-q",),
+                                   choices=QUANTIZATION_CHOICES, group="model")
     hf_overrides: dict[str, Any] = arg(default_factory=dict, help="JSON object of values that replace the "
                                        "model config's (e.g. '{\"rope_theta\": 50000}').", parse="json",
                                        group="model")
@@ -219,6 +228,9 @@ class EngineArgs(AcceptedArgs):
                                   parse="gib_or_size", group="cache")
     enable_prefix_caching: bool = arg(True, "Reuse KV blocks of shared prompt prefixes across requests.",
                                       group="cache")
+    kv_cache_dtype: str = arg("auto", "KV-cache element type: auto (the model's dtype) or fp8 (= fp8_e4m3; "
+                              "fp8_e5m2 too): one byte per value, twice the tokens of a 16-bit cache.",
+                              choices=KV_CACHE_DTYPES, group="cache")
     # ---- scheduler ----
     max_num_seqs: int = arg(256, "Most requests (sequences) in one batch.", parse="positive_int",
                             group="scheduler")
@@ -393,6 +405,11 @@ def _build_engine_config(args: EngineArgs) -> EngineConfig:
     from pagedllm.model.registry import resolve_architecture
 
     architecture = resolve_architecture(archs)
+    from pagedllm.model.layers.quantization import get_quantization_config
+
+    quant_config = get_quantization_config(args.quantization, hf_config, load_format)
+    cache_dtype = _check_choice("kv_cache_dtype", args.kv_cache_dtype, KV_CACHE_DTYPES)
+    cache_dtype = "fp8_e4m3" if cache_dtype == "fp8" else cache_dtype
     dtype = _resolve_dtype(args.dtype, hf_config, device)
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
     block_size = resolve_block_size(args.block_size, head_dim, 4 if dtype == "float32" else 2)
@@ -435,6 +452,7 @@ def _build_engine_config(args: EngineArgs) -> EngineConfig:
         max_logprobs=_check_int("max_logprobs", args.max_logprobs, -1),
         generation_config=args.generation_config,
         override_generation_config=dict(args.override_generation_config or {}),
+        quantization=quant_config,
     )
     cache_config = CacheConfig(
         block_size=block_size,
@@ -442,6 +460,7 @@ def _build_engine_config(args: EngineArgs) -> EngineConfig:
         kv_cache_memory=kv_mem,
         swap_space=swap_gib,
         enable_prefix_caching=bool(args.enable_prefix_caching),
+        cache_dtype=cache_dtype,
     )
     scheduler_config = SchedulerConfig(
         max_num_seqs=max_num_seqs,

@@ -69,8 +69,18 @@ class AttentionBackend(ABC):
         v_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
         batch: ForwardBatch,
         scale: float,
+        k_scale: float = 1.0,  # FP8 caches: real K/V = stored value * scale
+        v_scale: float = 1.0,
     ) -> torch.Tensor:  # [T, Hq, D]
         ...
+
+
+_FP8_CACHE_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+
+
+def kv_cache_dtype(cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The KV cache's element type for CacheConfig.cache_dtype (auto: the model's dtype)."""
+    return _FP8_CACHE_DTYPES.get(cache_dtype, model_dtype)
 
 
 def get_attention_backend(name: str | None, device: str) -> AttentionBackend:

@@ -18,6 +18,8 @@ def store_kv_torch(
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,  # [T] int64, -1 = skip
     all_valid: bool | None = None,  # known already: no -1 in slot_mapping
+    k_scale: float = 1.0,  # FP8 caches: stored = value / scale, saturated to the format's range
+    v_scale: float = 1.0,
 ) -> None:
     n, bs, h, d = k_cache.shape
     if all_valid is None:
@@ -25,6 +27,13 @@ def store_kv_torch(
     if not all_valid:
         valid = slot_mapping >= 0
         k, v, slot_mapping = k[valid], v[valid], slot_mapping[valid]
+    if k_cache.dtype.itemsize == 1:
+        # FP8: index_copy_ has no float8 kernel on the CPU; the bytes are copied instead
+        top = float(torch.finfo(k_cache.dtype).max)
+        # (multiplied by the inverse, as the Triton store does: the same bytes)
+        k = (k.float() * (1.0 / k_scale)).clamp(-top, top).to(k_cache.dtype).view(torch.uint8)
+        v = (v.float() * (1.0 / v_scale)).clamp(-top, top).to(v_cache.dtype).view(torch.uint8)
+        k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
     k_cache.view(n * bs, h, d).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
     v_cache.view(n * bs, h, d).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
 
@@ -50,10 +59,16 @@ def paged_attention_torch(
     batch: ForwardBatch,
     scale: float,
     decode_attention=None,
+    k_scale: float = 1.0,  # the cache's scales (FP8): real K/V = stored * scale
+    v_scale: float = 1.0,
 ) -> torch.Tensor:  # [T, Hq, D]
     """Attention of every scheduled query over its request's paged context (already stored).
     `decode_attention(q[:nd], k_cache, v_cache, batch, scale) -> [nd, Hq, D]`, if given, takes
-    the decodes' place of the gather + SDPA below (a backend's own decode kernel)."""
+    the decodes' place of the gather + SDPA below (a backend's own decode kernel; only for
+    unscaled caches). The k scale folds into the softmax scale, the v scale into the output."""
+    if k_scale != 1.0 or v_scale != 1.0:
+        out = paged_attention_torch(q, k_cache, v_cache, batch, scale * k_scale)
+        return out * v_scale if v_scale != 1.0 else out
     _, bs, hkv, d = k_cache.shape
     hq = q.shape[1]
     nd = batch.num_decodes
@@ -106,9 +121,11 @@ class TorchAttentionBackend(AttentionBackend):
         `decode_attention`); None: the gather + SDPA path."""
         return None
 
-    def forward(self, q, k, v, k_cache, v_cache, batch: ForwardBatch, scale: float) -> torch.Tensor:
+    def forward(self, q, k, v, k_cache, v_cache, batch: ForwardBatch, scale: float,
+                k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
         all_valid = batch.step_cache.get("all_slots_valid")
         if all_valid is None:
             all_valid = batch.step_cache["all_slots_valid"] = bool((batch.slot_mapping >= 0).all())
-        store_kv_torch(k, v, k_cache, v_cache, batch.slot_mapping, all_valid)
-        return paged_attention_torch(q, k_cache, v_cache, batch, scale, self.decode_kernel(q, k_cache))
+        store_kv_torch(k, v, k_cache, v_cache, batch.slot_mapping, all_valid, k_scale, v_scale)
+        return paged_attention_torch(q, k_cache, v_cache, batch, scale, self.decode_kernel(q, k_cache),
+                                     k_scale, v_scale)

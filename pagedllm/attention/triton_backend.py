@@ -30,20 +30,23 @@ class TritonAttentionBackend(AttentionBackend):
         v_cache: torch.Tensor,
         batch: ForwardBatch,
         scale: float,
+        k_scale: float = 1.0,  # the cache's scales (FP8 caches): real K/V = stored * scale
+        v_scale: float = 1.0,
     ) -> torch.Tensor:  # [T, Hq, D]
-        store_kv_triton(k, v, k_cache, v_cache, batch.slot_mapping)
+        store_kv_triton(k, v, k_cache, v_cache, batch.slot_mapping, k_scale, v_scale)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         nd = batch.num_decodes
         num_reqs = batch.num_reqs
         if nd > 0:
             decode_attention_triton(
                 q[:nd], k_cache, v_cache, batch.block_tables, batch.seq_lens, out[:nd], scale,
-                max_seq_len=batch.max_seq_len,
+                max_seq_len=batch.max_seq_len, k_scale=k_scale, v_scale=v_scale,
             )  # fmt: skip
         if num_reqs > nd:
             max_query_len = max(batch.query_lens_cpu[nd:])
             prefill_attention_triton(
                 q, k_cache, v_cache, batch.block_tables, batch.query_start_loc, batch.seq_lens, out, scale,
                 first_req=nd, num_reqs=num_reqs - nd, max_query_len=max_query_len,
+                k_scale=k_scale, v_scale=v_scale,
             )  # fmt: skip
         return out

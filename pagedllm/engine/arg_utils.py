@@ -72,8 +72,6 @@ def accepted(default: Any, help: str, note: str, **kw: Any) -> Any:
 
 # name -> (vLLM's default, the feature that will deliver it)
 PENDING_ARGS: dict[str, tuple[Any, str]] = {
-    "quantization": (None, "quantized weights (the quantization / FP8 issue)"),
-    "kv_cache_dtype": ("auto", "a quantized KV cache (the quantization / FP8 issue)"),
     "pipeline_parallel_size": (1, "pipeline parallelism (the pipeline / data parallel issue)"),
     "data_parallel_size": (1, "data parallelism (the pipeline / data parallel issue)"),
 }

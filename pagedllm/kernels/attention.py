@@ -52,7 +52,9 @@ def _store_kv_kernel(
     stride_kcb, stride_kcs, stride_kch,
     stride_vcb, stride_vcs, stride_vch,
     num_kv_heads,
+    inv_k_scale, inv_v_scale,  # 1 / the cache's scales (FP8 caches; 1.0 otherwise)
     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    FP8_MAX: tl.constexpr,  # > 0: an FP8 cache, values scaled and saturated to +-FP8_MAX
 ):  # fmt: skip
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + t).to(tl.int64)
@@ -67,8 +69,24 @@ def _store_kv_kernel(
     v = tl.load(v_ptr + t * stride_vt + heads[:, None] * stride_vh + dims[None, :], mask=mask)
     kc = k_cache_ptr + block * stride_kcb + offset * stride_kcs + heads[:, None] * stride_kch + dims[None, :]
     vc = v_cache_ptr + block * stride_vcb + offset * stride_vcs + heads[:, None] * stride_vch + dims[None, :]
+    if FP8_MAX > 0:
+        k = tl.clamp(k.to(tl.float32) * inv_k_scale, -FP8_MAX, FP8_MAX)
+        v = tl.clamp(v.to(tl.float32) * inv_v_scale, -FP8_MAX, FP8_MAX)
     tl.store(kc, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(vc, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+def fp8_max(cache_dtype: torch.dtype) -> float:
+    """The largest finite value of an FP8 cache dtype; 0.0 for any other dtype."""
+    return float(torch.finfo(cache_dtype).max) if cache_dtype.itemsize == 1 else 0.0
+
+
+def dot_dtype_fp16(q_dtype: torch.dtype, cache_dtype: torch.dtype) -> bool:
+    """Whether the attention dots run in fp16: for a 16-bit query over an FP8 cache. Every e4m3
+    and e5m2 value is exact in fp16 and the GPU converts FP8 to fp16 in one instruction (to
+    bf16 it takes a detour through float32), so this is both exact and cheaper; q itself loses
+    nothing that matters (post-norm/rotary queries are far inside fp16's range)."""
+    return cache_dtype.itemsize == 1 and q_dtype in (torch.bfloat16, torch.float16)
 
 
 def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
@@ -81,6 +99,8 @@ def store_kv_triton(
     k_cache: torch.Tensor,  # [N, bs, Hkv, D]
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,  # [T] int64, -1 = skip
+    k_scale: float = 1.0,  # FP8 caches: stored = value / scale
+    v_scale: float = 1.0,
 ) -> None:
     t, hkv, d = k.shape
     if t == 0:
@@ -93,8 +113,9 @@ def store_kv_triton(
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        hkv,
+        hkv, 1.0 / k_scale, 1.0 / v_scale,
         HEAD_DIM=d, BLOCK_SIZE=k_cache.shape[1], BLOCK_H=block_h, BLOCK_D=block_d,
+        FP8_MAX=fp8_max(k_cache.dtype),
         num_warps=4 if block_h * block_d <= 2048 else 8,
     )  # fmt: skip
 
@@ -152,7 +173,8 @@ def _prefill_kernel(
     query_start_loc_ptr,  # [B+1] int32
     seq_lens_ptr,  # [B] int32
     out_ptr,  # [T, Hq, D]
-    qk_scale,  # softmax scale * log2(e)
+    qk_scale,  # softmax scale * log2(e) * the cache's k scale
+    v_scale,  # the cache's v scale (1.0 unless FP8)
     first_req,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
@@ -160,7 +182,7 @@ def _prefill_kernel(
     GROUP: tl.constexpr,  # query heads per kv head
     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, Q_AS_FP16: tl.constexpr,
 ):  # fmt: skip
     q_block = tl.program_id(0)
     req = first_req + tl.program_id(1)
@@ -184,6 +206,8 @@ def _prefill_kernel(
         mask=row_mask[:, None] & dim_mask[None, :],
         other=0.0,
     )
+    if Q_AS_FP16:
+        q = q.to(tl.float16)  # FP8 caches: the dots run in fp16 (see dot_dtype_fp16)
     bt_row = block_tables_ptr + req.to(tl.int64) * stride_bt
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -215,7 +239,7 @@ def _prefill_kernel(
         acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, k, v, valid, qk_scale, DOT_PRECISION)
 
     l_i = tl.where(l_i == 0.0, 1.0, l_i)
-    out = acc / l_i[:, None]
+    out = acc * (v_scale / l_i)[:, None]
     tl.store(
         out_ptr + tok[:, None] * stride_ot + head * stride_oh + dims[None, :],
         out.to(out_ptr.dtype.element_ty),
@@ -246,6 +270,8 @@ def prefill_attention_triton(
     num_reqs: int,
     max_query_len: int,  # upper bound of query_len over those requests
     config: tuple[int, int, int, int] | None = None,
+    k_scale: float = 1.0,  # the cache's scales: real K/V = stored * scale
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Causal attention of requests [first_req, first_req + num_reqs) over their paged context."""
     _, hq, d = q.shape
@@ -258,14 +284,14 @@ def prefill_attention_triton(
     grid = (triton.cdiv(max_query_len, block_m), num_reqs, hq)
     _prefill_kernel[grid](
         q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out,
-        scale * _LOG2E, first_req,
+        scale * _LOG2E * k_scale, v_scale, first_req,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0),
         GROUP=hq // hkv, HEAD_DIM=d, BLOCK_SIZE=bs,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=next_power_of_2(d),
-        DOT_PRECISION=_dot_precision(q.dtype),
+        DOT_PRECISION=_dot_precision(q.dtype), Q_AS_FP16=dot_dtype_fp16(q.dtype, k_cache.dtype),
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return out

@@ -20,7 +20,14 @@ import triton
 import triton.language as tl
 
 from pagedllm.kernels._triton import next_power_of_2
-from pagedllm.kernels.attention import _LOG2E, _attend_tile, _dot_precision, _last_dim_contiguous, _load_kv_tile
+from pagedllm.kernels.attention import (
+    _LOG2E,
+    _attend_tile,
+    _dot_precision,
+    _last_dim_contiguous,
+    _load_kv_tile,
+    dot_dtype_fp16,
+)
 
 
 @triton.jit
@@ -34,13 +41,14 @@ def _decode_kernel(
     part_out_ptr,  # [B, Hq, num_splits, D] float32, unnormalised partial outputs
     part_max_ptr,  # [B, Hq, num_splits] float32, running max (base 2)
     part_sum_ptr,  # [B, Hq, num_splits] float32, running sum of exp2
-    qk_scale,
+    qk_scale,  # softmax scale * log2(e) * the cache's k scale
+    v_scale,  # the cache's v scale (1.0 unless FP8)
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
     stride_bt,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, Q_AS_FP16: tl.constexpr,
 ):  # fmt: skip
     # The split count is the grid's third dimension, a runtime value: a new count (it follows
     # the batch size and the longest context) needs no new compile, which would stall serving
@@ -64,6 +72,8 @@ def _decode_kernel(
         mask=g_mask[:, None] & dim_mask[None, :],
         other=0.0,
     )
+    if Q_AS_FP16:
+        q = q.to(tl.float16)  # FP8 caches: the dots run in fp16 (see dot_dtype_fp16)
     bt_row = block_tables_ptr + req * stride_bt
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
@@ -78,6 +88,7 @@ def _decode_kernel(
                           stride_vb, stride_vs, stride_vh, BLOCK_SIZE)  # fmt: skip
         acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, k, v, key_mask[None, :], qk_scale, DOT_PRECISION)
 
+    acc = acc * v_scale
     if not SPLIT:
         # seq_len 0 (a padded CUDA-graph slot) gives l = 0: write zeros, not NaN.
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
@@ -162,6 +173,8 @@ def decode_attention_triton(
     max_seq_len: int,  # upper bound of seq_lens; picks the split count only
     num_splits: int | None = None,  # None: decode_num_splits(...)
     block_n: int | None = None,
+    k_scale: float = 1.0,  # the cache's scales: real K/V = stored * scale
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     b, hq, d = q.shape
     _, bs, hkv, _ = k_cache.shape
@@ -184,7 +197,7 @@ def decode_attention_triton(
         part_out = part_max = part_sum = out  # unused
     _decode_kernel[(b, hkv, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, out, part_out, part_max, part_sum,
-        scale * _LOG2E,
+        scale * _LOG2E * k_scale, v_scale,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -192,6 +205,7 @@ def decode_attention_triton(
         GROUP=group, HEAD_DIM=d, BLOCK_SIZE=bs,
         BLOCK_G=max(16, next_power_of_2(group)), BLOCK_N=block_n, BLOCK_D=block_d,
         SPLIT=num_splits > 1, DOT_PRECISION=_dot_precision(q.dtype),
+        Q_AS_FP16=dot_dtype_fp16(q.dtype, k_cache.dtype),
         num_warps=4, num_stages=2,
     )  # fmt: skip
     if num_splits > 1:

@@ -219,6 +219,11 @@ def build_model(model_config, device: str, ps=None) -> torch.nn.Module:
     dtype = torch_dtype(model_config.dtype)
     with _default_dtype(dtype), torch.device(device):
         model = cls(model_config.hf_config, ps or SINGLE)
+        quant = getattr(model_config, "quantization", None)
+        if quant is not None:
+            from pagedllm.model.layers.quantization import quantize_model
+
+            quantize_model(model, quant)
     # (rotary cos/sin caches are built in float32 explicitly, whatever the default dtype)
     fmt = model_config.load_format
     if fmt == "dummy":
@@ -235,6 +240,10 @@ def build_model(model_config, device: str, ps=None) -> torch.nn.Module:
         missing = expected - loaded
         if missing:
             raise ValueError(f"model: checkpoint lacks weights for {sorted(missing)[:5]} ...")
+    if quant is not None:
+        from pagedllm.model.layers.quantization import process_weights_after_loading
+
+        process_weights_after_loading(model)
     if torch.device(device).type == "cpu" and dtype == torch.float32:
         use_column_major_weights(model)
         from pagedllm.kernels import cpu_gemm
@@ -251,7 +260,7 @@ def use_column_major_weights(model: torch.nn.Module) -> None:
     embedding lookup reads strided rows then, which costs little for a step's few tokens."""
     seen: set[int] = set()
     for _, param in model.named_parameters(remove_duplicate=False):
-        if param.dim() != 2 or id(param) in seen or not param.is_contiguous():
+        if param.dim() != 2 or id(param) in seen or not param.is_contiguous() or param.dtype != torch.float32:
             continue
         seen.add(id(param))
         param.data = param.data.t().contiguous().t()

@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from pagedllm.attention.backend import get_attention_backend
+from pagedllm.attention.backend import get_attention_backend, kv_cache_dtype
 from pagedllm.config import EngineConfig
 from pagedllm.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from pagedllm.distributed import SINGLE, ParallelState, kv_heads_per_rank
@@ -69,9 +69,13 @@ class Worker:
         self.expert_load_reader = ExpertLoadReader(self.model)
         if self.expert_load_reader.modules:
             log_param_counts(type(self.model), mc.hf_config, self._tag())
+        from pagedllm.model.layers.quantization import precision_summary
+
+        self.precision = precision_summary(mc.dtype, mc.quantization, config.cache_config.cache_dtype, config.device)
+        logger.info("%sprecision: %s", self._tag(), ", ".join(f"{k} {v}" for k, v in self.precision.items()))
         self.backend = get_attention_backend(config.attention_backend, config.device)
         self.runner = ModelRunner(config, self.model, self.backend, self.device, eos_token_ids)
-        self.kv_dtype = torch_dtype(mc.dtype)
+        self.kv_dtype = kv_cache_dtype(config.cache_config.cache_dtype, torch_dtype(mc.dtype))
         self.num_gpu_blocks = 0
         self.num_cpu_blocks = 0
 

@@ -16,6 +16,9 @@ class Attention(nn.Module):
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.scale = scale
+        # scales of an FP8 cache (real K/V = stored * scale); 1.0: e4m3 holds K/V as they are
+        self.k_scale = 1.0
+        self.v_scale = 1.0
         self.k_cache: torch.Tensor | None = None  # [num_blocks, block_size, Hkv, D]
         self.v_cache: torch.Tensor | None = None
         self.backend: AttentionBackend | None = None
@@ -23,7 +26,8 @@ class Attention(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         # q: [T, Hq, D], k/v: [T, Hkv, D] -> [T, Hq * D]
         assert self.backend is not None and self.k_cache is not None, "KV cache not bound"
-        o = self.backend.forward(q, k, v, self.k_cache, self.v_cache, batch, self.scale)
+        o = self.backend.forward(q, k, v, self.k_cache, self.v_cache, batch, self.scale,
+                                 self.k_scale, self.v_scale)
         return o.reshape(o.shape[0], self.num_heads * self.head_dim)
 
 

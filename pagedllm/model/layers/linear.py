@@ -51,6 +51,8 @@ def default_weight_loader(param: torch.Tensor, loaded, shard_id=None) -> None:
 class ColumnParallelLinear(nn.Module):
     # MKL-packed copy of the weight for small CPU products (kernels/cpu_gemm.py), set after loading
     packed_weight: cpu_gemm.PackedWeight | None = None
+    # a quantized layout and product (model/layers/quantization), given at load; None: plain
+    quant_method = None
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False, ps: ParallelState = SINGLE):
         super().__init__()
@@ -71,6 +73,8 @@ class ColumnParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, in] -> [T, out / tp]
+        if self.quant_method is not None:
+            return self.quant_method.apply(self, x, self.bias)
         return cpu_gemm.linear(x, self.weight, self.bias, self.packed_weight)
 
 
@@ -118,6 +122,7 @@ class QKVParallelLinear(ColumnParallelLinear):
 
 class RowParallelLinear(nn.Module):
     packed_weight: cpu_gemm.PackedWeight | None = None
+    quant_method = None
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False, ps: ParallelState = SINGLE):
         super().__init__()
@@ -138,7 +143,10 @@ class RowParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, in / tp] -> partial sums [T, out] -> all-reduced [T, out]
-        y = cpu_gemm.linear(x, self.weight, None, self.packed_weight)
+        if self.quant_method is not None:
+            y = self.quant_method.apply(self, x, None)
+        else:
+            y = cpu_gemm.linear(x, self.weight, None, self.packed_weight)
         y = self.ps.all_reduce(y)
         if self.bias is not None:
             y = y + self.bias

@@ -1,0 +1,73 @@
+"""Quantization methods for the linear layers (see base.py for the interface): `quantization`
+(what the user asked for) and the checkpoint's `quantization_config` resolve here to one
+`QuantizationConfig`, or None for a plain model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pagedllm.model.layers.quantization.base import (
+    LinearMethod,
+    QuantizationConfig,
+    process_weights_after_loading,
+    quantize_model,
+)
+
+QUANTIZATION_METHODS = ("fp8", "compressed-tensors")
+
+__all__ = ["QUANTIZATION_METHODS", "LinearMethod", "QuantizationConfig", "get_quantization_config",
+           "process_weights_after_loading", "quantize_model"]
+
+
+def _checkpoint_quantization(hf_config: Any) -> dict | None:
+    qc = getattr(hf_config, "quantization_config", None)
+    if qc is None:
+        return None
+    return dict(qc) if isinstance(qc, dict) else qc.to_dict()
+
+
+def get_quantization_config(quantization: str | None, hf_config: Any, load_format: str) -> QuantizationConfig | None:
+    """`quantization` None: whatever the checkpoint says (nothing for a plain one). "fp8" on a
+    plain checkpoint (or dummy weights): online FP8. Raises ValueError on a mismatch or an
+    unsupported checkpoint format."""
+    from pagedllm.model.layers.quantization.fp8 import Fp8Config
+
+    if quantization is not None and quantization not in QUANTIZATION_METHODS:
+        raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_METHODS)} (or None); got {quantization!r}")
+    qc = _checkpoint_quantization(hf_config)
+    method = None if qc is None else qc.get("quant_method")
+    if method is None or load_format in ("dummy", "gguf"):
+        # random weights are drawn in the model's dtype and quantized like a plain checkpoint's
+        if quantization == "compressed-tensors":
+            raise ValueError("quantization='compressed-tensors' needs a compressed-tensors checkpoint; "
+                             "use quantization='fp8' to quantize this model at load")
+        return Fp8Config() if quantization is not None else None
+    if method == "fp8":
+        cfg = Fp8Config.from_hf(qc)
+    elif method == "compressed-tensors":
+        from pagedllm.model.layers.quantization.compressed_tensors import compressed_tensors_fp8_config
+
+        cfg = compressed_tensors_fp8_config(qc)
+    else:
+        raise ValueError(f"model: quantization_config.quant_method={method!r} is not supported "
+                         f"(supported: {', '.join(QUANTIZATION_METHODS)})")
+    if quantization is not None and quantization != method and not (quantization == "fp8" and cfg.name == "fp8"):
+        raise ValueError(f"quantization={quantization!r} does not match the checkpoint's quant_method={method!r}")
+    return cfg
+
+
+def precision_summary(model_dtype: str, quantization: QuantizationConfig | None, cache_dtype: str,
+                      device: str) -> dict[str, str]:
+    """What each part runs in, for the startup plan and /metrics: weights of the linears,
+    activations, KV cache, embedding / LM head."""
+    from pagedllm.kernels.fp8 import SCALED_MM_MIN_ROWS
+
+    activations = model_dtype
+    if quantization is not None and device == "cuda":
+        activations = f"{model_dtype} (fp8 e4m3 per token from {SCALED_MM_MIN_ROWS} rows)"
+    return {
+        "weights": quantization.describe() if quantization is not None else model_dtype,
+        "activations": activations,
+        "kv_cache": model_dtype if cache_dtype == "auto" else cache_dtype,
+        "lm_head": model_dtype,
+    }

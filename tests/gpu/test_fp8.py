@@ -1,0 +1,200 @@
+"""The FP8 kernels against their torch references on random inputs (CUDA; skipped without it):
+the W8A16 GEMV/GEMM, the per-token activation quantization, the `fp8_linear` dispatch (Triton
+below the crossover, `_scaled_mm` from it, under a CUDA graph too), and FP8 KV caches in the
+attention kernels: the Triton backend (store-KV, decode with and without split-K, prefill over
+cached prefixes) against the torch backend on the same FP8 cache, and the torch backend's FP8
+semantics against a float32 cache holding the dequantized values.
+
+The `check_*` functions take a device, so tests/unit/test_fp8_interpret.py runs them on the CPU
+through Triton's interpreter at small shapes."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_kernels import ATTENTION_TOL, _attention_inputs, make_batch  # noqa: E402
+
+from pagedllm.attention.torch_backend import TorchAttentionBackend  # noqa: E402
+from pagedllm.kernels.fp8 import (  # noqa: E402
+    FP8_DTYPE,
+    dequantize_fp8_torch,
+    fp8_linear_torch,
+    fp8_scaled_mm_torch,
+    per_token_quant_torch,
+    quantize_fp8_torch,
+)
+
+HAS_CUDA = torch.cuda.is_available() and importlib.util.find_spec("triton") is not None
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA and triton")]
+
+# W8A16 output against the float32 reference: only the output's rounding (and sum order) differ
+GEMM_TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
+
+
+def _weights(n, k, group_k, device, gen):
+    w = torch.randn(n, k, generator=gen) * 0.05
+    w[0] = 0.0  # an all-zero row must not give 0/0
+    q, s = quantize_fp8_torch(w, group_k)
+    assert q.dtype == FP8_DTYPE and s.shape == (n, 1 if group_k is None else -(-k // group_k))
+    # the quantization error is the e4m3 rounding: at most half an ulp of 3 mantissa bits
+    err = (dequantize_fp8_torch(q, s, torch.float32) - w).abs()
+    assert bool((err <= w.abs() * 2**-4 + s.max() * 2**-9).all())
+    return q.to(device), s.to(device)
+
+
+def check_fp8_gemm(device, dtype, m, n, k, group_k=None, bias=False, config=None, seed=0):
+    from pagedllm.kernels.fp8_triton import fp8_gemm_triton
+
+    g = torch.Generator().manual_seed(seed)
+    q, s = _weights(n, k, group_k, device, g)
+    x = torch.randn(m, k, generator=g).to(device=device, dtype=dtype)
+    b = (torch.randn(n, generator=g) * 0.1).to(device=device, dtype=dtype) if bias else None
+    out = fp8_gemm_triton(x, q, s, b, config=config)
+    ref = fp8_linear_torch(x, q, s, b)
+    atol, rtol = GEMM_TOL[dtype]
+    torch.testing.assert_close(out, ref, atol=atol, rtol=rtol)
+    # a strided input (a column slice of a wider tensor) reads the same rows
+    wide = torch.randn(m, k + 8, generator=g).to(device=device, dtype=dtype)
+    torch.testing.assert_close(fp8_gemm_triton(wide[:, :k], q, s, b, config=config),
+                               fp8_linear_torch(wide[:, :k], q, s, b), atol=atol, rtol=rtol)
+
+
+def check_per_token_quant(device, dtype, m, k, seed=0):
+    from pagedllm.kernels.fp8_triton import per_token_quant_triton
+
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(m, k, generator=g) * 3).to(device=device, dtype=dtype)
+    x[0] = 0.0
+    q, s = per_token_quant_triton(x)
+    rq, rs = per_token_quant_torch(x)
+    torch.testing.assert_close(s, rs, atol=0, rtol=1e-6)
+    # a value on a rounding tie may land one e4m3 step away: compare dequantized values
+    step = rs * 2**-3 * 448 / 2  # half the coarsest step of the row's range
+    assert bool(((q.float() - rq.float()).abs() * s <= step).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 16, 33, 200])
+@pytest.mark.parametrize("group_k", [None, 128])
+def test_fp8_gemm(dtype, m, group_k):
+    check_fp8_gemm("cuda", dtype, m, 384, 512, group_k, bias=m == 3)
+    check_fp8_gemm("cuda", dtype, m, 300, 520 if group_k is None else 640, group_k)  # ragged N, K
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_per_token_quant(dtype):
+    check_per_token_quant("cuda", dtype, 37, 4096)
+
+
+@pytest.mark.parametrize("m", [1, 8, 64, 300])
+def test_fp8_linear_dispatch(m):
+    """`fp8_linear` on CUDA (Triton below the crossover, `_scaled_mm` from it) against the
+    reference of the product it runs."""
+    from pagedllm.kernels import fp8
+
+    g = torch.Generator().manual_seed(1)
+    q, s = _weights(512, 1024, None, "cuda", g)
+    x = torch.randn(m, 1024, generator=g).to("cuda", torch.bfloat16)
+    ref = (fp8_scaled_mm_torch if m >= fp8.SCALED_MM_MIN_ROWS else fp8_linear_torch)(x, q, s)
+    torch.testing.assert_close(fp8.fp8_linear(x, q, s), ref, atol=3e-2, rtol=3e-2)
+
+
+def test_fp8_gemv_under_cuda_graph():
+    from pagedllm.kernels.fp8 import fp8_linear
+
+    g = torch.Generator().manual_seed(2)
+    q, s = _weights(256, 512, None, "cuda", g)
+    x = torch.randn(1, 512, generator=g).to("cuda", torch.bfloat16)
+    fp8_linear(x, q, s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = fp8_linear(x, q, s)
+    x.copy_(torch.randn(1, 512, generator=g).to("cuda", torch.bfloat16))
+    graph.replay()
+    torch.testing.assert_close(y, fp8_linear_torch(x, q, s), atol=1.6e-2, rtol=1.6e-2)
+
+
+# ---------------------------------------------------------------------------- FP8 KV cache
+
+CACHE_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+
+
+def _fp8_inputs(batch, num_blocks, block_size, hq, hkv, head_dim, dtype, device, seed, cache_dtype, k_scale, v_scale):
+    q, k, v, kc, vc = _attention_inputs(batch, num_blocks, block_size, hq, hkv, head_dim, dtype, device, seed)
+    # the cached prefix: values stored by earlier steps, at the cache's scales
+    kc = (kc.float() * 2.0 / k_scale).to(cache_dtype)
+    vc = (vc.float() * 2.0 / v_scale).to(cache_dtype)
+    return q, k * 2.0, v * 2.0, kc, vc
+
+
+def check_fp8_reference(device, dtype, query_lens, seq_lens, num_decodes, hq, hkv, head_dim, block_size,
+                        cache="fp8_e4m3", k_scale=1.0, v_scale=1.0, seed=0):
+    """The torch backend on an FP8 cache = the torch backend on a float32 cache holding
+    dequantized values and the new K/V rounded the way the FP8 store rounds them."""
+    cd = CACHE_DTYPES[cache]
+    batch, num_blocks = make_batch(query_lens, seq_lens, num_decodes, block_size, device, seed)
+    q, k, v, kc, vc = _fp8_inputs(batch, num_blocks, block_size, hq, hkv, head_dim, dtype, device, seed, cd,
+                                  k_scale, v_scale)
+    kf, vf = kc.float() * k_scale, vc.float() * v_scale
+    out = TorchAttentionBackend().forward(q, k, v, kc, vc, batch, head_dim**-0.5, k_scale, v_scale)
+    # what the store must have written: each new value / scale, rounded to the FP8 type
+    top = float(torch.finfo(cd).max)
+    kr = (k.float() * (1 / k_scale)).clamp(-top, top).to(cd).float() * k_scale
+    vr = (v.float() * (1 / v_scale)).clamp(-top, top).to(cd).float() * v_scale
+    stored = kc.float().view(-1, hkv, head_dim)[batch.slot_mapping] * k_scale
+    torch.testing.assert_close(stored, kr, atol=0, rtol=0)
+    ref = TorchAttentionBackend().forward(q.float(), kr, vr, kf, vf, batch, head_dim**-0.5)
+    tol = {torch.float32: (2e-4, 2e-4), torch.float16: (3e-3, 3e-3), torch.bfloat16: (2e-2, 2e-2)}
+    atol, rtol = tol[dtype]
+    torch.testing.assert_close(out.float(), ref, atol=atol * 4, rtol=rtol * 4)
+
+
+def check_fp8_backend(device, dtype, query_lens, seq_lens, num_decodes, hq, hkv, head_dim, block_size,
+                      cache="fp8_e4m3", k_scale=1.0, v_scale=1.0, num_splits=None, seed=0):
+    """The Triton backend against the torch backend, both on FP8 caches: the stored bytes are
+    equal and the outputs close."""
+    from pagedllm.attention.triton_backend import TritonAttentionBackend
+    from pagedllm.kernels import attention_decode
+
+    cd = CACHE_DTYPES[cache]
+    batch, num_blocks = make_batch(query_lens, seq_lens, num_decodes, block_size, device, seed)
+    q, k, v, kc, vc = _fp8_inputs(batch, num_blocks, block_size, hq, hkv, head_dim, dtype, device, seed, cd,
+                                  k_scale, v_scale)
+    kc_ref, vc_ref = kc.clone(), vc.clone()
+    splits = attention_decode.decode_num_splits
+    if num_splits is not None:
+        attention_decode.decode_num_splits = lambda *a: num_splits
+    try:
+        out = TritonAttentionBackend().forward(q, k, v, kc, vc, batch, head_dim**-0.5, k_scale, v_scale)
+    finally:
+        attention_decode.decode_num_splits = splits
+    ref = TorchAttentionBackend().forward(q, k, v, kc_ref, vc_ref, batch, head_dim**-0.5, k_scale, v_scale)
+    assert torch.equal(kc.view(torch.uint8), kc_ref.view(torch.uint8)), "K cache bytes differ"
+    assert torch.equal(vc.view(torch.uint8), vc_ref.view(torch.uint8)), "V cache bytes differ"
+    atol, rtol = ATTENTION_TOL[dtype]
+    torch.testing.assert_close(out, ref, atol=atol, rtol=rtol)
+
+
+MIXED = dict(query_lens=[1, 1, 1, 300, 64, 7], seq_lens=[5, 129, 3000, 300, 1064, 519], num_decodes=3)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("cache", sorted(CACHE_DTYPES))
+@pytest.mark.parametrize("scales", [(1.0, 1.0), (0.05, 0.3)])
+def test_fp8_backend_mixed_batch(dtype, cache, scales):
+    check_fp8_backend("cuda", dtype, **MIXED, hq=32, hkv=8, head_dim=128, block_size=16, cache=cache,
+                      k_scale=scales[0], v_scale=scales[1])
+    check_fp8_backend("cuda", dtype, **MIXED, hq=8, hkv=8, head_dim=64, block_size=32, cache=cache,
+                      k_scale=scales[0], v_scale=scales[1], num_splits=4)
+
+
+@pytest.mark.parametrize("cache", sorted(CACHE_DTYPES))
+def test_fp8_reference_semantics(cache):
+    check_fp8_reference("cuda", torch.bfloat16, **MIXED, hq=32, hkv=8, head_dim=128, block_size=16, cache=cache,
+                        k_scale=0.5, v_scale=2.0)
