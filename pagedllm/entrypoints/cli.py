@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Weights per rank, KV bytes per token, activations and the KV cache a GPU (or this CPU) "
         "holds for MODEL, the max concurrency at --max-model-len, what TP, FP8 or a shorter context would "
         "buy, and the smallest change that fits. Reads only the model's config. Exit 1 when it does not fit.",
-        formatter_class=_HelpFormatter,
+        formatter_class=HelpFormatter,
     )
     add_plan_args(plan)
     return parser
