@@ -114,6 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=HelpFormatter,
     )
     add_plan_args(plan)
+    from pagedllm.router.cli import add_router_args
+
+    router = sub.add_parser("router", help="Route OpenAI requests over tiers of servers (pagedllm/router).",
+                            description="An OpenAI-compatible gateway over tiers of backends (docs/router.md).")
+    add_router_args(router)
     return parser
 
 
@@ -135,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
         from pagedllm.planner import run_plan
 
         return run_plan(ns)
+    if ns.command == "router":
+        from pagedllm.router.cli import run_router
+
+        return run_router(ns, parser=parser)
     if ns.command != "serve":
         parser.print_help()
         return 2

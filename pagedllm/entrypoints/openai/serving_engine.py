@@ -24,6 +24,7 @@ from pagedllm.engine.async_engine import (
     QueueFullError,
     RequestFailedError,
 )
+from pagedllm.entrypoints.json_body import JSONBodyError, parse_json_object
 from pagedllm.entrypoints.openai.protocol import APIError, ErrorInfo, ErrorResponse
 from pagedllm.outputs import Logprob
 from pagedllm.sampling_params import SamplingParams
@@ -63,16 +64,10 @@ def to_api_error(e: BaseException) -> APIError:
 async def parse_body(raw_request: Any, model: type[_M]) -> _M:
     """The request body as `model`, or a 400 naming what is wrong with it."""
     body = await raw_request.body()
-    if not body.strip():
-        raise APIError("the request body is empty; expected a JSON object")
     try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise APIError(f"the request body is not valid JSON: {e}", code="invalid_json") from None
-    except RecursionError:
-        raise APIError("the request body is nested too deeply", code="invalid_json") from None
-    if not isinstance(data, dict):
-        raise APIError(f"the request body must be a JSON object, got {type(data).__name__}")
+        data = parse_json_object(body)
+    except JSONBodyError as e:
+        raise APIError(str(e), code=e.code) from None
     bad = _first_invalid_string(body, data)
     if bad is not None:
         raise APIError(f"{bad or 'body'}: the string is not valid Unicode (a lone surrogate escape)", param=bad)
