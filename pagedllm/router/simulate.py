@@ -20,7 +20,9 @@ Curves file (YAML), one entry per tier of the router config:
 
 Trace (JSONL), one request a line: {"arrival_s", "prompt_tokens", "output_tokens"} and,
 optionally, "model", "max_tokens", "turns", "has_code", "keyword_hits". Or a synthetic trace:
---rate, --num-requests, --mix simple=0.6,medium=0.3,complex=0.1.
+--rate, --num-requests, --mix simple=0.6,medium=0.3,complex=0.1, over request classes that the
+curves file may redefine (`classes: {simple: {prompt_tokens: [20, 150], output_tokens: [10, 40],
+turns: [1, 1], code: 0.0, keyword_hits: [0, 0]}, ...}`).
 """
 
 from __future__ import annotations
@@ -42,9 +44,9 @@ from pagedllm.router.policy import Planner, RouteError
 # Synthetic request classes: (prompt tokens range, output tokens range, turns range, code
 # probability, keyword hits range).
 _CLASSES = {
-    "simple": ((20, 150), (10, 60), (1, 1), 0.0, (0, 0)),
-    "medium": ((200, 900), (60, 200), (1, 3), 0.1, (0, 1)),
-    "complex": ((900, 3000), (200, 600), (1, 6), 0.5, (2, 4)),
+    "simple": ((20, 150), (10, 40), (1, 1), 0.0, (0, 0)),
+    "medium": ((200, 900), (40, 150), (1, 3), 0.1, (0, 1)),
+    "complex": ((900, 3000), (150, 400), (1, 6), 0.5, (2, 4)),
 }
 
 
@@ -154,14 +156,33 @@ def load_trace(path: str) -> list[TraceRequest]:
     return sorted(out, key=lambda r: r.arrival_s)
 
 
-def synthetic_trace(rate: float, num_requests: int, mix: dict[str, float], seed: int) -> list[TraceRequest]:
+def load_classes(path: str) -> dict[str, tuple]:
+    """The curves file's optional `classes:` (name -> prompt_tokens, output_tokens, turns as
+    [lo, hi], code as a probability, keyword_hits as [lo, hi]), over the built-in ones."""
+    import yaml
+
+    with open(path, encoding="utf-8") as f:
+        data = (yaml.safe_load(f) or {}).get("classes") or {}
+    classes = dict(_CLASSES)
+    for name, c in data.items():
+        unknown = sorted(set(c) - {"prompt_tokens", "output_tokens", "turns", "code", "keyword_hits"})
+        if unknown:
+            raise ValueError(f"{path}: classes.{name}: unknown key(s) {unknown}")
+        classes[name] = (tuple(c["prompt_tokens"]), tuple(c["output_tokens"]), tuple(c.get("turns", (1, 1))),
+                         float(c.get("code", 0.0)), tuple(c.get("keyword_hits", (0, 0))))
+    return classes
+
+
+def synthetic_trace(rate: float, num_requests: int, mix: dict[str, float], seed: int,
+                    classes: dict[str, tuple] | None = None) -> list[TraceRequest]:
     """Poisson arrivals at `rate` req/s; each request drawn from a class of `mix`."""
+    classes = classes or _CLASSES
     rng = random.Random(seed)
     names, weights = list(mix), list(mix.values())
     t, out = 0.0, []
     for _ in range(num_requests):
         t += rng.expovariate(rate)
-        (p0, p1), (o0, o1), (t0, t1), code_p, (k0, k1) = _CLASSES[rng.choices(names, weights)[0]]
+        (p0, p1), (o0, o1), (t0, t1), code_p, (k0, k1) = classes[rng.choices(names, weights)[0]]
         out.append(TraceRequest(arrival_s=round(t, 4), prompt_tokens=rng.randint(p0, p1),
                                 output_tokens=rng.randint(o0, o1), turns=rng.randint(t0, t1),
                                 has_code=rng.random() < code_p, keyword_hits=rng.randint(k0, k1)))
@@ -282,12 +303,12 @@ def add_simulate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="Print the report as JSON.")
 
 
-def _mix(value: str) -> dict[str, float]:
+def _mix(value: str, classes: dict[str, tuple]) -> dict[str, float]:
     out = {}
     for part in value.split(","):
         name, _, share = part.partition("=")
-        if name not in _CLASSES:
-            raise ValueError(f"--mix: unknown class {name!r}; classes: {list(_CLASSES)}")
+        if name not in classes:
+            raise ValueError(f"--mix: unknown class {name!r}; classes: {list(classes)}")
         out[name] = float(share)
     return out
 
@@ -310,7 +331,11 @@ def run_simulate(ns: argparse.Namespace) -> int:
     try:
         cfg = load_router_config(ns.sim_config)
         curves = load_curves(ns.curves, cfg)
-        trace = load_trace(ns.trace) if ns.trace else synthetic_trace(ns.rate, ns.num_requests, _mix(ns.mix), ns.seed)
+        if ns.trace:
+            trace = load_trace(ns.trace)
+        else:
+            classes = load_classes(ns.curves)
+            trace = synthetic_trace(ns.rate, ns.num_requests, _mix(ns.mix, classes), ns.seed, classes)
     except (ValueError, OSError, KeyError, TypeError) as e:
         print(f"pagedllm router simulate: error: {e}", file=sys.stderr)
         return 2
