@@ -85,6 +85,7 @@ class RemoteLoad:
     kv_usage: float = 0.0
     prefix_hits: float = 0.0
     prefix_queries: float = 0.0
+    ours_in_flight: int = 0    # the router's requests in flight there when the figures came
     updated_at: float = 0.0
 
 
@@ -115,10 +116,12 @@ class Backend:
         return self.healthy and now >= self.retry_after_until and self.breaker.allows(now)
 
     def load_score(self) -> float:
-        """Requests queued or running there (the larger of its own figure and ours), plus KV
+        """Requests queued or running there: ours now, plus the others' its last /metrics showed
+        (its running + waiting beyond the requests we had in flight when it answered, so that
+        our own, which may have finished since, are not counted from a stale figure), plus KV
         usage in [0, 1] to break ties towards the emptier cache."""
-        remote = self.load.running + self.load.waiting
-        return max(float(self.in_flight), remote) + self.load.kv_usage
+        others = max(0.0, self.load.running + self.load.waiting - self.load.ours_in_flight)
+        return self.in_flight + others + self.load.kv_usage
 
     def begin(self) -> None:
         self.in_flight += 1
@@ -182,7 +185,7 @@ class Backend:
         if r.status_code != 200:
             return
         values = parse_load_metrics(r.text)
-        load = RemoteLoad(updated_at=time.monotonic())
+        load = RemoteLoad(updated_at=time.monotonic(), ours_in_flight=self.in_flight)
         for key, value in values.items():
             setattr(load, key, value)
         self.load = load

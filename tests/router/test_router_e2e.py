@@ -197,11 +197,16 @@ def test_least_load_spreads_a_burst(router, urls):
 
     models = burst(8)
     assert models.count("edge-model") >= 3 and models.count("region-model") >= 3, models
+
+    def running(name: str) -> float:
+        return _pool_entry(router, urls[name])["load"]["running"]
+
+    wait_for(lambda: running("edge") == running("region") == 0, 30, "the burst's end in the metrics")
     # Load edge from outside the router: its /metrics shows it, and the burst goes to region.
     stop = threading.Event()
     threads = _hold_streams(urls["edge"], "edge-model", 4, stop)
     try:
-        wait_for(lambda: _pool_entry(router, urls["edge"])["load"]["running"] >= 4, 30, "edge's load in its metrics")
+        wait_for(lambda: running("edge") >= 4, 30, "edge's load in its metrics")
         before = [b for b in router.backends() if b["tier"] == "pool"]
         models = burst(6)
         assert models.count("region-model") >= 4, (models, before)
