@@ -392,10 +392,13 @@ def _build_engine_config(args: EngineArgs) -> EngineConfig:
     device = _resolve_device(args.device)
 
     model = args.model if args.model is not None else default_model_path()
-    if not isinstance(model, str) or not os.path.exists(model):
-        raise ValueError(
-            f"model: {model!r} is not a local directory or .gguf file (no model hub is used)"
-        )
+    if not isinstance(model, str) or not model:
+        raise ValueError(f"model must be a path or a hub id, got {model!r}")
+    from pagedllm.model.hub import resolve_model, resolve_tokenizer
+
+    hub = dict(download_dir=args.download_dir, token=args.hf_token)
+    resolved = resolve_model(model, revision=args.revision, gguf_file=args.gguf_file, **hub)
+    model = resolved.path
     hf_config, gguf_file, load_format = load_hf_config(model, args.load_format)
     for key, value in (args.hf_overrides or {}).items():
         setattr(hf_config, key, value)
@@ -432,12 +435,14 @@ def _build_engine_config(args: EngineArgs) -> EngineConfig:
     else:
         max_num_batched_tokens = _check_int("max_num_batched_tokens", args.max_num_batched_tokens, 1)
 
-    tokenizer = args.tokenizer or model
+    tokenizer = model
+    if args.tokenizer is not None:
+        tokenizer = resolve_tokenizer(args.tokenizer, revision=args.tokenizer_revision, **hub)
+    elif args.tokenizer_revision is not None and resolved.repo_id is not None:
+        tokenizer = resolve_tokenizer(resolved.repo_id, revision=args.tokenizer_revision, **hub)
     served = args.served_model_name
     served = served[0] if isinstance(served, (list, tuple)) and served else served
-    name = served or (
-        os.path.basename(model.rstrip("/")) if gguf_file is None else os.path.splitext(os.path.basename(model))[0]
-    )
+    name = served or resolved.name
     model_config = ModelConfig(
         model=model,
         tokenizer=tokenizer,
