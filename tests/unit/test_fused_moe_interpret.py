@@ -5,14 +5,9 @@ float32 and float16 only: the interpreter cannot run bf16 `tl.dot`."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
-from test_kernels_interpret import _RUNNER, ROOT, pytestmark  # noqa: F401  (skips without triton)
+from test_kernels_interpret import pytestmark, run_under_interpreter  # noqa: F401  (skips without triton)
 
 # name -> (check, dtype, args, kwargs)
 _CASES = {
@@ -27,21 +22,12 @@ _CASES = {
     "topk:float32": ("check_topk_softmax", [5, 12, 3, False], {}),
     "topk_renorm_ties:float32": ("check_topk_softmax", [4, 16, 4, True], {"ties": True}),
 }
-# the shared runner widens this module's bf16 tolerance (unused here: no bf16 cases)
-_RUNNER_HERE = _RUNNER.replace("checks.ELEMENTWISE_TOL[torch.bfloat16] = (5e-2, 5e-2)\n", "")
 
 
 @pytest.fixture(scope="module")
 def results() -> dict[str, str | None]:
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    proc = subprocess.run(
-        [sys.executable, "-c", _RUNNER_HERE, str(ROOT / "tests" / "gpu" / "test_fused_moe.py"), json.dumps(_CASES)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULTS ")]
-    assert proc.returncode == 0 and lines, f"interpreter run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-    return json.loads(lines[-1][len("RESULTS "):])
+    # the shared runner (it widens only a module's own ELEMENTWISE_TOL; this one has none)
+    return run_under_interpreter("test_fused_moe.py", _CASES)
 
 
 @pytest.mark.parametrize("key", sorted(_CASES))
