@@ -60,6 +60,11 @@ _GGUF_ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3":
               "mistral": "MistralForCausalLM"}
 
 
+def gguf_architectures() -> set[str]:
+    """The architectures a GGUF file may hold here."""
+    return set(_GGUF_ARCH.values())
+
+
 def load_tokenizer(model: str, tokenizer: str | None, gguf_file: str | None):
     from transformers import AutoTokenizer
 

@@ -54,8 +54,11 @@ class ColumnParallelLinear(nn.Module):
     # a quantized layout and product (model/layers/quantization), given at load; None: plain
     quant_method = None
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = False, ps: ParallelState = SINGLE):
+    def __init__(self, in_features: int, out_features: int, bias: bool = False, ps: ParallelState = SINGLE,
+                 skip_bias_add: bool = False):
         super().__init__()
+        # skip_bias_add: forward leaves the bias out, for the caller to fuse it into what follows
+        self.skip_bias_add = skip_bias_add
         if out_features % ps.tp_size:
             raise ValueError(f"{out_features} output features do not split over tp_size={ps.tp_size}")
         self.ps = ps
@@ -73,9 +76,10 @@ class ColumnParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, in] -> [T, out / tp]
+        bias = None if self.skip_bias_add else self.bias
         if self.quant_method is not None:
-            return self.quant_method.apply(self, x, self.bias)
-        return cpu_gemm.linear(x, self.weight, self.bias, self.packed_weight)
+            return self.quant_method.apply(self, x, bias)
+        return cpu_gemm.linear(x, self.weight, bias, self.packed_weight)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):

@@ -22,6 +22,9 @@ def rope_parameters(hf_config: Any) -> dict:
     for k, v in scaling.items():
         params.setdefault(k, v)
     params.setdefault("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
+    partial = getattr(hf_config, "partial_rotary_factor", None) or getattr(hf_config, "rotary_pct", None)
+    if partial is not None:
+        params.setdefault("partial_rotary_factor", partial)
     rope_type = params.get("rope_type") or params.get("type") or "default"
     params["rope_type"] = rope_type
     return params
@@ -49,10 +52,24 @@ def _inv_freq(head_dim: int, params: dict) -> torch.Tensor:
     raise ValueError(f"rope_type {kind!r} is not supported (default, linear, llama3)")
 
 
+def rotary_dim_of(head_dim: int, params: dict) -> int:
+    """How many dims of a head rotate (`partial_rotary_factor`, as transformers rounds it)."""
+    rotary_dim = int(head_dim * float(params.get("partial_rotary_factor", 1.0)))
+    if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
+        raise ValueError(f"partial_rotary_factor gives {rotary_dim} rotary dims of head_dim={head_dim}; need an even count")
+    return rotary_dim
+
+
 class RotaryEmbedding(nn.Module):
+    """cos/sin caches of the full head width D in the rotate-half layout. A partial rotary
+    (rotary_dim < D) gets frequency 0 (cos 1, sin 0: the dims pass through exactly) past its
+    rotary_dim / 2 frequencies, which needs q and k in the layout of `partial_rotary_permutation`
+    (model/layers/partial_rotary.py): the model permutes their weight rows once at load."""
+
     def __init__(self, head_dim: int, max_position: int, params: dict):
         super().__init__()
-        inv = _inv_freq(head_dim, params)
+        inv = _inv_freq(rotary_dim_of(head_dim, params), params)
+        inv = torch.cat((inv, inv.new_zeros(head_dim // 2 - inv.shape[0])))  # [D/2]
         pos = torch.arange(max_position, dtype=torch.float32)
         freqs = pos[:, None] * inv[None, :]  # [max_pos, D/2]
         emb = torch.cat((freqs, freqs), dim=-1)

@@ -1,6 +1,12 @@
 """Llama-family decoder (also the base of Qwen2 and Qwen3): embeddings, N x [RMSNorm ->
 attention -> RMSNorm -> gated MLP] with the residual add fused into the norms, final norm,
-LM head. Knows nothing of requests or blocks; attention reads the ForwardBatch it is given."""
+LM head. Knows nothing of requests or blocks; attention reads the ForwardBatch it is given.
+
+The other decoders are this one with its parts swapped through class attributes and small
+overrides, not copies of it: the norm (`norm_cls`: RMSNorm or LayerNorm), the MLP (`mlp_cls`),
+the attention's biases and positions (`biases`, `make_rotary`), the embedding (`embed`) and the
+checkpoint's names (`checkpoint_weights`). A partial or interleaved rotary permutes the q/k
+rows at load (model/layers/partial_rotary.py)."""
 
 from __future__ import annotations
 
@@ -21,12 +27,23 @@ from pagedllm.model.layers.linear import (
     RowParallelLinear,
     default_weight_loader,
 )
-from pagedllm.model.layers.rotary import get_rotary_embedding, rope_parameters
+from pagedllm.model.layers.partial_rotary import PermutedHeadRows, partial_rotary_permutation
+from pagedllm.model.layers.rotary import RotaryEmbedding, get_rotary_embedding, rope_parameters, rotary_dim_of
+
+
+def norm_eps(cfg: Any) -> float:
+    """The norms' epsilon under any of the names transformers configs give it."""
+    for name in ("rms_norm_eps", "layer_norm_eps", "norm_epsilon", "layer_norm_epsilon"):
+        eps = getattr(cfg, name, None)
+        if eps is not None:
+            return float(eps)
+    return 1e-6
 
 
 class LlamaAttention(nn.Module):
     qkv_bias_default = False
     use_qk_norm = False
+    rotary_interleaved = False  # rotary pairs (2i, 2i + 1) (GPT-J / GLM) instead of (i, i + r/2)
 
     def __init__(self, cfg: Any, ps: ParallelState):
         super().__init__()
@@ -34,20 +51,32 @@ class LlamaAttention(nn.Module):
         num_heads = cfg.num_attention_heads
         num_kv = getattr(cfg, "num_key_value_heads", None) or num_heads
         self.head_dim = getattr(cfg, "head_dim", None) or hidden // num_heads
-        bias = bool(getattr(cfg, "attention_bias", self.qkv_bias_default)) or self.qkv_bias_default
-        self.qkv_proj = QKVParallelLinear(hidden, self.head_dim, num_heads, num_kv, bias=bias, ps=ps)
+        qkv_bias, o_bias = self.biases(cfg)
+        self.qkv_proj = QKVParallelLinear(hidden, self.head_dim, num_heads, num_kv, bias=qkv_bias, ps=ps)
         self.num_heads = self.qkv_proj.num_heads
         self.num_kv_heads = self.qkv_proj.num_kv_heads
-        o_bias = bool(getattr(cfg, "attention_bias", False)) and not self.qkv_bias_default
         self.o_proj = RowParallelLinear(num_heads * self.head_dim, hidden, bias=o_bias, ps=ps)
-        max_pos = int(getattr(cfg, "max_position_embeddings", 4096))
-        self.rotary_emb = get_rotary_embedding(self.head_dim, max_pos, rope_parameters(cfg))
+        self.rotary_emb = self.make_rotary(cfg)
         if self.use_qk_norm:
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.attn = Attention(self.num_heads, self.head_dim, self.num_kv_heads, self.head_dim**-0.5)
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
+
+    def biases(self, cfg: Any) -> tuple[bool, bool]:
+        """(q/k/v projections have a bias, o_proj has one)."""
+        bias = bool(getattr(cfg, "attention_bias", False))
+        return bias or self.qkv_bias_default, bias and not self.qkv_bias_default
+
+    def make_rotary(self, cfg: Any) -> RotaryEmbedding | None:
+        """The rotary embedding (None: positions enter elsewhere, e.g. learned embeddings)."""
+        params = rope_parameters(cfg)
+        rotary_dim = rotary_dim_of(self.head_dim, params)
+        # new q/k dim j = checkpoint dim qk_permutation[j] within each head (None: as stored)
+        self.qk_permutation = partial_rotary_permutation(self.head_dim, rotary_dim, self.rotary_interleaved)
+        max_pos = int(getattr(cfg, "max_position_embeddings", 4096))
+        return get_rotary_embedding(self.head_dim, max_pos, params)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         # x: [T, H]
@@ -59,7 +88,8 @@ class LlamaAttention(nn.Module):
         if self.use_qk_norm:
             q = self.q_norm(q)
             k = self.k_norm(k)
-        q, k = self.rotary_emb(positions, q, k)
+        if self.rotary_emb is not None:
+            q, k = self.rotary_emb(positions, q, k)
         return self.o_proj(self.attn(q, k, v, batch))
 
 
@@ -78,20 +108,25 @@ class LlamaMLP(nn.Module):
 
 class LlamaDecoderLayer(nn.Module):
     attention_cls = LlamaAttention
+    mlp_cls: type[nn.Module] = LlamaMLP
+    norm_cls: type[nn.Module] = RMSNorm  # built as norm_cls(hidden_size, eps)
 
     def __init__(self, cfg: Any, ps: ParallelState):
         super().__init__()
         self.self_attn = self.attention_cls(cfg, ps)
-        self.mlp = LlamaMLP(cfg, ps)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = self.mlp_cls(cfg, ps)
+        self.input_layernorm = self.norm_cls(cfg.hidden_size, norm_eps(cfg))
+        self.post_attention_layernorm = self.norm_cls(cfg.hidden_size, norm_eps(cfg))
+
+    def norm_input(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(input_layernorm(x + residual), x + residual): x + residual is the layer's input, the
+        previous layer's output not yet added to the stream (the first layer: no residual)."""
+        if residual is None:
+            return self.input_layernorm(x), x
+        return self.input_layernorm(x, residual)
 
     def forward(self, positions, x, residual, batch):
-        if residual is None:
-            residual = x
-            x = self.input_layernorm(x)
-        else:
-            x, residual = self.input_layernorm(x, residual)
+        x, residual = self.norm_input(x, residual)
         x = self.self_attn(positions, x, batch)
         x, residual = self.post_attention_layernorm(x, residual)
         return self.run_mlp(x, batch), residual
@@ -107,10 +142,14 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, ps)
         self.layers = nn.ModuleList([self.layer_cls(cfg, ps) for _ in range(cfg.num_hidden_layers)])
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = self.layer_cls.norm_cls(cfg.hidden_size, norm_eps(cfg))
+
+    def embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        # input_ids, positions: [T] -> [T, H]
+        return self.embed_tokens(input_ids)
 
     def forward(self, input_ids, positions, batch):
-        x = self.embed_tokens(input_ids)
+        x = self.embed(input_ids, positions)
         residual = None
         for layer in self.layers:
             x, residual = layer(positions, x, residual, batch)
@@ -145,15 +184,22 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head.compute_logits(hidden)
 
+    def checkpoint_weights(self, weights: Iterable[tuple[str, Any]]) -> Iterable[tuple[str, Any]]:
+        """The checkpoint's tensors under Llama's names (a model with other names maps them)."""
+        return weights
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Copies checkpoint tensors into parameters; returns the names of parameters loaded."""
         params = dict(self.named_parameters(remove_duplicate=False))
         loaded: set[str] = set()
-        for name, tensor in weights:
+        perm = getattr(self.model.layers[0].self_attn, "qk_permutation", None) if len(self.model.layers) else None
+        for name, tensor in self.checkpoint_weights(weights):
             if "rotary_emb.inv_freq" in name:
                 continue
             if name == "lm_head.weight" and self.tie_word_embeddings:
                 continue
+            if perm is not None and name.rsplit(".", 2)[-2] in ("q_proj", "k_proj", "q_norm", "k_norm"):
+                tensor = PermutedHeadRows(tensor, perm)
             for ckpt, ours, shard in self.stacked_params:
                 if f".{ckpt}." in name:
                     target = name.replace(f".{ckpt}.", f".{ours}.")
