@@ -14,7 +14,7 @@ The founding document's formula, made exact: memory = weights + activations + KV
   computes them (`Worker.determine_num_blocks`).
 
 It never reads weights and never touches a GPU; it needs a config (a directory, a .gguf file,
-or a hub id whose config is in the local cache or downloadable).
+or a hub id whose config.json is in the local cache or downloadable).
 """
 
 from __future__ import annotations
@@ -195,16 +195,29 @@ def _activation_bytes(hf_config: Any, elem: int, n_tok: int, rows: int, tp: int)
 
 
 def load_model_config(model: str) -> tuple[Any, str]:
-    """(transformers config, registry architecture) of a directory or .gguf file: only the
-    config is read."""
+    """(transformers config, registry architecture) of a directory, a .gguf file or a hub id
+    (`org/name` from the local Hugging Face cache, or downloaded when online — config.json only;
+    `org/name:FILE.gguf` needs the file, whose header holds the config): no weights are read."""
     import os
 
+    from pagedllm.model.hub import hub_cache_dir, hub_offline, looks_like_repo_id, resolve_model, split_gguf_spec
     from pagedllm.model.loader import load_hf_config
     from pagedllm.model.registry import resolve_architecture
 
-    if not os.path.exists(model):
-        raise ValueError(f"model: {model!r} is not a directory with a config.json or a .gguf file")
-    hf_config, _, _ = load_hf_config(model, "auto")
+    repo, gguf_file = split_gguf_spec(model, None)
+    if not os.path.exists(repo) and gguf_file is None and looks_like_repo_id(repo):
+        from huggingface_hub import hf_hub_download
+
+        try:
+            path = os.path.dirname(hf_hub_download(repo, "config.json", cache_dir=hub_cache_dir(),
+                                                   local_files_only=hub_offline()))
+        except Exception as e:  # noqa: BLE001 - huggingface_hub raises several kinds
+            where = "offline (HF_HUB_OFFLINE=1)" if hub_offline() else "online"
+            raise ValueError(f"model: no config.json for {repo!r} in the Hugging Face cache {hub_cache_dir()} "
+                             f"({where}): {type(e).__name__}") from None
+    else:
+        path = resolve_model(model).path
+    hf_config, _, _ = load_hf_config(path, "auto")
     return hf_config, resolve_architecture(getattr(hf_config, "architectures", None) or [])
 
 

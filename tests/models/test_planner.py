@@ -35,6 +35,33 @@ def test_plan_equals_the_engines_startup_plan(tiny_qwen3):
         llm.llm_engine.shutdown()
 
 
+def test_fp8_plan_equals_the_engine(tiny_qwen3):
+    """Online FP8 (emulated on the CPU): e4m3 projection weights plus a float32 scale per row."""
+    llm = LLM(model=tiny_qwen3, kv_cache_memory="8MiB", max_model_len=512, quantization="fp8")
+    try:
+        worker = llm.llm_engine.executor.worker
+        plan = build_plan(PlanInputs(model=tiny_qwen3, device="cpu", kv_cache_memory=8 << 20, max_model_len=512,
+                                     quantization="fp8"))
+        assert plan.weight_bytes_per_rank == worker.weight_bytes
+    finally:
+        llm.llm_engine.shutdown()
+
+
+def test_hub_id_reads_only_the_config(tmp_path, monkeypatch):
+    from hub_cache import add_repo
+
+    home = str(tmp_path / "hf_home")
+    add_repo(home, "meta-llama/Llama-3.1-8B", {"config.json": os.path.join(LLAMA_8B, "config.json")})
+    monkeypatch.setenv("HF_HOME", home)
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    hub = build_plan(PlanInputs(model="meta-llama/Llama-3.1-8B", max_model_len=8192))
+    local = build_plan(PlanInputs(model=LLAMA_8B, max_model_len=8192))
+    assert hub.to_dict() | {"inputs": None} == local.to_dict() | {"inputs": None}
+    with pytest.raises(ValueError, match=r"org/missing.*Hugging Face cache .*offline"):
+        build_plan(PlanInputs(model="org/missing"))
+
+
 def test_gpu_arithmetic_on_llama_8b():
     plan = build_plan(PlanInputs(model=LLAMA_8B, max_model_len=8192))
     assert plan.dtype == "bfloat16" and plan.num_layers == 32
