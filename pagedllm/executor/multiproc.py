@@ -1,8 +1,8 @@
 """MultiprocExecutor: tensor parallelism on one machine, one process per rank.
 
-Rank 0 runs in the engine's process; ranks 1..N-1 are processes started with the spawn
-method (so a script that builds an LLM with tensor_parallel_size > 1 needs the usual
-`if __name__ == "__main__":` guard). Every rank replays the engine's calls in the same order:
+Rank 0 runs in the engine's process; ranks 1..N-1 are processes started by fork or spawn
+(start_method.py: fork for a script without CUDA, so a script needs no `if __name__ ==
+"__main__":` guard; spawn under CUDA). Every rank replays the engine's calls in the same order:
 
     engine process (rank 0)                        worker process (rank r), one pipe each
     ───────────────────────                        ──────────────────────────────────────
@@ -45,6 +45,12 @@ import torch
 from pagedllm.config import EngineConfig
 from pagedllm.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from pagedllm.distributed import ParallelState, create_store, init_parallel_state
+from pagedllm.executor.start_method import (
+    WorkerStartError,
+    refuse_in_spawn_bootstrap,
+    start_failure_line,
+    worker_start_method,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -250,7 +256,11 @@ class MultiprocExecutor:
         self._shared = _Shared(device=config.device)
         self._finalizer = weakref.finalize(self, _shutdown, self._shared)
         self._store = create_store()
-        ctx = torch.multiprocessing.get_context("spawn")
+        refuse_in_spawn_bootstrap()
+        self.start_method = method = worker_start_method()
+        ctx = torch.multiprocessing.get_context(method)
+        if method == "fork":
+            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # its pool does not survive a fork
         level = logging.getLogger("pagedllm").getEffectiveLevel()
         try:
             for rank in range(1, self.world_size):
@@ -264,7 +274,7 @@ class MultiprocExecutor:
                 self._shared.workers.append(_WorkerProc(rank, proc, engine_end))
             self._start_watcher()
             for w in self._shared.workers:
-                self._recv(w, STARTUP_TIMEOUT_S, expect="hello")
+                self._recv_started(w, "hello")
             if config.device == "cuda":
                 torch.cuda.set_device(0)
             else:
@@ -276,7 +286,7 @@ class MultiprocExecutor:
                                                   config.device)
             self.driver = self._shared.driver = Worker(config, eos_token_ids, self._shared.ps)
             for w in self._shared.workers:
-                self._recv(w, STARTUP_TIMEOUT_S)
+                self._recv_started(w, "ok")
             blocks = self.collective_rpc("determine_num_blocks")
             num_gpu = min(b[0] for b in blocks)
             num_cpu = min(b[1] for b in blocks)
@@ -340,6 +350,17 @@ class MultiprocExecutor:
         self._finalizer()
 
     # ---- internals -------------------------------------------------------------------
+    def _recv_started(self, w: _WorkerProc, expect: str) -> Any:
+        """A startup message; a worker that fails to start is one WorkerStartError line (its
+        traceback goes to the debug log)."""
+        try:
+            return self._recv(w, STARTUP_TIMEOUT_S, expect=expect)
+        except (RuntimeError, TimeoutError) as e:
+            logger.debug("tensor-parallel worker rank %d failed to start:\n%s", w.rank, e)
+            line = start_failure_line(w.rank, self.start_method, str(e))
+            logger.error("%s", line)
+            raise WorkerStartError(line) from None
+
     def _start_watcher(self) -> None:
         self._shared.wake = multiprocessing.Pipe(duplex=False)
         t = threading.Thread(target=_watch, args=(self._shared,), name="pagedllm-tp-watch", daemon=True)
