@@ -420,7 +420,9 @@ def _build_engine_config(args: EngineArgs) -> EngineConfig:
     log_accepted(args)
     _check_tensor_parallel(tp, hf_config, device, executor_backend, bool(args.enable_expert_parallel))
 
-    derived_len = int(getattr(hf_config, "max_position_embeddings", 0) or 2048)
+    from pagedllm.model.layers.rotary import rope_max_positions
+
+    derived_len = rope_max_positions(hf_config)  # max_position_embeddings, extended by rope scaling
     if args.max_model_len is None:
         max_model_len = derived_len
     else:

@@ -71,6 +71,8 @@ class AttentionBackend(ABC):
         scale: float,
         k_scale: float = 1.0,  # FP8 caches: real K/V = stored value * scale
         v_scale: float = 1.0,
+        sliding_window: int | None = None,  # the query at p sees keys p - W + 1 .. p only
+        logits_soft_cap: float | None = None,  # scores -> cap * tanh(scores / cap) before softmax
     ) -> torch.Tensor:  # [T, Hq, D]
         ...
 

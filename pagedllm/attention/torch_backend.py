@@ -1,7 +1,13 @@
 """Reference attention backend in plain PyTorch (CPU and GPU): gathers each request's K/V
 through its block table and calls scaled_dot_product_attention. Decodes run as one padded
 batch; prefill chunks run one request at a time with a causal mask offset by the cached
-prefix length."""
+prefix length.
+
+Two per-layer options (both None in the plain case, which then runs exactly as before):
+- `sliding_window` W: the query at position p sees keys p - W + 1 .. p (HF's and Mistral's
+  window: W tokens, itself included);
+- `logits_soft_cap` c: scores become c * tanh(scores / c) before the mask and the softmax
+  (Gemma 2); SDPA cannot do that, so those layers run the same steps written out (`_attend`)."""
 
 from __future__ import annotations
 
@@ -38,18 +44,45 @@ def store_kv_torch(
     v_cache.view(n * bs, h, d).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
 
 
-def _decode_layout(batch: ForwardBatch, bs: int, device) -> tuple[torch.Tensor, torch.Tensor, int]:
+def _decode_layout(batch: ForwardBatch, bs: int, device, sliding_window: int | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """The decodes' block ids (flattened, [nd * nblk]), their key mask ([nd, 1, 1, span]) and
-    the span of tokens gathered per request; computed once per step, shared by all layers."""
-    got = batch.step_cache.get("decode")
+    the span of tokens gathered per request; computed once per step (per window size), shared
+    by all layers."""
+    key = "decode" if sliding_window is None else f"decode-w{sliding_window}"
+    got = batch.step_cache.get(key)
     if got is None:
         nd = batch.num_decodes
         nblk = (max(batch.seq_lens_cpu[:nd]) + bs - 1) // bs
         idx = batch.block_tables[:nd, :nblk].reshape(-1).to(device=device, dtype=torch.long)
         lens = batch.seq_lens[:nd].to(device=device, dtype=torch.long)
-        mask = torch.arange(nblk * bs, device=device)[None, :] < lens[:, None]
-        got = batch.step_cache["decode"] = (idx, mask[:, None, None, :], nblk * bs)
+        keys = torch.arange(nblk * bs, device=device)[None, :]
+        mask = keys < lens[:, None]
+        if sliding_window is not None:
+            mask &= keys >= lens[:, None] - sliding_window
+        got = batch.step_cache[key] = (idx, mask[:, None, None, :], nblk * bs)
     return got
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
+            soft_cap: float | None, gqa: bool = False) -> torch.Tensor:
+    """SDPA, or with `soft_cap` its steps written out (HF Gemma 2's eager order: scale, cap,
+    mask, float32 softmax). q [..., Hq, M, D], k/v [..., Hkv, N, D], mask [M, N] (or
+    broadcastable; None = causal from the top-left) -> [..., Hq, M, D]."""
+    if soft_cap is None:
+        if mask is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+    if gqa:
+        rep = q.shape[-3] // k.shape[-3]
+        k, v = k.repeat_interleave(rep, dim=-3), v.repeat_interleave(rep, dim=-3)
+    s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    s = torch.tanh(s / soft_cap) * soft_cap
+    if mask is None:
+        m, n = s.shape[-2:]
+        mask = torch.ones(m, n, dtype=torch.bool, device=q.device).tril()
+    s = s.masked_fill(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype), v)
 
 
 def paged_attention_torch(
@@ -61,13 +94,17 @@ def paged_attention_torch(
     decode_attention=None,
     k_scale: float = 1.0,  # the cache's scales (FP8): real K/V = stored * scale
     v_scale: float = 1.0,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
 ) -> torch.Tensor:  # [T, Hq, D]
     """Attention of every scheduled query over its request's paged context (already stored).
     `decode_attention(q[:nd], k_cache, v_cache, batch, scale) -> [nd, Hq, D]`, if given, takes
-    the decodes' place of the gather + SDPA below (a backend's own decode kernel; only for
-    unscaled caches). The k scale folds into the softmax scale, the v scale into the output."""
+    the decodes' place of the gather + SDPA below (a backend's own decode kernel, which must
+    honour the same window and soft cap; only for unscaled caches). The k scale folds into the
+    softmax scale, the v scale into the output."""
     if k_scale != 1.0 or v_scale != 1.0:
-        out = paged_attention_torch(q, k_cache, v_cache, batch, scale * k_scale)
+        out = paged_attention_torch(q, k_cache, v_cache, batch, scale * k_scale, sliding_window=sliding_window,
+                                    logits_soft_cap=logits_soft_cap)
         return out * v_scale if v_scale != 1.0 else out
     _, bs, hkv, d = k_cache.shape
     hq = q.shape[1]
@@ -81,14 +118,14 @@ def paged_attention_torch(
             return o
         out[:nd] = o
     elif nd > 0:
-        idx, mask, span = _decode_layout(batch, bs, q.device)
+        idx, mask, span = _decode_layout(batch, bs, q.device, sliding_window)
         # index_select of whole blocks, then [nd, Hkv, span, D] views; no copy by transpose
         kd = k_cache.index_select(0, idx).view(nd, span, hkv, d).transpose(1, 2)
         vd = v_cache.index_select(0, idx).view(nd, span, hkv, d).transpose(1, 2)
         # GQA without repeating K/V: the query heads of one group become that kv head's
         # query rows ([nd, Hkv, Hq/Hkv, D]), which every row of the group shares the mask of
         qd = q[:nd].reshape(nd, hkv, hq // hkv, d)
-        o = F.scaled_dot_product_attention(qd, kd.to(q.dtype), vd.to(q.dtype), attn_mask=mask, scale=scale)
+        o = _attend(qd, kd.to(q.dtype), vd.to(q.dtype), mask, scale, logits_soft_cap)
         if out is None:
             return o.reshape(nd, hq, d)
         out[:nd] = o.reshape(nd, hq, d)
@@ -101,13 +138,16 @@ def paged_attention_torch(
         vc = v_cache.index_select(0, bt).view(nblk * bs, hkv, d)[:slen].transpose(0, 1).to(q.dtype)
         qi = q[start : start + qlen].transpose(0, 1)  # [Hq, qlen, D]
         ctx = slen - qlen
-        if ctx == 0:
-            o = F.scaled_dot_product_attention(qi, kc, vc, is_causal=True, scale=scale, enable_gqa=gqa)
+        if ctx == 0 and sliding_window is None:
+            o = _attend(qi, kc, vc, None, scale, logits_soft_cap, gqa)
         else:
-            # query j sits at position ctx + j and sees keys 0 .. ctx + j
+            # query j sits at position ctx + j and sees keys 0 .. ctx + j (the last W of them)
             qpos = torch.arange(qlen, device=q.device)[:, None] + ctx
-            mask = torch.arange(slen, device=q.device)[None, :] <= qpos
-            o = F.scaled_dot_product_attention(qi, kc, vc, attn_mask=mask, scale=scale, enable_gqa=gqa)
+            keys = torch.arange(slen, device=q.device)[None, :]
+            mask = keys <= qpos
+            if sliding_window is not None:
+                mask &= keys > qpos - sliding_window
+            o = _attend(qi, kc, vc, mask, scale, logits_soft_cap, gqa)
         out[start : start + qlen] = o.transpose(0, 1)
         start += qlen
     return out
@@ -116,16 +156,19 @@ def paged_attention_torch(
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
-    def decode_kernel(self, q: torch.Tensor, k_cache: torch.Tensor):
-        """A subclass's own decode attention for these tensors (see paged_attention_torch's
-        `decode_attention`); None: the gather + SDPA path."""
+    def decode_kernel(self, q: torch.Tensor, k_cache: torch.Tensor, sliding_window: int | None = None,
+                      logits_soft_cap: float | None = None):
+        """A subclass's own decode attention for these tensors and options (see
+        paged_attention_torch's `decode_attention`); None: the gather + SDPA path."""
         return None
 
     def forward(self, q, k, v, k_cache, v_cache, batch: ForwardBatch, scale: float,
-                k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+                k_scale: float = 1.0, v_scale: float = 1.0, sliding_window: int | None = None,
+                logits_soft_cap: float | None = None) -> torch.Tensor:
         all_valid = batch.step_cache.get("all_slots_valid")
         if all_valid is None:
             all_valid = batch.step_cache["all_slots_valid"] = bool((batch.slot_mapping >= 0).all())
         store_kv_torch(k, v, k_cache, v_cache, batch.slot_mapping, all_valid, k_scale, v_scale)
-        return paged_attention_torch(q, k_cache, v_cache, batch, scale, self.decode_kernel(q, k_cache),
-                                     k_scale, v_scale)
+        decode = self.decode_kernel(q, k_cache, sliding_window, logits_soft_cap)
+        return paged_attention_torch(q, k_cache, v_cache, batch, scale, decode, k_scale, v_scale,
+                                     sliding_window, logits_soft_cap)

@@ -32,6 +32,8 @@ class TritonAttentionBackend(AttentionBackend):
         scale: float,
         k_scale: float = 1.0,  # the cache's scales (FP8 caches): real K/V = stored * scale
         v_scale: float = 1.0,
+        sliding_window: int | None = None,
+        logits_soft_cap: float | None = None,
     ) -> torch.Tensor:  # [T, Hq, D]
         store_kv_triton(k, v, k_cache, v_cache, batch.slot_mapping, k_scale, v_scale)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -41,6 +43,7 @@ class TritonAttentionBackend(AttentionBackend):
             decode_attention_triton(
                 q[:nd], k_cache, v_cache, batch.block_tables, batch.seq_lens, out[:nd], scale,
                 max_seq_len=batch.max_seq_len, k_scale=k_scale, v_scale=v_scale,
+                sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
             )  # fmt: skip
         if num_reqs > nd:
             max_query_len = max(batch.query_lens_cpu[nd:])
@@ -48,5 +51,6 @@ class TritonAttentionBackend(AttentionBackend):
                 q, k_cache, v_cache, batch.block_tables, batch.query_start_loc, batch.seq_lens, out, scale,
                 first_req=nd, num_reqs=num_reqs - nd, max_query_len=max_query_len,
                 k_scale=k_scale, v_scale=v_scale,
+                sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
             )  # fmt: skip
         return out

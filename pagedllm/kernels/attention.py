@@ -138,11 +138,16 @@ def _load_kv_tile(
 @triton.jit
 def _attend_tile(
     q, acc, m_i, l_i, k, v, valid, qk_scale,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, soft_cap=0.0, SOFT_CAP: tl.constexpr = False,
 ):  # fmt: skip
     """One online-softmax step in base 2: q [M, D] against a key tile k, v [N, D].
-    `valid` [M, N] masks keys out (every row has at least one valid key over the whole loop)."""
+    `valid` [M, N] masks keys out (every row has at least one valid key over the whole loop).
+    SOFT_CAP: scores s -> c * tanh(s / c), with `soft_cap` = c * log2(e) (the scores here are
+    in base 2 already, and c tanh(s/c) log2e = c' tanh(s log2e / c'))."""
     s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * qk_scale
+    if SOFT_CAP:
+        # tanh(x) = 1 - 2 / (e^2x + 1): exact at both ends (e^2x = inf gives 1, 0 gives -1)
+        s = soft_cap * (1.0 - 2.0 / (tl.exp(2.0 * s / soft_cap) + 1.0))
     s = tl.where(valid, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     # A row with no valid key yet keeps m = -inf; shift by 0 there to avoid (-inf) - (-inf).
@@ -179,10 +184,13 @@ def _prefill_kernel(
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
     stride_bt,
+    window,  # sliding window W (read when SLIDING): query at p sees keys p - W + 1 .. p
+    soft_cap,  # logit soft cap * log2(e) (read when SOFT_CAP)
     GROUP: tl.constexpr,  # query heads per kv head
     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr, Q_AS_FP16: tl.constexpr,
+    SLIDING: tl.constexpr = False, SOFT_CAP: tl.constexpr = False,
 ):  # fmt: skip
     q_block = tl.program_id(0)
     req = first_req + tl.program_id(1)
@@ -217,6 +225,25 @@ def _prefill_kernel(
 
     # Keys below ctx + m0 are visible to every row of the block (and lie inside seq_len).
     full_end = ((ctx + m0) // BLOCK_N) * BLOCK_N
+    # The diagonal: the last row of the block sees keys up to ctx + m0 + BLOCK_M - 1.
+    end = tl.minimum(seq_len, ctx + m0 + BLOCK_M)
+    diag_start = full_end
+    if SLIDING:
+        # one loop from the first row's first key, causal and window masks on every tile; the
+        # two loops below then run no iteration
+        lo = tl.maximum(ctx + m0 - window + 1, 0)
+        for n0 in range(lo, end, BLOCK_N):
+            keys = n0 + offs_n
+            key_mask = keys < end
+            k = _load_kv_tile(k_cache_ptr, bt_row, keys, key_mask, kv_head, dims, dim_mask,
+                              stride_kb, stride_ks, stride_kh, BLOCK_SIZE)  # fmt: skip
+            v = _load_kv_tile(v_cache_ptr, bt_row, keys, key_mask, kv_head, dims, dim_mask,
+                              stride_vb, stride_vs, stride_vh, BLOCK_SIZE)  # fmt: skip
+            qpos = ctx + rows[:, None]
+            valid = key_mask[None, :] & (keys[None, :] <= qpos) & (keys[None, :] > qpos - window)
+            acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, k, v, valid, qk_scale, DOT_PRECISION, soft_cap, SOFT_CAP)
+        full_end = 0
+        diag_start = end
     for n0 in range(0, full_end, BLOCK_N):
         keys = n0 + offs_n
         key_mask = keys < full_end
@@ -224,11 +251,10 @@ def _prefill_kernel(
                           stride_kb, stride_ks, stride_kh, BLOCK_SIZE)  # fmt: skip
         v = _load_kv_tile(v_cache_ptr, bt_row, keys, key_mask, kv_head, dims, dim_mask,
                           stride_vb, stride_vs, stride_vh, BLOCK_SIZE)  # fmt: skip
-        acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, k, v, key_mask[None, :], qk_scale, DOT_PRECISION)
+        acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, k, v, key_mask[None, :], qk_scale, DOT_PRECISION,
+                                     soft_cap, SOFT_CAP)  # fmt: skip
 
-    # The diagonal: the last row of the block sees keys up to ctx + m0 + BLOCK_M - 1.
-    end = tl.minimum(seq_len, ctx + m0 + BLOCK_M)
-    for n0 in range(full_end, end, BLOCK_N):
+    for n0 in range(diag_start, end, BLOCK_N):
         keys = n0 + offs_n
         key_mask = keys < end
         k = _load_kv_tile(k_cache_ptr, bt_row, keys, key_mask, kv_head, dims, dim_mask,
@@ -236,7 +262,7 @@ def _prefill_kernel(
         v = _load_kv_tile(v_cache_ptr, bt_row, keys, key_mask, kv_head, dims, dim_mask,
                           stride_vb, stride_vs, stride_vh, BLOCK_SIZE)  # fmt: skip
         valid = key_mask[None, :] & (keys[None, :] <= ctx + rows[:, None])
-        acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, k, v, valid, qk_scale, DOT_PRECISION)
+        acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, k, v, valid, qk_scale, DOT_PRECISION, soft_cap, SOFT_CAP)
 
     l_i = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc * (v_scale / l_i)[:, None]
@@ -272,8 +298,11 @@ def prefill_attention_triton(
     config: tuple[int, int, int, int] | None = None,
     k_scale: float = 1.0,  # the cache's scales: real K/V = stored * scale
     v_scale: float = 1.0,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
 ) -> torch.Tensor:
-    """Causal attention of requests [first_req, first_req + num_reqs) over their paged context."""
+    """Causal attention of requests [first_req, first_req + num_reqs) over their paged context
+    (within the last `sliding_window` keys of each query, scores soft-capped, when given)."""
     _, hq, d = q.shape
     _, bs, hkv, _ = k_cache.shape
     if num_reqs == 0 or max_query_len == 0:
@@ -289,9 +318,11 @@ def prefill_attention_triton(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0),
+        int(sliding_window or 0), float(logits_soft_cap or 0.0) * _LOG2E,
         GROUP=hq // hkv, HEAD_DIM=d, BLOCK_SIZE=bs,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=next_power_of_2(d),
         DOT_PRECISION=_dot_precision(q.dtype), Q_AS_FP16=dot_dtype_fp16(q.dtype, k_cache.dtype),
+        SLIDING=sliding_window is not None, SOFT_CAP=logits_soft_cap is not None,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return out

@@ -8,7 +8,8 @@ up to BLOCK_N). Each program handles one (request, kv head, partition) and all t
 of that kv head's group (GQA), and leaves an unnormalised output plus the running max and sum
 of its partition; the reduce kernel rescales and merges them. With one split the first kernel
 writes the final output itself. The split count is a runtime value (the grid's third
-dimension), so a step with a new count compiles nothing.
+dimension), so a step with a new count compiles nothing. A sliding-window layer splits only the
+window's keys [seq_len - W, seq_len); a soft-capped one caps each score (see _attend_tile).
 """
 
 from __future__ import annotations
@@ -46,9 +47,12 @@ def _decode_kernel(
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
     stride_bt,
+    window,  # sliding window W (read when SLIDING): the last W keys are attended
+    soft_cap,  # logit soft cap * log2(e) (read when SOFT_CAP)
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, Q_AS_FP16: tl.constexpr,
+    SLIDING: tl.constexpr = False, SOFT_CAP: tl.constexpr = False,
 ):  # fmt: skip
     # The split count is the grid's third dimension, a runtime value: a new count (it follows
     # the batch size and the longest context) needs no new compile, which would stall serving
@@ -58,8 +62,12 @@ def _decode_kernel(
     split = tl.program_id(2)
     num_splits = tl.num_programs(2)
     seq_len = tl.load(seq_lens_ptr + req)
-    part_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-    start = split * part_len
+    first = 0
+    if SLIDING:
+        # the window's keys [seq_len - W, seq_len) are what the splits share out
+        first = tl.maximum(seq_len - window, 0)
+    part_len = tl.cdiv(tl.cdiv(seq_len - first, num_splits), BLOCK_N) * BLOCK_N
+    start = first + split * part_len
     end = tl.minimum(start + part_len, seq_len)
 
     g = tl.arange(0, BLOCK_G)  # rows: the query heads of this kv head's group (padded to >= 16)
@@ -86,7 +94,8 @@ def _decode_kernel(
                           stride_kb, stride_ks, stride_kh, BLOCK_SIZE)  # fmt: skip
         v = _load_kv_tile(v_cache_ptr, bt_row, keys, key_mask, kv_head, dims, dim_mask,
                           stride_vb, stride_vs, stride_vh, BLOCK_SIZE)  # fmt: skip
-        acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, k, v, key_mask[None, :], qk_scale, DOT_PRECISION)
+        acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, k, v, key_mask[None, :], qk_scale, DOT_PRECISION,
+                                     soft_cap, SOFT_CAP)  # fmt: skip
 
     acc = acc * v_scale
     if not SPLIT:
@@ -175,6 +184,8 @@ def decode_attention_triton(
     block_n: int | None = None,
     k_scale: float = 1.0,  # the cache's scales: real K/V = stored * scale
     v_scale: float = 1.0,
+    sliding_window: int | None = None,  # attend to the last sliding_window keys only
+    logits_soft_cap: float | None = None,  # scores -> cap * tanh(scores / cap)
 ) -> torch.Tensor:
     b, hq, d = q.shape
     _, bs, hkv, _ = k_cache.shape
@@ -185,7 +196,8 @@ def decode_attention_triton(
     group = hq // hkv
     if num_splits is None:
         num_sms = _num_sms(q.device.index or 0) if q.is_cuda else 1
-        num_splits = decode_num_splits(b, hkv, max_seq_len, num_sms)
+        span = max_seq_len if sliding_window is None else min(max_seq_len, sliding_window)
+        num_splits = decode_num_splits(b, hkv, span, num_sms)
     if block_n is None:
         block_n = 64 if q.dtype != torch.float32 else 32
     block_d = next_power_of_2(d)
@@ -202,10 +214,12 @@ def decode_attention_triton(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0),
+        int(sliding_window or 0), float(logits_soft_cap or 0.0) * _LOG2E,
         GROUP=group, HEAD_DIM=d, BLOCK_SIZE=bs,
         BLOCK_G=max(16, next_power_of_2(group)), BLOCK_N=block_n, BLOCK_D=block_d,
         SPLIT=num_splits > 1, DOT_PRECISION=_dot_precision(q.dtype),
         Q_AS_FP16=dot_dtype_fp16(q.dtype, k_cache.dtype),
+        SLIDING=sliding_window is not None, SOFT_CAP=logits_soft_cap is not None,
         num_warps=4, num_stages=2,
     )  # fmt: skip
     if num_splits > 1:

@@ -94,7 +94,7 @@ def _load():
         return None
     i, i64, f, p = ctypes.c_int, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
     lib.paged_decode_attention_f32.restype = None
-    lib.paged_decode_attention_f32.argtypes = [p, i64, p, p, p, i64, p, p, i, i, i, i, i, f, i]
+    lib.paged_decode_attention_f32.argtypes = [p, i64, p, p, p, i64, p, p, i, i, i, i, i, f, i, f, i]
     lib.argmax_rows_f32.restype = None
     lib.argmax_rows_f32.argtypes = [p, i64, i64, i64, p, i]
     lib.add_rms_norm_f32.restype = None
@@ -128,6 +128,8 @@ def paged_decode_attention(
     block_tables: torch.Tensor,  # [>= nd, max_blocks] int32
     seq_lens: torch.Tensor,  # [>= nd] int32, each >= 1
     scale: float,
+    sliding_window: int | None = None,  # attend to the last sliding_window tokens only
+    logits_soft_cap: float | None = None,  # scores -> cap * tanh(scores / cap)
 ) -> torch.Tensor:  # [nd, Hq, D]
     lib = _load()
     if lib is None:
@@ -143,6 +145,7 @@ def paged_decode_attention(
     if nd:
         lib.paged_decode_attention_f32(q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), bt.data_ptr(), bt.stride(0),
                                        lens.data_ptr(), out.data_ptr(), nd, hq, hkv, d, bs, float(scale),
+                                       int(sliding_window or 0), float(logits_soft_cap or 0.0),
                                        torch.get_num_threads())
     return out
 

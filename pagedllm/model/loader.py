@@ -9,6 +9,7 @@ read); a GGUF tensor is dequantized whole, then narrowed."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import glob
 import json
 import logging
@@ -222,8 +223,12 @@ def build_model(model_config, device: str, ps=None) -> torch.nn.Module:
 
     cls = get_model_class(model_config.architecture)
     dtype = torch_dtype(model_config.dtype)
+    # the model's own copy of the config, told the engine's max_model_len (rotary caches are
+    # sized by it; it picks LongRoPE's factors and dynamic NTK's base)
+    hf_config = copy.copy(model_config.hf_config)
+    hf_config.pagedllm_max_model_len = model_config.max_model_len
     with _default_dtype(dtype), torch.device(device):
-        model = cls(model_config.hf_config, ps or SINGLE)
+        model = cls(hf_config, ps or SINGLE)
         quant = getattr(model_config, "quantization", None)
         if quant is not None:
             from pagedllm.model.layers.quantization import quantize_model

@@ -20,18 +20,24 @@ _MODELS = {
     "Starcoder2ForCausalLM": ("pagedllm.model.models.starcoder2", "Starcoder2ForCausalLM"),
     "GPT2LMHeadModel": ("pagedllm.model.models.gpt2", "GPT2LMHeadModel"),
     "GPTNeoXForCausalLM": ("pagedllm.model.models.gpt_neox", "GPTNeoXForCausalLM"),
+    "Gemma2ForCausalLM": ("pagedllm.model.models.gemma2", "Gemma2ForCausalLM"),
+    "Gemma3ForCausalLM": ("pagedllm.model.models.gemma3", "Gemma3ForCausalLM"),
+    "Phi3ForCausalLM": ("pagedllm.model.models.phi3", "Phi3ForCausalLM"),
 }
 
 
 # what the README's table says of an architecture (one without a line shows its name only)
 _MODEL_NOTES = {
-    "LlamaForCausalLM": "Llama 2/3 (incl. Llama 3 rope scaling), SmolLM2",
-    "MistralForCausalLM": "Mistral (no sliding window)",
-    "Qwen2ForCausalLM": "Qwen2, Qwen2.5",
+    "LlamaForCausalLM": "Llama 2/3 (rope scaling linear, dynamic, yarn, llama3), SmolLM2",
+    "MistralForCausalLM": "Mistral (sliding window)",
+    "Qwen2ForCausalLM": "Qwen2, Qwen2.5 (sliding-window layers, YaRN)",
     "Qwen3ForCausalLM": "Qwen3 (dense)",
     "Qwen3MoeForCausalLM": "Qwen3-MoE (see \"Mixture of experts\")",
     "Qwen2MoeForCausalLM": "Qwen2-MoE (shared expert)",
     "MixtralForCausalLM": "Mixtral",
+    "Gemma2ForCausalLM": "Gemma 2 (GeGLU, (1 + w) norms, soft caps, local/global layers)",
+    "Gemma3ForCausalLM": "Gemma 3 text (q/k norms, 5 local : 1 global, two rope bases)",
+    "Phi3ForCausalLM": "Phi-3, Phi-3.5 (fused qkv / gate_up, LongRoPE, sliding window)",
     "Olmo2ForCausalLM": "OLMo 2 (norms after each block, q/k norm over all heads)",
     "Glm4ForCausalLM": "GLM-4-0414 (extra post-norms, partial interleaved rotary)",
     "GraniteForCausalLM": "Granite 3 (embedding, residual, attention and logit multipliers)",

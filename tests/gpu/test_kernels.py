@@ -69,6 +69,16 @@ def check_silu_and_mul(device, dtype, num_tokens, d, seed=0):
     _close(silu_and_mul_triton(x3), silu_and_mul_torch(x3), ELEMENTWISE_TOL, "silu_and_mul 3-D")
 
 
+def check_gelu_tanh_and_mul(device, dtype, num_tokens, d, seed=0):
+    from pagedllm.kernels.activation import gelu_tanh_and_mul_torch
+    from pagedllm.kernels.activation_triton import gelu_tanh_and_mul_triton
+
+    g = torch.Generator().manual_seed(seed)
+    x = _randn(num_tokens, 2 * d, dtype=dtype, device=device, gen=g, scale=3.0)
+    x[0, :4] = torch.tensor([-30.0, -8.0, 8.0, 30.0])  # the tails of tanh
+    _close(gelu_tanh_and_mul_triton(x), gelu_tanh_and_mul_torch(x), ELEMENTWISE_TOL, "gelu_tanh_and_mul")
+
+
 def _rope_cache(max_pos, head_dim, base=10000.0):
     inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
     freqs = torch.outer(torch.arange(max_pos, dtype=torch.float32), inv_freq)
@@ -166,8 +176,11 @@ def check_store_kv(device, dtype, num_tokens, hkv, head_dim, block_size, seed=0)
     assert torch.equal(kc, kc_ref) and torch.equal(vc, vc_ref), "store_kv differs from the reference"
 
 
-def check_decode(device, dtype, seq_lens, hq, hkv, head_dim, block_size, num_splits=None, seed=0):
-    """Decode kernel alone (num_splits None: the heuristic for the batch's max_seq_len)."""
+def check_decode(device, dtype, seq_lens, hq, hkv, head_dim, block_size, num_splits=None, seed=0,
+                 sliding_window=None, logits_soft_cap=None):
+    """Decode kernel alone (num_splits None: the heuristic for the batch's max_seq_len), with a
+    sliding window and a logit soft cap when given."""
+    opts = dict(sliding_window=sliding_window, logits_soft_cap=logits_soft_cap)
     from pagedllm.kernels.attention_decode import decode_attention_triton
 
     b = len(seq_lens)
@@ -176,14 +189,16 @@ def check_decode(device, dtype, seq_lens, hq, hkv, head_dim, block_size, num_spl
     out = torch.empty_like(q)
     decode_attention_triton(
         q, k_cache, v_cache, batch.block_tables, batch.seq_lens, out, head_dim**-0.5,
-        max_seq_len=batch.max_seq_len, num_splits=num_splits,
+        max_seq_len=batch.max_seq_len, num_splits=num_splits, **opts,
     )  # fmt: skip
-    ref = paged_attention_torch(q, k_cache, v_cache, batch, head_dim**-0.5)
-    _close(out, ref, ATTENTION_TOL, f"decode splits={num_splits}")
+    ref = paged_attention_torch(q, k_cache, v_cache, batch, head_dim**-0.5, **opts)
+    _close(out, ref, ATTENTION_TOL, f"decode splits={num_splits} {opts}")
 
 
-def check_prefill(device, dtype, query_lens, seq_lens, hq, hkv, head_dim, block_size, config=None, seed=0):
+def check_prefill(device, dtype, query_lens, seq_lens, hq, hkv, head_dim, block_size, config=None, seed=0,
+                  sliding_window=None, logits_soft_cap=None):
     """Prefill kernel alone over requests with cached prefixes of seq_len - query_len tokens."""
+    opts = dict(sliding_window=sliding_window, logits_soft_cap=logits_soft_cap)
     from pagedllm.kernels.attention import prefill_attention_triton
 
     batch, num_blocks = make_batch(query_lens, seq_lens, 0, block_size, device, seed)
@@ -191,14 +206,14 @@ def check_prefill(device, dtype, query_lens, seq_lens, hq, hkv, head_dim, block_
     out = torch.full_like(q, float("nan"))
     prefill_attention_triton(
         q, k_cache, v_cache, batch.block_tables, batch.query_start_loc, batch.seq_lens, out, head_dim**-0.5,
-        first_req=0, num_reqs=batch.num_reqs, max_query_len=batch.max_query_len, config=config,
+        first_req=0, num_reqs=batch.num_reqs, max_query_len=batch.max_query_len, config=config, **opts,
     )  # fmt: skip
-    ref = paged_attention_torch(q, k_cache, v_cache, batch, head_dim**-0.5)
-    _close(out, ref, ATTENTION_TOL, "prefill")
+    ref = paged_attention_torch(q, k_cache, v_cache, batch, head_dim**-0.5, **opts)
+    _close(out, ref, ATTENTION_TOL, f"prefill {opts}")
 
 
 def check_backend(device, dtype, query_lens, seq_lens, num_decodes, hq, hkv, head_dim, block_size, seed=0, pad_tokens=0,
-                  backend=None):
+                  backend=None, sliding_window=None, logits_soft_cap=None):
     """The whole backend (store + decode + prefill; default Triton) against TorchAttentionBackend."""
     if backend is None:
         from pagedllm.attention.triton_backend import TritonAttentionBackend
@@ -207,8 +222,9 @@ def check_backend(device, dtype, query_lens, seq_lens, num_decodes, hq, hkv, hea
     batch, num_blocks = make_batch(query_lens, seq_lens, num_decodes, block_size, device, seed, pad_tokens)
     q, k, v, k_cache, v_cache = _attention_inputs(batch, num_blocks, block_size, hq, hkv, head_dim, dtype, device, seed)
     kc_ref, vc_ref = k_cache.clone(), v_cache.clone()
-    out = backend.forward(q, k, v, k_cache, v_cache, batch, head_dim**-0.5)
-    ref = TorchAttentionBackend().forward(q, k, v, kc_ref, vc_ref, batch, head_dim**-0.5)
+    opts = dict(sliding_window=sliding_window, logits_soft_cap=logits_soft_cap)
+    out = backend.forward(q, k, v, k_cache, v_cache, batch, head_dim**-0.5, **opts)
+    ref = TorchAttentionBackend().forward(q, k, v, kc_ref, vc_ref, batch, head_dim**-0.5, **opts)
     assert torch.equal(k_cache, kc_ref) and torch.equal(v_cache, vc_ref), "caches differ"
     n = batch.num_tokens - pad_tokens
     _close(out[:n], ref[:n], ATTENTION_TOL, "backend")

@@ -31,6 +31,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reas
 _CASES = {
     "rms_norm": ("check_rms_norm", [5, 40], {}),
     "silu_and_mul": ("check_silu_and_mul", [3, 24], {}),
+    "gelu_tanh_and_mul": ("check_gelu_tanh_and_mul", [3, 24], {}),
     "rotary_gqa": ("check_rotary", [4, 6, 2, 16], {"max_pos": 64}),
     "store_kv_bs16": ("check_store_kv", [21, 2, 16, 16], {}),
     "store_kv_bs32": ("check_store_kv", [21, 3, 24, 32], {}),
@@ -44,8 +45,14 @@ _CASES = {
     # draws 20000), -inf never drawn; each program is slow to interpret, so few rows
     "sample": ("check_sample", [6, 300], {}),
     "backend_mixed": ("check_backend", [[1, 1, 6, 18], [9, 30, 6, 40], 2, 4, 2, 16, 16], {"pad_tokens": 2}),
+    # sliding window (shorter and longer than the contexts) and logit soft cap (Gemma 2)
+    "decode_window_split_k": ("check_decode", [[1, 70, 17], 4, 2, 16, 16], {"num_splits": 3, "sliding_window": 20}),
+    "prefill_window_cached_prefix": ("check_prefill", [[5, 20, 1], [5, 37, 20], 4, 2, 16, 16],
+                                     {"config": (16, 16, 1, 1), "sliding_window": 7}),
+    "backend_window_softcap": ("check_backend", [[1, 1, 6, 18], [9, 30, 6, 40], 2, 4, 2, 16, 16],
+                               {"sliding_window": 12, "logits_soft_cap": 2.0}),
 }
-_DOTLESS = {"rms_norm", "silu_and_mul", "rotary_gqa", "store_kv_bs16", "store_kv_bs32"}
+_DOTLESS = {"rms_norm", "silu_and_mul", "gelu_tanh_and_mul", "rotary_gqa", "store_kv_bs16", "store_kv_bs32"}
 _DTYPES = ["float32", "float16", "bfloat16"]
 _FLOAT32_ONLY = {"sample"}  # logits are float32 whatever the model's dtype
 

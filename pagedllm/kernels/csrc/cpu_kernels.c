@@ -8,6 +8,9 @@
  *
  *   cache layout  [num_blocks, block_size, hkv, D]
  *   token t of request s  ->  block block_tables[s * bt_stride + t / block_size], slot t % block_size
+ *
+ * window > 0: only the last `window` tokens are attended (a sliding-window layer; the blocks
+ * before them are not read). softcap > 0: scores become softcap * tanh(score / softcap).
  */
 #include <float.h>
 #include <math.h>
@@ -45,7 +48,7 @@ void paged_decode_attention_f32(
     int64_t bt_stride,
     const int32_t *seq_lens,    /* [nd] context length, the new token included */
     float *out,                 /* [nd, hq, D], contiguous */
-    int nd, int hq, int hkv, int D, int bs, float scale, int num_threads)
+    int nd, int hq, int hkv, int D, int bs, float scale, int window, float softcap, int num_threads)
 {
     const int G = hq / hkv;
     const int64_t tok_stride = (int64_t)hkv * D;
@@ -63,12 +66,15 @@ void paged_decode_attention_f32(
                 for (int d = 0; d < D; ++d)
                     acc[g * D + d] = 0.0f;
             }
-            for (int start = 0; start < len; start += bs) {
+            const int first = window > 0 && len > window ? len - window : 0;
+            for (int start = first - first % bs; start < len; start += bs) {
                 const int ntok = len - start < bs ? len - start : bs;
+                /* tokens [t0, ntok) of this block are in the window (t0 = 0 without one) */
+                const int t0 = first > start ? first - start : 0;
                 const int64_t base = (int64_t)bt[start / bs] * bs * tok_stride + (int64_t)h * D;
                 const float *kb = k_cache + base;
                 const float *vb = v_cache + base;
-                for (int t = 0; t < ntok; ++t) {
+                for (int t = t0; t < ntok; ++t) {
                     const float *kt = kb + t * tok_stride;
                     for (int g = 0; g < G; ++g) {
                         const float *qg = qs + g * D;
@@ -76,13 +82,13 @@ void paged_decode_attention_f32(
 #pragma omp simd reduction(+ : dot)
                         for (int d = 0; d < D; ++d)
                             dot += qg[d] * kt[d];
-                        sc[g * bs + t] = dot * scale;
+                        sc[g * bs + t] = softcap > 0.0f ? softcap * tanhf(dot * scale / softcap) : dot * scale;
                     }
                 }
                 for (int g = 0; g < G; ++g) {
                     float bm = m[g];
 #pragma omp simd reduction(max : bm)
-                    for (int t = 0; t < ntok; ++t)
+                    for (int t = t0; t < ntok; ++t)
                         bm = sc[g * bs + t] > bm ? sc[g * bs + t] : bm;
                     const float corr = exp_nonpositive(m[g] - bm); /* ~0 on the first block */
                     float *ag = acc + g * D;
@@ -91,7 +97,7 @@ void paged_decode_attention_f32(
                         ag[d] *= corr;
                     float *sg = sc + g * bs, sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-                    for (int t = 0; t < ntok; ++t) {
+                    for (int t = t0; t < ntok; ++t) {
                         const float p = exp_nonpositive(sg[t] - bm);
                         sg[t] = p;
                         sum += p;
@@ -99,7 +105,7 @@ void paged_decode_attention_f32(
                     l[g] = l[g] * corr + sum;
                     m[g] = bm;
                 }
-                for (int t = 0; t < ntok; ++t) {
+                for (int t = t0; t < ntok; ++t) {
                     const float *vt = vb + t * tok_stride;
                     for (int g = 0; g < G; ++g) {
                         const float p = sc[g * bs + t];

@@ -1,16 +1,33 @@
 """The attention layer: holds its layer's paged K/V cache and calls the attention backend.
-The runner binds caches and backend after it sized the cache (`bind_kv_cache`)."""
+The runner binds caches and backend after it sized the cache (`bind_kv_cache`).
+`layer_sliding_window` reads a config's sliding window for one layer."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from typing import Any
+
 from pagedllm.attention.backend import AttentionBackend, ForwardBatch
 
 
+def layer_sliding_window(cfg: Any, layer_idx: int) -> int | None:
+    """The sliding window of layer `layer_idx` as transformers applies it: with `layer_types`
+    (Qwen2, Gemma 2/3) only "sliding_attention" layers have one; without (Mistral, Phi-3,
+    Starcoder2) `sliding_window` holds for every layer. None: full attention."""
+    window = getattr(cfg, "sliding_window", None)
+    if not window:
+        return None
+    types = getattr(cfg, "layer_types", None)
+    if types is not None and types[layer_idx] != "sliding_attention":
+        return None
+    return int(window)
+
+
 class Attention(nn.Module):
-    def __init__(self, num_heads: int, head_dim: int, num_kv_heads: int, scale: float):
+    def __init__(self, num_heads: int, head_dim: int, num_kv_heads: int, scale: float,
+                 sliding_window: int | None = None, logits_soft_cap: float | None = None):
         super().__init__()
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
@@ -19,6 +36,9 @@ class Attention(nn.Module):
         # scales of an FP8 cache (real K/V = stored * scale); 1.0: e4m3 holds K/V as they are
         self.k_scale = 1.0
         self.v_scale = 1.0
+        # per-layer options the backend honours (None: plain causal attention over all keys)
+        self.sliding_window = sliding_window
+        self.logits_soft_cap = logits_soft_cap
         self.k_cache: torch.Tensor | None = None  # [num_blocks, block_size, Hkv, D]
         self.v_cache: torch.Tensor | None = None
         self.backend: AttentionBackend | None = None
@@ -26,8 +46,13 @@ class Attention(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         # q: [T, Hq, D], k/v: [T, Hkv, D] -> [T, Hq * D]
         assert self.backend is not None and self.k_cache is not None, "KV cache not bound"
-        o = self.backend.forward(q, k, v, self.k_cache, self.v_cache, batch, self.scale,
-                                 self.k_scale, self.v_scale)
+        if self.sliding_window is None and self.logits_soft_cap is None:
+            o = self.backend.forward(q, k, v, self.k_cache, self.v_cache, batch, self.scale,
+                                     self.k_scale, self.v_scale)
+        else:
+            o = self.backend.forward(q, k, v, self.k_cache, self.v_cache, batch, self.scale,
+                                     self.k_scale, self.v_scale,
+                                     sliding_window=self.sliding_window, logits_soft_cap=self.logits_soft_cap)
         return o.reshape(o.shape[0], self.num_heads * self.head_dim)
 
 

@@ -18,7 +18,7 @@ from torch import nn
 from pagedllm.attention.backend import ForwardBatch
 from pagedllm.distributed import SINGLE, ParallelState
 from pagedllm.model.layers.activation import SiluAndMul
-from pagedllm.model.layers.attention import Attention
+from pagedllm.model.layers.attention import Attention, layer_sliding_window
 from pagedllm.model.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from pagedllm.model.layers.layernorm import RMSNorm
 from pagedllm.model.layers.linear import (
@@ -75,8 +75,7 @@ class LlamaAttention(nn.Module):
         rotary_dim = rotary_dim_of(self.head_dim, params)
         # new q/k dim j = checkpoint dim qk_permutation[j] within each head (None: as stored)
         self.qk_permutation = partial_rotary_permutation(self.head_dim, rotary_dim, self.rotary_interleaved)
-        max_pos = int(getattr(cfg, "max_position_embeddings", 4096))
-        return get_rotary_embedding(self.head_dim, max_pos, params)
+        return get_rotary_embedding(self.head_dim, params["max_model_len"], params)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         # x: [T, H]
@@ -143,6 +142,11 @@ class LlamaModel(nn.Module):
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, ps)
         self.layers = nn.ModuleList([self.layer_cls(cfg, ps) for _ in range(cfg.num_hidden_layers)])
         self.norm = self.layer_cls.norm_cls(cfg.hidden_size, norm_eps(cfg))
+        # Mistral / Qwen2 / Phi-3 sliding windows, per layer as the config says
+        for i, layer in enumerate(self.layers):
+            for m in layer.modules():
+                if isinstance(m, Attention):
+                    m.sliding_window = layer_sliding_window(cfg, i)
 
     def embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         # input_ids, positions: [T] -> [T, H]
