@@ -58,7 +58,8 @@ def load_hf_config(model: str, load_format: str) -> tuple[Any, str | None, str]:
 
 
 _GGUF_ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-              "mistral": "MistralForCausalLM"}
+              "mistral": "MistralForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
+              "gemma3_text": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM"}
 
 
 def gguf_architectures() -> set[str]:
@@ -163,6 +164,18 @@ _GGUF_LAYER_NAMES = {
 }
 
 
+_GEMMA_GGUF_NAMES = {"post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
+                     "post_ffw_norm": "post_feedforward_layernorm"}
+# where an architecture's GGUF layer tensors differ from Llama's names (gguf's own tensor map):
+# Gemma's four norms; Phi-3's fused qkv and gate_up (ffn_up holds both), cut by the model
+_GGUF_ARCH_LAYER_NAMES = {
+    "gemma2": _GEMMA_GGUF_NAMES,
+    "gemma3": _GEMMA_GGUF_NAMES,
+    "gemma3_text": _GEMMA_GGUF_NAMES,
+    "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
+}
+
+
 def _unpermute_rope(w: np.ndarray, n_heads: int) -> np.ndarray:
     """llama.cpp's converter interleaves the two rotary halves of each head of q and k for
     Llama; undo it to get back HF's rotate-half layout."""
@@ -177,19 +190,22 @@ def iter_gguf(path: str, hf_config: Any) -> Iterator[tuple[str, torch.Tensor]]:
     arch = str(getattr(hf_config, "model_type", "llama"))
     n_heads = hf_config.num_attention_heads
     n_kv = getattr(hf_config, "num_key_value_heads", None) or n_heads
+    layer_names = {**_GGUF_LAYER_NAMES, **_GGUF_ARCH_LAYER_NAMES.get(arch, {})}
     for t in reader.tensors:
         name = _GGUF_NAMES.get(t.name)
         if name is None:
             parts = t.name.split(".")
-            if len(parts) != 4 or parts[0] != "blk" or parts[2] not in _GGUF_LAYER_NAMES:
+            if len(parts) != 4 or parts[0] != "blk" or parts[2] not in layer_names:
                 logger.debug("skipping GGUF tensor %s", t.name)
                 continue
-            name = f"model.layers.{parts[1]}.{_GGUF_LAYER_NAMES[parts[2]]}.{parts[3]}"
+            name = f"model.layers.{parts[1]}.{layer_names[parts[2]]}.{parts[3]}"
         data = gguf.quants.dequantize(t.data, t.tensor_type)
         shape = tuple(int(x) for x in reversed(t.shape))  # GGUF lists dims innermost first
         data = np.array(data, dtype=np.float32, copy=True).reshape(shape)
         if arch in ("llama", "mistral") and name.endswith(("q_proj.weight", "k_proj.weight")):
             data = _unpermute_rope(data, n_heads if "q_proj" in name else n_kv)
+        if arch.startswith("gemma") and name.endswith("norm.weight"):
+            data = data - 1.0  # llama.cpp stores Gemma's norm weights as 1 + w; back to HF's w
         yield name, torch.from_numpy(np.ascontiguousarray(data))
 
 
