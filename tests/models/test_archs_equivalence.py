@@ -97,7 +97,7 @@ def test_single_prompt(model):
     assert bm.num_free_blocks == bm.num_blocks
 
 
-@models(*NAMES)
+@models("gemma2", "gemma3", "phi3", "mistral-window", "qwen2-window-yarn")
 def test_eight_prompts_chunked_and_past_the_window(model):
     """Lengths up to 100 tokens: past the 16-token window, past the 32-token budget (chunked
     prefill), past LongRoPE's / YaRN's original context of 64."""
@@ -105,7 +105,7 @@ def test_eight_prompts_chunked_and_past_the_window(model):
     check(llm, hf, prompts_of([1, 5, 17, 33, 64, 100, 2, 70], seed=1))
 
 
-@models("gemma2", "gemma3", "phi3", "mistral-window")
+@models("gemma2", "mistral-window")
 def test_prefix_cache_hits(model):
     path, hf, llm = model
     shared = prompts_of([45], seed=3)[0]
