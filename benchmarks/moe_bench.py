@@ -55,6 +55,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--peer-latency-tokens", type=int, default=32)
     p.add_argument("--skip-peer", action="store_true")
     p.add_argument("--skip-kernels", action="store_true")
+    p.add_argument("--skip-w1", action="store_true", help="batch-1 latency only (and the peer's)")
+    p.add_argument("--skip-peer-cb", action="store_true")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--output-json", default=None)
     return p.parse_args(argv)
@@ -70,19 +72,22 @@ def _hf_config(args):
 
 
 # ---- 1. the experts alone ----------------------------------------------------------------------
-def time_cuda(fn, iters: int = 30) -> float:
-    """Median microseconds of fn() on the device (CUDA events, after a warm-up)."""
-    fn()
+def time_graph(fn, replays: int = 50) -> float:
+    """Device microseconds of fn() alone: captured in a CUDA graph (as the decode steps run it),
+    replayed; the mean over the replays."""
+    fn()  # compiles
     torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
         fn()
-        b.record()
-        b.synchronize()
-        times.append(1000 * a.elapsed_time(b))
-    return sorted(times)[len(times) // 2]
+    g.replay()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(replays):
+        g.replay()
+    b.record()
+    b.synchronize()
+    return 1000 * a.elapsed_time(b) / replays
 
 
 def kernel_timings(cfg, log) -> list[dict]:
@@ -102,11 +107,11 @@ def kernel_timings(cfg, log) -> list[dict]:
         configs = [None]
         if t == 1:
             configs += [dict(BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns)
-                        for bn, bk, nw, ns in ((32, 128, 4, 4), (64, 128, 4, 4), (32, 256, 4, 3), (16, 256, 4, 3),
-                                               (64, 64, 4, 4), (32, 128, 2, 4))]
+                        for bn, bk, nw, ns in ((64, 128, 4, 4), (32, 256, 4, 3), (16, 256, 4, 4), (64, 64, 4, 5),
+                                               (32, 128, 4, 5), (16, 128, 4, 6))]
         for c in configs:
             try:
-                us = time_cuda(lambda c=c: fused_experts_triton(x, w13, w2, w, ids, config=c))
+                us = time_graph(lambda c=c: fused_experts_triton(x, w13, w2, w, ids, config=c))
             except Exception as ex:  # noqa: BLE001 - a tile that does not compile is reported, not fatal
                 log(f"  experts T={t} config {c}: failed: {type(ex).__name__}: {ex}")
                 continue
@@ -228,14 +233,18 @@ def main(argv: list[str] | None = None) -> None:
     w1 = argparse.Namespace(seed=args.seed, num_prompts=args.w1_num_prompts, prompt_len_range=[100, 1024],
                             output_len_range=[100, 1024])
     prompts, max_tokens = throughput.w1_requests(w1)
-    warm = [p[::-1] for p in prompts[:2]]
-    ours_w1, _ = throughput.run_ours(llm, prompts, max_tokens, 0.6, warm)
-    log(f"pagedllm W1: {ours_w1.useful_tokens} tokens in {ours_w1.seconds:.2f} s = {ours_w1.tok_per_s:.1f} tok/s")
     sp, sm = shortened(prompts, max_tokens, args)
-    ours_short, _ = throughput.run_ours(llm, sp, sm, 0.6, warm)
-    ours_short.engine = "pagedllm, shortened W1"
-    log(f"pagedllm shortened W1 ({len(sp)} requests, max_tokens <= {args.peer_max_tokens}): "
-        f"{ours_short.useful_tokens} tokens in {ours_short.seconds:.2f} s = {ours_short.tok_per_s:.1f} tok/s")
+    ours_w1 = ours_short = None
+    if not args.skip_w1:
+        warm = [p[::-1] for p in prompts[:2]]
+        ours_w1, _ = throughput.run_ours(llm, prompts, max_tokens, 0.6, warm)
+        log(f"pagedllm W1: {ours_w1.useful_tokens} tokens in {ours_w1.seconds:.2f} s = {ours_w1.tok_per_s:.1f} tok/s")
+        ours_short, _ = throughput.run_ours(llm, sp, sm, 0.6, warm)
+        ours_short.engine = "pagedllm, shortened W1"
+        log(f"pagedllm shortened W1 ({len(sp)} requests, max_tokens <= {args.peer_max_tokens}): "
+            f"{ours_short.useful_tokens} tokens in {ours_short.seconds:.2f} s = {ours_short.tok_per_s:.1f} tok/s")
+    llm.llm_engine.get_stats()  # queues the counters' copy to the host
+    common.sync()
     stats = llm.llm_engine.get_stats()
     load = stats.expert_load
     if load:
@@ -262,8 +271,10 @@ def main(argv: list[str] | None = None) -> None:
             log(f"transformers batch 1: {peer_lat['decode_ms_per_token']:.2f} ms/token")
         except Exception as ex:  # noqa: BLE001
             log(f"transformers generate failed: {type(ex).__name__}: {ex}")
-        peer_row = peer_cb(model, sp, sm, args, log)
-        log(f"{peer_row.engine}: {peer_row.useful_tokens} tokens in {peer_row.seconds:.2f} s = {peer_row.tok_per_s:.1f} tok/s")
+        if not args.skip_peer_cb:
+            peer_row = peer_cb(model, sp, sm, args, log)
+            log(f"{peer_row.engine}: {peer_row.useful_tokens} tokens in {peer_row.seconds:.2f} s = "
+                f"{peer_row.tok_per_s:.1f} tok/s")
         report.update(peer_latency=peer_lat, peer_cb=peer_row)
 
     log("")
@@ -272,7 +283,7 @@ def main(argv: list[str] | None = None) -> None:
     peer_ms = peer_lat["decode_ms_per_token"] if peer_lat else float("nan")
     log(f"{'batch-1 decode ms/token (<= 2.5)':<52} {lat['decode_ms_per_token']:>12.3f} {peer_ms:>14.2f} "
         f"{peer_ms / lat['decode_ms_per_token']:>7.1f}x")
-    if peer_row is not None:
+    if peer_row is not None and ours_w1 is not None:
         log(f"{'W1 tok/s: full (ours) vs shortened (peer) (>= 20x)':<52} {ours_w1.tok_per_s:>12.1f} "
             f"{peer_row.tok_per_s:>14.1f} {ours_w1.tok_per_s / peer_row.tok_per_s:>7.1f}x")
         log(f"{'W1 tok/s: both on the shortened workload':<52} {ours_short.tok_per_s:>12.1f} "

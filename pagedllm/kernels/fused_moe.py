@@ -51,9 +51,12 @@ def topk_softmax(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> 
 
 # ---- alignment ------------------------------------------------------------------------------
 def max_padded_pairs(num_pairs: int, num_experts: int, block_m: int) -> int:
-    """An upper bound of the aligned length, known on the host without reading the routing."""
-    bound = num_pairs + num_experts * (block_m - 1)
-    return -(-bound // block_m) * block_m
+    """An upper bound of the aligned length, known on the host without reading the routing:
+    each expert's run of c pairs takes ceil(c / block_m) <= c / block_m + 1 blocks, and at most
+    min(E, P) runs are not empty (at batch 1: 8 pairs, 128 experts, block 16 -> 9 blocks)."""
+    blocks = min(-(-(num_pairs + num_experts * (block_m - 1)) // block_m),
+                 -(-num_pairs // block_m) + min(num_experts, num_pairs))
+    return blocks * block_m
 
 
 def moe_align_block_size_torch(topk_ids: torch.Tensor, num_experts: int, block_m: int,

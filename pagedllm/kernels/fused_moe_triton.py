@@ -256,6 +256,7 @@ def _gemm_config(num_pairs: int, num_experts: int, n: int) -> dict:
 def _grouped_gemm(a, b, c, topk_weights, sorted_ids, expert_ids, num_post, n, top_k, *, a_per_pair, gated,
                   mul_weight, cfg):
     num_pairs = c.shape[0]
+    # every block of the aligned pairs that can hold a pair (see max_padded_pairs)
     grid = (sorted_ids.shape[0] // cfg["BLOCK_M"], triton.cdiv(n, cfg["BLOCK_N"]))
     _moe_gemm_kernel[grid](
         a, b, c, topk_weights, sorted_ids, expert_ids, num_post, n, a.shape[1], num_pairs, top_k,

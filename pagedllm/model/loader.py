@@ -46,6 +46,10 @@ def load_hf_config(model: str, load_format: str) -> tuple[Any, str | None, str]:
         cfg = AutoConfig.from_pretrained(d, gguf_file=f)
         if not getattr(cfg, "architectures", None):
             cfg.architectures = [_GGUF_ARCH.get(cfg.model_type, "LlamaForCausalLM")]
+        if cfg.model_type in ("qwen2_moe", "qwen3_moe"):
+            from pagedllm.model.models.moe import gguf_moe_config
+
+            gguf_moe_config(model, cfg)
         return cfg, f, "gguf" if load_format == "auto" else load_format
     if not os.path.isfile(os.path.join(model, "config.json")):
         raise ValueError(f"model: {model!r} has no config.json")
@@ -59,7 +63,8 @@ def load_hf_config(model: str, load_format: str) -> tuple[Any, str | None, str]:
 
 _GGUF_ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
               "mistral": "MistralForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
-              "gemma3_text": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM"}
+              "gemma3_text": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
+              "qwen3_moe": "Qwen3MoeForCausalLM"}
 
 
 def gguf_architectures() -> set[str]:
@@ -161,6 +166,15 @@ _GGUF_LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    # mixture of experts: the router, the experts stacked per projection, the shared expert
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.experts.gate_proj",
+    "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
 }
 
 

@@ -16,7 +16,8 @@ import torch.nn.functional as F
 HAS_CUDA = torch.cuda.is_available() and importlib.util.find_spec("triton") is not None
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA and triton")]
 
-TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (2e-3, 5e-3), torch.bfloat16: (1.5e-2, 2e-2)}
+# bf16: outputs are sums of k rounded products, one ulp of a large partial is ~1.5e-2
+TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (2e-3, 5e-3), torch.bfloat16: (3e-2, 2e-2)}
 
 
 def _routing(num_tokens: int, num_experts: int, top_k: int, gen: torch.Generator, skew: str) -> torch.Tensor:
@@ -121,7 +122,9 @@ def check_topk_softmax(device, dtype, num_tokens, num_experts, top_k, renormaliz
     from pagedllm.kernels.fused_moe_triton import topk_softmax_triton
 
     g = torch.Generator().manual_seed(seed)
-    logits = torch.randn(num_tokens, num_experts, generator=g)
+    # distinct even in bf16 (spaced 4 / E apart), so that without ties the ids must agree
+    logits = torch.stack([torch.randperm(num_experts, generator=g) for _ in range(num_tokens)]).float()
+    logits = logits * (4.0 / num_experts) - 2.0
     if ties:  # pairs of equal logits, so equal probabilities compete for the last places
         logits[:, 1::2] = logits[:, 0::2]
     logits = logits.to(device, dtype)

@@ -37,19 +37,28 @@ _EXPERT_PROJ = {"gate_proj": ("w13_weight", 0), "w1": ("w13_weight", 0), "up_pro
                 "w3": ("w13_weight", 1), "down_proj": ("w2_weight", None), "w2": ("w2_weight", None)}
 logger = logging.getLogger(__name__)
 _PER_EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$")
-_STACKED = re.compile(r"^(.*\.experts)\.(gate_up_proj|down_proj)$")
+# transformers' gate_up_proj / down_proj; GGUF's per-projection stacks (gate_proj.weight ...)
+_STACKED = re.compile(r"^(.*\.experts)\.(gate_up_proj|gate_proj|up_proj|down_proj)(?:\.weight)?$")
 
 
 class Router(nn.Module):
-    """The gate: [E, H] kept in float32 whatever the model dtype, so the logits are float32."""
+    """The gate [E, H] in the model dtype; the logits come out in float32: on CUDA one cuBLAS
+    product with float32 output (`torch.mm(..., out_dtype=)`, no cast kernel on the decode
+    path), elsewhere in float32 arithmetic."""
 
     def __init__(self, hidden_size: int, num_experts: int):
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(num_experts, hidden_size, dtype=torch.float32), requires_grad=False)
+        self.weight = nn.Parameter(torch.empty(num_experts, hidden_size), requires_grad=False)
+        self.mm_out_dtype = True  # cleared once if this torch lacks mm's out_dtype (decided before graph capture)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, H] -> logits [T, E] float32
-        return torch.nn.functional.linear(x.float(), self.weight)
+        if x.is_cuda and x.dtype != torch.float32 and self.mm_out_dtype:
+            try:
+                return torch.mm(x, self.weight.t(), out_dtype=torch.float32)
+            except (RuntimeError, TypeError):
+                self.mm_out_dtype = False
+        return torch.nn.functional.linear(x.float(), self.weight.float())
 
 
 class FusedMoE(nn.Module):
@@ -108,10 +117,16 @@ class FusedMoE(nn.Module):
                          f"expert {expert_id} {'up' if shard else 'gate'}_proj")
 
     def load_stacked(self, param: nn.Parameter, loaded, which: str) -> None:
-        """All experts at once: gate_up_proj [E, 2I, H] or down_proj [E, H, I]."""
+        """All experts at once: gate_up_proj [E, 2I, H], gate_proj / up_proj [E, I, H] or
+        down_proj [E, H, I]."""
         if int(loaded.shape[0]) != self.num_experts:
             raise ValueError(f"experts.{which}: checkpoint has {loaded.shape[0]} experts, the model {self.num_experts}")
         e0, n, i = self.first_expert, self.num_local_experts, self.inter_per_rank
+        if which in ("gate_proj", "up_proj"):
+            dst = param.data.narrow(1, 0 if which == "gate_proj" else i, i)
+            src = loaded.narrow(0, e0, n) if self.expert_parallel else loaded.narrow(1, self.ps.tp_rank * i, i)
+            copy_checked(dst, src, f"experts.{which}")
+            return
         if self.expert_parallel:
             copy_checked(param.data, loaded.narrow(0, e0, n), f"experts.{which}")
             return
@@ -173,7 +188,7 @@ def load_expert_weight(params: dict[str, nn.Parameter], modules: dict[str, nn.Mo
     m = _STACKED.match(name)
     if m is not None:
         prefix, which = m.group(1), m.group(2)
-        target = f"{prefix}.{'w13_weight' if which == 'gate_up_proj' else 'w2_weight'}"
+        target = f"{prefix}.{'w2_weight' if which == 'down_proj' else 'w13_weight'}"
         if target not in params:
             raise ValueError(f"checkpoint tensor {name} has no parameter {target}")
         modules[prefix].load_stacked(params[target], tensor, which)

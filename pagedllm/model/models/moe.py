@@ -113,3 +113,25 @@ class MoeForCausalLM(LlamaForCausalLM):
         sync; the engine reads it through ExpertLoadReader instead)."""
         mods = expert_load_modules(self)
         return torch.stack([m.expert_load for m in mods]).sum(0).tolist() if mods else []
+
+
+def gguf_moe_config(path: str, cfg: Any) -> None:
+    """What transformers' GGUF config reader leaves out for Qwen2-MoE / Qwen3-MoE: the experts'
+    and the shared expert's sizes (`{arch}.expert_feed_forward_length`,
+    `expert_shared_feed_forward_length`), and Qwen3-MoE's renormalized top-k, which llama.cpp
+    applies to every qwen3moe model."""
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    arch = {"qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe"}[cfg.model_type]
+
+    def value(key: str):
+        field = reader.fields.get(f"{arch}.{key}")
+        return None if field is None else int(field.parts[field.data[0]][0])
+
+    if value("expert_feed_forward_length") is not None:
+        cfg.moe_intermediate_size = value("expert_feed_forward_length")
+    if value("expert_shared_feed_forward_length") is not None:
+        cfg.shared_expert_intermediate_size = value("expert_shared_feed_forward_length")
+    if cfg.model_type == "qwen3_moe":
+        cfg.norm_topk_prob = True

@@ -10,6 +10,7 @@ from torch import nn
 
 from pagedllm.distributed import ParallelState
 from pagedllm.model.layers.fused_moe import SparseMoeBlock
+from pagedllm.model.layers.linear import copy_checked, materialize
 from pagedllm.model.models.llama import LlamaAttention
 from pagedllm.model.models.moe import MoeForCausalLM, dense_mlp
 
@@ -29,3 +30,10 @@ class Qwen2MoeForCausalLM(MoeForCausalLM):
         if size:
             block.shared_expert = dense_mlp(cfg, ps, size)
             block.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
+            block.shared_expert_gate.weight.weight_loader = _load_shared_gate  # type: ignore[attr-defined]
+
+
+def _load_shared_gate(param, loaded, shard_id=None) -> None:
+    """[1, H]; GGUF stores it as [H]."""
+    t = materialize(loaded)
+    copy_checked(param.data, t.unsqueeze(0) if t.dim() == 1 else t, "shared_expert_gate")
