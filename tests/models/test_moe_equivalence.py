@@ -43,6 +43,16 @@ def test_one_prompt_and_expert_load(moe_model):
     assert sum(model.expert_load()) == tokens * sparse_layers * cfg.num_experts_per_tok
     bm = llm.llm_engine.scheduler.block_manager
     assert bm.num_free_blocks == bm.num_blocks
+    # the engine's stats and the Prometheus counter of the (single, tensor-parallel) expert group
+    stats = llm.llm_engine.get_stats()
+    assert stats.expert_load == model.expert_load() and stats.expert_load_per_rank == [sum(stats.expert_load)]
+    prometheus_client = pytest.importorskip("prometheus_client")
+    from pagedllm.engine.metrics import IterationStats, PrometheusStatLogger
+
+    registry = prometheus_client.CollectorRegistry()
+    PrometheusStatLogger("m", registry, 512).record(stats, IterationStats(), 0.0)
+    value = registry.get_sample_value("pagedllm:moe_expert_group_tokens_total", {"model_name": "m", "expert_group": "0"})
+    assert value == sum(stats.expert_load)
 
 
 def test_eight_prompts(moe_model):
