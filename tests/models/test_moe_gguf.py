@@ -73,7 +73,7 @@ def write_gguf(hf, path: str) -> None:
     w.close()
 
 
-@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen2_moe"])
+@pytest.mark.parametrize("arch", ["qwen3_moe", pytest.param("qwen2_moe", marks=pytest.mark.extended)])
 def test_moe_from_gguf(arch, tmp_path, tokenizer_dir):
     # every layer sparse: GGUF does not say which layers are dense (mlp_only_layers)
     path, hf = save_moe_model(tiny_moe_config(arch, mlp_only_layers=[]), str(tmp_path / "hf"), tokenizer_dir, seed=4)
