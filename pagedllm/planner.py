@@ -66,6 +66,7 @@ class PlanInputs:
     gpu_memory_utilization: float = 0.9
     kv_cache_memory: int | None = None
     available_ram: int | None = None  # CPU plans: None reads /proc/meminfo
+    enable_expert_parallel: bool = False  # MoE: whole experts per rank instead of a slice of each
 
 
 @dataclass(slots=True)
@@ -84,6 +85,7 @@ class MemoryPlan:
     max_model_len: int
     stage_layers: list[int] = field(default_factory=list)
     extra: dict[str, int] = field(default_factory=dict)  # e.g. the CPU's packed-GEMM copy
+    moe_params: tuple[int, int] | None = None  # MoE: (whole model, active per token)
 
     @property
     def tokens(self) -> int:
@@ -116,6 +118,8 @@ class MemoryPlan:
             "max_concurrency": round(self.max_concurrency, 3),
             "fits": self.fits,
             "extra": self.extra,
+            "moe_total_params": self.moe_params[0] if self.moe_params else None,
+            "moe_active_params": self.moe_params[1] if self.moe_params else None,
         }
 
 
@@ -136,7 +140,7 @@ def _resolve_dtype(dtype: str, hf_config: Any, device: str) -> str:
     return engine_dtype(_DTYPE_ALIASES[dtype], hf_config, device)
 
 
-def _meta_model(hf_config: Any, architecture: str, dtype: str, tp: int) -> Any:
+def _meta_model(hf_config: Any, architecture: str, dtype: str, tp: int, expert_parallel: bool = False) -> Any:
     import torch
 
     from pagedllm.distributed import ParallelState
@@ -145,7 +149,7 @@ def _meta_model(hf_config: Any, architecture: str, dtype: str, tp: int) -> Any:
 
     cls = get_model_class(architecture)
     with _default_dtype(torch_dtype(dtype)), torch.device("meta"):
-        return cls(hf_config, ParallelState(tp_rank=0, tp_size=tp))
+        return cls(hf_config, ParallelState(tp_rank=0, tp_size=tp, enable_expert_parallel=expert_parallel))
 
 
 def _weight_bytes(model: Any, quantization: str, stage_of_layer: list[int], pp: int) -> tuple[list[int], int]:
@@ -243,8 +247,16 @@ def build_plan(inp: PlanInputs) -> MemoryPlan:
         raise ValueError(f"pipeline_parallel_size={pp} exceeds the model's {num_layers} layers")
     counts = stage_layer_counts(num_layers, pp)
     stage_of_layer = [s for s, c in enumerate(counts) for _ in range(c)]
-    model = _meta_model(hf_config, architecture, dtype, tp)
+    model = _meta_model(hf_config, architecture, dtype, tp, inp.enable_expert_parallel)
     per_stage, params = _weight_bytes(model, inp.quantization, stage_of_layer, pp)
+    from pagedllm.model.layers.fused_moe import check_moe_parallel, config_num_experts, param_counts
+
+    moe_params = None
+    if config_num_experts(hf_config):  # MoE: the whole model's parameters and those a token uses
+        check_moe_parallel(hf_config, tp, inp.enable_expert_parallel)
+        from pagedllm.model.registry import get_model_class
+
+        moe_params = param_counts(get_model_class(architecture), hf_config)
 
     from pagedllm.distributed import kv_heads_per_rank
 
@@ -283,7 +295,7 @@ def build_plan(inp: PlanInputs) -> MemoryPlan:
         inputs=inp, architecture=architecture, dtype=dtype, kv_dtype=kv_dtype, num_layers=num_layers,
         total_params=params, weight_bytes_per_rank=weight_bytes, kv_bytes_per_token=kv_per_token,
         activation_bytes=activation, kv_cache_bytes=num_blocks * per_block, num_blocks=num_blocks,
-        max_model_len=max_model_len, stage_layers=counts, extra=extra,
+        max_model_len=max_model_len, stage_layers=counts, extra=extra, moe_params=moe_params,
     )
 
 
@@ -346,7 +358,10 @@ def format_plan(plan: MemoryPlan, alts: list[tuple[str, MemoryPlan]] | None = No
     where = (f"GPU of {_gib(inp.gpu_memory)} x {inp.gpu_memory_utilization}" if inp.device == "cuda" else "CPU")
     rows = [
         ("model", f"{inp.model} ({plan.architecture}, {plan.num_layers} layers, {plan.total_params / 1e9:.3f}B "
-                  f"parameters per rank)"),
+                  f"parameters per rank"
+                  + (f"; MoE: {plan.moe_params[0] / 1e9:.2f}B in all, {plan.moe_params[1] / 1e9:.2f}B active per "
+                     f"token" + (", experts placed whole (expert parallel)" if inp.enable_expert_parallel else "")
+                     if plan.moe_params else "") + ")"),
         ("precision", f"weights {plan.dtype}" + (f" ({inp.quantization} linears)" if inp.quantization != "none" else "")
                       + f", KV cache {plan.kv_dtype}"),
         ("layout", f"TP={inp.tensor_parallel_size} x PP={inp.pipeline_parallel_size} "
@@ -387,6 +402,8 @@ def add_plan_args(parser: Any) -> None:
     parser.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8", "fp8_e4m3"), help="KV cache dtype.")
     parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     parser.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
+    parser.add_argument("--enable-expert-parallel", action="store_true",
+                        help="MoE: whole experts per tensor-parallel rank instead of a slice of each.")
     parser.add_argument("--max-model-len", "--max-seq-length", dest="max_model_len", type=int, default=None)
     parser.add_argument("--block-size", "--cache-block-size", dest="block_size", type=int, default=16)
     parser.add_argument("--max-num-seqs", type=int, default=256)
@@ -409,6 +426,7 @@ def run_plan(ns: Any) -> int:
             max_model_len=ns.max_model_len, block_size=ns.block_size, max_num_seqs=ns.max_num_seqs,
             max_num_batched_tokens=ns.max_num_batched_tokens, device=ns.device, gpu_memory=memory,
             gpu_memory_utilization=ns.gpu_memory_utilization,
+            enable_expert_parallel=ns.enable_expert_parallel,
             kv_cache_memory=None if ns.kv_cache_memory is None else parse_size(ns.kv_cache_memory, "kv_cache_memory"),
         )
         plan = build_plan(inp)

@@ -110,6 +110,15 @@ def test_qwen3_30b_a3b_param_counts():
     cfg = AutoConfig.from_pretrained(os.path.join(here, "..", "..", "benchmarks", "configs", "qwen3-30b-a3b"))
     total, active = param_counts(Qwen3MoeForCausalLM, cfg)
     assert round(total / 1e9, 1) == 30.5 and round(active / 1e9, 2) == 3.35, (total, active)
+    # `pagedllm plan`: the same counts; at TP=2 each rank holds half the experts' bytes either way
+    from pagedllm.planner import PlanInputs, build_plan
+
+    path = os.path.join(here, "..", "..", "benchmarks", "configs", "qwen3-30b-a3b")
+    one = build_plan(PlanInputs(model=path))
+    assert one.moe_params == (total, active) and one.total_params == total
+    for ep in (False, True):
+        two = build_plan(PlanInputs(model=path, tensor_parallel_size=2, enable_expert_parallel=ep))
+        assert abs(two.weight_bytes_per_rank / one.weight_bytes_per_rank - 0.5) < 0.01
 
 
 def test_bad_expert_parallel_settings(moe_model):
