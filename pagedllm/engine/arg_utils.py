@@ -77,8 +77,6 @@ PENDING_ARGS: dict[str, tuple[Any, str]] = {
 }
 # Server (frontend) flags other issues are delivering, with the same rule.
 PENDING_SERVER_ARGS: dict[str, tuple[Any, str]] = {
-    "enable_auto_tool_choice": (False, "tool calling (the structured outputs / tools issue)"),
-    "tool_call_parser": (None, "tool calling (the structured outputs / tools issue)"),
     "reasoning_parser": (None, "reasoning parsers (the structured outputs / tools issue)"),
 }
 

@@ -45,6 +45,10 @@ def add_server_args(parser: argparse.ArgumentParser, *, positional_model: bool) 
                    "Default: the hub id, or the model's directory or file name.")
     g.add_argument("--chat-template", default=None,
                    help="Jinja chat template (a file path or the template text) that replaces the tokenizer's.")
+    g.add_argument("--enable-auto-tool-choice", action="store_true", default=False,
+                   help='Let tool_choice "auto" work: the --tool-call-parser finds the calls the model wrote.')
+    g.add_argument("--tool-call-parser", default=None, choices=("hermes", "llama3_json", "mistral"),
+                   help="How the model writes tool calls: hermes (Qwen2.5/Qwen3, SmolLM, Hermes), llama3_json, mistral.")
     g = parser.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="Address to listen on (0.0.0.0 for every interface).")
     g.add_argument("--port", type=port, default=8000, help="Port to listen on.")

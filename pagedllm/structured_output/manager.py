@@ -27,6 +27,9 @@ from pagedllm.structured_output.params import StructuredOutputsParams
 logger = logging.getLogger(__name__)
 
 _CACHE_SIZE = 512
+# Whitespace characters allowed at one place of a JSON text: room for any indentation a model
+# writes, yet a model that only wants spaces (a random one, a looping one) must move on.
+_MAX_WHITESPACE = 24
 _ENGINE_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:[0-9]+: ")  # "[22:01:55] /project/cpp/x.cc:94: "
 
 
@@ -88,9 +91,13 @@ class StructuredOutputManager:
             kwargs: dict[str, Any] = {"any_whitespace": not so.disable_any_whitespace}
             if so.disable_any_whitespace:
                 kwargs["separators"] = (",", ":")
+            else:
+                kwargs["max_whitespace_cnt"] = _MAX_WHITESPACE
             return c.compile_json_schema(so.spec, **kwargs)
         if kind == "json_object":
-            return c.compile_builtin_json_grammar()
+            if so.disable_any_whitespace:
+                return c.compile_builtin_json_grammar()
+            return c.compile_json_schema('{"type": "object"}', max_whitespace_cnt=_MAX_WHITESPACE)
         if kind == "regex":
             return c.compile_regex(so.regex)
         if kind == "choice":

@@ -93,10 +93,10 @@ def test_chat_stream_shape(http):
     ("post", "/v1/completions", {"headers": KEY, "content": b"x" * 5000}, 413, "request_too_large"),
     ("post", "/v1/completions", {"headers": KEY, "json": {"prompt": "x", "model": "other"}}, 404, "model_not_found"),
     ("post", "/v1/completions", {"headers": KEY, "json": {"prompt": "x" * 64}}, 400, "context_length_exceeded"),
-    ("post", "/v1/completions", {"headers": KEY, "json": {"prompt": "x", "logit_bias": {"1": 5}}}, 400, None),
+    ("post", "/v1/completions", {"headers": KEY, "json": {"prompt": "x", "logit_bias": {"one": 5}}}, 400, None),
     ("post", "/v1/completions", {"headers": KEY, "json": {"prompt": "x", "best_of": 3}}, 400, None),
     ("post", "/v1/chat/completions", {"headers": KEY, "json": {"messages": [{"role": "user"}],
-                                                               "response_format": {"type": "json_object"}}}, 400, None),
+                                                               "response_format": {"type": "xml"}}}, 400, None),
 ])
 def test_error_statuses(http, method, path, kwargs, status, code):
     r = getattr(http, method)(path, **kwargs)

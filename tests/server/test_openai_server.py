@@ -280,7 +280,7 @@ BAD_INPUTS = [
      "repetition_penalty"),
     ("logprobs too many", "/v1/completions", {"prompt": "x", "logprobs": 50}, _AUTH, 400, "logprobs"),
     ("stop wrong type", "/v1/completions", {"prompt": "x", "stop": 5}, _AUTH, 400, "stop"),
-    ("seed negative", "/v1/completions", {"prompt": "x", "seed": -1}, _AUTH, 400, "seed"),
+    ("seed negative", "/v1/completions", {"prompt": "x", "seed": -2}, _AUTH, 400, "seed"),
     ("min_tokens above max_tokens", "/v1/completions", {"prompt": "x", "max_tokens": 2, "min_tokens": 5}, _AUTH,
      400, "min_tokens"),
     ("token id out of vocabulary", "/v1/completions", {"prompt": [1, 2, 10**9]}, _AUTH, 400, "prompt"),

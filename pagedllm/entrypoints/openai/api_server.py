@@ -44,6 +44,7 @@ from pagedllm.entrypoints.openai.protocol import (
 from pagedllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from pagedllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from pagedllm.entrypoints.openai.serving_engine import parse_body, to_api_error
+from pagedllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization, add_tokenization_routes
 
 logger = logging.getLogger("pagedllm.entrypoints.openai.api_server")
 
@@ -154,6 +155,8 @@ def build_app(
     registry: Any = None,
     version: str = "0.1.0",
     enable_ui: bool = True,
+    enable_auto_tool_choice: bool = False,
+    tool_call_parser: str | None = None,
 ) -> FastAPI:
     """The ASGI app over a started engine. `registry` is the Prometheus CollectorRegistry
     that /metrics exposes (None: /metrics is empty); `enable_ui` serves the engine page at /."""
@@ -162,14 +165,16 @@ def build_app(
         served_model_names=served_model_names, max_model_len=max_model_len, vocab_size=vocab_size, executor=executor
     )
     completion = OpenAIServingCompletion(engine, **common)
-    chat = OpenAIServingChat(engine, chat_template=chat_template, **common)
+    chat = OpenAIServingChat(engine, chat_template=chat_template, enable_auto_tool_choice=enable_auto_tool_choice,
+                             tool_call_parser=tool_call_parser, **common)
+    tokenization = OpenAIServingTokenization(chat)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> Any:
         yield
         executor.shutdown(wait=False, cancel_futures=True)
 
-    app = FastAPI(title="pagedllm", version=version, lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = FastAPI(title="pagedllm", version=version, lifespan=lifespan, docs_url="/docs", redoc_url=None)
     app.state.engine = engine
     # The routes parse their bodies themselves (for OpenAI-shaped 400s); the schema still
     # describes those bodies, for clients and for schema-driven fuzzing.
@@ -248,6 +253,7 @@ def build_app(
         from pagedllm.entrypoints.openai.engine_page import register_engine_page
 
         register_engine_page(app, engine, [api_key] if api_key else [])
+    add_tokenization_routes(app, tokenization)
     app.add_middleware(GuardMiddleware, api_key=api_key, max_body_size=max_request_body_size)
     return app
 
@@ -410,6 +416,8 @@ def run_server(ns: argparse.Namespace, parser: argparse.ArgumentParser | None = 
             registry=registry,
             version=_version(),
             enable_ui=not getattr(ns, "disable_ui", False),
+            enable_auto_tool_choice=getattr(ns, "enable_auto_tool_choice", False),
+            tool_call_parser=getattr(ns, "tool_call_parser", None),
         )
         config = uvicorn.Config(
             app,

@@ -4,10 +4,16 @@ template has them), and one engine request with `n` samples serves it.
 
 Streaming: each choice's first chunk carries `delta.role = "assistant"`, later ones the new
 content, the last one `finish_reason`; then usage if asked, then [DONE].
+
+Tools: `tools` go to the chat template; "required" and named `tool_choice` constrain the output
+with a JSON-schema grammar; "auto" needs --enable-auto-tool-choice and a --tool-call-parser,
+which finds the calls the model wrote. Earlier assistant `tool_calls` and `tool` messages are
+rendered through the template (as hermes-style text when the template has no place for them).
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -31,7 +37,6 @@ from pagedllm.entrypoints.openai.protocol import (
     random_id,
 )
 from pagedllm.entrypoints.openai.serving_engine import (
-    _MAX_TOP_LOGPROBS,
     SSE_DONE,
     ClientDisconnected,
     OpenAIServing,
@@ -42,7 +47,16 @@ from pagedllm.entrypoints.openai.serving_engine import (
     sse_error,
     to_api_error,
 )
+from pagedllm.entrypoints.openai.structured_outputs import (
+    check_tools,
+    forced_tool_schema,
+    normalize_tool_choice,
+    request_structured_outputs,
+)
+from pagedllm.entrypoints.openai.tool_calls import ToolCallStreamer, final_tool_calls, tool_mode
+from pagedllm.entrypoints.openai.tool_parsers import ToolParser, get_tool_parser
 from pagedllm.outputs import Logprob, RequestOutput
+from pagedllm.structured_output.params import StructuredOutputsParams
 
 # OpenAI's message roles.
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -56,35 +70,54 @@ _RESERVED_TEMPLATE_KWARGS = frozenset({
 
 
 class OpenAIServingChat(OpenAIServing):
-    def __init__(self, *args: Any, chat_template: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, chat_template: str | None = None, enable_auto_tool_choice: bool = False,
+                 tool_call_parser: str | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.chat_template = chat_template
+        self.enable_auto_tool_choice = enable_auto_tool_choice
+        self.tool_parser: ToolParser | None = (
+            get_tool_parser(tool_call_parser)(self.tokenizer) if tool_call_parser else None
+        )
+        source = chat_template or getattr(self.tokenizer, "chat_template", None) or ""
+        self.template_renders_tool_calls = isinstance(source, str) and "tool_calls" in source
 
     async def create_chat_completion(self, req: ChatCompletionRequest, raw_request: Any) -> Response:
         model_name = self.check_model(req.model)
         self.check_common_unsupported(req)
-        if req.response_format and req.response_format.get("type", "text") != "text":
-            raise APIError("response_format other than text is not supported", param="response_format")
-        if req.tools and req.tool_choice != "none":
-            raise APIError("tools are not supported", param="tools")
         if not req.messages:
             raise APIError("messages must not be empty", param="messages")
         if req.top_logprobs is not None:
-            if not 0 <= req.top_logprobs <= _MAX_TOP_LOGPROBS:
-                raise APIError(f"top_logprobs must be in [0, {_MAX_TOP_LOGPROBS}], got {req.top_logprobs}", param="top_logprobs")
+            self.check_logprobs(req.top_logprobs, "top_logprobs")
             if not req.logprobs and req.top_logprobs > 0:
                 raise APIError("top_logprobs needs logprobs to be true", param="top_logprobs")
+        if req.prompt_logprobs is not None:
+            raise APIError("prompt_logprobs is only supported on /v1/completions", param="prompt_logprobs")
+        so = request_structured_outputs(req)
+        tools = check_tools(req.tools)
+        choice = normalize_tool_choice(req.tool_choice, tools)
+        if choice == "auto" and tools and (not self.enable_auto_tool_choice or self.tool_parser is None):
+            raise APIError('tool_choice "auto" needs the server started with --enable-auto-tool-choice and '
+                           "--tool-call-parser", param="tool_choice")
+        if choice == "required" or choice.startswith("function:"):
+            if so is not None:
+                raise APIError(f"tool_choice={req.tool_choice!r} and a structured output cannot be combined",
+                               param="tool_choice")
+            so = StructuredOutputsParams(json=forced_tool_schema(choice, tools, req.parallel_tool_calls is not False))
+        mode = tool_mode(choice, self.tool_parser) if tools else None
+        await self.compile_grammar(so, "response_format" if req.response_format else "structured_outputs")
 
         conversation = [self._message(m, i) for i, m in enumerate(req.messages)]
-        prompt = await self.run_in_executor(self._render, conversation, req)
-        ids = await self.tokenize(prompt, add_special_tokens=False)
+        prompt = await self.run_in_executor(self._render, conversation, req, choice)
+        ids = self.truncate(await self.tokenize(prompt, add_special_tokens=False), req)
         self.validate_prompt_ids(ids, param="messages")
         if req.max_completion_tokens is not None:
             max_tokens = self.resolve_max_tokens(req.max_completion_tokens, len(ids), "max_completion_tokens")
         else:
             max_tokens = self.resolve_max_tokens(req.max_tokens, len(ids), "max_tokens")
         num_top = (req.top_logprobs or 0) if req.logprobs else None
-        params = self.sampling_params(req, max_tokens=max_tokens, logprobs=num_top)
+        keep_special = mode == "auto" and self.tool_parser.keep_special_tokens
+        params = self.sampling_params(req, max_tokens=max_tokens, logprobs=num_top, structured_outputs=so,
+                                      skip_special_tokens=False if keep_special else None)
 
         request_id = random_id("chatcmpl")
         created = int(time.time())
@@ -95,7 +128,8 @@ class OpenAIServingChat(OpenAIServing):
             except ClientDisconnected:
                 return Response(status_code=499)
             hold_back = 0  # the engine's text already holds back a possible stop-string start
-            body = self._stream(req, request_id, created, model_name, prepend(first, stream), len(ids), hold_back)
+            body = self._stream(req, request_id, created, model_name, prepend(first, stream), len(ids), hold_back,
+                                mode, choice)
             return StreamingResponse(body, media_type="text/event-stream")
         try:
             finals = await cancel_on_disconnect(self._collect(stream), raw_request)
@@ -103,7 +137,7 @@ class OpenAIServingChat(OpenAIServing):
             return Response(status_code=499)
         except Exception as e:  # noqa: BLE001 - engine failures become OpenAI errors
             raise to_api_error(e) from None
-        return JSONResponse(self._response(req, request_id, created, model_name, finals).model_dump())
+        return JSONResponse(self._response(req, request_id, created, model_name, finals, mode, choice).model_dump())
 
     @staticmethod
     def _message(m: ChatMessage, idx: int) -> dict[str, Any]:
@@ -126,15 +160,25 @@ class OpenAIServingChat(OpenAIServing):
         msg: dict[str, Any] = {"role": m.role, "content": content if content is not None else ""}
         if m.name is not None:
             msg["name"] = m.name
+        if m.tool_call_id is not None:
+            msg["tool_call_id"] = m.tool_call_id
+        if m.tool_calls:
+            msg["tool_calls"] = [_history_tool_call(c, idx, j) for j, c in enumerate(m.tool_calls)]
         return msg
 
-    def _render(self, conversation: list[dict[str, Any]], req: ChatCompletionRequest) -> str:
+    def _render(self, conversation: list[dict[str, Any]], req: ChatCompletionRequest, choice: str = "none") -> str:
         if self.chat_template is None and not getattr(self.tokenizer, "chat_template", None):
             raise APIError("this model has no chat template; start the server with --chat-template", param="messages")
         kwargs = dict(req.chat_template_kwargs or {})
         reserved = sorted(_RESERVED_TEMPLATE_KWARGS.intersection(kwargs))
         if reserved:
             raise APIError(f"chat_template_kwargs may not set {', '.join(reserved)}", param="chat_template_kwargs")
+        if not self.template_renders_tool_calls:
+            # a template without tool calls would drop them: they become hermes-style text
+            conversation = [_inline_tool_calls(m) for m in conversation]
+        tools = getattr(req, "tools", None)
+        if tools and choice != "none":
+            kwargs["tools"] = tools
         try:
             out = self.tokenizer.apply_chat_template(
                 conversation,
@@ -187,27 +231,30 @@ class OpenAIServingChat(OpenAIServing):
     # ---- non-streaming ----------------------------------------------------------------------------
 
     def _response(
-        self, req: ChatCompletionRequest, request_id: str, created: int, model_name: str, final: RequestOutput
+        self, req: ChatCompletionRequest, request_id: str, created: int, model_name: str, final: RequestOutput,
+        mode: str | None = None, choice: str = "none",
     ) -> ChatCompletionResponse:
         num_top = req.top_logprobs or 0
         choices = []
         for c in final.outputs:
+            message = ChatResponseMessage(role="assistant", content=c.text)
+            finish = c.finish_reason
+            if mode is not None:
+                message.content, message.tool_calls = final_tool_calls(mode, choice, self.tool_parser, c.text)
+                if message.tool_calls and finish == "stop":
+                    finish = "tool_calls"
             choices.append(
                 ChatCompletionResponseChoice(
                     index=c.index,
-                    message=ChatResponseMessage(role="assistant", content=c.text),
+                    message=message,
                     logprobs=self._logprobs(c.token_ids, c.logprobs, num_top) if req.logprobs else None,
-                    finish_reason=c.finish_reason,
+                    finish_reason=finish,
                     stop_reason=c.stop_reason,
                 )
             )
         prompt_tokens = len(final.prompt_token_ids)
         completion_tokens = sum(len(c.token_ids) for c in final.outputs)
-        usage = UsageInfo(
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            total_tokens=prompt_tokens + completion_tokens,
-        )
+        usage = self.usage(prompt_tokens, completion_tokens, final.num_cached_tokens)
         return ChatCompletionResponse(id=request_id, created=created, model=model_name, choices=choices, usage=usage)
 
     # ---- streaming --------------------------------------------------------------------------------
@@ -221,8 +268,13 @@ class OpenAIServingChat(OpenAIServing):
         outputs: AsyncIterator[tuple[int, RequestOutput]],
         num_prompt_tokens: int,
         hold_back: int,
+        mode: str | None = None,
+        choice: str = "none",
     ) -> AsyncIterator[str]:
         n = req.n
+        streamers = [ToolCallStreamer(mode, choice, self.tool_parser) if mode else None for _ in range(n)]
+        any_calls = [False] * n
+        num_cached = 0
         num_top = req.top_logprobs or 0
         sent_chars = [0] * n
         sent_tokens = [0] * n
@@ -261,17 +313,27 @@ class OpenAIServingChat(OpenAIServing):
                     sent_chars[i] = max(sent_chars[i], end)
                     sent_tokens[i] = len(c.token_ids)
                     finished[i] = done
+                    message = DeltaMessage(content=delta)
+                    finish = c.finish_reason
+                    if streamers[i] is not None:
+                        content, calls = streamers[i].update(c.text[:sent_chars[i]], done)
+                        message = DeltaMessage(content=content if content or not calls else None,
+                                               tool_calls=calls or None)
+                        any_calls[i] = any_calls[i] or bool(calls)
+                        if any_calls[i] and finish == "stop":
+                            finish = "tool_calls"
+                        if not content and not calls and not done and not logprobs:
+                            continue
                     usage = None
                     if continuous_usage:
                         gen = sum(len(x.token_ids) for x in out.outputs)
-                        usage = UsageInfo(prompt_tokens=num_prompt_tokens, completion_tokens=gen,
-                                          total_tokens=num_prompt_tokens + gen)
+                        usage = self.usage(num_prompt_tokens, gen, out.num_cached_tokens)
                     yield chunk(
                         ChatCompletionStreamChoice(
                             index=i,
-                            delta=DeltaMessage(content=delta),
+                            delta=message,
                             logprobs=logprobs,
-                            finish_reason=c.finish_reason,
+                            finish_reason=finish,
                             stop_reason=c.stop_reason,
                         ),
                         usage,
@@ -279,10 +341,40 @@ class OpenAIServingChat(OpenAIServing):
                 last = out
             if include_usage:
                 gen = sum(len(x.token_ids) for x in last.outputs) if last is not None else 0
-                yield chunk(None, UsageInfo(prompt_tokens=num_prompt_tokens, completion_tokens=gen,
-                                            total_tokens=num_prompt_tokens + gen))
+                num_cached = last.num_cached_tokens if last is not None else 0
+                yield chunk(None, self.usage(num_prompt_tokens, gen, num_cached))
         except Exception as e:  # noqa: BLE001 - the status line is gone; report in the stream
             yield sse_error(e)
         finally:
             await outputs.aclose()  # type: ignore[attr-defined]
         yield SSE_DONE
+
+
+def _history_tool_call(call: dict[str, Any], msg_idx: int, j: int) -> dict[str, Any]:
+    """An assistant's earlier tool call for the template: arguments as an object (templates
+    write them with `tojson`)."""
+    fn = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise APIError(f"messages[{msg_idx}].tool_calls[{j}] must have function.name",
+                       param=f"messages.{msg_idx}.tool_calls.{j}")
+    args = fn.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except ValueError:
+            raise APIError(f"messages[{msg_idx}].tool_calls[{j}].function.arguments is not JSON",
+                           param=f"messages.{msg_idx}.tool_calls.{j}") from None
+    return {"id": call.get("id"), "type": "function", "function": {"name": fn["name"], "arguments": args}}
+
+
+def _inline_tool_calls(msg: dict[str, Any]) -> dict[str, Any]:
+    if not msg.get("tool_calls"):
+        return msg
+    calls = "".join(
+        "<tool_call>\n" + json.dumps({"name": c["function"]["name"], "arguments": c["function"]["arguments"]})
+        + "\n</tool_call>" for c in msg["tool_calls"]
+    )
+    text = msg.get("content") or ""
+    out = {k: v for k, v in msg.items() if k != "tool_calls"}
+    out["content"] = (text + "\n" if text else "") + calls
+    return out

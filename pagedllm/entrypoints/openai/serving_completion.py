@@ -3,6 +3,10 @@ token ids or a list of those), `n` samples each; choice index = prompt index * n
 
 Streaming sends each choice's new text as it grows (never text that could still turn out to be
 the start of a stop string), then its finish reason, then usage if asked, then [DONE].
+
+`echo` with `max_tokens=0` (lm-eval's loglikelihood) scores the prompt only: the engine
+samples one token, which the response leaves out. `prompt_logprobs` comes back per choice in
+vLLM's shape.
 """
 
 from __future__ import annotations
@@ -34,9 +38,8 @@ from pagedllm.entrypoints.openai.serving_engine import (
     sse_error,
     to_api_error,
 )
-from pagedllm.outputs import Logprob, RequestOutput
-
-_MAX_COMPLETION_LOGPROBS = 20
+from pagedllm.entrypoints.openai.structured_outputs import request_structured_outputs
+from pagedllm.outputs import CompletionOutput, Logprob, RequestOutput
 
 
 class OpenAIServingCompletion(OpenAIServing):
@@ -47,17 +50,28 @@ class OpenAIServingCompletion(OpenAIServing):
             raise APIError("suffix is not supported", param="suffix")
         if req.best_of is not None and req.best_of != req.n:
             raise APIError("best_of other than n is not supported", param="best_of")
-        if req.logprobs is not None and not 0 <= req.logprobs <= _MAX_COMPLETION_LOGPROBS:
-            raise APIError(f"logprobs must be in [0, {_MAX_COMPLETION_LOGPROBS}], got {req.logprobs}", param="logprobs")
+        self.check_logprobs(req.logprobs, "logprobs")
+        self.check_logprobs(req.prompt_logprobs, "prompt_logprobs")
+        score_only = req.max_tokens == 0
+        if score_only and not req.echo:
+            raise APIError("max_tokens=0 needs echo=true (the prompt's logprobs are all there is to return)",
+                           param="max_tokens")
+        if score_only and req.stream:
+            raise APIError("max_tokens=0 cannot be streamed", param="max_tokens")
+        so = request_structured_outputs(req)
+        await self.compile_grammar(so, "response_format" if req.response_format else "structured_outputs")
 
-        prompts = await self._prompts(req.prompt)
+        prompts = [(text, self.truncate(ids, req)) for text, ids in await self._prompts(req.prompt)]
         params = []
         for _, ids in prompts:
             self.validate_prompt_ids(ids)
-            max_tokens = self.resolve_max_tokens(req.max_tokens, len(ids), "max_tokens")
+            max_tokens = 1 if score_only else self.resolve_max_tokens(req.max_tokens, len(ids), "max_tokens")
             prompt_logprobs = req.logprobs if req.echo and req.logprobs is not None else None
+            if req.prompt_logprobs is not None:
+                prompt_logprobs = max(prompt_logprobs or 0, req.prompt_logprobs)
             params.append(
-                self.sampling_params(req, max_tokens=max_tokens, logprobs=req.logprobs, prompt_logprobs=prompt_logprobs)
+                self.sampling_params(req, max_tokens=max_tokens, logprobs=req.logprobs, prompt_logprobs=prompt_logprobs,
+                                     structured_outputs=so)
             )
         request_id = random_id("cmpl")
         created = int(time.time())
@@ -77,6 +91,8 @@ class OpenAIServingCompletion(OpenAIServing):
             return Response(status_code=499)
         except Exception as e:  # noqa: BLE001 - engine failures become OpenAI errors
             raise to_api_error(e) from None
+        if score_only:
+            finals = [_without_outputs(f) for f in finals]
         return JSONResponse(self._response(req, request_id, created, model_name, prompts, finals).model_dump())
 
     async def _prompts(self, prompt: Any) -> list[tuple[str | None, list[int]]]:
@@ -113,9 +129,11 @@ class OpenAIServingCompletion(OpenAIServing):
         finals: list[RequestOutput],
     ) -> CompletionResponse:
         choices = []
-        num_prompt_tokens = num_generated = 0
+        num_prompt_tokens = num_generated = num_cached = 0
         for p_idx, (out, (text, ids)) in enumerate(zip(finals, prompts)):
             num_prompt_tokens += len(ids)
+            num_cached += out.num_cached_tokens
+            plp = self._vllm_prompt_logprobs(out) if req.prompt_logprobs is not None else None
             prompt_text = "" if not req.echo else (text if text is not None else self.tokenizer.decode(ids))
             for c in out.outputs:
                 num_generated += len(c.token_ids)
@@ -133,15 +151,22 @@ class OpenAIServingCompletion(OpenAIServing):
                         logprobs=logprobs,
                         finish_reason=c.finish_reason,
                         stop_reason=c.stop_reason,
+                        prompt_logprobs=plp,
                     )
                 )
         choices.sort(key=lambda ch: ch.index)
-        usage = UsageInfo(
-            prompt_tokens=num_prompt_tokens,
-            completion_tokens=num_generated,
-            total_tokens=num_prompt_tokens + num_generated,
-        )
+        usage = self.usage(num_prompt_tokens, num_generated, num_cached)
         return CompletionResponse(id=request_id, created=created, model=model_name, choices=choices, usage=usage)
+
+    def _vllm_prompt_logprobs(self, out: RequestOutput) -> list[dict[int, dict[str, Any]] | None]:
+        steps = out.prompt_logprobs or []
+        res: list[dict[int, dict[str, Any]] | None] = [None]  # the first token has no context
+        for step in steps[1:] if steps and steps[0] is None else steps:
+            res.append(None if step is None else {
+                t: {"logprob": self.clamp(lp.logprob), "rank": lp.rank, "decoded_token": self.token_str(t, lp)}
+                for t, lp in step.items()
+            })
+        return res[: len(out.prompt_token_ids)]
 
     def _add_logprobs(
         self,
@@ -251,6 +276,14 @@ class OpenAIServingCompletion(OpenAIServing):
         finally:
             await outputs.aclose()  # type: ignore[attr-defined]
         yield SSE_DONE
+
+
+def _without_outputs(out: RequestOutput) -> RequestOutput:
+    """max_tokens=0: the one token sampled to score the prompt is not part of the answer."""
+    out.outputs = [CompletionOutput(index=c.index, text="", token_ids=[], cumulative_logprob=None,
+                                    logprobs=[] if c.logprobs is not None else None, finish_reason="length",
+                                    stop_reason=None) for c in out.outputs]
+    return out
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> UsageInfo:

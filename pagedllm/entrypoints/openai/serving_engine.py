@@ -25,7 +25,13 @@ from pagedllm.engine.async_engine import (
     RequestFailedError,
 )
 from pagedllm.entrypoints.json_body import JSONBodyError, parse_json_object
-from pagedllm.entrypoints.openai.protocol import APIError, ErrorInfo, ErrorResponse
+from pagedllm.entrypoints.openai.protocol import (
+    APIError,
+    ErrorInfo,
+    ErrorResponse,
+    PromptTokenUsageInfo,
+    UsageInfo,
+)
 from pagedllm.outputs import Logprob
 from pagedllm.sampling_params import SamplingParams
 
@@ -232,10 +238,34 @@ class OpenAIServing:
             code="model_not_found",
         )
 
+    @property
+    def max_logprobs(self) -> int:
+        """--max-logprobs of the engine (-1: no cap)."""
+        mc = getattr(self.engine, "model_config", None)
+        return getattr(mc, "max_logprobs", _MAX_TOP_LOGPROBS)
+
+    def check_logprobs(self, value: int | None, param: str) -> None:
+        cap = self.max_logprobs
+        if value is not None and (value < 0 or (cap != -1 and value > cap)):
+            raise APIError(f"{param} must be in [0, {cap}] (--max-logprobs), got {value}", param=param)
+
+    def truncate(self, ids: list[int], req: Any) -> list[int]:
+        k = req.truncate_prompt_tokens
+        if k is not None and k < 1:
+            raise APIError(f"truncate_prompt_tokens must be >= 1, got {k}", param="truncate_prompt_tokens")
+        return ids[-k:] if k is not None and len(ids) > k else ids
+
+    @staticmethod
+    def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> UsageInfo:
+        """With `prompt_tokens_details.cached_tokens` when the prefix cache served part of the prompt."""
+        return UsageInfo(
+            prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+            prompt_tokens_details=PromptTokenUsageInfo(cached_tokens=cached_tokens) if cached_tokens > 0 else None,
+        )
+
     @staticmethod
     def check_common_unsupported(req: Any) -> None:
-        if req.logit_bias:
-            raise APIError("logit_bias is not supported", param="logit_bias")
         if req.n < 1:
             raise APIError(f"n must be >= 1, got {req.n}", param="n")
 
@@ -272,7 +302,8 @@ class OpenAIServing:
 
     @staticmethod
     def sampling_params(
-        req: Any, *, max_tokens: int, logprobs: int | None, prompt_logprobs: int | None = None
+        req: Any, *, max_tokens: int, logprobs: int | None, prompt_logprobs: int | None = None,
+        structured_outputs: Any = None, skip_special_tokens: bool | None = None,
     ) -> SamplingParams:
         def either(value: Any, default: Any) -> Any:
             return default if value is None else value
@@ -295,12 +326,29 @@ class OpenAIServing:
                 min_tokens=req.min_tokens,
                 logprobs=logprobs,
                 prompt_logprobs=prompt_logprobs,
-                skip_special_tokens=req.skip_special_tokens,
+                skip_special_tokens=either(skip_special_tokens, req.skip_special_tokens),
                 include_stop_str_in_output=req.include_stop_str_in_output,
+                spaces_between_special_tokens=req.spaces_between_special_tokens,
+                logit_bias=req.logit_bias,
+                allowed_token_ids=req.allowed_token_ids,
+                bad_words=req.bad_words,
+                structured_outputs=structured_outputs,
             )
         except ValueError as e:
             m = _FIELD_RE.match(str(e))
             raise APIError(str(e), param=m.group(1) if m else None) from None
+
+    async def compile_grammar(self, so: Any, param: str) -> None:
+        """Compiles (or finds in the cache) a request's grammar in the thread pool, so the
+        engine's step loop only meets compiled grammars; a grammar that does not compile is a
+        400 naming `param`."""
+        engine = getattr(self.engine, "engine", None)
+        if so is None or engine is None:
+            return
+        try:
+            await self.run_in_executor(lambda: engine.structured_output_manager.compile(so))
+        except ValueError as e:
+            raise APIError(str(e).replace("structured_outputs", param, 1), param=param) from None
 
     # ---- tokenizer, off the event loop ------------------------------------------------------------
 
