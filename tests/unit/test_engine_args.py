@@ -133,8 +133,9 @@ def test_refused_arguments(tiny_llama, kwargs, match):
 def test_pending_flags_are_clear_errors_and_typos_fail(capsys):
     with pytest.raises(SystemExit):  # not a choice of --quantization
         serve("--quantization", "awq")
-    with pytest.raises(ValueError, match="tool calling"):
-        engine_args_from_namespace(serve("--enable-auto-tool-choice"))
+    with pytest.raises(ValueError, match="reasoning parsers"):
+        engine_args_from_namespace(serve("--reasoning-parser", "deepseek_r1"))
+    engine_args_from_namespace(serve("--enable-auto-tool-choice", "--tool-call-parser", "hermes"))  # delivered
     engine_args_from_namespace(serve("--pipeline-parallel-size", "1"))  # the default passes
     capsys.readouterr()
     for typo in (["--max-num-seq", "8"], ["--max-num-seqs", "many"]):  # no abbreviations pass
