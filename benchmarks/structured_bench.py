@@ -1,0 +1,150 @@
+"""Structured-output overhead: the same requests unconstrained and held to a JSON schema, side
+by side in one process (one engine, alternating runs: U C C U ...). Figure: output tokens per
+second of each; the ratio constrained / unconstrained is the overhead (issue #12 asks >= 0.9).
+
+Every request sets ignore_eos and its own max_tokens, so both runs produce the same number of
+tokens; once a constrained output's JSON is complete its mask allows every token, so the run
+also reports how many tokens were produced while a grammar was live.
+
+    python benchmarks/structured_bench.py --workload cpu                   # SmolLM2, W4's prompts
+    python benchmarks/structured_bench.py --workload gpu --tokenizer DIR   # Qwen3-0.6B dummy, W1's shape
+
+The GPU workload is Qwen3-0.6B's architecture with random weights (W1: 256 prompts of [100,
+1024] random ids, max_tokens in [100, 1024], temperature 0.6) and SmolLM2's tokenizer (a real
+one, so the grammar has JSON's characters to choose from); the vocabulary is cut to that
+tokenizer's 49,152 ids (`hf_overrides`), the only change to the model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+from throughput import W4_QUESTIONS, chat_ids  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "title": {"type": "string"},
+        "year": {"type": "integer"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "summary": {"type": "string"},
+    },
+    "required": ["title", "year", "tags", "summary"],
+}
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workload", choices=("cpu", "gpu"), default="cpu")
+    p.add_argument("--tokenizer", default=None, help="gpu: a tokenizer directory (SmolLM2's saved)")
+    p.add_argument("--num-prompts", type=int, default=None)
+    p.add_argument("--rounds", type=int, default=2, help="U C C U per round")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--output-json", default=None)
+    return p.parse_args()
+
+
+def build(args):
+    from pagedllm import LLM, SamplingParams
+    from pagedllm.config import default_model_path
+
+    rng = random.Random(args.seed)
+    if args.workload == "cpu":
+        common.set_threads()
+        llm = LLM(default_model_path(), max_model_len=1024)
+        tok = llm.get_tokenizer()
+        n = args.num_prompts or len(W4_QUESTIONS)
+        prompts = [chat_ids(tok, q + " Answer as JSON.") for q in W4_QUESTIONS[:n]]
+        max_tokens = [rng.randint(16, 128) for _ in prompts]
+        temperature = 0.0
+    else:
+        llm = LLM(os.path.join(HERE, "configs", "qwen3-0.6b"), tokenizer=args.tokenizer, load_format="dummy",
+                  dtype="bfloat16", hf_overrides={"vocab_size": 49152}, max_model_len=4096)
+        n = args.num_prompts or 256
+        prompts = [[rng.randint(0, 9999) for _ in range(rng.randint(100, 1024))] for _ in range(n)]
+        max_tokens = [rng.randint(100, 1024) for _ in range(n)]
+        temperature = 0.6
+
+    from pagedllm.structured_output import StructuredOutputsParams
+
+    def params(constrained: bool):
+        so = StructuredOutputsParams(json=SCHEMA) if constrained else None
+        return [SamplingParams(temperature=temperature, max_tokens=m, ignore_eos=True, seed=None,
+                               structured_outputs=so) for m in max_tokens]
+
+    return llm, prompts, params
+
+
+def live_tokens(tok, texts: list[str]) -> int:
+    """Tokens of each output up to the end of its JSON value (where its grammar ended)."""
+    dec = json.JSONDecoder()
+    total = 0
+    for t in texts:
+        s = t.lstrip()
+        try:
+            _, end = dec.raw_decode(s)
+        except ValueError:
+            end = len(s)  # never completed: live throughout
+        total += len(tok.encode(s[:end], add_special_tokens=False))
+    return total
+
+
+def main() -> None:
+    args = parse_args()
+    machine = common.machine_info()
+    common.print_machine_line(machine)
+    llm, prompts, params = build(args)
+    tok = llm.get_tokenizer()
+    # warm-up: both kinds, a few requests (compiles the grammar, captures what needs capturing)
+    for constrained in (False, True):
+        llm.generate(prompts[:4], params(constrained)[:4], use_tqdm=False)
+    runs: dict[str, list[float]] = {"unconstrained": [], "json_schema": []}
+    tokens: dict[str, int] = {}
+    live = 0
+    order = []
+    for _ in range(args.rounds):
+        order += [False, True, True, False]
+    for constrained in order:
+        name = "json_schema" if constrained else "unconstrained"
+        common.sync()
+        t0 = time.perf_counter()
+        outs = llm.generate(prompts, params(constrained), use_tqdm=False)
+        common.sync()
+        dt = time.perf_counter() - t0
+        n = sum(len(c.token_ids) for o in outs for c in o.outputs)
+        tokens[name] = n
+        runs[name].append(n / dt)
+        print(f"{name:14s} {n} tokens in {dt:.2f} s: {n / dt:.1f} tok/s", flush=True)
+        if constrained:
+            texts = [o.outputs[0].text for o in outs]
+            live = live_tokens(tok, texts)
+            valid = 0
+            for t in texts:
+                try:
+                    json.JSONDecoder().raw_decode(t.lstrip())
+                    valid += 1
+                except ValueError:
+                    pass
+    med = {k: sorted(v)[len(v) // 2] for k, v in runs.items()}
+    ratio = med["json_schema"] / med["unconstrained"]
+    print(f"\nworkload {args.workload}: {len(prompts)} requests, {tokens['json_schema']} output tokens per run "
+          f"({live} under a live grammar; {valid}/{len(prompts)} outputs begin with a complete JSON value)")
+    print(f"| run | tok/s (median of {len(runs['unconstrained'])}) | all runs |")
+    print("|---|---|---|")
+    for k, v in runs.items():
+        print(f"| {k} | {med[k]:.1f} | {', '.join(f'{x:.1f}' for x in v)} |")
+    print(f"ratio json_schema / unconstrained: {ratio:.3f}")
+    common.write_json(args.output_json, {"machine": machine, "revision": common.source_revision(), "runs": runs,
+                                         "median": med, "ratio": ratio, "tokens": tokens, "live_tokens": live})
+
+
+if __name__ == "__main__":
+    main()
