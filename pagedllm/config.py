@@ -135,10 +135,16 @@ class ParallelConfig:
     distributed_executor_backend: str = "uni"
     # MoE: whole experts per rank (expert parallelism over the tensor-parallel ranks)
     enable_expert_parallel: bool = False
+    pipeline_parallel_size: int = 1
+    # layers of each pipeline stage, summing to the model's; () at pipeline_parallel_size 1
+    pp_layer_partition: tuple[int, ...] = ()
+    data_parallel_size: int = 1  # engine replicas, each with world_size ranks of its own
+    data_parallel_prefix_affinity: bool = False  # send prompts sharing a prefix to one replica
 
     @property
     def world_size(self) -> int:
-        return self.tensor_parallel_size  # x pipeline_parallel_size, when there is one
+        """Ranks of one engine replica: tensor_parallel_size x pipeline_parallel_size."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,10 +256,17 @@ class EngineArgs(AcceptedArgs):
     # ---- parallelism and device ----
     tensor_parallel_size: int = arg(1, "Number of ranks (GPUs, or CPU processes) to split the model across.",
                                     flags=("-tp",), parse="positive_int", group="parallel")
+    pipeline_parallel_size: int = arg(1, "Number of pipeline stages, contiguous layers each "
+                                      "($PAGEDLLM_PP_LAYER_PARTITION or $VLLM_PP_LAYER_PARTITION, e.g. '5,3', "
+                                      "sets the split).", flags=("-pp",), parse="positive_int", group="parallel")
+    data_parallel_size: int = arg(1, "Number of engine replicas behind one LLM or server, each with its own "
+                                  "ranks and KV cache.", flags=("-dp",), parse="positive_int", group="parallel")
+    data_parallel_prefix_affinity: bool = arg(False, "Send prompts that share their first tokens to the same "
+                                              "data-parallel replica (its prefix cache).", group="parallel")
     distributed_executor_backend: str | None = arg(
-        None, "How the tensor-parallel ranks run: mp (a process per rank on this machine; the default when "
-        "--tensor-parallel-size > 1), ray (a Ray actor per rank, on the cluster of $RAY_ADDRESS or a local "
-        "one) or uni (one worker in the engine's process).", choices=DISTRIBUTED_EXECUTOR_BACKENDS,
+        None, "How the ranks and replicas run: mp (a process each on this machine; the default when there is "
+        "more than one), ray (a Ray actor each, on the cluster of $RAY_ADDRESS or a local one) or uni (one "
+        "worker in the engine's process).", choices=DISTRIBUTED_EXECUTOR_BACKENDS,
         group="parallel")
     enable_expert_parallel: bool = arg(False, "MoE models: place whole experts on the tensor-parallel ranks "
                                        "instead of slicing every expert across them (attention stays tensor "
@@ -315,13 +328,14 @@ def _resolve_dtype(dtype: str, hf_config: Any, device: str) -> str:
     return cfg if cfg in ("float16", "bfloat16") else "bfloat16"
 
 
-def _resolve_executor_backend(backend: str | None, tp: int) -> str:
+def _resolve_executor_backend(backend: str | None, tp: int, pp: int = 1, dp: int = 1) -> str:
     if backend is None:
-        return "uni" if tp == 1 else "mp"
+        return "uni" if tp * pp * dp == 1 else "mp"
     _check_choice("distributed_executor_backend", backend, DISTRIBUTED_EXECUTOR_BACKENDS)
-    if backend == "uni" and tp > 1:
+    if backend == "uni" and tp * pp * dp > 1:
         raise ValueError(
-            f"distributed_executor_backend='uni' runs one worker; tensor_parallel_size={tp} needs 'mp' or 'ray'"
+            f"distributed_executor_backend='uni' runs one worker; tensor_parallel_size={tp} x "
+            f"pipeline_parallel_size={pp} x data_parallel_size={dp} needs 'mp' or 'ray'"
         )
     if backend == "ray":
         import importlib.util
@@ -333,8 +347,10 @@ def _resolve_executor_backend(backend: str | None, tp: int) -> str:
     return backend
 
 
-def _check_tensor_parallel(tp: int, hf_config: Any, device: str, backend: str, expert_parallel: bool = False) -> None:
-    """The model's heads and MLP must split evenly; with mp on CUDA, one GPU per rank."""
+def _check_tensor_parallel(num_gpus: int, hf_config: Any, device: str, backend: str, tp: int,
+                           expert_parallel: bool = False) -> None:
+    """The model's heads and MLP must split evenly over tp ranks; with mp on CUDA, one GPU per
+    rank (num_gpus ranks in all)."""
     from pagedllm.distributed import check_tp_divides
     from pagedllm.model.layers.fused_moe import check_moe_parallel
 
@@ -350,15 +366,18 @@ def _check_tensor_parallel(tp: int, hf_config: Any, device: str, backend: str, e
         import torch
 
         n = torch.cuda.device_count()
-        if tp > n:
-            raise ValueError(f"tensor_parallel_size={tp} needs {tp} GPUs; this machine has {n}")
+        if num_gpus > n:
+            raise ValueError(f"tensor_parallel_size x pipeline_parallel_size x data_parallel_size = {num_gpus} "
+                             f"needs {num_gpus} GPUs; this machine has {n}")
 
 
 def _build_engine_config(args: EngineArgs) -> EngineConfig:
     from pagedllm.model.loader import load_hf_config  # transformers is heavy; import on demand
 
     tp = _check_int("tensor_parallel_size", args.tensor_parallel_size, 1)
-    executor_backend = _resolve_executor_backend(args.distributed_executor_backend, tp)
+    pp = _check_int("pipeline_parallel_size", args.pipeline_parallel_size, 1)
+    dp = _check_int("data_parallel_size", args.data_parallel_size, 1)
+    executor_backend = _resolve_executor_backend(args.distributed_executor_backend, tp, pp, dp)
     _check_int("block_size", args.block_size, 1)
     util = args.gpu_memory_utilization
     if isinstance(util, bool) or not isinstance(util, (int, float)) or not 0 < util <= 1:
@@ -418,7 +437,10 @@ def _build_engine_config(args: EngineArgs) -> EngineConfig:
     block_size = resolve_block_size(args.block_size, head_dim, 4 if dtype == "float32" else 2)
     log_inapplicable(args, device, args.preemption_mode, swap_gib)
     log_accepted(args)
-    _check_tensor_parallel(tp, hf_config, device, executor_backend, bool(args.enable_expert_parallel))
+    _check_tensor_parallel(tp * pp * dp, hf_config, device, executor_backend, tp, bool(args.enable_expert_parallel))
+    from pagedllm.distributed.pipeline import resolve_layer_partition
+
+    pp_partition = resolve_layer_partition(hf_config.num_hidden_layers, pp)
 
     from pagedllm.model.layers.rotary import rope_max_positions
 
@@ -481,8 +503,12 @@ def _build_engine_config(args: EngineArgs) -> EngineConfig:
         model_config=model_config,
         cache_config=cache_config,
         scheduler_config=scheduler_config,
-        parallel_config=ParallelConfig(tensor_parallel_size=tp, distributed_executor_backend=executor_backend,
-                                       enable_expert_parallel=bool(args.enable_expert_parallel)),
+        parallel_config=ParallelConfig(
+            tensor_parallel_size=tp, distributed_executor_backend=executor_backend, pipeline_parallel_size=pp,
+            pp_layer_partition=pp_partition, data_parallel_size=dp,
+            data_parallel_prefix_affinity=bool(args.data_parallel_prefix_affinity),
+            enable_expert_parallel=bool(args.enable_expert_parallel),
+        ),
         device=device,
         enforce_eager=bool(args.enforce_eager),
         disable_log_stats=bool(args.disable_log_stats),

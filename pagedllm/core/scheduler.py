@@ -13,6 +13,11 @@ long prompt into chunks that fit the budget (chunked prefill). When the block po
 the lowest-priority running request that is not yet scheduled this step is preempted (the
 newest one under FCFS), by recompute (free its blocks, queue it again) or by swap (copy its
 blocks to the CPU pool). The scheduler never touches tensors.
+
+With `pipeline_parallel`, several scheduled batches are in flight at once (one per stage) and
+a request belongs to at most one of them: from `schedule()` until `update_from_output()` of
+that batch it is skipped, never preempted, and its next step carries the tokens the workers
+have not seen (`new_token_ids`), since only the last stage sampled them.
 """
 
 from __future__ import annotations
@@ -41,8 +46,12 @@ class Scheduler:
         cache_config: CacheConfig,
         num_gpu_blocks: int,
         num_cpu_blocks: int = 0,
+        pipeline_parallel: bool = False,
     ) -> None:
         self.config = scheduler_config
+        self.pipeline_parallel = pipeline_parallel
+        self.in_flight: set[str] = set()  # pipeline parallelism: requests of the batches in flight
+        self._num_tokens_sent: dict[str, int] = {}  # pipeline parallelism: tokens the workers know
         self.block_size = cache_config.block_size
         self.block_manager = BlockManager(
             num_gpu_blocks, cache_config.block_size, cache_config.enable_prefix_caching, num_cpu_blocks
@@ -99,6 +108,7 @@ class Scheduler:
         self.block_manager.free(req)
         self.block_manager.free_swapped(req)
         self.requests.pop(req.request_id, None)
+        self._num_tokens_sent.pop(req.request_id, None)
         self._finished_since_last_step.add(req.request_id)
 
     def has_unfinished_requests(self) -> bool:
@@ -120,10 +130,13 @@ class Scheduler:
         return max(0.0, oldest + timeout - now)
 
     # ---- scheduling ---------------------------------------------------------------------
-    def _pick_victim(self, current_index: int) -> Request:
+    def _pick_victim(self, current_index: int) -> Request | None:
         """The request to preempt: among the running ones not yet scheduled this step
-        (and the current one), the lowest priority, i.e. the newest under FCFS."""
-        candidates = self.running[current_index:]
+        (and the current one), the lowest priority, i.e. the newest under FCFS; never one
+        in a batch in flight (None when only such ones are left)."""
+        candidates = [r for r in self.running[current_index:] if r.request_id not in self.in_flight]
+        if not candidates:
+            return None
         if self.priority:
             return max(candidates, key=Request.sort_key)
         return candidates[-1]
@@ -146,6 +159,8 @@ class Scheduler:
         logger.debug("preempted %s (%s)", req.request_id, req.status.name)
 
     def _new_request_data(self, req: Request) -> NewRequestData:
+        if self.pipeline_parallel:
+            self._num_tokens_sent[req.request_id] = len(req.all_token_ids)
         return NewRequestData(
             req_id=req.request_id,
             token_ids=list(req.all_token_ids),
@@ -170,6 +185,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
+            if req.request_id in self.in_flight:
+                i += 1  # pipeline parallelism: in a batch still in flight
+                continue
             if req.num_pending and (req.num_output_tokens + req.num_pending >= req.max_output_tokens
                                     or req.num_tokens_with_pending >= max_len):
                 i += 1  # its last token is in flight: it finishes when that arrives
@@ -183,6 +201,10 @@ class Scheduler:
             scheduled = True
             while not bm.allocate_slots(req, num_new):
                 victim = self._pick_victim(i)
+                if victim is None:  # only requests in flight hold blocks: wait for them
+                    scheduled = False
+                    budget = 0
+                    break
                 self._preempt(victim, out)
                 preempted = True
                 if victim is req:
@@ -190,9 +212,13 @@ class Scheduler:
                     break
             if not scheduled:
                 continue
-            out.scheduled_cached_reqs.append(
-                CachedRequestData(req.request_id, bm.get_block_ids(req.request_id)[old_len:], req.num_computed_tokens)
-            )
+            cached = CachedRequestData(req.request_id, bm.get_block_ids(req.request_id)[old_len:],
+                                       req.num_computed_tokens)
+            if self.pipeline_parallel:
+                sent = self._num_tokens_sent[req.request_id]
+                cached.new_token_ids = req.all_token_ids[sent:]
+                self._num_tokens_sent[req.request_id] = len(req.all_token_ids)
+            out.scheduled_cached_reqs.append(cached)
             self._advance(req, num_new, out)
             budget -= num_new
             i += 1
@@ -238,6 +264,8 @@ class Scheduler:
             budget -= num_new
 
         out.total_num_scheduled_tokens = sum(out.num_scheduled_tokens.values())
+        if self.pipeline_parallel:
+            self.in_flight.update(out.num_scheduled_tokens)
         return out
 
     @staticmethod
@@ -260,6 +288,8 @@ class Scheduler:
         preempted since the step was scheduled still receives its token."""
         results = []
         sampled = runner_out.sampled_token_ids
+        if self.pipeline_parallel:
+            self.in_flight.difference_update(sched_out.num_scheduled_tokens)
         for rid in sched_out.num_scheduled_tokens:
             req = self.requests.get(rid)
             if req is None:

@@ -26,6 +26,9 @@ class CachedRequestData:
     req_id: str
     new_block_ids: list[int]
     num_computed_tokens: int
+    # pipeline parallelism only: tokens sampled since the request was last scheduled (the
+    # last stage samples them; the other stages learn them here)
+    new_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)

@@ -8,8 +8,10 @@ Each engine makes its own rendezvous: the executor hosts a `TCPStore` on a port 
 (port 0), every rank connects to it and builds a gloo (CPU) or NCCL (CUDA) group over a key
 prefix of its own. Nothing is fixed (no port, no shared-memory name), so engines never collide.
 
-Ranks are numbered `pp_rank * tp_size + tp_rank`; with pipeline parallelism (not there yet)
-each stage would get its own tensor-parallel group from the same store.
+Ranks are numbered `pp_rank * tp_size + tp_rank` (distributed/pipeline.py): each pipeline
+stage has its own tensor-parallel group (key prefix "tp{stage}" in the same store), and all
+ranks of the engine share one more group ("pp") for the point-to-point sends of hidden states
+from a stage to the next.
 """
 
 from __future__ import annotations
@@ -41,6 +43,39 @@ class ParallelState:
     group: Any = None
     # MoE layers place whole experts on the ranks of this group instead of slicing each one
     enable_expert_parallel: bool = False
+    pp_rank: int = 0
+    pp_size: int = 1
+    # the layers this stage owns, [start, end); None: all of them (no pipeline)
+    layer_range: tuple[int, int] | None = None
+    pp_group: Any = None  # c10d backend over all tp_size * pp_size ranks, for send/recv
+
+    @property
+    def rank(self) -> int:
+        return self.pp_rank * self.tp_size + self.tp_rank
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.pp_rank == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.pp_rank == self.pp_size - 1
+
+    def owns_layer(self, index: int) -> bool:
+        return self.layer_range is None or self.layer_range[0] <= index < self.layer_range[1]
+
+    def send_to_next_stage(self, tensors: list[torch.Tensor]) -> None:
+        """Sends contiguous tensors to this rank's peer in the next stage (blocks until sent)."""
+        dst = self.rank + self.tp_size
+        for i, t in enumerate(tensors):
+            self.pp_group.send([t.contiguous()], dst, i).wait()
+
+    def recv_from_prev_stage(self, tensors: list[torch.Tensor]) -> None:
+        """Fills `tensors` (allocated by the caller with the agreed shapes) from the peer in
+        the previous stage."""
+        src = self.rank - self.tp_size
+        for i, t in enumerate(tensors):
+            self.pp_group.recv([t], src, i).wait()
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sums x over the ranks, in place; every rank gets the same bits."""
@@ -69,8 +104,9 @@ class ParallelState:
 
     def abort(self) -> None:
         """Unblocks collectives waiting on a dead peer (NCCL; gloo notices closed sockets)."""
-        if self.group is not None and hasattr(self.group, "abort"):
-            self.group.abort()
+        for g in (self.group, self.pp_group):
+            if g is not None and hasattr(g, "abort"):
+                g.abort()
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Releases the group without waiting on the other ranks, and returns within `timeout`
@@ -78,18 +114,19 @@ class ParallelState:
         call, so an NCCL group is aborted (local); on two H200s even that once blocked, so the
         teardown runs in a daemon thread and is left behind, with a warning, if it does not
         return in time (the process's exit frees what it holds). gloo's shutdown is local."""
-        if self.group is None:
+        groups = [g for g in (self.group, self.pp_group) if g is not None]
+        if not groups:
             return
-        group = self.group
 
         def teardown() -> None:
-            try:
-                if type(group).__name__ == "ProcessGroupNCCL" and hasattr(group, "abort"):
-                    group.abort()
-                elif hasattr(group, "shutdown"):
-                    group.shutdown()
-            except RuntimeError:
-                pass  # already aborted
+            for group in groups:
+                try:
+                    if type(group).__name__ == "ProcessGroupNCCL" and hasattr(group, "abort"):
+                        group.abort()
+                    elif hasattr(group, "shutdown"):
+                        group.shutdown()
+                except RuntimeError:
+                    pass  # already aborted
 
         t = threading.Thread(target=teardown, name="pagedllm-group-teardown", daemon=True)
         t.start()
@@ -135,35 +172,68 @@ def create_store(host: str = "127.0.0.1") -> "torch.distributed.TCPStore":
     return dist.TCPStore(host, 0, None, True, timeout=datetime.timedelta(seconds=60), wait_for_workers=False)
 
 
-def init_parallel_state(rank: int, world_size: int, store_host: str, store_port: int, device: str,
-                        local_ip: str = "127.0.0.1", group_name: str = "tp") -> ParallelState:
-    """Joins this engine's tensor-parallel group (blocks until every rank has joined).
-
-    device: "cpu" -> gloo, bound to local_ip (the loopback for ranks on one machine);
-    "cuda" -> NCCL on the current CUDA device (set it first).
-    """
-    if world_size == 1:
-        return SINGLE
+def _new_group(store: Any, name: str, rank: int, size: int, device: str, local_ip: str) -> Any:
     import torch.distributed as dist
 
     timeout = collective_timeout()
-    store = dist.TCPStore(store_host, store_port, None, False, timeout=datetime.timedelta(seconds=60))
-    prefixed = dist.PrefixStore(group_name, store)
+    prefixed = dist.PrefixStore(name, store)
     if device == "cuda":
         if not dist.is_nccl_available():
             raise RuntimeError("tensor parallelism on CUDA needs a torch built with NCCL")
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = timeout
-        group = dist.ProcessGroupNCCL(prefixed, rank, world_size, opts)
-    else:
-        opts = dist.ProcessGroupGloo._Options()
-        opts._devices = [dist.ProcessGroupGloo.create_device(hostname=local_ip)]
-        opts._timeout = timeout
-        group = dist.ProcessGroupGloo(prefixed, rank, world_size, opts)
-    ps = ParallelState(tp_rank=rank, tp_size=world_size, group=group)
+        return dist.ProcessGroupNCCL(prefixed, rank, size, opts)
+    opts = dist.ProcessGroupGloo._Options()
+    opts._devices = [dist.ProcessGroupGloo.create_device(hostname=local_ip)]
+    opts._timeout = timeout
+    return dist.ProcessGroupGloo(prefixed, rank, size, opts)
+
+
+def init_parallel_state(rank: int, world_size: int, store_host: str, store_port: int, device: str,
+                        local_ip: str = "127.0.0.1", group_name: str = "tp",
+                        pp_size: int = 1, pp_layer_partition: tuple[int, ...] = (),
+                        num_layers: int = 0) -> ParallelState:
+    """Joins this engine's groups (blocks until every rank has joined): the tensor-parallel
+    group of this rank's pipeline stage and, with pp_size > 1, the pipeline group of all ranks.
+    world_size counts all ranks (tp_size x pp_size).
+
+    device: "cpu" -> gloo, bound to local_ip (the loopback for ranks on one machine);
+    "cuda" -> NCCL on the current CUDA device (set it first).
+    """
+    from pagedllm.distributed.pipeline import rank_coords, stage_layers
+
+    if world_size == 1:
+        return SINGLE
+    import torch.distributed as dist
+
+    tp_size = world_size // pp_size
+    pp_rank, tp_rank = rank_coords(rank, tp_size)
+    store = dist.TCPStore(store_host, store_port, None, False, timeout=datetime.timedelta(seconds=60))
+    group = None
+    if tp_size > 1:
+        name = group_name if pp_size == 1 else f"{group_name}{pp_rank}"
+        group = _new_group(store, name, tp_rank, tp_size, device, local_ip)
+    pp_group = _new_group(store, "pp", rank, world_size, device, local_ip) if pp_size > 1 else None
+    layer_range = stage_layers(pp_layer_partition, pp_rank, num_layers) if pp_size > 1 else None
+    ps = ParallelState(tp_rank=tp_rank, tp_size=tp_size, group=group, pp_rank=pp_rank, pp_size=pp_size,
+                       layer_range=layer_range, pp_group=pp_group)
     # NCCL connects lazily; one collective now makes a broken setup fail here, not mid-step
     probe = torch.ones(1, device=torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else "cpu")
-    ps.all_reduce(probe)
-    if int(probe.item()) != world_size:
-        raise RuntimeError(f"tensor-parallel group self-test failed: sum of ones is {probe.item()}, not {world_size}")
+    if pp_group is not None:
+        pp_group.allreduce([probe]).wait()
+        expected = world_size
+    else:
+        ps.all_reduce(probe)
+        expected = tp_size
+    if int(probe.item()) != expected:
+        raise RuntimeError(f"parallel group self-test failed: sum of ones is {probe.item()}, not {expected}")
     return ps
+
+
+def init_engine_parallel_state(config: Any, rank: int, store_host: str, store_port: int,
+                               local_ip: str = "127.0.0.1") -> ParallelState:
+    """init_parallel_state for rank `rank` of an engine built from `config` (an EngineConfig)."""
+    pc = config.parallel_config
+    return init_parallel_state(rank, pc.world_size, store_host, store_port, config.device, local_ip=local_ip,
+                               pp_size=pc.pipeline_parallel_size, pp_layer_partition=pc.pp_layer_partition,
+                               num_layers=config.model_config.num_layers)

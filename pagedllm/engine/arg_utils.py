@@ -72,8 +72,6 @@ def accepted(default: Any, help: str, note: str, **kw: Any) -> Any:
 
 # name -> (vLLM's default, the feature that will deliver it)
 PENDING_ARGS: dict[str, tuple[Any, str]] = {
-    "pipeline_parallel_size": (1, "pipeline parallelism (the pipeline / data parallel issue)"),
-    "data_parallel_size": (1, "data parallelism (the pipeline / data parallel issue)"),
 }
 # Server (frontend) flags other issues are delivering, with the same rule.
 PENDING_SERVER_ARGS: dict[str, tuple[Any, str]] = {

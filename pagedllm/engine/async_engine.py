@@ -17,7 +17,8 @@ a slow consumer skips intermediate states instead of queueing them.
 
 Failure model: a request the engine rejects (ValueError from add_request) gets that ValueError;
 when `step()` raises, every in-flight request fails with RequestFailedError and is aborted, and
-the loop goes on. Only if the engine cannot even be cleaned up does the loop stop; from then on
+the loop goes on unless the engine's `check_health()` then raises (a worker or pipeline stage
+died: no step can ever succeed), which stops the loop. Only if the engine cannot even be cleaned up does the loop stop; from then on
 `errored` is true, `generate()` raises EngineDeadError, and the server's /health says 503.
 
 Tests reach both failure paths through `StepFault` (the server reads it from
@@ -180,7 +181,8 @@ class AsyncLLMEngine:
         from pagedllm.engine.llm_engine import LLMEngine
 
         engine = LLMEngine.from_engine_args(engine_args)
-        kwargs.setdefault("max_num_seqs", engine_args.max_num_seqs)
+        # data parallelism: every replica serves max_num_seqs
+        kwargs.setdefault("max_num_seqs", engine_args.max_num_seqs * engine_args.data_parallel_size)
         return cls(engine, **kwargs)
 
     # ---- lifecycle ---------------------------------------------------------------------------
@@ -409,6 +411,9 @@ class AsyncLLMEngine:
             finally:
                 self._deliver([(state.stream, err) for state in states])
                 iteration.finished.extend(finished_request_stats(s, None, now, "error") for s in states)
+            check_health = getattr(self.engine, "check_health", None)
+            if check_health is not None:
+                check_health()  # a dead worker or stage: the loop dies (and the server exits)
             return
         now = time.monotonic()
         deliveries: list[tuple[_RequestStream, RequestOutput | BaseException]] = []

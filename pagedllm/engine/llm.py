@@ -76,6 +76,8 @@ class LLM:
         try:
             while engine.has_unfinished_requests():
                 for out in engine.step():
+                    if out.error is not None:  # e.g. a data-parallel replica died under it
+                        raise RuntimeError(f"request {out.request_id}: {out.error}")
                     if out.finished:
                         done[out.request_id] = out
                         out_tokens += sum(len(c.token_ids) for c in out.outputs)

@@ -12,7 +12,7 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from pagedllm.config import EngineArgs, EngineConfig
 from pagedllm.core.request import Request, RequestStatus
@@ -21,6 +21,9 @@ from pagedllm.core.scheduler_output import SchedulerOutput, TokenLogprobs
 from pagedllm.engine.detokenizer import IncrementalDetokenizer
 from pagedllm.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from pagedllm.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from pagedllm.engine.data_parallel import DPEngineClient
 
 logger = logging.getLogger(__name__)
 
@@ -116,8 +119,11 @@ class LLMEngine:
                 f"max_model_len={mc.max_model_len} does not fit the KV cache ({capacity} tokens); "
                 f"lower max_model_len or give the cache more memory (kv_cache_memory / gpu_memory_utilization)"
             )
+        self.pipeline_depth = config.parallel_config.pipeline_parallel_size
         self.scheduler = Scheduler(config.scheduler_config, cc, self.executor.num_gpu_blocks,
-                                   self.executor.num_cpu_blocks)
+                                   self.executor.num_cpu_blocks, pipeline_parallel=self.pipeline_depth > 1)
+        # pipeline parallelism: (SchedulerOutput, handle) of the batches in flight, oldest first
+        self._pipeline: deque = deque()
         self._parents: dict[str, _Parent] = {}
         self._child_to_parent: dict[str, tuple[_Parent, int]] = {}
         self.prompt_tokens_total = 0
@@ -132,13 +138,23 @@ class LLMEngine:
         logger.info("engine ready in %.1fs", time.time() - t0)
 
     @classmethod
-    def from_engine_args(cls, args: EngineArgs) -> "LLMEngine":
-        return cls(args.create_engine_config())
+    def from_engine_args(cls, args: EngineArgs) -> "LLMEngine | DPEngineClient":
+        """The engine for `args`; with data_parallel_size > 1 the front end of that many
+        replicas (engine/data_parallel.py), which offers the same methods."""
+        config = args.create_engine_config()
+        if config.parallel_config.data_parallel_size > 1:
+            from pagedllm.engine.data_parallel import DPEngineClient
+
+            return DPEngineClient(config)
+        return cls(config)
 
     # ---- requests in -----------------------------------------------------------------
     def tokenize_prompt(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        text = None
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
+                # the ids win; a text given beside them is kept for the output
+                text = prompt.get("prompt") if isinstance(prompt.get("prompt"), str) else None
                 prompt = prompt["prompt_token_ids"]
             elif "prompt" in prompt:
                 prompt = prompt["prompt"]
@@ -156,7 +172,7 @@ class LLMEngine:
             for t in ids:
                 if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
                     raise ValueError(f"prompt: token id {t!r} is outside the vocabulary [0, {vocab})")
-            return None, ids
+            return text, ids
         raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
 
     def add_request(
@@ -172,27 +188,8 @@ class LLMEngine:
         engine unchanged. With final_only, `step` reports it only once it has finished."""
         if request_id in self._parents:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        params = SamplingParams() if params is None else params
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise ValueError(f"priority must be an integer, got {priority!r}")
-        text, ids = self.tokenize_prompt(prompt)
-        if not ids:
-            raise ValueError("prompt must not be empty")
-        if params.truncate_prompt_tokens is not None and len(ids) > params.truncate_prompt_tokens:
-            ids = ids[-params.truncate_prompt_tokens :]
-        self.check_sampling_params(params)
+        params, text, ids = self.check_request(prompt, params, priority)
         max_len = self.model_config.max_model_len
-        if len(ids) > max_len:
-            raise ValueError(
-                f"prompt has {len(ids)} tokens, more than max_model_len={max_len}"
-            )
-        vocab = self.model_config.vocab_size
-        if any(t >= vocab for t in params.stop_token_ids):
-            raise ValueError(f"stop_token_ids must be < vocab size {vocab}")
-        if params.stop and self.tokenizer is None:
-            raise ValueError("stop: stop strings need a tokenizer (skip_tokenizer_init is set)")
         max_out = max_len - len(ids) if params.max_tokens is None else params.max_tokens
         max_out = max(1, min(max_out, max_len - len(ids) + 1))
         arrival = time.time() if arrival_time is None else arrival_time
@@ -214,6 +211,33 @@ class LLMEngine:
         for i, child in enumerate(children):
             self._child_to_parent[child.request_id] = (parent, i)
             self.scheduler.add_request(child)
+
+    def check_request(self, prompt: PromptType, params: SamplingParams | None,
+                      priority: int) -> tuple[SamplingParams, str | None, list[int]]:
+        """Everything add_request checks before it queues anything (the data-parallel front end
+        runs it too, before it picks a replica); returns (params, text or None, token ids)."""
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise ValueError(f"priority must be an integer, got {priority!r}")
+        text, ids = self.tokenize_prompt(prompt)
+        if not ids:
+            raise ValueError("prompt must not be empty")
+        if params.truncate_prompt_tokens is not None and len(ids) > params.truncate_prompt_tokens:
+            ids = ids[-params.truncate_prompt_tokens :]
+        self.check_sampling_params(params)
+        max_len = self.model_config.max_model_len
+        if len(ids) > max_len:
+            raise ValueError(
+                f"prompt has {len(ids)} tokens, more than max_model_len={max_len}"
+            )
+        vocab = self.model_config.vocab_size
+        if any(t >= vocab for t in params.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be < vocab size {vocab}")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop: stop strings need a tokenizer (skip_tokenizer_init is set)")
+        return params, text, ids
 
     @property
     def structured_output_manager(self):
@@ -291,6 +315,8 @@ class LLMEngine:
             host:   schedule N+1 | launch N+1 | collect N | update, detokenize N | ...
             device: ......... step N ......... | ........ step N+1 ........ |
         """
+        if self.pipeline_depth > 1:
+            return self._step_pipelined()
         tm, clock = self.step_timing, time.perf_counter
         t0 = clock()
         if self._inflight is None:
@@ -340,6 +366,45 @@ class LLMEngine:
                 so.total_num_scheduled_tokens, len(so.num_scheduled_tokens),
             ))
         return self.executor.launch(so)
+
+    def _step_pipelined(self) -> list[RequestOutput]:
+        """Pipeline parallelism: keep up to one batch per stage in flight (vLLM's virtual
+        engines), then read back the oldest. A request is in one batch at a time, so a batch
+        holds the requests that are not in flight:
+
+            stage 0: | B1 | B2 | B3 | B1'|          (B1' = B1's requests, one token on)
+            stage 1:      | B1 | B2 | B3 | B1'|
+        """
+        tm, clock = self.step_timing, time.perf_counter
+        q = self._pipeline
+        while len(q) < self.pipeline_depth:
+            t0 = clock()
+            so = self.scheduler.schedule()
+            t1 = clock()
+            tm.schedule += t1 - t0
+            if so.is_empty:
+                if so.finished_req_ids:
+                    self.executor.execute_model(so)  # let the workers drop finished state
+                break
+            q.append((so, self._launch(so)))
+            tm.launch += clock() - t1
+        if not q:
+            wait = self.scheduler.batch_wait_remaining()
+            if wait > 0:
+                time.sleep(min(wait, 0.002))
+            return []
+        t0 = clock()
+        so, handle = q.popleft()
+        runner_out = self.executor.collect(handle)
+        t1 = clock()
+        outputs = self._process(so, runner_out)
+        tm.collect += t1 - t0
+        tm.process += clock() - t1
+        tm.steps += 1
+        while q and not self._parents:  # nothing left to report: drain the batches in flight
+            so, handle = q.popleft()
+            self.scheduler.update_from_output(so, self.executor.collect(handle))
+        return outputs
 
     def _process(self, so, runner_out) -> list[RequestOutput]:
         results = self.scheduler.update_from_output(so, runner_out)
@@ -429,6 +494,10 @@ class LLMEngine:
             metrics=parent.metrics,
             num_cached_tokens=max(parent.children[0].num_cached_tokens, 0),
         )
+
+    def check_health(self) -> None:
+        """Raises RuntimeError once the executor can run no more steps (a worker died)."""
+        self.executor.check_health()
 
     def shutdown(self) -> None:
         """Stops the workers (other processes under tensor parallelism). Idempotent."""

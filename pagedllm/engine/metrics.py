@@ -270,8 +270,12 @@ class PrometheusStatLogger:
             "(an expert-parallel rank), summed over the MoE layers.", ["model_name", "expert_group"],
             registry=registry)
         self._last_expert: list[int] = []
+        self._replicas = ReplicaMetrics(model_name, registry)
 
     def record(self, stats: Any, iteration: IterationStats, now: float) -> None:
+        replicas = getattr(stats, "replicas", None)
+        if replicas:  # data parallelism: DPEngineStats
+            self._replicas.record(replicas)
         if stats is not None:
             self.num_requests_running.set(_stat(stats, "num_running"))
             self.num_requests_waiting.set(_stat(stats, "num_waiting"))
@@ -312,3 +316,45 @@ class PrometheusStatLogger:
                 self.queue_time.observe(fin.queue_time)
             self.request_prompt_tokens.observe(fin.num_prompt_tokens)
             self.request_generation_tokens.observe(fin.num_generation_tokens)
+
+
+class ReplicaMetrics:
+    """Per data-parallel replica, labelled `engine="<index>"` (vLLM's label): whether it is up,
+    its running / waiting requests, KV-cache usage and token counters. A dead replica reads
+    up 0 and its gauges 0."""
+
+    _GAUGES = {
+        "num_requests_running": "Requests in model execution batches, per data-parallel replica.",
+        "num_requests_waiting": "Requests waiting to be processed, per data-parallel replica.",
+        "kv_cache_usage": "KV-cache usage of each data-parallel replica (1 means 100 percent).",
+    }
+    _TOKENS = ("prompt_tokens", "generation_tokens")
+
+    def __init__(self, model_name: str, registry: Any) -> None:
+        from prometheus_client import Counter, Gauge
+
+        self.model_name = model_name
+        labels = ["model_name", "engine"]
+        self.up = Gauge("pagedllm:dp_replica_up", "1 while a data-parallel replica serves, 0 once it has died.",
+                        labels, registry=registry)
+        names = {"num_requests_running": "num_running", "num_requests_waiting": "num_waiting",
+                 "kv_cache_usage": "kv_cache_usage"}
+        self.gauges = {names[k]: Gauge(f"pagedllm:dp_{k}", doc, labels, registry=registry)
+                       for k, doc in self._GAUGES.items()}
+        self.counters = {k: Counter(f"pagedllm:dp_{k}", f"{_COUNTERS[k]} Per data-parallel replica.", labels,
+                                    registry=registry) for k in self._TOKENS}
+        self._last: dict[tuple[str, int], float] = {}
+
+    def record(self, replicas: list[Any]) -> None:
+        for i, st in enumerate(replicas):
+            lab = {"model_name": self.model_name, "engine": str(i)}
+            self.up.labels(**lab).set(0 if st is None else 1)
+            for key, gauge in self.gauges.items():
+                gauge.labels(**lab).set(_stat(st, key))
+            if st is None:
+                continue
+            for key, counter in self.counters.items():
+                value, last = _stat(st, key), self._last.get((key, i), 0)
+                if value > last:
+                    counter.labels(**lab).inc(value - last)
+                self._last[(key, i)] = value

@@ -1,4 +1,4 @@
-"""MultiprocExecutor: tensor parallelism on one machine, one process per rank.
+"""MultiprocExecutor: tensor and pipeline parallelism on one machine, one process per rank.
 
 Rank 0 runs in the engine's process; ranks 1..N-1 are processes started by fork or spawn
 (start_method.py: fork for a script without CUDA, so a script needs no `if __name__ ==
@@ -12,7 +12,9 @@ Rank 0 runs in the engine's process; ranks 1..N-1 are processes started by fork 
     collect(h):  send ("collect",) ────────────▶    in step; no reply per step)
                  return rank 0's tokens            worker.collect(oldest launched)
 
-All ranks sample the same tokens (see worker.py), so only rank 0's output is read.
+All ranks of a stage sample the same tokens (see worker.py). Without pipeline parallelism
+rank 0's output is read locally; with it, the output rank (tensor rank 0 of the last stage,
+distributed/pipeline.py) is asked for a reply to its "collect", the others are not.
 
 Failure handling, so that nothing hangs and nothing is left behind:
 - a thread watches the worker processes; when one dies it records why (and aborts the NCCL
@@ -44,7 +46,9 @@ import torch
 
 from pagedllm.config import EngineConfig
 from pagedllm.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
-from pagedllm.distributed import ParallelState, create_store, init_parallel_state
+from pagedllm.executor.base import Executor
+from pagedllm.distributed import ParallelState, create_store, init_engine_parallel_state
+from pagedllm.distributed.pipeline import output_rank, rank_coords
 from pagedllm.executor.start_method import (
     WorkerStartError,
     refuse_in_spawn_bootstrap,
@@ -85,6 +89,16 @@ def cpu_threads_per_rank(world_size: int) -> int:
     return max(1, (os.cpu_count() or 1) // world_size)
 
 
+def rank_name(rank: int, config: EngineConfig) -> str:
+    """How logs and errors name a rank: 'tensor-parallel worker rank 1', or with pipeline
+    parallelism 'worker rank 3 (pipeline stage 1, tensor-parallel rank 1)'."""
+    pc = config.parallel_config
+    if pc.pipeline_parallel_size == 1:
+        return f"tensor-parallel worker rank {rank}"
+    stage, tp_rank = rank_coords(rank, pc.tensor_parallel_size)
+    return f"worker rank {rank} (pipeline stage {stage}, tensor-parallel rank {tp_rank})"
+
+
 def _exit_with_parent() -> None:
     parent = multiprocessing.parent_process()
     if parent is None:
@@ -103,7 +117,7 @@ def _worker_main(config: EngineConfig, eos_token_ids: frozenset[int], rank: int,
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _exit_with_parent()
     logging.basicConfig(level=log_level,
-                        format=f"%(asctime)s %(levelname)s [tp rank {rank}] %(name)s: %(message)s")
+                        format=f"%(asctime)s %(levelname)s [rank {rank}] %(name)s: %(message)s")
     world_size = config.parallel_config.world_size
     try:
         from pagedllm.worker.worker import Worker
@@ -113,7 +127,7 @@ def _worker_main(config: EngineConfig, eos_token_ids: frozenset[int], rank: int,
         else:
             torch.set_num_threads(cpu_threads_per_rank(world_size))
         conn.send(("hello", os.getpid()))
-        ps = init_parallel_state(rank, world_size, "127.0.0.1", store_port, config.device)
+        ps = init_engine_parallel_state(config, rank, "127.0.0.1", store_port)
         rpc = WorkerRPC(Worker(config, eos_token_ids, ps))
         conn.send(("ok", None))
     except BaseException:  # noqa: BLE001 - anything at startup: report it, then go
@@ -166,6 +180,7 @@ class _Shared:
     """State the executor, its watcher thread and its finalizer share (the latter two must
     not hold the executor itself, or it would never be collected)."""
 
+    config: Any = None  # the EngineConfig, to name ranks
     workers: list[_WorkerProc] = field(default_factory=list)
     ps: ParallelState | None = None
     driver: Any = None  # rank 0's Worker
@@ -188,8 +203,8 @@ def describe_exit(exitcode: int | None) -> str:
     return f"exited with code {exitcode}"
 
 
-def _death_message(w: _WorkerProc) -> str:
-    return (f"tensor-parallel worker rank {w.rank} (pid {w.proc.pid}) {describe_exit(w.proc.exitcode)}; "
+def _death_message(w: _WorkerProc, config: EngineConfig) -> str:
+    return (f"{rank_name(w.rank, config)} (pid {w.proc.pid}) {describe_exit(w.proc.exitcode)}; "
             "the engine cannot continue and must be restarted")
 
 
@@ -205,8 +220,8 @@ def _watch(shared: _Shared) -> None:
     w = dead[0]
     w.proc.join(1.0)
     if shared.error is None:
-        shared.error = _death_message(w)
-    logger.error("%s", _death_message(w))
+        shared.error = _death_message(w, shared.config)
+    logger.error("%s", _death_message(w, shared.config))
     if shared.device == "cuda" and shared.ps is not None:
         shared.ps.abort()  # NCCL would wait for the dead rank until its timeout
 
@@ -223,7 +238,7 @@ def _shutdown(shared: _Shared) -> None:
         w.proc.join(max(0.0, deadline - time.monotonic()))
     for w in shared.workers:
         if w.proc.is_alive():
-            logger.warning("tensor-parallel worker rank %d did not stop; terminating it", w.rank)
+            logger.warning("%s did not stop; terminating it", rank_name(w.rank, shared.config))
             w.proc.terminate()
             w.proc.join(2.0)
         if w.proc.is_alive():
@@ -247,13 +262,15 @@ def _shutdown(shared: _Shared) -> None:
     shared.threads = None
 
 
-class MultiprocExecutor:
+class MultiprocExecutor(Executor):
     def __init__(self, config: EngineConfig, eos_token_ids: frozenset[int]):
         from pagedllm.worker.worker import Worker
 
         self.config = config
-        self.world_size = config.parallel_config.world_size
-        self._shared = _Shared(device=config.device)
+        pc = config.parallel_config
+        self.world_size = pc.world_size
+        self.output_rank = output_rank(pc.tensor_parallel_size, pc.pipeline_parallel_size)
+        self._shared = _Shared(device=config.device, config=config)
         self._finalizer = weakref.finalize(self, _shutdown, self._shared)
         self._store = create_store()
         refuse_in_spawn_bootstrap()
@@ -266,7 +283,7 @@ class MultiprocExecutor:
             for rank in range(1, self.world_size):
                 engine_end, worker_end = ctx.Pipe(duplex=True)
                 proc = ctx.Process(
-                    target=_worker_main, name=f"pagedllm-tp{rank}", daemon=True,
+                    target=_worker_main, name=f"pagedllm-rank{rank}", daemon=True,
                     args=(config, eos_token_ids, rank, self._store.port, worker_end, level),
                 )
                 proc.start()
@@ -282,8 +299,7 @@ class MultiprocExecutor:
                 n = cpu_threads_per_rank(self.world_size)
                 self._shared.threads = (torch.get_num_threads(), n)
                 torch.set_num_threads(n)
-            self._shared.ps = init_parallel_state(0, self.world_size, "127.0.0.1", self._store.port,
-                                                  config.device)
+            self._shared.ps = init_engine_parallel_state(config, 0, "127.0.0.1", self._store.port)
             self.driver = self._shared.driver = Worker(config, eos_token_ids, self._shared.ps)
             for w in self._shared.workers:
                 self._recv_started(w, "ok")
@@ -297,7 +313,8 @@ class MultiprocExecutor:
             self.shutdown()
             raise
         self.num_gpu_blocks, self.num_cpu_blocks = num_gpu, num_cpu
-        logger.info("tensor parallelism: %d ranks (%s), %d KV blocks per rank", self.world_size,
+        logger.info("tensor parallelism %d x pipeline parallelism %d: %d ranks (%s), %d KV blocks per rank",
+                    pc.tensor_parallel_size, pc.pipeline_parallel_size, self.world_size,
                     "NCCL" if config.device == "cuda" else "gloo", num_gpu)
 
     # ---- steps -----------------------------------------------------------------------
@@ -305,17 +322,32 @@ class MultiprocExecutor:
         return self._step("execute_model", (so,), lambda: self.driver.execute_model(so))
 
     def launch(self, so: SchedulerOutput):
-        return self._step("launch", (so,), lambda: self.driver.launch(so))
+        return self._step("launch", (so,), lambda: self.driver.launch(so), output=False)
 
     def collect(self, handle) -> ModelRunnerOutput:
         """Collects the oldest launched step (the engine collects in launch order)."""
         return self._step("collect", (), lambda: self.driver.collect(handle))
 
-    def _step(self, method: str, args: tuple, local):
+    def _step(self, method: str, args: tuple, local, output: bool = True):
+        """Runs a step on every rank; returns the output rank's result (rank 0's is local; with
+        pipeline parallelism only the output rank is asked for a reply) or, without `output`,
+        rank 0's."""
         self._check_usable()
-        self._send_all((method, args, False))
+        if self.output_rank == 0 or not output:
+            self._send_all((method, args, False))
+            try:
+                return local()
+            except BaseException as e:
+                self._raise_failed(e)
+        out_worker = self._shared.workers[self.output_rank - 1]
+        for w in self._shared.workers:
+            try:
+                w.conn.send((method, args, w is out_worker))
+            except OSError as e:  # the worker's end is closed: it died
+                self._raise_failed(e)
         try:
-            return local()
+            local()  # the first stage samples nothing
+            return self._recv(out_worker, RPC_TIMEOUT_S)
         except BaseException as e:
             self._raise_failed(e)
 
@@ -395,15 +427,15 @@ class MultiprocExecutor:
                 except (EOFError, OSError):
                     raise self._failed(None, w) from None
                 if kind == "error":
-                    self._shared.error = f"tensor-parallel worker rank {w.rank} failed:\n{value}"
+                    self._shared.error = f"{rank_name(w.rank, self.config)} failed:\n{value}"
                     raise RuntimeError(self._shared.error)
                 if kind != expect:
-                    raise RuntimeError(f"tensor-parallel worker rank {w.rank} sent {kind!r}, expected {expect!r}")
+                    raise RuntimeError(f"{rank_name(w.rank, self.config)} sent {kind!r}, expected {expect!r}")
                 return value
             if w.proc.sentinel in ready:
                 raise self._failed(None, w)
             if time.monotonic() >= deadline:
-                self._shared.error = f"tensor-parallel worker rank {w.rank} did not answer within {timeout:.0f}s"
+                self._shared.error = f"{rank_name(w.rank, self.config)} did not answer within {timeout:.0f}s"
                 raise TimeoutError(self._shared.error)
 
     def _failed(self, exc: BaseException | None, suspect: _WorkerProc | None = None) -> BaseException:
@@ -423,7 +455,7 @@ class MultiprocExecutor:
                 self._shared.error = f"a step failed and the ranks are out of step: {exc!r}"
             return exc if exc is not None else RuntimeError(self._shared.error)
         dead.proc.join(1.0)
-        msg = _death_message(dead)
+        msg = _death_message(dead, self.config)
         tb = None
         try:
             while dead.conn.poll():

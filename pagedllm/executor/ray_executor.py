@@ -1,5 +1,5 @@
-"""RayExecutor: tensor parallelism on a Ray cluster, one actor per rank, for models larger
-than one machine. Ray is optional (`pip install 'pagedllm[ray]'`).
+"""RayExecutor: tensor and pipeline parallelism on a Ray cluster, one actor per rank, for
+models larger than one machine (pipeline stages may sit on different nodes). Ray is optional (`pip install 'pagedllm[ray]'`).
 
 `ray.init()` joins the cluster named by $RAY_ADDRESS (or one started with `ray start`) and
 otherwise starts a local one, which Ray stops when the engine's process exits. The ranks are
@@ -13,7 +13,8 @@ store (a TCPStore on an OS-picked port) and sends every call to every actor:
     collect(h)   ── step("collect") ──────▶  worker.collect(oldest)   calls to an actor in
                  ◀── rank 0's output ─────                            the order they were sent
 
-Only rank 0 returns its output (all ranks sample the same tokens). The engine waits on every
+Only the output rank returns its output (rank 0; with pipeline parallelism tensor rank 0 of
+the last stage, which alone samples). The engine waits on every
 rank's reply, taking them as they come, so an actor that dies or raises is reported at once
 (RuntimeError naming the rank), not after the other ranks time out.
 """
@@ -27,8 +28,10 @@ from typing import Any
 
 from pagedllm.config import EngineConfig
 from pagedllm.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
-from pagedllm.distributed import create_store, init_parallel_state
-from pagedllm.executor.multiproc import WorkerRPC, cpu_threads_per_rank
+from pagedllm.executor.base import Executor
+from pagedllm.distributed import create_store, init_engine_parallel_state
+from pagedllm.distributed.pipeline import output_rank
+from pagedllm.executor.multiproc import WorkerRPC, cpu_threads_per_rank, rank_name
 
 logger = logging.getLogger(__name__)
 
@@ -42,10 +45,12 @@ class RayWorker:
     def __init__(self, config: EngineConfig, eos_token_ids: frozenset[int], rank: int, num_threads: int,
                  log_level: int) -> None:
         logging.basicConfig(level=log_level,
-                            format=f"%(asctime)s %(levelname)s [tp rank {rank}] %(name)s: %(message)s")
+                            format=f"%(asctime)s %(levelname)s [rank {rank}] %(name)s: %(message)s")
         self.config = config
         self.eos_token_ids = eos_token_ids
         self.rank = rank
+        pc = config.parallel_config
+        self.is_output_rank = rank == output_rank(pc.tensor_parallel_size, pc.pipeline_parallel_size)
         self.num_threads = num_threads
         self.rpc: WorkerRPC | None = None
 
@@ -60,8 +65,8 @@ class RayWorker:
             torch.cuda.set_device(0)  # Ray shows the actor only its own GPU
         else:
             torch.set_num_threads(self.num_threads)
-        ps = init_parallel_state(self.rank, cfg.parallel_config.world_size, store_host, store_port, cfg.device,
-                                 local_ip=ray.util.get_node_ip_address())
+        ps = init_engine_parallel_state(cfg, self.rank, store_host, store_port,
+                                        local_ip=ray.util.get_node_ip_address())
         self.rpc = WorkerRPC(Worker(cfg, self.eos_token_ids, ps))
         return os.getpid()
 
@@ -71,7 +76,7 @@ class RayWorker:
     def step(self, method: str, *args: Any) -> Any:
         # args travel as top-level arguments: Ray resolves an ObjectRef only there
         out = getattr(self.rpc, method)(*args)
-        return out if self.rank == 0 else None
+        return out if self.is_output_rank else None
 
 
 def _kill_actors(actors: list, placement_group) -> None:
@@ -91,7 +96,7 @@ def _kill_actors(actors: list, placement_group) -> None:
         logger.debug("Ray executor shutdown", exc_info=True)
 
 
-class RayExecutor:
+class RayExecutor(Executor):
     def __init__(self, config: EngineConfig, eos_token_ids: frozenset[int]):
         try:
             import ray
@@ -103,7 +108,9 @@ class RayExecutor:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self.config = config
-        self.world_size = ws = config.parallel_config.world_size
+        pc = config.parallel_config
+        self.world_size = ws = pc.world_size
+        self.output_rank = output_rank(pc.tensor_parallel_size, pc.pipeline_parallel_size)
         self._error: str | None = None
         if not ray.is_initialized():
             ray.init()
@@ -140,12 +147,12 @@ class RayExecutor:
             self.shutdown()
             raise
         self.num_gpu_blocks, self.num_cpu_blocks = num_gpu, num_cpu
-        logger.info("tensor parallelism on Ray: %d ranks (%s), %d KV blocks per rank", ws,
-                    "NCCL" if cuda else "gloo", num_gpu)
+        logger.info("tensor parallelism %d x pipeline parallelism %d on Ray: %d ranks (%s), %d KV blocks per rank",
+                    pc.tensor_parallel_size, pc.pipeline_parallel_size, ws, "NCCL" if cuda else "gloo", num_gpu)
 
     # ---- steps -----------------------------------------------------------------------
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
-        return self._step("execute_model", (so,))[0]
+        return self._step("execute_model", (so,))[self.output_rank]
 
     def launch(self, so: SchedulerOutput):
         self._check_usable()
@@ -159,7 +166,7 @@ class RayExecutor:
         self._check_usable()
         refs = [a.step.remote("collect") for a in self._actors]
         self._wait(list(handle))
-        return self._wait(refs)[0]
+        return self._wait(refs)[self.output_rank]
 
     def _step(self, method: str, args: tuple) -> list[Any]:
         self._check_usable()
@@ -204,11 +211,11 @@ class RayExecutor:
                     try:
                         ray.get(ref)
                     except ray.exceptions.RayActorError as e:
-                        self._error = (f"Ray tensor-parallel worker rank {rank_of[ref]} died; the engine cannot "
+                        self._error = (f"Ray {rank_name(rank_of[ref], self.config)} died; the engine cannot "
                                        f"continue and must be restarted ({type(e).__name__}: {e})")
                         raise RuntimeError(self._error) from e
                     except ray.exceptions.RayTaskError as e:
-                        self._error = f"Ray tensor-parallel worker rank {rank_of[ref]} failed:\n{e}"
+                        self._error = f"Ray {rank_name(rank_of[ref], self.config)} failed:\n{e}"
                         raise RuntimeError(self._error) from e
         except BaseException as e:
             if self._error is None:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pagedllm.config import EngineConfig
 from pagedllm.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from pagedllm.executor.base import Executor
 from pagedllm.worker.worker import Worker
 
 
-class UniProcExecutor:
+class UniProcExecutor(Executor):
     def __init__(self, config: EngineConfig, eos_token_ids: frozenset[int]):
         self.worker = Worker(config, eos_token_ids)
         num_gpu, num_cpu = self.worker.determine_num_blocks()

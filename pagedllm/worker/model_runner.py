@@ -10,6 +10,15 @@ preemption). A step's constrained rows get their bitmask filled on the host afte
 pass is queued; under asynchronous scheduling the previous step's tokens are first accepted
 into the matchers (one wait for that step, which ran before this one's forward: the device
 stays busy meanwhile).
+
+Under pipeline parallelism every stage's runner builds the same batch from the same
+SchedulerOutput; a stage past the first receives the previous stage's (hidden, residual) of
+all the batch's tokens instead of embedding token ids, a stage before the last sends its own
+on, and only the last computes logits and samples. The scheduler never puts a request into two
+batches in flight at once, so the tokens it sampled reach every stage as
+`CachedRequestData.new_token_ids` before they are needed:
+
+    stage 0: recv -- | layers 0..k | send ──▶ stage 1: recv | layers k..n | norm, logits, sample
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ import torch
 from pagedllm.attention.backend import AttentionBackend, ForwardBatch
 from pagedllm.config import EngineConfig
 from pagedllm.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from pagedllm.distributed import SINGLE, ParallelState
 from pagedllm.model.logits_processors import LogitsEdits, banned_tail_tokens
 from pagedllm.model.sampler import (
     LogprobTensors,
@@ -53,8 +63,11 @@ class CachedRequestState:
 
 class ModelRunner:
     def __init__(self, config: EngineConfig, model: torch.nn.Module, backend: AttentionBackend,
-                 device: torch.device, eos_token_ids: frozenset[int]):
+                 device: torch.device, eos_token_ids: frozenset[int], ps: ParallelState = SINGLE):
         self.config = config
+        self.ps = ps
+        self.hidden_size = config.model_config.hf_config.hidden_size
+        self.act_dtype = next(model.parameters()).dtype
         self.model = model
         self.backend = backend
         self.device = device
@@ -83,13 +96,15 @@ class ModelRunner:
                 new.req_id, list(new.token_ids), new.num_prompt_tokens, list(new.block_ids),
                 new.num_computed_tokens, new.sampling_params, gen, np.asarray(new.block_ids, dtype=np.int64),
             )
-            if new.sampling_params.structured_outputs is not None:
-                st.grammar = self._new_grammar(st)
+            if new.sampling_params.structured_outputs is not None and self.ps.is_last_stage:
+                st.grammar = self._new_grammar(st)  # (only the last pipeline stage samples)
         for c in so.scheduled_cached_reqs:
             st = self.requests[c.req_id]
             if c.new_block_ids:
                 st.block_ids.extend(c.new_block_ids)
                 st.table_np = np.asarray(st.block_ids, dtype=np.int64)
+            if c.new_token_ids:  # pipeline parallelism: sampled by the last stage
+                st.token_ids.extend(c.new_token_ids)
             st.num_computed_tokens = c.num_computed_tokens
 
     def _new_grammar(self, st: CachedRequestState) -> RequestGrammar:
@@ -289,6 +304,12 @@ class ModelRunner:
             logits = self.graphs.run(batch)  # [n, V], row i is token i
             if batch.logits_indices.shape[0] != batch.num_tokens:  # else the rows are 0..n-1
                 logits = logits[batch.logits_indices]  # [S', V]
+        elif self.ps.pp_size > 1:
+            logits = self._run_stage(batch, so.total_num_scheduled_tokens)
+            if logits is None:  # not the last stage: its part is done once the hidden states are sent
+                for rid in order:
+                    self.requests[rid].num_computed_tokens += so.num_scheduled_tokens[rid]
+                return StepHandle()
         else:
             hidden = self.model(batch.input_ids, batch.positions, batch)
             logits = self.model.compute_logits(hidden[batch.logits_indices]).float()  # [S', V]
@@ -320,6 +341,22 @@ class ModelRunner:
             h.ready.record()
         return h
 
+    def _run_stage(self, batch: ForwardBatch, n_tok: int) -> torch.Tensor | None:
+        """This pipeline stage's layers: the logits [S', V] on the last stage, else None (the
+        hidden states went on to the next stage)."""
+        ps = self.ps
+        intermediate = None
+        if not ps.is_first_stage:
+            # hidden [T, H] and residual [T, H] of the batch's T tokens
+            intermediate = tuple(torch.empty((n_tok, self.hidden_size), dtype=self.act_dtype, device=self.device)
+                                 for _ in range(2))
+            ps.recv_from_prev_stage(list(intermediate))
+        out = self.model(batch.input_ids, batch.positions, batch, intermediate)
+        if not ps.is_last_stage:
+            ps.send_to_next_stage(list(out))
+            return None
+        return self.model.compute_logits(out[batch.logits_indices]).float()
+
     @torch.inference_mode()
     def collect(self, h: "StepHandle") -> ModelRunnerOutput:
         """Waits for a launched step and returns its tokens (and logprobs)."""
@@ -335,8 +372,10 @@ class ModelRunner:
         tokens = (h.tokens_host if h.tokens_host is not None else h.tokens).tolist()
         lps = logprob_lists(h.logprobs, len(tokens)) if h.logprobs is not None else None
         accept = not h.grammar_accepted
+        own_tokens = self.ps.pp_size == 1  # else they come back as new_token_ids
         for i, (r, t) in enumerate(zip(h.states, tokens)):
-            r.token_ids.append(t)
+            if own_tokens:
+                r.token_ids.append(t)
             if accept and r.grammar is not None:
                 r.grammar.accept(t)
             out.sampled_token_ids[r.req_id] = t

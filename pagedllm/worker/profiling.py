@@ -22,10 +22,11 @@ def profile_peak_memory(worker) -> tuple[int, int]:
     lens = [seq] * (n_seq - 1) + [n_tok - seq * (n_seq - 1)]
     bs = cc.block_size
     blocks_per_seq = -(-seq // bs)
-    tmp = torch.zeros((mc.num_layers, 2, n_seq * blocks_per_seq, bs, worker.num_kv_heads, mc.head_dim),
+    nl = worker.num_layers  # of this rank's pipeline stage
+    tmp = torch.zeros((nl, 2, n_seq * blocks_per_seq, bs, worker.num_kv_heads, mc.head_dim),
                       dtype=worker.kv_dtype, device=dev)
-    bind_kv_cache(worker.model, [tmp[i, 0] for i in range(mc.num_layers)],
-                  [tmp[i, 1] for i in range(mc.num_layers)], worker.backend)
+    bind_kv_cache(worker.model, [tmp[i, 0] for i in range(nl)],
+                  [tmp[i, 1] for i in range(nl)], worker.backend)
     positions = np.concatenate([np.arange(n) for n in lens])
     slots = np.concatenate([i * blocks_per_seq * bs + np.arange(n) for i, n in enumerate(lens)])
     tables = np.arange(n_seq * blocks_per_seq, dtype=np.int32).reshape(n_seq, blocks_per_seq)
@@ -45,13 +46,20 @@ def profile_peak_memory(worker) -> tuple[int, int]:
     torch.cuda.synchronize(dev)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(dev)
-    hidden = worker.model(batch.input_ids, batch.positions, batch)
-    logits = worker.model.compute_logits(hidden[batch.logits_indices]).float()
-    logits.sort(dim=-1, descending=True)
-    torch.softmax(logits, dim=-1)
+    ps = worker.ps
+    intermediate = None
+    if not ps.is_first_stage:  # a later pipeline stage starts from hidden states, not token ids
+        h = mc.hf_config.hidden_size
+        intermediate = tuple(torch.zeros((n_tok, h), dtype=worker.kv_dtype, device=dev) for _ in range(2))
+    hidden = worker.model(batch.input_ids, batch.positions, batch, intermediate)
+    logits = None
+    if ps.is_last_stage:
+        logits = worker.model.compute_logits(hidden[batch.logits_indices]).float()
+        logits.sort(dim=-1, descending=True)
+        torch.softmax(logits, dim=-1)
     torch.cuda.synchronize(dev)
     peak = torch.cuda.max_memory_allocated(dev) - tmp.numel() * tmp.element_size()
-    del tmp, batch, hidden, logits
+    del tmp, batch, hidden, logits, intermediate
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(dev)
     non_torch = max(0, (total - free) - torch.cuda.memory_reserved(dev))

@@ -1,6 +1,7 @@
-"""Worker: one device, one tensor-parallel rank. Loads its shard of the model, sizes and
-allocates its part of the paged KV cache (its KV heads; and the CPU swap pool), runs block
-copies for swapping, and hands each step to its ModelRunner.
+"""Worker: one device, one rank (a tensor-parallel rank of one pipeline stage). Loads its shard
+of the model (its stage's layers), sizes and allocates its part of the paged KV cache (its KV
+heads of its layers; and the CPU swap pool), runs block copies for swapping, and hands each
+step to its ModelRunner.
 
 Under tensor parallelism every rank gets the same SchedulerOutput, runs the same step and
 samples the same tokens (identical gathered logits, identically seeded generators), so the
@@ -57,6 +58,8 @@ class Worker:
         self.device = torch.device("cuda", torch.cuda.current_device()) if config.device == "cuda" else torch.device("cpu")
         mc = config.model_config
         self.num_kv_heads = kv_heads_per_rank(mc.num_kv_heads, ps.tp_size)  # this rank's share
+        start, end = ps.layer_range if ps.layer_range is not None else (0, mc.num_layers)
+        self.num_layers = end - start  # the layers of this rank's pipeline stage
         t0 = time.time()
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
@@ -74,19 +77,23 @@ class Worker:
         self.precision = precision_summary(mc.dtype, mc.quantization, config.cache_config.cache_dtype, config.device)
         logger.info("%sprecision: %s", self._tag(), ", ".join(f"{k} {v}" for k, v in self.precision.items()))
         self.backend = get_attention_backend(config.attention_backend, config.device)
-        self.runner = ModelRunner(config, self.model, self.backend, self.device, eos_token_ids)
+        self.runner = ModelRunner(config, self.model, self.backend, self.device, eos_token_ids, ps)
         self.kv_dtype = kv_cache_dtype(config.cache_config.cache_dtype, torch_dtype(mc.dtype))
         self.num_gpu_blocks = 0
         self.num_cpu_blocks = 0
 
     def _tag(self) -> str:
-        return f"rank {self.rank}/{self.ps.tp_size}: " if self.ps.tp_size > 1 else ""
+        ps = self.ps
+        tag = f"rank {ps.tp_rank}/{ps.tp_size} " if ps.tp_size > 1 else ""
+        if ps.pp_size > 1:
+            tag += f"stage {ps.pp_rank}/{ps.pp_size} (layers {ps.layer_range[0]}-{ps.layer_range[1] - 1}) "
+        return tag.rstrip() + ": " if tag else ""
 
     # ---- sizing ----------------------------------------------------------------------
     def bytes_per_block(self) -> int:
         mc = self.config.model_config
         elem = torch.empty((), dtype=self.kv_dtype).element_size()
-        return 2 * mc.num_layers * self.config.cache_config.block_size * self.num_kv_heads * mc.head_dim * elem
+        return 2 * self.num_layers * self.config.cache_config.block_size * self.num_kv_heads * mc.head_dim * elem
 
     def determine_num_blocks(self) -> tuple[int, int]:
         """Blocks this rank's memory holds (GPU cache, CPU swap pool). kv_cache_memory is per
@@ -98,7 +105,7 @@ class Worker:
             kv_bytes = cc.kv_cache_memory
             activation = 0
         elif self.device.type == "cpu":
-            kv_bytes = min(int(_available_ram() * 0.25), _CPU_DEFAULT_CAP) // self.ps.tp_size
+            kv_bytes = min(int(_available_ram() * 0.25), _CPU_DEFAULT_CAP) // (self.ps.tp_size * self.ps.pp_size)
             activation = 0
         else:
             kv_bytes, activation = self._profile_cuda()
@@ -132,17 +139,19 @@ class Worker:
     # ---- cache -----------------------------------------------------------------------
     def allocate_kv_cache(self, num_gpu_blocks: int, num_cpu_blocks: int) -> None:
         mc, cc = self.config.model_config, self.config.cache_config
-        shape = (mc.num_layers, 2, num_gpu_blocks, cc.block_size, self.num_kv_heads, mc.head_dim)
+        nl = self.num_layers
+        shape = (nl, 2, num_gpu_blocks, cc.block_size, self.num_kv_heads, mc.head_dim)
         self.kv_cache = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
-        bind_kv_cache(self.model, [self.kv_cache[i, 0] for i in range(mc.num_layers)],
-                      [self.kv_cache[i, 1] for i in range(mc.num_layers)], self.backend)
+        bind_kv_cache(self.model, [self.kv_cache[i, 0] for i in range(nl)],
+                      [self.kv_cache[i, 1] for i in range(nl)], self.backend)
         self.cpu_cache = None
         if num_cpu_blocks > 0:
-            cpu_shape = (mc.num_layers, 2, num_cpu_blocks) + shape[3:]
+            cpu_shape = (nl, 2, num_cpu_blocks) + shape[3:]
             pin = self.device.type == "cuda"
             self.cpu_cache = torch.zeros(cpu_shape, dtype=self.kv_dtype, pin_memory=pin)
         self.num_gpu_blocks, self.num_cpu_blocks = num_gpu_blocks, num_cpu_blocks
-        if self.device.type == "cuda" and not self.config.enforce_eager and self.backend.name == "triton":
+        if (self.device.type == "cuda" and not self.config.enforce_eager and self.backend.name == "triton"
+                and self.ps.pp_size == 1):  # the graphs hold the whole model, embedding to logits
             from pagedllm.worker.cuda_graph import DecodeGraphs
 
             sc = self.config.scheduler_config

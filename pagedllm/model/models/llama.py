@@ -6,11 +6,15 @@ The other decoders are this one with its parts swapped through class attributes 
 overrides, not copies of it: the norm (`norm_cls`: RMSNorm or LayerNorm), the MLP (`mlp_cls`),
 the attention's biases and positions (`biases`, `make_rotary`), the embedding (`embed`) and the
 checkpoint's names (`checkpoint_weights`). A partial or interleaved rotary permutes the q/k
-rows at load (model/layers/partial_rotary.py)."""
+rows at load (model/layers/partial_rotary.py).
+
+Under pipeline parallelism it builds only the layers its stage owns (`ps.layer_range`), takes
+the previous stage's (hidden, residual) instead of token ids past the first stage, and returns
+them, un-normed, before the last."""
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 from torch import nn
@@ -21,6 +25,7 @@ from pagedllm.model.layers.activation import SiluAndMul
 from pagedllm.model.layers.attention import Attention, layer_sliding_window
 from pagedllm.model.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from pagedllm.model.layers.layernorm import RMSNorm
+from pagedllm.model.layers.pipeline import belongs_elsewhere, make_layers, owned_layers
 from pagedllm.model.layers.linear import (
     MergedColumnParallelLinear,
     QKVParallelLinear,
@@ -137,11 +142,15 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     layer_cls = LlamaDecoderLayer
 
-    def __init__(self, cfg: Any, ps: ParallelState):
+    def __init__(self, cfg: Any, ps: ParallelState, make_layer: Callable[[int], nn.Module] | None = None):
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, ps)
-        self.layers = nn.ModuleList([self.layer_cls(cfg, ps) for _ in range(cfg.num_hidden_layers)])
-        self.norm = self.layer_cls.norm_cls(cfg.hidden_size, norm_eps(cfg))
+        self.ps = ps
+        if ps.is_first_stage:
+            self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, ps)
+        self.layers = make_layers(cfg.num_hidden_layers, ps, make_layer or (lambda i: self.layer_cls(cfg, ps)))
+        self.own_layers = owned_layers(self.layers, ps)  # not a ModuleList: no second registration
+        if ps.is_last_stage:
+            self.norm = self.layer_cls.norm_cls(cfg.hidden_size, norm_eps(cfg))
         # Mistral / Qwen2 / Phi-3 sliding windows, per layer as the config says
         for i, layer in enumerate(self.layers):
             for m in layer.modules():
@@ -152,11 +161,16 @@ class LlamaModel(nn.Module):
         # input_ids, positions: [T] -> [T, H]
         return self.embed_tokens(input_ids)
 
-    def forward(self, input_ids, positions, batch):
-        x = self.embed(input_ids, positions)
-        residual = None
-        for layer in self.layers:
+    def forward(self, input_ids, positions, batch, intermediate=None):
+        # input_ids, positions: [T]; intermediate: the previous stage's (hidden [T, H], residual [T, H])
+        if intermediate is None:
+            x, residual = self.embed(input_ids, positions), None
+        else:
+            x, residual = intermediate
+        for layer in self.own_layers:
             x, residual = layer(positions, x, residual, batch)
+        if not self.ps.is_last_stage:
+            return x, residual
         x, _ = self.norm(x, residual)
         return x
 
@@ -175,15 +189,21 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, cfg: Any, ps: ParallelState = SINGLE):
         super().__init__()
         self.config = cfg
-        self.model = self.model_cls(cfg, ps)
-        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, ps)
+        self.ps = ps
+        self.model = self.build_model(cfg, ps)
         self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
-        if self.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        if ps.is_last_stage:
+            self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, ps)
+            if self.tie_word_embeddings and ps.is_first_stage:
+                self.lm_head.weight = self.model.embed_tokens.weight
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        # -> hidden states [T, H]
-        return self.model(input_ids, positions, batch)
+    def build_model(self, cfg: Any, ps: ParallelState) -> nn.Module:
+        return self.model_cls(cfg, ps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch,
+                intermediate: tuple[torch.Tensor, torch.Tensor] | None = None):
+        # -> hidden states [T, H]; before the last pipeline stage, (hidden [T, H], residual [T, H])
+        return self.model(input_ids, positions, batch, intermediate)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head.compute_logits(hidden)
@@ -196,11 +216,18 @@ class LlamaForCausalLM(nn.Module):
         """Copies checkpoint tensors into parameters; returns the names of parameters loaded."""
         params = dict(self.named_parameters(remove_duplicate=False))
         loaded: set[str] = set()
-        perm = getattr(self.model.layers[0].self_attn, "qk_permutation", None) if len(self.model.layers) else None
+        own = self.model.own_layers
+        perm = getattr(own[0].self_attn, "qk_permutation", None) if own else None
+        # a last pipeline stage without the embedding loads its tied LM head from it
+        tied_head = self.tie_word_embeddings and "lm_head.weight" in params and "model.embed_tokens.weight" not in params
         for name, tensor in self.checkpoint_weights(weights):
             if "rotary_emb.inv_freq" in name:
                 continue
             if name == "lm_head.weight" and self.tie_word_embeddings:
+                continue
+            if tied_head and name == "model.embed_tokens.weight":
+                name = "lm_head.weight"
+            elif belongs_elsewhere(name, self.ps):
                 continue
             if perm is not None and name.rsplit(".", 2)[-2] in ("q_proj", "k_proj", "q_norm", "k_norm"):
                 tensor = PermutedHeadRows(tensor, perm)
@@ -219,6 +246,6 @@ class LlamaForCausalLM(nn.Module):
                 p = params[name]
                 getattr(p, "weight_loader", default_weight_loader)(p, tensor)
                 loaded.add(name)
-        if self.tie_word_embeddings:
+        if self.tie_word_embeddings and "lm_head.weight" in params:
             loaded.add("lm_head.weight")
         return loaded

@@ -15,10 +15,10 @@ import torch
 from torch import nn
 
 from pagedllm.attention.backend import ForwardBatch
-from pagedllm.distributed import SINGLE, ParallelState
+from pagedllm.distributed import ParallelState
 from pagedllm.model.layers.fused_moe import SparseMoeBlock, config_num_experts, expert_load_modules, load_expert_weight
 from pagedllm.model.layers.layernorm import RMSNorm
-from pagedllm.model.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from pagedllm.model.layers.pipeline import belongs_elsewhere
 from pagedllm.model.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP, LlamaModel
 
 
@@ -54,10 +54,7 @@ class MoeDecoderLayer(LlamaDecoderLayer):
 
 class MoeModel(LlamaModel):
     def __init__(self, cfg: Any, ps: ParallelState, arch: "type[MoeForCausalLM]"):
-        nn.Module.__init__(self)
-        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, ps)
-        self.layers = nn.ModuleList([MoeDecoderLayer(cfg, ps, i, arch) for i in range(cfg.num_hidden_layers)])
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        super().__init__(cfg, ps, lambda i: MoeDecoderLayer(cfg, ps, i, arch))
 
 
 class MoeForCausalLM(LlamaForCausalLM):
@@ -81,14 +78,8 @@ class MoeForCausalLM(LlamaForCausalLM):
     def add_shared_expert(block: SparseMoeBlock, cfg: Any, ps: ParallelState) -> None:
         pass
 
-    def __init__(self, cfg: Any, ps: ParallelState = SINGLE):
-        nn.Module.__init__(self)
-        self.config = cfg
-        self.model = MoeModel(cfg, ps, type(self))
-        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, ps)
-        self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
-        if self.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+    def build_model(self, cfg: Any, ps: ParallelState) -> nn.Module:
+        return MoeModel(cfg, ps, type(self))
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         params = dict(self.named_parameters(remove_duplicate=False))
@@ -99,6 +90,8 @@ class MoeForCausalLM(LlamaForCausalLM):
             for name, tensor in weights:
                 for old, new in self.renames:
                     name = name.replace(old, new)
+                if belongs_elsewhere(name, self.ps) and "embed_tokens" not in name:
+                    continue  # another pipeline stage's layer (the tied embedding is handled below)
                 target = load_expert_weight(params, modules, name, tensor)
                 if target is None:
                     yield name, tensor
