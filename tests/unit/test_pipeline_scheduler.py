@@ -118,3 +118,15 @@ def test_layer_partition():
     for bad, why in (("4,4,0", "3 entries"), ("6,3", "sums to 9"), ("x,3", "comma-separated"), ("8,0", "at least one")):
         with pytest.raises(ValueError, match=f"PAGEDLLM_PP_LAYER_PARTITION.*{why}"):
             resolve_layer_partition(8, 2, {"PAGEDLLM_PP_LAYER_PARTITION": bad})
+
+
+def test_cli_flags():
+    from pagedllm.entrypoints.cli import build_parser, engine_args_from_namespace
+
+    ns = build_parser().parse_args(["serve", "m", "-pp", "2", "-dp", "3", "--data-parallel-prefix-affinity",
+                                    "--distributed-executor-backend", "ray"])
+    args = engine_args_from_namespace(ns)
+    assert (args.pipeline_parallel_size, args.data_parallel_size, args.data_parallel_prefix_affinity) == (2, 3, True)
+    ns = build_parser().parse_args(["serve", "m", "--pipeline-parallel-size", "4", "--data-parallel-size", "2"])
+    args = engine_args_from_namespace(ns)
+    assert (args.pipeline_parallel_size, args.data_parallel_size, args.data_parallel_prefix_affinity) == (4, 2, False)
