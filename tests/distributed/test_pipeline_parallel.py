@@ -4,7 +4,9 @@ included) through the offline LLM: mixed batches, chunked prefill, prefix-cache 
 sampling, logprobs. Each stage loads only its layers; a killed stage is a RuntimeError naming
 it, and no process is left behind.
 
-Long combinations are behind `extended` (PP=3 on Llama, TP=2 x PP=2 on Qwen3)."""
+A Qwen3-MoE model split over two stages gives its single engine's tokens too. Long
+combinations are behind `extended` (PP=2 on Qwen3, run by the server test; PP=3 on Llama;
+TP=2 x PP=2 on Qwen3)."""
 
 from __future__ import annotations
 
@@ -100,6 +102,20 @@ def test_pipeline_matches_tp1(paths, references, monkeypatch, model, tp, pp, spl
     check_equal(got, references[model])
     assert stats.prefix_cache_hits >= 40
     assert stats.num_free_blocks == stats.num_gpu_blocks  # every block back in the pool
+
+
+def test_moe_pipeline_matches_pp1(tmp_path, tokenizer_dir):
+    """Qwen3-MoE (layer 0 dense, layers 1-2 sparse) split 2 | 1: the stages load only their
+    experts, and the tokens are the single engine's."""
+    from moe_utils import save_moe_model, tiny_moe_config
+
+    path, _ = save_moe_model(tiny_moe_config("qwen3_moe"), str(tmp_path / "moe"), tokenizer_dir)
+    prompts = prompts_of([1, 5, 17, 33, 64, 2], seed=1)
+    with engine(path, **ENGINE) as llm:
+        ref = token_ids(llm, prompts)
+    with engine(path, pipeline_parallel_size=2, **ENGINE) as llm:
+        assert llm.llm_engine.config.parallel_config.pp_layer_partition == (2, 1)
+        assert token_ids(llm, prompts) == ref
 
 
 def test_bad_layer_partition_is_refused(paths, monkeypatch):
