@@ -116,12 +116,16 @@ def _error_output(request_id: str, message: str) -> RequestOutput:
 
 
 def _replica_main(config: EngineConfig, index: int, conn: multiprocessing.connection.Connection,
-                  log_level: int) -> None:
+                  log_level: int, num_replicas: int) -> None:
     """Entry point of a replica process: the engine loop, driven through one pipe."""
-    from pagedllm.executor.multiproc import _exit_with_parent
+    import torch
+
+    from pagedllm.executor.multiproc import _exit_with_parent, cpu_threads_per_rank
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _exit_with_parent()
+    if config.device == "cpu":  # the replicas share the machine's cores
+        torch.set_num_threads(cpu_threads_per_rank(num_replicas * config.parallel_config.world_size))
     logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s [dp {index}] %(name)s: %(message)s")
     try:
         loop = ReplicaLoop(config, index)
@@ -349,7 +353,7 @@ class ProcessReplicas:
         for i in range(self.n):
             mine, theirs = ctx.Pipe(duplex=True)
             proc = ctx.Process(target=_replica_main, name=f"pagedllm-dp{i}", daemon=False,
-                               args=(self.config, i, theirs, level))
+                               args=(self.config, i, theirs, level, self.n))
             proc.start()
             theirs.close()
             self.procs.append(proc)
