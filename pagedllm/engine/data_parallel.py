@@ -25,6 +25,7 @@ does `check_health()` raise. Replicas exit with the front end's process.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import multiprocessing.connection
@@ -76,7 +77,8 @@ class ReplicaLoop:
         self.engine = LLMEngine(config)
 
     def info(self) -> dict[str, Any]:
-        return {"pid": os.getpid(), "num_gpu_blocks": self.engine.executor.num_gpu_blocks}
+        return {"pid": os.getpid(), "num_gpu_blocks": self.engine.num_gpu_blocks,
+                "num_cpu_blocks": self.engine.num_cpu_blocks}
 
     def apply(self, msg: tuple) -> list[RequestOutput]:
         """Applies one message; returns the outputs of requests it refused."""
@@ -206,6 +208,11 @@ class DPEngineClient:
             self.shutdown()
             raise
         self.replicas = [_Replica(i, h, info["pid"]) for i, (h, info) in enumerate(infos)]
+        self.num_gpu_blocks = sum(info["num_gpu_blocks"] for _, info in infos)
+        self.num_cpu_blocks = sum(info["num_cpu_blocks"] for _, info in infos)
+        # the per-step records stay in the replicas (the engine page shows none under DP)
+        self.num_steps_scheduled = 0
+        self.step_log: collections.deque = collections.deque()
         logger.info("data parallelism: %d replicas (%s) ready in %.1fs", len(self.replicas),
                     pc.distributed_executor_backend, time.time() - t0)
 

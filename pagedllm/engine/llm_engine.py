@@ -495,6 +495,14 @@ class LLMEngine:
             num_cached_tokens=max(parent.children[0].num_cached_tokens, 0),
         )
 
+    @property
+    def num_gpu_blocks(self) -> int:
+        return self.scheduler.block_manager.num_blocks
+
+    @property
+    def num_cpu_blocks(self) -> int:
+        return self.scheduler.block_manager.num_cpu_blocks
+
     def check_health(self) -> None:
         """Raises RuntimeError once the executor can run no more steps (a worker died)."""
         self.executor.check_health()

@@ -34,7 +34,9 @@ def _block_map(blocks: list[Any]) -> str:
 def kv_fragmentation(engine: Any) -> float:
     """Internal fragmentation of the KV cache: the share of the slots in blocks held by running
     requests that hold no token (the unfilled tail of each request's last block)."""
-    sched = engine.scheduler
+    sched = getattr(engine, "scheduler", None)
+    if sched is None:  # data parallelism: the replicas' schedulers live in their own processes
+        return 0.0
     bm = sched.block_manager
     allocated = used = 0
     for req in list(sched.running):

@@ -94,11 +94,10 @@ def register_monitoring(registry: Any, engine: Any, model_name: str) -> Any:
     registry.register(ScrapeCollector(engine, model_name))
     cfg = engine.engine.config
     cc, sc = cfg.cache_config, cfg.scheduler_config
-    bm = engine.engine.scheduler.block_manager
     info = {
         "block_size": str(cc.block_size),
-        "num_gpu_blocks": str(bm.num_blocks),
-        "num_cpu_blocks": str(bm.num_cpu_blocks),
+        "num_gpu_blocks": str(engine.engine.num_gpu_blocks),  # summed over data-parallel replicas
+        "num_cpu_blocks": str(engine.engine.num_cpu_blocks),
         "enable_prefix_caching": str(cc.enable_prefix_caching),
         "gpu_memory_utilization": str(cc.gpu_memory_utilization),
         "cache_dtype": str(getattr(cc, "cache_dtype", None) or cfg.model_config.dtype),
