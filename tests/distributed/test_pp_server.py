@@ -44,7 +44,8 @@ def test_server_pp2_matches_offline_and_exits_when_a_stage_dies(tmp_path, tokeni
                                                stream=True)
             assert "".join(c.choices[0].text for c in stream) == ref[1]
 
-        stage1 = [p for p in workers if b"spawn_main" in open(f"/proc/{p}/cmdline", "rb").read()]
+        # the stage-1 worker (forked or spawned), not multiprocessing's resource tracker
+        stage1 = [p for p in workers if b"resource_tracker" not in open(f"/proc/{p}/cmdline", "rb").read()]
         assert len(stage1) == 1, workers
         os.kill(stage1[0], signal.SIGKILL)
         r = requests.post(server.url + "/v1/completions", timeout=60,
