@@ -35,16 +35,19 @@ def free_port() -> int:
 class ServerProcess:
     """`python -m pagedllm.entrypoints.openai_api_server` on 127.0.0.1 and a free port."""
 
-    def __init__(self, args: list[str], log_path: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, args: list[str], log_path: str, env: dict[str, str] | None = None,
+                 command: list[str] | None = None, scheme: str = "http") -> None:
+        """command: what runs instead of the module entry point (e.g. `... cli serve MODEL`)."""
         self.port = free_port()
-        self.url = f"http://{HOST}:{self.port}"
+        self.url = f"{scheme}://{HOST}:{self.port}"
         self.log_path = log_path
         self._log = open(log_path, "wb")
-        cmd = [sys.executable, "-m", "pagedllm.entrypoints.openai_api_server",
+        cmd = [*(command or [sys.executable, "-m", "pagedllm.entrypoints.openai_api_server"]),
                "--host", HOST, "--port", str(self.port), *args]
         full_env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
         full_env.pop("PAGEDLLM_TEST_FAULT", None)
         full_env.update(env or {})
+        self.verify: str | bool = True  # a CA file for an https server with a self-signed certificate
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=full_env)
 
     def log_text(self) -> str:
@@ -65,7 +68,7 @@ class ServerProcess:
             if self.proc.poll() is not None:
                 pytest.fail(f"server exited with {self.proc.returncode} before it was ready:\n{self.log_tail()}")
             try:
-                if requests.get(self.url + "/health", timeout=1).status_code == 200:
+                if requests.get(self.url + "/health", timeout=1, verify=self.verify).status_code == 200:
                     return self
             except requests.RequestException:
                 pass

@@ -12,6 +12,7 @@ import argparse
 import signal
 import sys
 from pagedllm.config import EngineArgs
+from pagedllm.entrypoints.openai.server_options import add_server_option_args
 from pagedllm.entrypoints.engine_cli import (
     ArgumentParser,
     HelpFormatter,
@@ -52,8 +53,9 @@ def add_server_args(parser: argparse.ArgumentParser, *, positional_model: bool) 
     g = parser.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="Address to listen on (0.0.0.0 for every interface).")
     g.add_argument("--port", type=port, default=8000, help="Port to listen on.")
-    g.add_argument("--api-key", default=None,
-                   help="Require `Authorization: Bearer KEY` on every /v1 route; $PAGEDLLM_API_KEY when not given.")
+    g.add_argument("--api-key", nargs="+", default=None, metavar="KEY",
+                   help="Require `Authorization: Bearer KEY` on every /v1 route; several keys may be given. "
+                   "Default: $PAGEDLLM_API_KEY, else $VLLM_API_KEY, else none.")
     g.add_argument("--max-queue-len", type=non_negative_int, default=None,
                    help="Requests that may wait beyond the --max-num-seqs being served; more get "
                    "503 with Retry-After. Default: no limit.")
@@ -67,6 +69,7 @@ def add_server_args(parser: argparse.ArgumentParser, *, positional_model: bool) 
                    help="Logging level of uvicorn (the HTTP server).")
     g.add_argument("--disable-ui", action="store_true",
                    help="Do not serve the engine page (chat playground and live engine view) at /.")
+    add_server_option_args(g)
     add_engine_args(parser, EngineArgs)
     return parser
 

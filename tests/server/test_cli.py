@@ -51,7 +51,7 @@ def test_every_flag_maps_to_engine_args():
     assert (args.scheduling_policy, args.batch_wait_timeout) == ("priority", 5.0)
     assert args.enable_prefix_caching is False and args.enforce_eager is True and args.seed == 3
     assert args.tensor_parallel_size == 1 and args.disable_log_stats is True
-    assert (ns.max_queue_len, ns.log_level, ns.api_key, ns.port, ns.host) == (10, "debug", "k", 9000, "0.0.0.0")
+    assert (ns.max_queue_len, ns.log_level, ns.api_key, ns.port, ns.host) == (10, "debug", ["k"], 9000, "0.0.0.0")
 
 
 def test_vllm_spellings_equal_aliases():

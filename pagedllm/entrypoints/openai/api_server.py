@@ -41,6 +41,7 @@ from pagedllm.entrypoints.openai.protocol import (
     ModelCard,
     ModelList,
 )
+from pagedllm.entrypoints.openai.server_options import add_cors, api_keys, startup_lines, uvicorn_options
 from pagedllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from pagedllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from pagedllm.entrypoints.openai.serving_engine import parse_body, to_api_error
@@ -65,11 +66,13 @@ class GuardMiddleware:
     """Pure ASGI (so streaming is untouched): before any route runs, reject bodies larger than
     `max_body_size` (413) and, when an API key is set, /v1 requests without it (401)."""
 
-    def __init__(self, app: Any, *, api_key: str | None, max_body_size: int) -> None:
+    def __init__(self, app: Any, *, api_key: str | list[str] | None, max_body_size: int) -> None:
         self.app = app
         # Only the key's digest is kept; comparing digests takes the same time whatever the
         # length or content of the key that was sent.
-        self.api_key = hashlib.sha256(api_key.encode()).digest() if api_key else None
+        keys = [api_key] if isinstance(api_key, str) else list(api_key or [])
+        self.api_keys = [hashlib.sha256(k.encode()).digest() for k in keys if k]
+        self.api_key = self.api_keys or None
         self.max_body_size = max_body_size
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
@@ -78,6 +81,9 @@ class GuardMiddleware:
             return
         headers = dict(scope.get("headers") or [])
         path: str = scope.get("path", "")
+        root = scope.get("root_path", "")
+        if root and path.startswith(root):  # behind --root-path the path still carries the prefix
+            path = path[len(root):]
         if self.api_key is not None and (path == "/v1" or path.startswith("/v1/")) and scope["method"] != "OPTIONS":
             if not self._authorized(headers.get(b"authorization", b"")):
                 await self._reject(scope, receive, send, APIError(
@@ -129,7 +135,10 @@ class GuardMiddleware:
         scheme, _, key = header.partition(b" ")
         key = key.strip() if scheme.lower() == b"bearer" else b""
         # Constant time: equal-length digests, compared without an early exit.
-        return hmac.compare_digest(hashlib.sha256(key).digest(), self.api_key) and bool(key)
+        digest = hashlib.sha256(key).digest()
+        # every key is compared (no early exit), so the time says nothing about which matched
+        matched = [hmac.compare_digest(digest, k) for k in self.api_keys]
+        return any(matched) and bool(key)
 
     def _too_large(self, size: int) -> APIError:
         return APIError(
@@ -149,7 +158,7 @@ def build_app(
     model_path: str | None = None,
     max_model_len: int,
     vocab_size: int,
-    api_key: str | None = None,
+    api_key: str | list[str] | None = None,
     max_request_body_size: int = 8 << 20,
     chat_template: str | None = None,
     registry: Any = None,
@@ -239,6 +248,12 @@ def build_app(
         cards = [ModelCard(id=name, root=model_path, max_model_len=max_model_len) for name in served_model_names]
         return ModelList(data=cards).model_dump()
 
+    @app.get("/v1/models/{model_id:path}")
+    async def model_card(model_id: str) -> dict[str, Any]:
+        if model_id not in served_model_names:
+            raise APIError(f"The model `{model_id}` does not exist.", 404, param="model", code="model_not_found")
+        return ModelCard(id=model_id, root=model_path, max_model_len=max_model_len).model_dump()
+
     @app.post("/v1/completions", openapi_extra={"requestBody": completion_body})
     async def completions(raw_request: Request) -> Response:
         req = await parse_body(raw_request, CompletionRequest)
@@ -252,7 +267,7 @@ def build_app(
     if enable_ui:
         from pagedllm.entrypoints.openai.engine_page import register_engine_page
 
-        register_engine_page(app, engine, [api_key] if api_key else [])
+        register_engine_page(app, engine, [api_key] if isinstance(api_key, str) else list(api_key or []))
     add_tokenization_routes(app, tokenization)
     app.add_middleware(GuardMiddleware, api_key=api_key, max_body_size=max_request_body_size)
     return app
@@ -403,6 +418,8 @@ def run_server(ns: argparse.Namespace, parser: argparse.ArgumentParser | None = 
         engine.stat_loggers.append(PrometheusStatLogger(names[0], registry, model_config.max_model_len))
         if not ns.disable_log_stats:
             engine.stat_loggers.append(LoggingStatLogger(STATS_LOG_INTERVAL_S))
+        keys = api_keys(ns)
+        server_kwargs = uvicorn_options(ns)
         engine.start()
         app = build_app(
             engine,
@@ -410,7 +427,7 @@ def run_server(ns: argparse.Namespace, parser: argparse.ArgumentParser | None = 
             model_path=model_config.model,
             max_model_len=model_config.max_model_len,
             vocab_size=model_config.vocab_size,
-            api_key=ns.api_key or os.environ.get("PAGEDLLM_API_KEY") or None,
+            api_key=keys,
             max_request_body_size=ns.max_request_body_size,
             chat_template=chat_template,
             registry=registry,
@@ -419,19 +436,25 @@ def run_server(ns: argparse.Namespace, parser: argparse.ArgumentParser | None = 
             enable_auto_tool_choice=getattr(ns, "enable_auto_tool_choice", False),
             tool_call_parser=getattr(ns, "tool_call_parser", None),
         )
+        add_cors(app, ns)
         config = uvicorn.Config(
             app,
+            **server_kwargs,
             host=ns.host,
             port=ns.port,
             log_config=None,
-            log_level=ns.log_level,
+            log_level=getattr(ns, "uvicorn_log_level", ns.log_level),
             access_log=not ns.disable_uvicorn_access_log,
             timeout_keep_alive=5,
+            # connections that never close (a TLS peer that skips close_notify) must not hold
+            # the exit past the drain
+            timeout_graceful_shutdown=ns.shutdown_timeout + 2,
         )
         server = _Server(config, engine, ns.shutdown_timeout)
         phase["server"] = server
         phase["now"] = "serving"
-        logger.info("serving %s on http://%s:%d (model %s)", names[0], ns.host, ns.port, model_config.model)
+        for line in startup_lines(ns, names[0], model_config.model, len(keys)):
+            logger.info("%s", line)
         asyncio.run(server.serve())
         phase["now"] = "done"
         if server.engine_died:
