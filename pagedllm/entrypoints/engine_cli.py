@@ -120,10 +120,14 @@ class HelpFormatter(argparse.HelpFormatter):
         if not action.option_strings:
             return text
         default = action.default
-        shown = {None: "none", True: "on", False: "off"}.get(default, default) if not isinstance(
-            default, (int, float)) or isinstance(default, bool) else default
-        if isinstance(default, (dict, list)) and not default:
-            shown = "none"
+        if default is None or (isinstance(default, (dict, list, tuple)) and not default):
+            shown: Any = "none"
+        elif isinstance(default, bool):
+            shown = "on" if default else "off"
+        elif isinstance(default, (list, tuple)):
+            shown = " ".join(map(str, default))
+        else:
+            shown = default
         return f"{text} (default: {str(shown).replace('%', '%%')})"
 
 
