@@ -12,7 +12,7 @@ import argparse
 import signal
 import sys
 from pagedllm.config import EngineArgs
-from pagedllm.entrypoints.openai.server_options import add_server_option_args
+from pagedllm.entrypoints.server_options import add_server_option_args
 from pagedllm.entrypoints.engine_cli import (
     ArgumentParser,
     HelpFormatter,

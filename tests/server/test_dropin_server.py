@@ -110,7 +110,7 @@ def test_serve_hub_id_with_keys_cors_tls_root_path(hf_home, tls, tmp_path):
 def test_vllm_api_key_env():
     from types import SimpleNamespace
 
-    from pagedllm.entrypoints.openai.server_options import api_keys
+    from pagedllm.entrypoints.server_options import api_keys
 
     assert api_keys(SimpleNamespace(api_key=None), {"VLLM_API_KEY": "v"}) == ["v"]
     assert api_keys(SimpleNamespace(api_key=None), {"VLLM_API_KEY": "v", "PAGEDLLM_API_KEY": "p"}) == ["p"]

@@ -41,7 +41,7 @@ from pagedllm.entrypoints.openai.protocol import (
     ModelCard,
     ModelList,
 )
-from pagedllm.entrypoints.openai.server_options import add_cors, api_keys, startup_lines, uvicorn_options
+from pagedllm.entrypoints.server_options import add_cors, api_keys, startup_lines, uvicorn_options
 from pagedllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from pagedllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from pagedllm.entrypoints.openai.serving_engine import parse_body, to_api_error
