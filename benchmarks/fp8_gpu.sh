@@ -12,7 +12,7 @@ STEPS=${*:-tests bench w2 w1}
 PY=${PYTHON:-python3}
 for step in $STEPS; do
   case $step in
-    tests) $PY -m pytest -q -x tests/gpu/test_fp8.py 2>&1 | tail -4 | tee "$OUT/tests.log" ;;
+    tests) $PY -m pytest -q -x tests/gpu/test_fp8_gpu.py 2>&1 | tail -4 | tee "$OUT/tests.log" ;;
     bench) $PY benchmarks/fp8_bench.py > "$OUT/bench.log" 2>&1; tail -11 "$OUT/bench.log" ;;
     w2) for q in bf16 fp8; do
           extra=""; [ $q = fp8 ] && extra="--quantization fp8"

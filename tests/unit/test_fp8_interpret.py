@@ -1,4 +1,4 @@
-"""The FP8 kernels (tests/gpu/test_fp8.py's checks) on the CPU through Triton's interpreter, at
+"""The FP8 kernels (tests/gpu/test_fp8_gpu.py's checks) on the CPU through Triton's interpreter, at
 small shapes, against their torch references: the W8A16 GEMV and tensor-core GEMM (per-channel
 and K-group scales, ragged shapes, bias), the per-token quantization, and the attention kernels
 on e4m3 / e5m2 KV caches with scales. bfloat16 through `tl.dot` does not run in the interpreter
@@ -45,7 +45,7 @@ def _positional(case):
 @pytest.fixture(scope="module")
 def interpreter_results() -> dict[str, str | None]:
     cases = {f"{name}:{dt}": _positional(case) for name, case in _CASES.items() for dt in _DTYPES}
-    return run_under_interpreter("test_fp8.py", cases)
+    return run_under_interpreter("test_fp8_gpu.py", cases)
 
 
 @pytest.mark.parametrize("key", [f"{n}:{d}" for n in _CASES for d in _DTYPES])
