@@ -25,6 +25,10 @@ class LLM:
         self.llm_engine = LLMEngine.from_engine_args(EngineArgs(model=model, **kwargs))
         self._counter = itertools.count()
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What `generate` uses without SamplingParams: generation_config.json's defaults."""
+        return self.llm_engine.get_default_sampling_params()
+
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
 
@@ -41,7 +45,7 @@ class LLM:
             prompts = [prompts]
         prompts = list(prompts)
         if sampling_params is None:
-            sampling_params = SamplingParams()
+            sampling_params = self.llm_engine.get_default_sampling_params()
         if isinstance(sampling_params, SamplingParams):
             params = [sampling_params] * len(prompts)
         else:

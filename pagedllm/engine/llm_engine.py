@@ -106,6 +106,10 @@ class LLMEngine:
         self.config = config
         mc = config.model_config
         self.model_config = mc
+        from pagedllm.engine.generation_defaults import generation_defaults
+
+        # SamplingParams defaults from generation_config.json (generation_config="auto")
+        self.default_sampling_params: dict = generation_defaults(mc)
         self.tokenizer = (
             None if config.skip_tokenizer_init else load_tokenizer(mc.model, mc.tokenizer, mc.gguf_file)
         )
@@ -136,6 +140,10 @@ class LLMEngine:
         self.step_log: deque[StepRecord] = deque(maxlen=STEP_LOG_LEN)
         self.num_steps_scheduled = 0
         logger.info("engine ready in %.1fs", time.time() - t0)
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """SamplingParams with the model's generation_config.json defaults (vLLM's behaviour)."""
+        return SamplingParams(**self.default_sampling_params)
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> "LLMEngine | DPEngineClient":

@@ -300,24 +300,27 @@ class OpenAIServing:
             )
         return requested
 
-    @staticmethod
     def sampling_params(
+        self,
         req: Any, *, max_tokens: int, logprobs: int | None, prompt_logprobs: int | None = None,
         structured_outputs: Any = None, skip_special_tokens: bool | None = None,
     ) -> SamplingParams:
-        def either(value: Any, default: Any) -> Any:
-            return default if value is None else value
+        # fields the request leaves unset take the model's generation_config.json defaults
+        model_defaults = getattr(getattr(self.engine, "engine", None), "default_sampling_params", None) or {}
+
+        def either(value: Any, default: Any, name: str | None = None) -> Any:
+            return model_defaults.get(name, default) if value is None else value
 
         try:
             return SamplingParams(
                 n=req.n,
-                temperature=either(req.temperature, 1.0),
-                top_p=either(req.top_p, 1.0),
-                top_k=either(req.top_k, 0),
-                min_p=either(req.min_p, 0.0),
+                temperature=either(req.temperature, 1.0, "temperature"),
+                top_p=either(req.top_p, 1.0, "top_p"),
+                top_k=either(req.top_k, 0, "top_k"),
+                min_p=either(req.min_p, 0.0, "min_p"),
                 presence_penalty=either(req.presence_penalty, 0.0),
                 frequency_penalty=either(req.frequency_penalty, 0.0),
-                repetition_penalty=either(req.repetition_penalty, 1.0),
+                repetition_penalty=either(req.repetition_penalty, 1.0, "repetition_penalty"),
                 seed=req.seed,
                 stop=req.stop,
                 stop_token_ids=req.stop_token_ids,
