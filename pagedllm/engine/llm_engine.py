@@ -139,7 +139,11 @@ class LLMEngine:
         self.step_timing = StepTiming()
         self.step_log: deque[StepRecord] = deque(maxlen=STEP_LOG_LEN)
         self.num_steps_scheduled = 0
-        logger.info("engine ready in %.1fs", time.time() - t0)
+        sc = config.scheduler_config
+        logger.info("engine ready in %.1fs: device %s, attention backend %s, dtype %s; scheduler: max_num_seqs %d, "
+                    "max_num_batched_tokens %d, block_size %d, max_model_len %d", time.time() - t0, config.device,
+                    config.attention_backend or "default", mc.dtype, sc.max_num_seqs, sc.max_num_batched_tokens,
+                    cc.block_size, mc.max_model_len)
 
     def get_default_sampling_params(self) -> SamplingParams:
         """SamplingParams with the model's generation_config.json defaults (vLLM's behaviour)."""

@@ -101,6 +101,7 @@ def test_vllm_kwargs_are_accepted_and_logged(tiny_llama, plain_tokens, caplog):
                  "swap_space=1 GiB is not used", "attention_backend=TORCH_SDPA"):
         assert text.count(name) == 1, name
     assert "tokenizer_mode" not in text  # at its default: nothing to say
+    assert "device cpu, attention backend torch, dtype float32; scheduler: max_num_seqs 256" in text
     with pytest.raises(ValueError, match="max_logprobs=3"):
         llm.generate([PROMPT], SamplingParams(max_tokens=2, logprobs=5), use_tqdm=False)
     assert not llm.llm_engine.has_unfinished_requests()
