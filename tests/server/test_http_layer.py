@@ -168,3 +168,23 @@ def test_dead_engine_gives_503(http, fake):
     assert r.status_code == 503
     r = http.post("/v1/completions", json={"prompt": "x", "max_tokens": 5}, headers=KEY)
     assert r.status_code == 503 and r.headers["Retry-After"]
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 2}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+])
+def test_unknown_field_is_a_400_naming_it_and_bookkeeping_fields_pass(http, path, body):
+    for field, value in (("use_beam_search", True), ("functions", []), ("reasoning_effort", "low")):
+        r = http.post(path, json={**body, field: value}, headers=KEY)
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["param"] == field and err["code"] == "unsupported_field" and field in err["message"]
+    r = http.post(path, json={**body, "metadata": {"team": "a"}, "store": False, "user": "u1"}, headers=KEY)
+    assert r.status_code == 200, r.text
+    # a replayed assistant message may carry the SDK's extra keys; they are not request fields
+    if "messages" in body:
+        history = [{"role": "user", "content": "hi"},
+                   {"role": "assistant", "content": "ok", "refusal": None, "annotations": []},
+                   {"role": "user", "content": "again"}]
+        assert http.post(path, json={**body, "messages": history}, headers=KEY).status_code == 200

@@ -1,8 +1,9 @@
 """The OpenAI API's request and response bodies as pydantic models, and its error shape.
 
 Requests validate strictly (no "5" for an int, no true for a number), so a wrong type is a 400,
-not a silent coercion. Unknown fields are ignored, as the OpenAI SDK's `extra_body` and other
-servers' clients send them. Ranges that SamplingParams already checks are left to it (its
+not a silent coercion. A top-level field a route does not know is a 400 naming it
+(`serving_engine.parse_body`; a few bookkeeping fields of OpenAI's are accepted as no-ops);
+unknown keys inside nested objects (a replayed message's `refusal`, `annotations`) are ignored. Ranges that SamplingParams already checks are left to it (its
 ValueError names the field); only shapes are checked here.
 """
 

@@ -77,10 +77,19 @@ async def parse_body(raw_request: Any, model: type[_M]) -> _M:
     bad = _first_invalid_string(body, data)
     if bad is not None:
         raise APIError(f"{bad or 'body'}: the string is not valid Unicode (a lone surrogate escape)", param=bad)
+    unknown = [k for k in data if k not in model.model_fields and k not in NO_OP_FIELDS]
+    if unknown:
+        raise APIError(f"{unknown[0]}: pagedllm does not support this request field", param=unknown[0],
+                       code="unsupported_field")
     try:
         return model.model_validate(data)
     except ValidationError as e:
         raise validation_error(e) from None
+
+
+# Top-level request fields that change nothing we produce (bookkeeping for OpenAI's platform),
+# accepted and ignored; any other field a route does not know is a 400 naming it, never dropped.
+NO_OP_FIELDS = frozenset({"metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier"})
 
 
 # A JSON escape of a UTF-16 surrogate, the only way a JSON text carries one.
