@@ -1,10 +1,14 @@
 """The router's overhead per request on loopback: the same requests sent straight to a backend
 and through `pagedllm router` in front of it, interleaved in one run (a direct request, then a
 routed one, ...), at a fixed rate; the added latency is the routed P50 (P90, P99) minus the
-direct one. The backend is a real pagedllm server of a tiny random Llama answering max_tokens=1,
-so what is measured is HTTP and routing, not generation.
+direct one. The backend answers at once, so what is measured is HTTP and routing, not
+generation: `--backend stub` (default) is a trivial HTTP/1.1 server in its own process that
+returns a fixed completion (on a 2-core machine a real server's own queueing would swamp the
+router's share), `--backend pagedllm` a real pagedllm server of a tiny random Llama answering
+max_tokens=1.
 
     .venv/bin/python benchmarks/router_overhead.py --rate 100 --num-requests 2000
+    .venv/bin/python benchmarks/router_overhead.py --backend pagedllm --rate 50
 
 Starts the backend and the router itself (subprocesses on free ports), or uses --backend-url /
 --router-url for ones already running.
@@ -61,6 +65,40 @@ def _wait(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
     raise RuntimeError(f"{url} not ready")
 
 
+_STUB_COMPLETION = (b'{"id":"cmpl-stub","object":"text_completion","created":0,"model":"tiny","choices":'
+                    b'[{"index":0,"text":" hi","logprobs":null,"finish_reason":"length"}],'
+                    b'"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}')
+
+
+def serve_stub(port: int) -> None:
+    """A trivial OpenAI-shaped backend: every POST gets the fixed completion, GET /health 200,
+    GET /metrics an empty exposition; HTTP/1.1 keep-alive, nothing else."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line[:15].lower() == b"content-length:":
+                        length = int(line[15:])
+                if length:
+                    await reader.readexactly(length)
+                body = _STUB_COMPLETION if head.startswith(b"POST") else b""
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+                             + str(len(body)).encode() + b"\r\n\r\n" + body)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    async def main() -> None:
+        server = await asyncio.start_server(handle, "127.0.0.1", port)
+        async with server:
+            await server.serve_forever()
+
+    asyncio.run(main())
+
+
 async def _run(direct: str, routed: str, model: str, rate: float, n: int, warmup: int) -> dict[str, list[float]]:
     import httpx
 
@@ -105,12 +143,22 @@ def main() -> int:
     p.add_argument("--backend-url", default=None)
     p.add_argument("--router-url", default=None)
     p.add_argument("--model", default="tiny")
+    p.add_argument("--backend", choices=("stub", "pagedllm"), default="stub")
+    p.add_argument("--serve-stub", type=int, default=None, help=argparse.SUPPRESS)
     ns = p.parse_args()
+    if ns.serve_stub is not None:
+        serve_stub(ns.serve_stub)
+        return 0
     procs: list[subprocess.Popen] = []
     tmp = tempfile.TemporaryDirectory()
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     try:
         backend = ns.backend_url
+        if backend is None and ns.backend == "stub":
+            port = _free_port()
+            backend = f"http://127.0.0.1:{port}"
+            procs.append(subprocess.Popen([sys.executable, __file__, "--serve-stub", str(port)], env=env))
+            _wait(backend, procs[-1])
         if backend is None:
             model_dir = _tiny_model(tmp.name)
             port = _free_port()
@@ -135,7 +183,8 @@ def main() -> int:
             proc.wait(30)
         tmp.cleanup()
     d, r = lat["direct"], lat["router"]
-    print(f"{len(d)} direct + {len(r)} routed requests at {ns.rate:g} req/s (max_tokens=1, loopback)")
+    what = "a stub backend" if ns.backend == "stub" and ns.backend_url is None else "a pagedllm backend, max_tokens=1"
+    print(f"{len(d)} direct + {len(r)} routed requests at {ns.rate:g} req/s ({what}, loopback)")
     print(f"{'':8}{'P50 ms':>9}{'P90 ms':>9}{'P99 ms':>9}{'mean ms':>9}")
     for name, xs in (("direct", d), ("router", r)):
         print(f"{name:8}{_pct(xs, .5):>9.2f}{_pct(xs, .9):>9.2f}{_pct(xs, .99):>9.2f}{statistics.mean(xs):>9.2f}")

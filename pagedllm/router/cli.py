@@ -35,8 +35,8 @@ def add_router_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--balance", choices=BALANCE_POLICIES, default="least_load", help="Replica choice inside a tier.")
     parser.add_argument("--cascade-min-logprob", type=float, default=None,
                         help="Escalate a plain answer to the next tier when its mean token logprob is below this.")
-    parser.add_argument("--timeout", type=float, default=60.0,
-                        help="Per-tier timeout in seconds for the flags' tiers (to the first byte).")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="Per-tier timeout in seconds for the flags' tiers (to the first byte); default 60.")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     sub = parser.add_subparsers(dest="router_command", metavar="SUBCOMMAND")
     sim = sub.add_parser("simulate", help="Replay a trace through a policy: latency and cost per tier.",

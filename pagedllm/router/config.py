@@ -9,6 +9,7 @@ flags) and validated here, so every mistake is a ValueError naming its key
       - name: edge
         slo_ms: 100                  # the tier's latency objective (metrics, simulate)
         timeout_s: 5                 # to the first byte (a stream) / the whole answer; then retry
+                                     # (default: 10 x slo_ms, at least 1 s; 60 s without an SLO)
         backends:
           - {url: "http://10.0.0.1:8000", models: [qwen3-1.7b]}
       - name: center
@@ -33,6 +34,11 @@ from urllib.parse import urlparse
 TIER_POLICIES = ("first", "features")
 BALANCE_POLICIES = ("least_load", "prefix_affinity", "round_robin")
 PLACEMENTS = ("none", "ray")
+# A tier without `timeout_s` waits this many times its SLO for the first byte (at least
+# MIN_TIMEOUT_S: a cold prefix or a queue spike is not a failure), or DEFAULT_TIMEOUT_S without one.
+SLO_TIMEOUT_FACTOR = 10.0
+MIN_TIMEOUT_S = 1.0
+DEFAULT_TIMEOUT_S = 60.0
 
 DEFAULT_REFUSAL_PATTERNS = (
     r"\bI(?:'m| am) (?:sorry|unable|not able)\b",
@@ -73,11 +79,20 @@ class TierConfig:
     backends: tuple[BackendConfig, ...]
     slo_ms: float | None = None
     # Until the response starts (a stream's first byte, a plain answer's whole body); past it the
-    # request is retried on another replica or tier.
-    timeout_s: float = 60.0
+    # request is retried on another replica or tier. None: from the SLO (see `effective_timeout_s`).
+    timeout_s: float | None = None
     # Longest prompt (estimated tokens) the feature policy sends here; longer ones go up.
     max_prompt_tokens: int | None = None
     cost_per_hour: float = 0.0
+
+    @property
+    def effective_timeout_s(self) -> float:
+        """`timeout_s`, else SLO_TIMEOUT_FACTOR x the SLO (at least MIN_TIMEOUT_S), else 60 s."""
+        if self.timeout_s is not None:
+            return self.timeout_s
+        if self.slo_ms is not None:
+            return max(MIN_TIMEOUT_S, SLO_TIMEOUT_FACTOR * self.slo_ms / 1000.0)
+        return DEFAULT_TIMEOUT_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,7 +292,7 @@ def _list(item):
 def _tier(value: Any, key: str) -> TierConfig:
     tier = _take(value, TierConfig, key, {
         "name": _string, "backends": _list(_backend), "slo_ms": _optional(_number(0, strict_lo=True)),
-        "timeout_s": _number(0, strict_lo=True), "max_prompt_tokens": _optional(_number(1, integer=True)),
+        "timeout_s": _optional(_number(0, strict_lo=True)), "max_prompt_tokens": _optional(_number(1, integer=True)),
         "cost_per_hour": _number(0),
     })
     if not tier.backends:

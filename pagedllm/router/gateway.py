@@ -55,13 +55,15 @@ class Router:
             t.name: [Backend(b, t.name, cfg.breaker) for b in t.backends] for t in cfg.tiers
         }
         self.backends = [b for bs in self.tiers.values() for b in bs]
-        self.timeouts = {t.name: t.timeout_s for t in cfg.tiers}
+        self.timeouts = {t.name: t.effective_timeout_s for t in cfg.tiers}
         self.metrics = RouterMetrics()
         self._balancers: dict[tuple[str, str], Balancer] = {}
         self._served: dict[str, list[str]] = {}
         self._api_key = hashlib.sha256(cfg.api_key.encode()).digest() if cfg.api_key else None
         self._client: httpx.AsyncClient | None = None
         self._monitors: list[asyncio.Task] = []
+        self._routes = {"/health": self._health, "/metrics": self._metrics, "/v1/models": self._models,
+                        "/router/backends": self._backend_status}
 
     # ---- lifecycle ------------------------------------------------------------------------------
 
@@ -129,9 +131,7 @@ class Router:
                 return
             await self._proxy(scope, receive, send, path)
             return
-        routes = {"/health": self._health, "/metrics": self._metrics, "/v1/models": self._models,
-                  "/router/backends": self._backend_status}
-        handler = routes.get(path)
+        handler = self._routes.get(path)
         if handler is None:
             await _json(send, 404, _error(f"no route {path}", "not_found"))
         elif method not in ("GET", "HEAD"):

@@ -55,6 +55,7 @@ class Planner:
         self.cfg = cfg
         self.routes = {m: r for r in cfg.routes for m in r.models}
         self.tier_routes = {t.name: implicit_route(t.name, (t.name,)) for t in cfg.tiers}
+        self._served_routes: dict[str, RouteConfig] = {}
         self.refusals = {
             r.name: re.compile("|".join(f"(?:{p})" for p in r.cascade.refusal_patterns), re.IGNORECASE)
             for r in cfg.routes if r.cascade is not None and r.cascade.refusal_patterns
@@ -62,7 +63,12 @@ class Planner:
 
     def served_route(self, model: str, served: dict[str, list[str]]) -> RouteConfig | None:
         tiers = served.get(model)
-        return implicit_route(model, tuple(tiers)) if tiers else None
+        if not tiers:
+            return None
+        route = self._served_routes.get(model)
+        if route is None or route.tiers != tuple(tiers):
+            route = self._served_routes[model] = implicit_route(model, tuple(tiers))
+        return route
 
     def plan(self, body: dict[str, Any], served: dict[str, list[str]]) -> Plan:
         """`served`: model name -> the tiers (in config order) with a backend serving it."""

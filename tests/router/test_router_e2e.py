@@ -40,7 +40,8 @@ def router(urls, tmp_path_factory):
     cfg = {
         "api_key": ROUTER_KEY,
         "health": {"interval_s": 0.5, "metrics_interval_s": 0.2},
-        "tiers": [tier("edge", edge, slo_ms=100), tier("region", region, slo_ms=300), tier("center", center, slo_ms=1000),
+        "tiers": [tier("edge", edge, slo_ms=100, timeout_s=60), tier("region", region, slo_ms=300, timeout_s=60),
+                  tier("center", center, slo_ms=1000, timeout_s=60),
                   tier("pool", edge, region)],
         "routes": [
             {"name": "auto", "models": ["auto"], "tiers": ["edge", "region", "center"], "policy": "features",

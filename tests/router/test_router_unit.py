@@ -46,6 +46,16 @@ def test_config_errors_name_the_key(mutate, message):
     assert message in str(e.value)
 
 
+def test_tier_timeouts_come_from_the_slo():
+    cfg = three_tier_config()
+    cfg["tiers"][0].update(slo_ms=100)               # 10 x 100 ms is under the 1 s floor
+    cfg["tiers"][1].update(slo_ms=300)
+    cfg["tiers"][2].update(slo_ms=1000, timeout_s=4.5)
+    tiers = router_config_from_dict(cfg).tiers
+    assert [t.effective_timeout_s for t in tiers] == [1.0, 3.0, 4.5]
+    assert router_config_from_dict(three_tier_config()).tiers[0].effective_timeout_s == 60.0
+
+
 def test_complexity_score_orders_requests_and_picks_tiers():
     cfg = router_config_from_dict(three_tier_config())
     fc = cfg.routes[0].features
