@@ -24,6 +24,7 @@ class RouterProcess(ServerProcess):
     def __init__(self, config: dict, tmp_dir: str, name: str = "router") -> None:
         self.port = free_port()
         self.url = f"http://{HOST}:{self.port}"
+        self.verify: str | bool = True  # ServerProcess.wait_ready reads it (https servers)
         config_path = os.path.join(tmp_dir, f"{name}.yaml")
         with open(config_path, "w") as f:
             yaml.safe_dump({**config, "host": HOST, "port": self.port}, f)
