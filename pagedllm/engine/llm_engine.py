@@ -110,6 +110,8 @@ class LLMEngine:
 
         # SamplingParams defaults from generation_config.json (generation_config="auto")
         self.default_sampling_params: dict = generation_defaults(mc)
+        if not config.skip_tokenizer_init:
+            logger.info("loading the tokenizer of %s ...", mc.tokenizer)
         self.tokenizer = (
             None if config.skip_tokenizer_init else load_tokenizer(mc.model, mc.tokenizer, mc.gguf_file)
         )

@@ -63,6 +63,8 @@ class Worker:
         t0 = time.time()
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
+        logger.info("%sloading %s (%s, %s weights from %s) ...", self._tag(), mc.architecture, mc.dtype,
+                    mc.load_format, mc.model)
         self.model = build_model(mc, config.device, ps)
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         logger.info("%sloaded %s (%s, %s) in %.1fs: weights %s", self._tag(), mc.architecture, mc.dtype,
@@ -141,6 +143,10 @@ class Worker:
         mc, cc = self.config.model_config, self.config.cache_config
         nl = self.num_layers
         shape = (nl, 2, num_gpu_blocks, cc.block_size, self.num_kv_heads, mc.head_dim)
+        t0 = time.time()
+        # the slow phase of a CPU start (the pages of a few GiB are touched here): say so
+        logger.info("%sallocating the KV cache: %s on %s ...", self._tag(),
+                    _fmt(num_gpu_blocks * self.bytes_per_block()), self.device)
         self.kv_cache = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
         bind_kv_cache(self.model, [self.kv_cache[i, 0] for i in range(nl)],
                       [self.kv_cache[i, 1] for i in range(nl)], self.backend)
@@ -150,6 +156,7 @@ class Worker:
             pin = self.device.type == "cuda"
             self.cpu_cache = torch.zeros(cpu_shape, dtype=self.kv_dtype, pin_memory=pin)
         self.num_gpu_blocks, self.num_cpu_blocks = num_gpu_blocks, num_cpu_blocks
+        logger.info("%sKV cache allocated in %.1fs", self._tag(), time.time() - t0)
         if (self.device.type == "cuda" and not self.config.enforce_eager and self.backend.name == "triton"
                 and self.ps.pp_size == 1):  # the graphs hold the whole model, embedding to logits
             from pagedllm.worker.cuda_graph import DecodeGraphs
@@ -157,7 +164,11 @@ class Worker:
             sc = self.config.scheduler_config
             graphs = DecodeGraphs(self.model, self.device, min(sc.max_num_seqs, 512), mc.max_model_len,
                                   cc.block_size, mc.vocab_size)
+            t1 = time.time()
+            logger.info("%scapturing CUDA graphs of decode steps (up to batch %d) ...", self._tag(),
+                        min(sc.max_num_seqs, 512))
             graphs.capture()
+            logger.info("%sCUDA graphs captured in %.1fs", self._tag(), time.time() - t1)
             self.runner.graphs = graphs
         self.expert_load_reader.reset()  # the profile run and graph captures routed nothing real
 

@@ -23,8 +23,17 @@ def tiny_qwen3(tmp_path_factory, tokenizer_dir):
                            tokenizer_dir)
 
 
-def test_plan_equals_the_engines_startup_plan(tiny_qwen3):
-    llm = LLM(model=tiny_qwen3, kv_cache_memory="8MiB", max_model_len=512)
+def test_plan_equals_the_engines_startup_plan(tiny_qwen3, caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="pagedllm"):
+        llm = LLM(model=tiny_qwen3, kv_cache_memory="8MiB", max_model_len=512)
+    # start-up says what it is doing through every slow phase, in order
+    phases = ["loading the tokenizer", "loading Qwen3ForCausalLM", "KV cache plan", "allocating the KV cache",
+              "KV cache allocated in", "engine ready in"]
+    text = caplog.text
+    positions = [text.find(p) for p in phases]
+    assert -1 not in positions and positions == sorted(positions), list(zip(phases, positions))
     try:
         worker = llm.llm_engine.executor.worker
         plan = build_plan(PlanInputs(model=tiny_qwen3, device="cpu", kv_cache_memory=8 << 20, max_model_len=512))
