@@ -47,3 +47,27 @@ def test_vllm_mode_and_override(model_with_defaults):
     assert (sp.temperature, sp.top_k) == (0.5, 5)
     with pytest.raises(ValueError, match="override_generation_config"):
         LLM(model_with_defaults, override_generation_config={"beam_width": 3}, **SMALL)
+
+
+def test_server_requests_take_the_defaults_they_leave_unset(model_with_defaults):
+    """On the server: an absent max_tokens is generation_config.json's max_new_tokens (7), an
+    absent temperature its 0.0 (greedy, so two requests agree); fields the request sets win."""
+    from fastapi.testclient import TestClient
+
+    from pagedllm import EngineArgs
+    from pagedllm.engine.async_engine import AsyncLLMEngine
+    from pagedllm.entrypoints.openai.api_server import build_app
+
+    engine = AsyncLLMEngine.from_engine_args(EngineArgs(model=model_with_defaults, **SMALL))
+    try:
+        app = build_app(engine, served_model_names=["m"], max_model_len=128, vocab_size=49152)
+        with TestClient(app) as http:
+            body = {"messages": [{"role": "user", "content": "hi"}], "ignore_eos": True}
+            a = http.post("/v1/chat/completions", json=body).json()
+            b = http.post("/v1/chat/completions", json=body).json()
+            assert a["usage"]["completion_tokens"] == 7 and a["choices"][0]["finish_reason"] == "length"
+            assert a["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"]
+            c = http.post("/v1/chat/completions", json={**body, "max_tokens": 10}).json()
+            assert c["usage"]["completion_tokens"] == 10
+    finally:
+        engine.shutdown()

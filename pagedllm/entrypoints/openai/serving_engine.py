@@ -293,10 +293,15 @@ class OpenAIServing:
                 code="context_length_exceeded",
             )
 
+    def _model_defaults(self) -> dict[str, Any]:
+        """SamplingParams defaults from the model's generation_config.json (generation_config="auto")."""
+        return getattr(getattr(self.engine, "engine", None), "default_sampling_params", None) or {}
+
     def resolve_max_tokens(self, requested: int | None, prompt_len: int, param: str) -> int:
         room = self.max_model_len - prompt_len
-        if requested is None:
-            return room
+        if requested is None:  # the model's generation_config.json max_new_tokens, when it has one
+            default = self._model_defaults().get("max_tokens")
+            return min(room, default) if isinstance(default, int) and default > 0 else room
         if isinstance(requested, int) and requested < 1:
             raise APIError(f"{param} must be an integer >= 1, got {requested}", param=param)
         if isinstance(requested, int) and prompt_len + requested > self.max_model_len:
@@ -315,7 +320,7 @@ class OpenAIServing:
         structured_outputs: Any = None, skip_special_tokens: bool | None = None,
     ) -> SamplingParams:
         # fields the request leaves unset take the model's generation_config.json defaults
-        model_defaults = getattr(getattr(self.engine, "engine", None), "default_sampling_params", None) or {}
+        model_defaults = self._model_defaults()
 
         def either(value: Any, default: Any, name: str | None = None) -> Any:
             return model_defaults.get(name, default) if value is None else value
