@@ -20,14 +20,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from pagedllm.attention.backend import ForwardBatch
 from pagedllm.distributed import SINGLE, ParallelState
 from pagedllm.model.layers.activation import GeluTanhAndMul
 from pagedllm.model.layers.attention import layer_sliding_window
-from pagedllm.model.layers.embedding import VocabParallelEmbedding
 from pagedllm.model.layers.layernorm import RMSNorm
 from pagedllm.model.layers.linear import MergedColumnParallelLinear, RowParallelLinear, copy_checked, materialize
-from pagedllm.model.models.llama import LlamaAttention, LlamaForCausalLM
+from pagedllm.model.models.llama import LlamaAttention, LlamaForCausalLM, LlamaModel
 
 
 class GemmaRMSNorm(RMSNorm):
@@ -73,6 +71,7 @@ class Gemma2Attention(LlamaAttention):
 
 class Gemma2DecoderLayer(nn.Module):
     attention_cls = Gemma2Attention
+    norm_cls = GemmaRMSNorm  # also the model's final norm
 
     def __init__(self, cfg: Any, ps: ParallelState, layer_idx: int):
         super().__init__()
@@ -97,24 +96,19 @@ class Gemma2DecoderLayer(nn.Module):
         return x, residual
 
 
-class Gemma2Model(nn.Module):
+class Gemma2Model(LlamaModel):
+    """Llama's stage-aware model (pipeline stages build only their layers) with Gemma's layers,
+    its (1 + w) final norm and the embedding scaled by sqrt(hidden)."""
+
     layer_cls = Gemma2DecoderLayer
 
     def __init__(self, cfg: Any, ps: ParallelState):
-        super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, ps)
-        self.layers = nn.ModuleList([self.layer_cls(cfg, ps, i) for i in range(cfg.num_hidden_layers)])
-        self.norm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        super().__init__(cfg, ps, make_layer=lambda i: self.layer_cls(cfg, ps, i))
         # sqrt(hidden) in the model dtype, as HF multiplies it (a buffer: follows .to())
         self.register_buffer("normalizer", torch.tensor(cfg.hidden_size**0.5), persistent=False)
 
-    def forward(self, input_ids, positions, batch: ForwardBatch):
-        x = self.embed_tokens(input_ids) * self.normalizer  # [T, H]
-        residual = None
-        for layer in self.layers:
-            x, residual = layer(positions, x, residual, batch)
-        x, _ = self.norm(x, residual)
-        return x
+    def embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids) * self.normalizer  # [T, H]
 
 
 class Gemma2ForCausalLM(LlamaForCausalLM):
