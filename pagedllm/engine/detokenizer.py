@@ -10,6 +10,10 @@ Stop strings are searched only in the tail that new text can affect, so a stop s
 across tokens is found; the text is cut before it (or after it with
 include_stop_str_in_output). Until a request finishes, the last max_stop_len - 1 characters
 are held back from `visible_text`, so a stream never shows the start of a stop string.
+
+`spaces_between_special_tokens=False` (with `skip_special_tokens=False`): a special (added)
+token that follows another is emitted as its bare content, without the space the tokenizer's
+decoder may put before it (as vLLM does; True, the default, keeps the decoder's text).
 """
 
 from __future__ import annotations
@@ -30,6 +34,11 @@ class IncrementalDetokenizer:
         self.prefix_offset = 0
         self.read_offset = 0
         self.text = ""
+        # id -> content of the added tokens, only where spaces between them are to be dropped
+        self._added: dict[int, str] | None = None
+        self._last_added = False
+        if not params.skip_special_tokens and not params.spaces_between_special_tokens:
+            self._added = {i: t.content for i, t in tokenizer.added_tokens_decoder.items()}
         backend = getattr(tokenizer, "_tokenizer", None)
         self._stream = None
         if backend is not None:
@@ -50,7 +59,7 @@ class IncrementalDetokenizer:
         if not detokenize:
             return None
         if self._stream is not None:
-            delta = self._stream.step(self._backend, token_id)
+            delta = self._bare_added(token_id, self._stream.step(self._backend, token_id))
             if not delta:
                 return None
             self.text += delta
@@ -60,10 +69,19 @@ class IncrementalDetokenizer:
         new_text = self._decode(ids[self.prefix_offset :])
         if len(new_text) <= len(prefix_text) or new_text.endswith("\ufffd"):
             return None  # wait for the rest of a multi-byte character
-        delta = new_text[len(prefix_text) :]
+        delta = self._bare_added(token_id, new_text[len(prefix_text) :])
         self.prefix_offset, self.read_offset = self.read_offset, len(ids)
         self.text += delta
         return self._check_stop(len(delta))
+
+    def _bare_added(self, token_id: int, delta: str | None) -> str | None:
+        if self._added is None:
+            return delta
+        content = self._added.get(token_id)
+        if content is not None and self._last_added:
+            delta = content
+        self._last_added = content is not None
+        return delta
 
     def _check_stop(self, delta_len: int) -> str | None:
         if not self.stop:

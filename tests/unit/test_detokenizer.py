@@ -70,3 +70,38 @@ def test_visible_text_holds_back_possible_stop_prefix(tok):
         det.update(t)
     assert det.visible_text(False) == det.text[: len(det.text) - 7]
     assert det.visible_text(True) == det.text
+
+
+@pytest.fixture(scope="module")
+def spaced_tok():
+    """A word-level tokenizer without a decoder: `tokenizers` joins every token, special ones
+    included, with a space, the case `spaces_between_special_tokens` is for."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "hello": 1, "world": 2}
+    t = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    t.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=t, unk_token="<unk>")
+    fast.add_special_tokens({"additional_special_tokens": ["<a>", "<b>"]})
+    return fast
+
+
+@pytest.mark.parametrize("use_stream", [True, False], ids=["decode-stream", "window"])
+@pytest.mark.parametrize("spaces", [True, False])
+def test_spaces_between_special_tokens(spaced_tok, spaces, use_stream):
+    a, b = spaced_tok.convert_tokens_to_ids(["<a>", "<b>"])
+    ids = [1, a, b, a, 2]
+    det = IncrementalDetokenizer(spaced_tok, SamplingParams(skip_special_tokens=False,
+                                                            spaces_between_special_tokens=spaces))
+    if not use_stream:
+        det._stream = None
+    for t in ids:
+        det.update(t)
+    assert spaced_tok.decode(ids, skip_special_tokens=False) == "hello <a> <b> <a> world"
+    assert det.text == ("hello <a> <b> <a> world" if spaces else "hello <a><b><a> world")
+    # skipped special tokens are unaffected by the flag
+    det = IncrementalDetokenizer(spaced_tok, SamplingParams(spaces_between_special_tokens=spaces))
+    for t in ids:
+        det.update(t)
+    assert det.text == spaced_tok.decode(ids, skip_special_tokens=True)
