@@ -55,22 +55,26 @@ def _compiler() -> str | None:
     return None
 
 
-def _build() -> str:
+def build_library(source: str = _SOURCE, extra_flags: tuple[str, ...] = ()) -> str:
+    """The path of `source` (a C file of csrc/) compiled to a shared object, built if needed;
+    `extra_flags` go after the usual ones (tests build a scalar variant with -mno-avx2 ...)."""
+    flags = [*_FLAGS, *extra_flags]
     cc = _compiler()
     if cc is None:
         raise RuntimeError("no C compiler (set CC, or install gcc)")
-    with open(_SOURCE, "rb") as f:
+    with open(source, "rb") as f:
         src = f.read()
-    key = hashlib.sha256(src + " ".join([cc, *_FLAGS, platform.machine(), _cpu_flags()]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(src + " ".join([cc, *flags, platform.machine(), _cpu_flags()]).encode()).hexdigest()[:16]
     cache = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "pagedllm")
-    path = os.path.join(cache, f"cpu_kernels-{key}.so")
+    name = os.path.splitext(os.path.basename(source))[0]
+    path = os.path.join(cache, f"{name}-{key}.so")
     if os.path.exists(path):
         return path
     os.makedirs(cache, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache)
     os.close(fd)
     try:
-        res = subprocess.run([cc, *_FLAGS, _SOURCE, "-o", tmp, "-lm"], capture_output=True, text=True, timeout=120)
+        res = subprocess.run([cc, *flags, source, "-o", tmp, "-lm"], capture_output=True, text=True, timeout=120)
         if res.returncode != 0:
             raise RuntimeError(f"{cc} failed: {res.stderr.strip()[-2000:]}")
         os.replace(tmp, path)  # atomic: concurrent builders (TP ranks) each install a whole file
@@ -80,15 +84,20 @@ def _build() -> str:
     return path
 
 
+def kernels_enabled() -> bool:
+    """False when `PAGEDLLM_CPU_KERNELS` turns the C kernels off."""
+    return os.environ.get("PAGEDLLM_CPU_KERNELS", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 def _load():
     global _lib, _probed
     if _probed:
         return _lib
     _probed = True
-    if os.environ.get("PAGEDLLM_CPU_KERNELS", "1").strip().lower() in ("0", "false", "no", "off"):
+    if not kernels_enabled():
         return None
     try:
-        lib = ctypes.CDLL(_build())
+        lib = ctypes.CDLL(build_library())
     except Exception as e:  # no compiler, a failed build, an unloadable object: the torch path
         logger.warning("CPU kernels unavailable, using the torch paths: %s", e)
         return None
