@@ -43,7 +43,7 @@ SCHEDULING_POLICIES = ("fcfs", "priority")
 DEVICES = ("auto", "cpu", "cuda")
 DISTRIBUTED_EXECUTOR_BACKENDS = ("mp", "ray", "uni")
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
-QUANTIZATION_CHOICES = ("fp8", "compressed-tensors")
+QUANTIZATION_CHOICES = ("fp8", "compressed-tensors", "gguf", "none")
 
 _GiB = 1 << 30
 
@@ -199,7 +199,9 @@ class EngineArgs(AcceptedArgs):
                            choices=LOAD_FORMATS, group="model")
     quantization: str | None = arg(None, "fp8: FP8 (e4m3) weights, quantized at load with per-channel scales "
                                    "unless the checkpoint is already FP8 (quant_method fp8 or compressed-tensors; "
-                                   "its quantization_config is used either way).", flags=("-q",),
+                                   "its quantization_config is used either way). gguf: a .gguf model's blocks "
+                                   "executed quantized by the CPU kernels (the default for a .gguf model on the "
+                                   "CPU in float32). none: a .gguf model dequantized to the dtype at load.", flags=("-q",),
                                    choices=QUANTIZATION_CHOICES, group="model")
     hf_overrides: dict[str, Any] = arg(default_factory=dict, help="JSON object of values that replace the "
                                        "model config's (e.g. '{\"rope_theta\": 50000}').", parse="json",
@@ -429,10 +431,10 @@ def _build_engine_config(args: EngineArgs) -> EngineConfig:
     architecture = resolve_architecture(archs)
     from pagedllm.model.layers.quantization import get_quantization_config
 
-    quant_config = get_quantization_config(args.quantization, hf_config, load_format)
+    dtype = _resolve_dtype(args.dtype, hf_config, device)
+    quant_config = get_quantization_config(args.quantization, hf_config, load_format, model, device, dtype)
     cache_dtype = _check_choice("kv_cache_dtype", args.kv_cache_dtype, KV_CACHE_DTYPES)
     cache_dtype = "fp8_e4m3" if cache_dtype == "fp8" else cache_dtype
-    dtype = _resolve_dtype(args.dtype, hf_config, device)
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
     block_size = resolve_block_size(args.block_size, head_dim, 4 if dtype == "float32" else 2)
     log_inapplicable(args, device, args.preemption_mode, swap_gib)

@@ -20,6 +20,7 @@ or a hub id whose config.json is in the local cache or downloadable).
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,7 +46,7 @@ CUDA_CONTEXT_BYTES = 600 * _MiB
 CPU_KV_SHARE, CPU_KV_CAP = 0.25, 4 * _GiB  # the engine's CPU default (worker.py)
 
 _ELEM = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1}
-QUANTIZATIONS = ("none", "fp8", "int4", "int8")
+QUANTIZATIONS = ("auto", "none", "fp8", "int4", "int8", "gguf")
 _LAYER_RE = re.compile(r"\.layers\.(\d+)\.")
 
 
@@ -53,7 +54,7 @@ _LAYER_RE = re.compile(r"\.layers\.(\d+)\.")
 class PlanInputs:
     model: str
     dtype: str = "auto"
-    quantization: str = "none"
+    quantization: str = "auto"  # auto: gguf for a .gguf file on the CPU in float32 (the engine's rule), else none
     kv_cache_dtype: str = "auto"
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
@@ -231,6 +232,32 @@ def _available_ram() -> int:
     return engine_ram()
 
 
+def _gguf_weight_bytes(path: str, stage_of_layer: list[int], pp: int, tp: int) -> list[int]:
+    """Bytes per stage of a GGUF file's tensors as stored (the engine keeps them in their
+    blocks): a layer's to its stage, the embedding to the first, the rest to the last; 2-D
+    tensors split over tp, norms replicated."""
+    import gguf
+
+    per_stage = [0] * pp
+    for t in gguf.GGUFReader(path).tensors:
+        nbytes = int(t.n_bytes) // (tp if len(t.shape) == 2 else 1)
+        parts = t.name.split(".")
+        if parts[0] == "blk":
+            per_stage[stage_of_layer[int(parts[1])]] += nbytes
+        else:
+            per_stage[0 if t.name.startswith("token_embd") else -1] += nbytes
+    return per_stage
+
+
+def _resolve_quantization(inp: PlanInputs, dtype: str) -> str:
+    is_gguf = inp.model.endswith(".gguf") and os.path.isfile(inp.model)
+    if inp.quantization == "auto":
+        return "gguf" if is_gguf and inp.device == "cpu" and dtype == "float32" else "none"
+    if inp.quantization == "gguf" and not (is_gguf and inp.device == "cpu" and dtype == "float32"):
+        raise ValueError("quantization: gguf needs a .gguf file, device cpu and dtype float32")
+    return inp.quantization
+
+
 def build_plan(inp: PlanInputs) -> MemoryPlan:
     hf_config, architecture = load_model_config(inp.model)
     tp, pp = inp.tensor_parallel_size, inp.pipeline_parallel_size
@@ -239,6 +266,7 @@ def build_plan(inp: PlanInputs) -> MemoryPlan:
     if inp.quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization: {inp.quantization!r} is not one of {QUANTIZATIONS}")
     dtype = _resolve_dtype(inp.dtype, hf_config, inp.device)
+    quantization = _resolve_quantization(inp, dtype)
     kv_dtype = dtype if inp.kv_cache_dtype == "auto" else inp.kv_cache_dtype
     if kv_dtype not in _ELEM:
         raise ValueError(f"kv_cache_dtype: {inp.kv_cache_dtype!r} is not auto, fp8 or fp8_e4m3")
@@ -248,7 +276,9 @@ def build_plan(inp: PlanInputs) -> MemoryPlan:
     counts = stage_layer_counts(num_layers, pp)
     stage_of_layer = [s for s, c in enumerate(counts) for _ in range(c)]
     model = _meta_model(hf_config, architecture, dtype, tp, inp.enable_expert_parallel)
-    per_stage, params = _weight_bytes(model, inp.quantization, stage_of_layer, pp)
+    per_stage, params = _weight_bytes(model, "none" if quantization == "gguf" else quantization, stage_of_layer, pp)
+    if quantization == "gguf":
+        per_stage = _gguf_weight_bytes(inp.model, stage_of_layer, pp, tp)
     from pagedllm.model.layers.fused_moe import check_moe_parallel, config_num_experts, param_counts
 
     moe_params = None
@@ -278,7 +308,7 @@ def build_plan(inp: PlanInputs) -> MemoryPlan:
         else:
             ram = inp.available_ram if inp.available_ram is not None else _available_ram()
             kv_bytes = min(int(ram * CPU_KV_SHARE), CPU_KV_CAP) // (tp * pp)
-        if dtype == "float32":
+        if dtype == "float32" and quantization != "gguf":
             extra["cpu_packed_gemm_copy_bytes"] = sum(
                 p.numel() * 4 for n, p in model.named_parameters() if p.dim() == 2 and ".layers." in n
             ) // pp
@@ -305,7 +335,7 @@ def alternatives(plan: MemoryPlan) -> list[tuple[str, MemoryPlan]]:
     options: list[tuple[str, PlanInputs]] = []
     if inp.kv_cache_dtype == "auto":
         options.append(("kv_cache_dtype=fp8", dataclasses.replace(inp, kv_cache_dtype="fp8")))
-    if inp.quantization == "none" and inp.device == "cuda":
+    if inp.quantization in ("auto", "none") and inp.device == "cuda":
         options.append(("quantization=fp8", dataclasses.replace(inp, quantization="fp8")))
     if plan.max_model_len >= 2048:
         options.append((f"max_model_len={plan.max_model_len // 2}",
@@ -362,7 +392,7 @@ def format_plan(plan: MemoryPlan, alts: list[tuple[str, MemoryPlan]] | None = No
                   + (f"; MoE: {plan.moe_params[0] / 1e9:.2f}B in all, {plan.moe_params[1] / 1e9:.2f}B active per "
                      f"token" + (", experts placed whole (expert parallel)" if inp.enable_expert_parallel else "")
                      if plan.moe_params else "") + ")"),
-        ("precision", f"weights {plan.dtype}" + (f" ({inp.quantization} linears)" if inp.quantization != "none" else "")
+        ("precision", f"weights {plan.dtype}" + (f" ({inp.quantization} linears)" if inp.quantization not in ("auto", "none") else "")
                       + f", KV cache {plan.kv_dtype}"),
         ("layout", f"TP={inp.tensor_parallel_size} x PP={inp.pipeline_parallel_size} "
                    f"(layers per stage {plan.stage_layers}), {where}"),
@@ -398,7 +428,8 @@ def add_plan_args(parser: Any) -> None:
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="Share of GPU memory the engine uses.")
     parser.add_argument("--kv-cache-memory", default=None, help="KV cache size (e.g. 4GiB), instead of the derived one.")
     parser.add_argument("--dtype", default="auto", help="Weight dtype: auto, float32, float16, bfloat16.")
-    parser.add_argument("--quantization", default="none", choices=QUANTIZATIONS, help="Weight storage of the linears.")
+    parser.add_argument("--quantization", default="auto", choices=QUANTIZATIONS,
+                        help="Weight storage of the linears (auto: gguf blocks for a .gguf file on the CPU, else none).")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8", "fp8_e4m3"), help="KV cache dtype.")
     parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     parser.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)

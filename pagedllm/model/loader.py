@@ -1,10 +1,12 @@
 """Loading a model: its config (HF directory or GGUF file), its tokenizer, and its weights
-from safetensors (single or sharded), GGUF (dequantized with the `gguf` package) or at random
-(`load_format="dummy"`, for benchmarks). Never unpickles anything.
+from safetensors (single or sharded), GGUF (dequantized with the `gguf` package, or kept in its
+blocks for quantization/gguf.py) or at random (`load_format="dummy"`, for benchmarks). Never
+unpickles anything.
 
 Under tensor parallelism each rank builds its shard of the model and reads only its part of
 every safetensors tensor (`CheckpointSlice`: the layers' weight loaders narrow it before it is
-read); a GGUF tensor is dequantized whole, then narrowed."""
+read); a dequantized GGUF tensor is dequantized whole, then narrowed; a quantized one is
+narrowed in its blocks."""
 
 from __future__ import annotations
 
@@ -197,8 +199,13 @@ def _unpermute_rope(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, out_dim // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def iter_gguf(path: str, hf_config: Any) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_gguf(path: str, hf_config: Any, keep_quantized: bool = False) -> Iterator[tuple[str, Any]]:
+    """The file's tensors under HF names, dequantized to float32; with `keep_quantized`, those
+    of a type the GGUF CPU kernels take (but the MoE experts') come as GGUFTensor blocks."""
     import gguf
+
+    from pagedllm.kernels.gguf_kernels import QUANT_TYPES
+    from pagedllm.model.layers.quantization.gguf import GGUFTensor
 
     reader = gguf.GGUFReader(path)
     arch = str(getattr(hf_config, "model_type", "llama"))
@@ -213,8 +220,15 @@ def iter_gguf(path: str, hf_config: Any) -> Iterator[tuple[str, torch.Tensor]]:
                 logger.debug("skipping GGUF tensor %s", t.name)
                 continue
             name = f"model.layers.{parts[1]}.{layer_names[parts[2]]}.{parts[3]}"
-        data = gguf.quants.dequantize(t.data, t.tensor_type)
         shape = tuple(int(x) for x in reversed(t.shape))  # GGUF lists dims innermost first
+        if keep_quantized and t.tensor_type.name in QUANT_TYPES and len(shape) == 2 and ".experts." not in name:
+            q = GGUFTensor(name, t.tensor_type.name, t.data, shape[1])
+            if arch in ("llama", "mistral") and name.endswith(("q_proj.weight", "k_proj.weight")):
+                rows = np.arange(shape[0]).reshape(-1, 1)
+                q = q.permute_rows(_unpermute_rope(rows, n_heads if "q_proj" in name else n_kv)[:, 0])
+            yield name, q
+            continue
+        data = gguf.quants.dequantize(t.data, t.tensor_type)
         data = np.array(data, dtype=np.float32, copy=True).reshape(shape)
         if arch in ("llama", "mistral") and name.endswith(("q_proj.weight", "k_proj.weight")):
             data = _unpermute_rope(data, n_heads if "q_proj" in name else n_kv)
@@ -271,7 +285,7 @@ def build_model(model_config, device: str, ps=None) -> torch.nn.Module:
                            float(getattr(model_config.hf_config, "initializer_range", 0.02)))
     else:
         weights = (
-            iter_gguf(model_config.model, model_config.hf_config)
+            iter_gguf(model_config.model, model_config.hf_config, getattr(quant, "name", None) == "gguf")
             if fmt == "gguf"
             else iter_safetensors(model_config.model)
         )

@@ -20,6 +20,10 @@ from pagedllm.model.layers.linear import copy_checked
 
 
 class VocabParallelEmbedding(nn.Module):
+    # quantized rows (model/layers/quantization/gguf.py: `embed`, and `apply` for the LM head),
+    # given at load; None: a plain weight
+    quant_method = None
+
     def __init__(self, vocab_size: int, hidden_size: int, ps: ParallelState = SINGLE):
         super().__init__()
         self.ps = ps
@@ -43,14 +47,19 @@ class VocabParallelEmbedding(nn.Module):
             copy_checked(param.data[:n], loaded.narrow(0, self.start, n))
         param.data[n:].zero_()
 
+    def _rows(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.quant_method is not None:
+            return self.quant_method.embed(self, ids)
+        return F.embedding(ids, self.weight)
+
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         # input_ids: [T] -> [T, H]
         if self.ps.tp_size == 1:
-            return F.embedding(input_ids, self.weight)
+            return self._rows(input_ids)
         # each rank embeds the ids it holds, zeros elsewhere; the all-reduce assembles them
         local = input_ids - self.start
         outside = (local < 0) | (local >= self.num_real)
-        y = F.embedding(local.masked_fill(outside, 0), self.weight)
+        y = self._rows(local.masked_fill(outside, 0))
         y.masked_fill_(outside.unsqueeze(-1), 0.0)
         return self.ps.all_reduce(y)
 
@@ -60,6 +69,9 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [S, H] -> local logits [S, per_rank] -> gathered [S, tp * per_rank] -> [S, vocab]
-        logits = cpu_gemm.linear(hidden, self.weight, None, self.packed_weight)
+        if self.quant_method is not None:
+            logits = self.quant_method.apply(self, hidden, None)
+        else:
+            logits = cpu_gemm.linear(hidden, self.weight, None, self.packed_weight)
         logits = self.ps.all_gather_last_dim(logits)
         return logits[:, : self.vocab_size]

@@ -35,10 +35,12 @@ def materialize(loaded) -> torch.Tensor:
     return loaded if isinstance(loaded, torch.Tensor) else loaded.load()
 
 
-def copy_checked(dst: torch.Tensor, src: torch.Tensor, what: str = "weight") -> None:
+def copy_checked(dst, src, what: str = "weight") -> None:
     if dst.shape != src.shape:
         raise ValueError(f"{what} shape mismatch: parameter {tuple(dst.shape)}, checkpoint {tuple(src.shape)}")
-    dst.copy_(src)
+    # a tensor parameter takes a lazy part (a quantized GGUF tensor) dequantized; a quantized
+    # layer's stand-in (quantization/gguf.py) records it as it is
+    dst.copy_(materialize(src) if isinstance(dst, torch.Tensor) else src)
 
 
 def default_weight_loader(param: torch.Tensor, loaded, shard_id=None) -> None:

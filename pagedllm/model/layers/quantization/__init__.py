@@ -13,7 +13,7 @@ from pagedllm.model.layers.quantization.base import (
     quantize_model,
 )
 
-QUANTIZATION_METHODS = ("fp8", "compressed-tensors")
+QUANTIZATION_METHODS = ("fp8", "compressed-tensors", "gguf", "none")
 
 __all__ = ["QUANTIZATION_METHODS", "LinearMethod", "QuantizationConfig", "get_quantization_config",
            "process_weights_after_loading", "quantize_model"]
@@ -26,16 +26,50 @@ def _checkpoint_quantization(hf_config: Any) -> dict | None:
     return dict(qc) if isinstance(qc, dict) else qc.to_dict()
 
 
-def get_quantization_config(quantization: str | None, hf_config: Any, load_format: str) -> QuantizationConfig | None:
-    """`quantization` None: whatever the checkpoint says (nothing for a plain one). "fp8" on a
-    plain checkpoint (or dummy weights): online FP8. Raises ValueError on a mismatch or an
-    unsupported checkpoint format."""
+def _gguf_config(quantization: str | None, model: str | None, load_format: str, device: str,
+                 dtype: str) -> QuantizationConfig | None:
+    """A .gguf model: executed in its blocks on the CPU (quantization None or "gguf"), else
+    dequantized at load (on a GPU, in another dtype, with quantization="none", or without a C
+    compiler under auto)."""
+    from pagedllm.kernels import gguf_kernels
+    from pagedllm.model.layers.quantization.gguf import GGUFConfig
+
+    if quantization == "gguf":
+        problem = (None if load_format == "gguf" else "needs a .gguf model") or \
+            (None if device == "cpu" else "runs on the CPU only (on a GPU the GGUF weights are dequantized: "
+                                          "leave quantization unset)") or \
+            (None if dtype == "float32" else f"runs float32 activations, not dtype={dtype}") or \
+            (None if gguf_kernels.available() else "needs the GGUF CPU kernels (a C compiler; "
+                                                    "PAGEDLLM_CPU_KERNELS not 0)")
+        if problem:
+            raise ValueError(f"quantization='gguf' {problem}")
+    elif quantization is not None or load_format != "gguf" or device != "cpu" or dtype != "float32" \
+            or not gguf_kernels.available():
+        return None
+    return GGUFConfig.from_file(model)
+
+
+def get_quantization_config(quantization: str | None, hf_config: Any, load_format: str, model: str | None = None,
+                            device: str = "cpu", dtype: str = "float32") -> QuantizationConfig | None:
+    """`quantization` None: whatever the checkpoint says (nothing for a plain one; a .gguf file
+    on the CPU in float32: its blocks, executed by the GGUF kernels). "fp8" on a plain checkpoint
+    (or dummy weights): online FP8. "gguf": a .gguf file's blocks, executed on the CPU. "none":
+    no quantized weights (a .gguf file dequantized to `dtype` at load). Raises ValueError on a
+    mismatch or an unsupported checkpoint format."""
     from pagedllm.model.layers.quantization.fp8 import Fp8Config
 
     if quantization is not None and quantization not in QUANTIZATION_METHODS:
         raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_METHODS)} (or None); got {quantization!r}")
+    if quantization in (None, "gguf"):
+        gguf_config = _gguf_config(quantization, model, load_format, device, dtype)
+        if gguf_config is not None:
+            return gguf_config
     qc = _checkpoint_quantization(hf_config)
     method = None if qc is None else qc.get("quant_method")
+    if quantization == "none":
+        if method is not None and load_format not in ("dummy", "gguf"):
+            raise ValueError(f"quantization='none' does not fit a quant_method={method!r} checkpoint")
+        return None
     if method is None or load_format in ("dummy", "gguf"):
         # random weights are drawn in the model's dtype and quantized like a plain checkpoint's
         if quantization == "compressed-tensors":
@@ -69,5 +103,6 @@ def precision_summary(model_dtype: str, quantization: QuantizationConfig | None,
         "weights": quantization.describe() if quantization is not None else model_dtype,
         "activations": activations,
         "kv_cache": model_dtype if cache_dtype == "auto" else cache_dtype,
-        "lm_head": model_dtype,
+        "lm_head": (f"gguf {quantization.head_type}" if quantization is not None and quantization.name == "gguf"
+                    else model_dtype),
     }

@@ -6,8 +6,8 @@ parameters it creates, with their weight loaders, so a rank loads only its shard
 Layers are chosen at load, not in the model code: `quantize_model` walks a built model and gives
 every column- and row-parallel linear the method its config picks (None keeps it unquantized:
 an ignored layer). Models know nothing of quantization; the embedding and LM head stay in the
-model's dtype. Any format (fp8 here; 4-bit GPTQ/AWQ/compressed-tensors next) is one config class
-and one method class in this package.
+model's dtype unless the config gives them a method too (GGUF). Any format (fp8 here; 4-bit
+GPTQ/AWQ/compressed-tensors next) is one config class and one method class in this package.
 """
 
 from __future__ import annotations
@@ -49,6 +49,10 @@ class QuantizationConfig(ABC):
     def get_linear_method(self, layer: nn.Module, prefix: str) -> LinearMethod | None:
         """The method for the linear layer named `prefix` (None: leave it unquantized)."""
 
+    def get_embedding_method(self, layer: nn.Module, prefix: str) -> LinearMethod | None:
+        """The method for an embedding or LM head (None, the default: the model's dtype)."""
+        return None
+
     def describe(self) -> str:
         """One line for the startup plan and /metrics, e.g. 'fp8 e4m3 per-channel (online)'."""
         return self.name
@@ -79,11 +83,23 @@ def quantize_model(model: nn.Module, config: QuantizationConfig) -> int:
     Returns the number of layers quantized."""
     from pagedllm.model.layers.linear import ColumnParallelLinear, RowParallelLinear
 
+    from pagedllm.model.layers.embedding import VocabParallelEmbedding
+
     count = 0
+    owners: dict[int, LinearMethod] = {}  # id of a (tied) vocabulary weight -> its method
     for prefix, module in model.named_modules():
-        if not isinstance(module, (ColumnParallelLinear, RowParallelLinear)):
+        if isinstance(module, VocabParallelEmbedding):
+            owner = owners.get(id(module.weight))
+            if owner is not None:  # a tied LM head: takes the embedding's weight and method
+                owner.tie(module)
+                continue
+            method = config.get_embedding_method(module, prefix)
+            if method is not None:
+                owners[id(module.weight)] = method
+        elif isinstance(module, (ColumnParallelLinear, RowParallelLinear)):
+            method = config.get_linear_method(module, prefix)
+        else:
             continue
-        method = config.get_linear_method(module, prefix)
         if method is None:
             continue
         module.quant_method = method
