@@ -86,7 +86,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="W1: run the engine without a tokenizer (no output text, no detokenizing cost)")
     p.add_argument("--dtype", default=None, help="W4: float32, W1: bfloat16")
     p.add_argument("--peer", default="all",
-                   help="comma-separated: hf-static, hf-cb, all, none (default all)")
+                   help="comma-separated: hf-static, hf-cb, llama-cpp (W4: llama-cpp-python on the same "
+                        ".gguf, its own venv; benchmarks/llama_cpp_peer.py), all (= hf-static,hf-cb), none "
+                        "(default all)")
     p.add_argument("--peer-batch-size", default=None,
                    help="static batch sizes, comma-separated (W4: 8,32; W1: 64)")
     p.add_argument("--prompt-len-range", type=int, nargs=2, default=None, metavar=("LO", "HI"),
@@ -98,7 +100,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--kv-cache-memory", default=None, help="e.g. 2GiB; default: the engine decides")
     p.add_argument("--enforce-eager", action="store_true")
-    p.add_argument("--quantization", default=None, help="fp8: FP8 weights (quantized at load)")
+    p.add_argument("--quantization", default=None,
+                   help="fp8: FP8 weights (quantized at load); W4: gguf (the default on the CPU) runs the "
+                        "file's blocks, none dequantizes them to --dtype")
     p.add_argument("--kv-cache-dtype", default="auto", help="auto | fp8")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: core count)")
     p.add_argument("--profile", default=None, metavar="PATH",
@@ -140,7 +144,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.peer_batch_size = "8,32" if w4 else "64"
     args.peer_batch_sizes = [int(x) for x in str(args.peer_batch_size).split(",") if x]
     peers = {x.strip() for x in args.peer.split(",") if x.strip()}
-    allowed = {"hf-static", "hf-cb", "all", "none"}
+    allowed = {"hf-static", "hf-cb", "llama-cpp", "all", "none"}
     if not peers <= allowed:
         p.error(f"--peer: unknown {sorted(peers - allowed)}; choose from {sorted(allowed)}")
     if "all" in peers:
@@ -327,7 +331,7 @@ def main(argv: list[str] | None = None) -> None:
         llm = LLM(model, **engine_kw)
         prompts, max_tokens = w4_requests(args, llm.get_tokenizer())
         warmup_prompts = [chat_ids(llm.get_tokenizer(), q) for q in W4_WARMUP_QUESTIONS]
-        describe = f"{os.path.basename(model)} (weights dequantized to {args.dtype}), chat prompts"
+        describe = f"{os.path.basename(model)} (weights: {llm.llm_engine.executor.worker.precision['weights']}), chat prompts"
     else:
         from transformers import AutoConfig
 
@@ -365,13 +369,20 @@ def main(argv: list[str] | None = None) -> None:
     del llm
     common.release_memory()
 
-    if args.peers:
+    results = []
+    if "llama-cpp" in args.peers:
+        from llama_cpp_peer import run_llama_cpp
+
+        if args.workload != "w4":
+            raise SystemExit("--peer llama-cpp runs W4 (a .gguf model)")
+        results.append(run_llama_cpp(model, prompts, max_tokens, threads, warmup_prompts))
+        print(f"{results[-1].name}: {results[-1].seconds:.2f} s", flush=True)
+    if args.peers - {"llama-cpp"}:
         dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
         if args.workload == "w4":
             peer_model = common.hf_model_from_gguf(model, dtype, device)
         else:
             peer_model = common.hf_model_from_config(model, dtype, device, args.seed)
-        results = []
 
         def repeated(label: str, fn):
             runs = []
@@ -407,17 +418,17 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"{results[-1].name}: {results[-1].seconds:.2f} s", flush=True)
             except Exception as e:  # a peer failing must not hide our figure
                 print(f"hf continuous batching failed: {type(e).__name__}: {e}", flush=True)
-        for r in results:
-            note = r.note
-            if args.temperature == 0 and args.workload == "w4":  # same weights only for W4
-                same, frac = common.agreement(our_tokens, r.outputs)
-                note = (note + "; " if note else "") + (
-                    f"greedy agreement with pagedllm: {same}/{len(prompts)} identical, "
-                    f"{100 * frac:.1f}% of leading tokens")
-            rows.append(common.Row(r.name, r.useful_tokens, r.generated_tokens, r.seconds, note,
-                                   r.cpu_seconds, r.others_busy))
         del peer_model
         common.release_memory()
+    for r in results:
+        note = r.note
+        if args.temperature == 0 and args.workload == "w4":  # same weights only for W4
+            same, frac = common.agreement(our_tokens, r.outputs)
+            note = (note + "; " if note else "") + (
+                f"greedy agreement with pagedllm: {same}/{len(prompts)} identical, "
+                f"{100 * frac:.1f}% of leading tokens")
+        rows.append(common.Row(r.name, r.useful_tokens, r.generated_tokens, r.seconds, note,
+                               r.cpu_seconds, r.others_busy))
 
     print()
     common.print_table(rows, ours)

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 
+import numpy as np
 import torch
 
 from pagedllm.attention.backend import get_attention_backend, kv_cache_dtype
@@ -44,6 +46,14 @@ def _available_ram() -> int:
 
 def _fmt(n: float) -> str:
     return f"{n / _GiB:.2f} GiB"
+
+
+def _untouched_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A CPU tensor of zeros whose pages are not touched (numpy's calloc: the OS maps zero pages
+    in on first write), so a CPU KV cache is resident only as far as blocks are used, and
+    allocating a few GiB takes no time (torch.zeros writes every page)."""
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(shape)
 
 
 class Worker:
@@ -144,10 +154,12 @@ class Worker:
         nl = self.num_layers
         shape = (nl, 2, num_gpu_blocks, cc.block_size, self.num_kv_heads, mc.head_dim)
         t0 = time.time()
-        # the slow phase of a CPU start (the pages of a few GiB are touched here): say so
         logger.info("%sallocating the KV cache: %s on %s ...", self._tag(),
                     _fmt(num_gpu_blocks * self.bytes_per_block()), self.device)
-        self.kv_cache = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
+        if self.device.type == "cpu":
+            self.kv_cache = _untouched_zeros(shape, self.kv_dtype)
+        else:
+            self.kv_cache = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
         bind_kv_cache(self.model, [self.kv_cache[i, 0] for i in range(nl)],
                       [self.kv_cache[i, 1] for i in range(nl)], self.backend)
         self.cpu_cache = None
