@@ -88,3 +88,17 @@ def test_quantization_choices_are_checked():
     # auto on a GPU or in another dtype: dequantized at load, as before
     assert get_quantization_config(None, None, "gguf", default_model_path(), "cuda", "float16") is None
     assert get_quantization_config(None, None, "gguf", default_model_path(), "cpu", "bfloat16") is None
+
+
+def test_tensor_parallel_splits_the_blocks(quantized):
+    """tp=3 (SmolLM2's 9 heads, 3 kv heads): each rank holds its rows (column-parallel) or its
+    whole blocks of K (row-parallel: o_proj's 192 and down_proj's 512 columns a rank are whole
+    Q4_1 blocks) and its third of the vocabulary; the greedy tokens are tp=1's."""
+    prompt = quantized.get_tokenizer()("The capital of France is")["input_ids"]
+    params = SamplingParams(temperature=0, max_tokens=12)
+    tp2 = LLM(kv_cache_memory="32MiB", max_model_len=256, tensor_parallel_size=3)
+    try:
+        ours = tp2.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids
+    finally:
+        tp2.llm_engine.shutdown()
+    assert ours == quantized.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids

@@ -184,18 +184,16 @@ class GGUFLinearMethod(LinearMethod):
                 data = src.blocks()
             else:
                 data = (src if isinstance(src, torch.Tensor) else src.load()).to(torch.float32)
-            if offset > covered:  # vocabulary padding: zero rows of the previous type (0 blocks are 0)
-                if not groups:
-                    raise ValueError(f"GGUF weight rows [{covered}, {offset}) were not loaded")
-                groups[-1][2].append(torch.zeros(offset - covered, groups[-1][2][-1].shape[1], dtype=groups[-1][2][-1].dtype))
+            if offset > covered:
+                raise ValueError(f"GGUF weight rows [{covered}, {offset}) were not loaded")
             if groups and groups[-1][1] == qtype:
                 groups[-1][2].append(data)
             else:
                 groups.append((offset, qtype, [data]))
             covered = offset + data.shape[0]
-        if covered < rows:
-            if not groups:
-                raise ValueError("a GGUF weight was not loaded")
+        if covered < rows:  # a vocabulary shard's padding rows: zero blocks (which are zeros) or floats
+            if not groups or covered < getattr(layer, "num_real", rows):
+                raise ValueError(f"GGUF weight rows [{covered}, {rows}) were not loaded")
             last = groups[-1][2][-1]
             groups[-1][2].append(torch.zeros(rows - covered, last.shape[1], dtype=last.dtype))
         self.segments = []
