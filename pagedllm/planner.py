@@ -232,23 +232,6 @@ def _available_ram() -> int:
     return engine_ram()
 
 
-def _gguf_weight_bytes(path: str, stage_of_layer: list[int], pp: int, tp: int) -> list[int]:
-    """Bytes per stage of a GGUF file's tensors as stored (the engine keeps them in their
-    blocks): a layer's to its stage, the embedding to the first, the rest to the last; 2-D
-    tensors split over tp, norms replicated."""
-    import gguf
-
-    per_stage = [0] * pp
-    for t in gguf.GGUFReader(path).tensors:
-        nbytes = int(t.n_bytes) // (tp if len(t.shape) == 2 else 1)
-        parts = t.name.split(".")
-        if parts[0] == "blk":
-            per_stage[stage_of_layer[int(parts[1])]] += nbytes
-        else:
-            per_stage[0 if t.name.startswith("token_embd") else -1] += nbytes
-    return per_stage
-
-
 def _resolve_quantization(inp: PlanInputs, dtype: str) -> str:
     is_gguf = inp.model.endswith(".gguf") and os.path.isfile(inp.model)
     if inp.quantization == "auto":
@@ -278,7 +261,9 @@ def build_plan(inp: PlanInputs) -> MemoryPlan:
     model = _meta_model(hf_config, architecture, dtype, tp, inp.enable_expert_parallel)
     per_stage, params = _weight_bytes(model, "none" if quantization == "gguf" else quantization, stage_of_layer, pp)
     if quantization == "gguf":
-        per_stage = _gguf_weight_bytes(inp.model, stage_of_layer, pp, tp)
+        from pagedllm.model.layers.quantization.gguf import file_weight_bytes
+
+        per_stage = file_weight_bytes(inp.model, stage_of_layer, pp, tp)
     from pagedllm.model.layers.fused_moe import check_moe_parallel, config_num_experts, param_counts
 
     moe_params = None

@@ -139,6 +139,23 @@ class GGUFConfig(QuantizationConfig):
         return cls(tuple(q for q, _ in counts.most_common()), head)
 
 
+def file_weight_bytes(path: str, stage_of_layer: list[int], pp: int, tp: int) -> list[int]:
+    """For the planner: bytes per pipeline stage of a GGUF file's tensors as stored (the engine
+    keeps them in their blocks): a layer's to its stage, the embedding to the first, the rest
+    to the last; 2-D tensors split over tp, norms replicated."""
+    import gguf
+
+    per_stage = [0] * pp
+    for t in gguf.GGUFReader(path).tensors:
+        nbytes = int(t.n_bytes) // (tp if len(t.shape) == 2 else 1)
+        parts = t.name.split(".")
+        if parts[0] == "blk":
+            per_stage[stage_of_layer[int(parts[1])]] += nbytes
+        else:
+            per_stage[0 if t.name.startswith("token_embd") else -1] += nbytes
+    return per_stage
+
+
 class GGUFLinearMethod(LinearMethod):
     """One layer's GGUF weight (a linear, the embedding or the LM head: [rows, K] either way).
     `segments`: (first row, rows, type or "F32") per parameter, in row order."""
