@@ -1,4 +1,4 @@
-"""Batch-1 latency (W2 of /work/shared/BENCHMARKS.md): one request, a 128-token prompt, 256
+"""Batch-1 latency (W2 of docs/benchmarks.md): one request, a 128-token prompt, 256
 output tokens, greedy, ignore_eos. Figures: ms per output token of the decode alone,
 (E2E - TTFT) / (n - 1), and tokens/s; pagedllm against `transformers` `generate` (default cache)
 on the same random weights, in one process run.

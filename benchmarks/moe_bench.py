@@ -1,5 +1,5 @@
 """W5 (MoE) in one process run: Qwen3-30B-A3B with random weights (configs/qwen3-30b-a3b, bf16),
-pagedllm against transformers on the same architecture (see /work/shared/BENCHMARKS.md).
+pagedllm against transformers on the same architecture (see docs/benchmarks.md).
 
 1. the grouped-GEMM experts alone at Qwen3-30B-A3B's shapes (CUDA): microseconds per layer and
    the bandwidth of the expert weights they read, at 1, 8, 64 and 256 tokens, and a few tile

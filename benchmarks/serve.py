@@ -1,4 +1,4 @@
-"""Online serving benchmark (W3 of /work/shared/BENCHMARKS.md; the method of `vllm bench serve`):
+"""Online serving benchmark (W3 of docs/benchmarks.md; the method of `vllm bench serve`):
 a streaming client that sends requests to any OpenAI-compatible server and measures what each
 user sees.
 

@@ -1,5 +1,5 @@
 """Offline throughput: pagedllm's `LLM.generate` against `transformers` on the same weights, in
-one process run (see /work/shared/BENCHMARKS.md).
+one process run (see docs/benchmarks.md).
 
 W4 (CPU): the embedded SmolLM2-135M-Instruct in float32, 32 chat prompts, max_tokens uniform in
 [16, 128], greedy. W1 (GPU): Qwen3-0.6B bf16 with random weights, 256 random-token prompts of

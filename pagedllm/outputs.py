@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(slots=True)
@@ -11,6 +11,18 @@ class Logprob:
     logprob: float
     rank: int | None = None  # 1 = most likely
     decoded_token: str | None = None
+
+
+@dataclass(slots=True)
+class TokenLogprobs:
+    """What the sampler reports at one position: the chosen token's and the top-k, from the raw logits
+    (the engine turns it into a dict of Logprob)."""
+
+    token_id: int
+    logprob: float
+    rank: int  # 1 = most likely
+    top_ids: list[int]
+    top_logprobs: list[float]
 
 
 # One dict per position: token id -> Logprob (the chosen token and the top-k).
@@ -36,7 +48,7 @@ class CompletionOutput:
     token_ids: list[int]
     cumulative_logprob: float | None
     logprobs: SampleLogprobs | None
-    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
     stop_reason: int | str | None = None  # the stop string or stop token id that ended it
 
     def finished(self) -> bool:
@@ -53,4 +65,5 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0
-    error: str | None = field(default=None)
+    # data parallelism: the replica serving it failed (the request is over, with no output)
+    error: str | None = None

@@ -7,12 +7,23 @@ up to `max_logprobs`) are checked by the engine's `add_request`.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 from pagedllm.structured_output.params import StructuredOutputsParams
 
 _MAX_STOP_STRINGS = 64
 _MAX_LOGIT_BIAS = 100.0
+
+
+class RequestOutputKind(enum.IntEnum):
+    """What the engine reports of a request (vLLM's names): everything so far at each step
+    (CUMULATIVE), only what is new since its previous output (DELTA: new token ids, text and
+    logprobs; prompt logprobs once), or one output when it has finished (FINAL_ONLY)."""
+
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
 
 
 @dataclass(slots=True)
@@ -41,7 +52,9 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None  # only these may be sampled
     bad_words: list[str] | None = None  # never generated (a word's last token is banned after its others)
     structured_outputs: StructuredOutputsParams | None = None
-    # Filled by the engine, not by users.
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    # Derived, not set by users: stop_token_ids as a set (by __post_init__), bad_words as token
+    # id sequences (by the engine's add_request, which has the tokenizer).
     all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
     bad_words_token_ids: list[list[int]] = field(default_factory=list, repr=False)
 
@@ -139,6 +152,11 @@ class SamplingParams:
                 raise ValueError(f"structured_outputs: {e}") from None
         if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
             raise ValueError(f"structured_outputs must be a StructuredOutputsParams, got {self.structured_outputs!r}")
+        if not isinstance(self.output_kind, RequestOutputKind):
+            try:
+                self.output_kind = RequestOutputKind(self.output_kind)
+            except ValueError:
+                raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}") from None
         self.all_stop_token_ids = set(self.stop_token_ids)
 
     @property

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from array import array
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import xxhash
@@ -50,9 +51,7 @@ class NoFreeBlocksError(RuntimeError):
 
 
 class BlockManager:
-    def __init__(
-        self, num_blocks: int, block_size: int, enable_prefix_caching: bool, num_cpu_blocks: int = 0
-    ) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool, num_cpu_blocks: int = 0) -> None:
         if num_blocks < 1:
             raise ValueError(f"the KV cache must hold at least one block, got {num_blocks}")
         self.num_blocks = num_blocks
@@ -153,16 +152,14 @@ class BlockManager:
         blk.ref_cnt = 1
         return bid
 
-    def can_allocate(self, request: Request, num_new_tokens: int, computed_blocks: list[int] = ()) -> bool:
+    def can_allocate(self, request: Request, num_new_tokens: int, computed_blocks: Sequence[int] = ()) -> bool:
         table = self.req_blocks.get(request.request_id, ())
         num_computed = request.num_computed_tokens + len(computed_blocks) * self.block_size
         need = self.num_blocks_needed(num_computed + num_new_tokens) - len(table) - len(computed_blocks)
         reclaimed = sum(1 for b in computed_blocks if self.blocks[b].ref_cnt == 0)
         return max(need, 0) + reclaimed <= len(self.free_queue)
 
-    def allocate_slots(
-        self, request: Request, num_new_tokens: int, computed_blocks: list[int] = ()
-    ) -> bool:
+    def allocate_slots(self, request: Request, num_new_tokens: int, computed_blocks: Sequence[int] = ()) -> bool:
         """Make room for `num_new_tokens` more tokens after the computed ones (counting the
         prefix-cache hits in `computed_blocks`, which the request takes a reference on).
         Returns False and changes nothing when there are not enough free blocks."""
@@ -171,7 +168,9 @@ class BlockManager:
         if table is not None and not computed_blocks:  # fast path: a running request
             total = request.num_computed_tokens + num_new_tokens
             if -(-total // self.block_size) <= len(table):
-                if self.enable_prefix_caching and min(total, request.num_tokens) // self.block_size > self.req_num_hashed.get(rid, 0):
+                if self.enable_prefix_caching and min(
+                    total, request.num_tokens
+                ) // self.block_size > self.req_num_hashed.get(rid, 0):
                     self._register_full_blocks(request, total)
                 return True
         if not self.can_allocate(request, num_new_tokens, computed_blocks):

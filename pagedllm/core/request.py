@@ -15,7 +15,6 @@ class RequestStatus(enum.IntEnum):
     FINISHED_STOPPED = 10
     FINISHED_LENGTH = 11
     FINISHED_ABORTED = 12
-    FINISHED_ERROR = 13
 
     @property
     def finished(self) -> bool:
@@ -30,7 +29,6 @@ _FINISH_REASONS = {
     RequestStatus.FINISHED_STOPPED: "stop",
     RequestStatus.FINISHED_LENGTH: "length",
     RequestStatus.FINISHED_ABORTED: "abort",
-    RequestStatus.FINISHED_ERROR: "error",
 }
 
 
@@ -39,10 +37,24 @@ class Request:
     `num_computed_tokens` of them have their K/V in the cache."""
 
     __slots__ = (
-        "request_id", "prompt_token_ids", "output_token_ids", "all_token_ids", "sampling_params",
-        "arrival_time", "priority", "status", "num_computed_tokens", "num_cached_tokens",
-        "max_output_tokens", "eos_token_ids", "num_preemptions", "first_scheduled_time",
-        "stop_reason", "block_hashes", "num_pending", "needs_history",
+        "request_id",
+        "prompt_token_ids",
+        "output_token_ids",
+        "all_token_ids",
+        "sampling_params",
+        "arrival_time",
+        "priority",
+        "status",
+        "num_computed_tokens",
+        "num_cached_tokens",
+        "max_output_tokens",
+        "eos_token_ids",
+        "num_preemptions",
+        "first_scheduled_time",
+        "stop_reason",
+        "block_hashes",
+        "num_pending",
+        "needs_history",
     )
 
     def __init__(
@@ -77,7 +89,10 @@ class Request:
         # tokens): no step may run ahead. (A grammar does not: its matcher lives in the runner.)
         sp = sampling_params
         self.needs_history = bool(
-            sp.min_tokens or sp.repetition_penalty != 1.0 or sp.frequency_penalty or sp.presence_penalty
+            sp.min_tokens
+            or sp.repetition_penalty != 1.0
+            or sp.frequency_penalty
+            or sp.presence_penalty
             or any(len(w) > 1 for w in sp.bad_words_token_ids)
         )
 
@@ -122,5 +137,7 @@ class Request:
         return (self.priority, self.arrival_time)
 
     def __repr__(self) -> str:
-        return (f"Request({self.request_id!r}, {self.status.name}, tokens={self.num_tokens}, "
-                f"computed={self.num_computed_tokens})")
+        return (
+            f"Request({self.request_id!r}, {self.status.name}, tokens={self.num_tokens}, "
+            f"computed={self.num_computed_tokens})"
+        )

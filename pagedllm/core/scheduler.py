@@ -168,6 +168,7 @@ class Scheduler:
             block_ids=list(self.block_manager.get_block_ids(req.request_id)),
             num_computed_tokens=req.num_computed_tokens,
             sampling_params=req.sampling_params,
+            eos_token_ids=req.eos_token_ids,
         )
 
     def schedule(self) -> SchedulerOutput:
@@ -188,12 +189,15 @@ class Scheduler:
             if req.request_id in self.in_flight:
                 i += 1  # pipeline parallelism: in a batch still in flight
                 continue
-            if req.num_pending and (req.num_output_tokens + req.num_pending >= req.max_output_tokens
-                                    or req.num_tokens_with_pending >= max_len):
+            if req.num_pending and (
+                req.num_output_tokens + req.num_pending >= req.max_output_tokens
+                or req.num_tokens_with_pending >= max_len
+            ):
                 i += 1  # its last token is in flight: it finishes when that arrives
                 continue
-            num_new = min(req.num_tokens_with_pending - req.num_computed_tokens, budget,
-                          max_len - req.num_computed_tokens)
+            num_new = min(
+                req.num_tokens_with_pending - req.num_computed_tokens, budget, max_len - req.num_computed_tokens
+            )
             if num_new <= 0:
                 i += 1
                 continue
@@ -212,8 +216,9 @@ class Scheduler:
                     break
             if not scheduled:
                 continue
-            cached = CachedRequestData(req.request_id, bm.get_block_ids(req.request_id)[old_len:],
-                                       req.num_computed_tokens)
+            cached = CachedRequestData(
+                req.request_id, bm.get_block_ids(req.request_id)[old_len:], req.num_computed_tokens
+            )
             if self.pipeline_parallel:
                 sent = self._num_tokens_sent[req.request_id]
                 cached.new_token_ids = req.all_token_ids[sent:]
@@ -241,7 +246,10 @@ class Scheduler:
 
         # 3. waiting requests, with prefix-cache hits and chunked prefill
         while (
-            self.waiting and not preempted and not self.swapped and budget > 0
+            self.waiting
+            and not preempted
+            and not self.swapped
+            and budget > 0
             and len(self.running) < self.config.max_num_seqs
         ):
             req = self.waiting[0]

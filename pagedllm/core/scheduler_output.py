@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pagedllm.outputs import TokenLogprobs
 from pagedllm.sampling_params import SamplingParams
 
 
@@ -17,6 +18,7 @@ class NewRequestData:
     block_ids: list[int]
     num_computed_tokens: int
     sampling_params: SamplingParams
+    eos_token_ids: frozenset[int]  # the model's end-of-sequence ids (min_tokens bans them)
 
 
 @dataclass(slots=True)
@@ -48,17 +50,6 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool:
         return self.total_num_scheduled_tokens == 0
-
-
-@dataclass(slots=True)
-class TokenLogprobs:
-    """Logprobs at one position: the chosen token's and the top-k, from the raw logits."""
-
-    token_id: int
-    logprob: float
-    rank: int  # 1 = most likely
-    top_ids: list[int]
-    top_logprobs: list[float]
 
 
 @dataclass(slots=True)

@@ -23,7 +23,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import logging
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -31,17 +32,39 @@ HONOURED = "honoured"
 ACCEPTED = "accepted"
 
 # Parser names the CLI knows (entrypoints/engine_cli.py); None: derived from the field's type.
-PARSERS = ("positive_int", "non_negative_int", "int", "float", "non_negative_float", "fraction",
-           "size", "gib_or_size", "json", "str", "optional_token")
+PARSERS = (
+    "positive_int",
+    "non_negative_int",
+    "int",
+    "float",
+    "non_negative_float",
+    "fraction",
+    "size",
+    "gib_or_size",
+    "json",
+    "str",
+    "optional_token",
+)
 
 _MISSING = dataclasses.MISSING
 
 
-def arg(default: Any = _MISSING, help: str = "", *, default_factory: Any = _MISSING,
-        flags: Iterable[str] = (), choices: Iterable[Any] | None = None, parse: str | None = None,
-        group: str = "engine", cli: bool = True, cli_default: Any = _MISSING,
-        alias_of: str | None = None, status: str = HONOURED, note: str | None = None,
-        metavar: str | None = None) -> Any:
+def arg(
+    default: Any = _MISSING,
+    help: str = "",
+    *,
+    default_factory: Any = _MISSING,
+    flags: Iterable[str] = (),
+    choices: Iterable[Any] | None = None,
+    parse: str | None = None,
+    group: str = "engine",
+    cli: bool = True,
+    cli_default: Any = _MISSING,
+    alias_of: str | None = None,
+    status: str = HONOURED,
+    note: str | None = None,
+    metavar: str | None = None,
+) -> Any:
     """A dataclass field of EngineArgs with what its CLI flag needs.
 
     flags: extra spellings besides `--the-field-name` (e.g. the seed documents' `--max-seq-length`);
@@ -54,9 +77,17 @@ def arg(default: Any = _MISSING, help: str = "", *, default_factory: Any = _MISS
     if parse is not None and parse not in PARSERS:
         raise ValueError(f"arg: parse must be one of {PARSERS}, got {parse!r}")
     meta = {
-        "help": help, "flags": tuple(flags), "choices": None if choices is None else tuple(choices),
-        "parse": parse, "group": group, "cli": cli, "cli_default": cli_default, "alias_of": alias_of,
-        "status": status, "note": note, "metavar": metavar,
+        "help": help,
+        "flags": tuple(flags),
+        "choices": None if choices is None else tuple(choices),
+        "parse": parse,
+        "group": group,
+        "cli": cli,
+        "cli_default": cli_default,
+        "alias_of": alias_of,
+        "status": status,
+        "note": note,
+        "metavar": metavar,
     }
     if default_factory is not _MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
@@ -66,13 +97,18 @@ def arg(default: Any = _MISSING, help: str = "", *, default_factory: Any = _MISS
 def accepted(default: Any, help: str, note: str, **kw: Any) -> Any:
     """A vLLM argument accepted for compatibility: `note` says what pagedllm does instead; it is
     logged once when the value differs from the default."""
-    return arg(default, f"{help} Accepted for vLLM compatibility: {note}", status=ACCEPTED, note=note,
-               group=kw.pop("group", "vLLM compatibility (accepted, logged)"), **kw)
+    return arg(
+        default,
+        f"{help} Accepted for vLLM compatibility: {note}",
+        status=ACCEPTED,
+        note=note,
+        group=kw.pop("group", "vLLM compatibility (accepted, logged)"),
+        **kw,
+    )
 
 
 # name -> (vLLM's default, the feature that will deliver it)
-PENDING_ARGS: dict[str, tuple[Any, str]] = {
-}
+PENDING_ARGS: dict[str, tuple[Any, str]] = {}
 # Server (frontend) flags other issues are delivering, with the same rule.
 PENDING_SERVER_ARGS: dict[str, tuple[Any, str]] = {
     "reasoning_parser": (None, "reasoning parsers (the structured outputs / tools issue)"),
@@ -81,12 +117,14 @@ PENDING_SERVER_ARGS: dict[str, tuple[Any, str]] = {
 
 def pending_error(name: str, value: Any, table: Mapping[str, tuple[Any, str]] = PENDING_ARGS) -> ValueError:
     feature = table[name][1]
-    return ValueError(f"{name}={value!r}: {feature} is not in pagedllm yet; leave {name} at its default "
-                      f"({table[name][0]!r})")
+    return ValueError(
+        f"{name}={value!r}: {feature} is not in pagedllm yet; leave {name} at its default ({table[name][0]!r})"
+    )
 
 
-def check_pending(values: Mapping[str, Any], fields: set[str],
-                  table: Mapping[str, tuple[Any, str]] = PENDING_ARGS) -> None:
+def check_pending(
+    values: Mapping[str, Any], fields: set[str], table: Mapping[str, tuple[Any, str]] = PENDING_ARGS
+) -> None:
     """Raises for a pending argument set to anything but vLLM's default."""
     for name, value in values.items():
         if name in table and name not in fields and value != table[name][0]:
@@ -120,7 +158,7 @@ def log_accepted(args: Any) -> list[str]:
     for f in dataclasses.fields(args):
         if f.metadata.get("status") != ACCEPTED:
             continue
-        default = f.default if f.default is not _MISSING else f.default_factory()  # type: ignore[misc]
+        default = f.default if f.default is not _MISSING else f.default_factory()  # type: ignore[misc,operator]
         value = getattr(args, f.name)
         if value != default:
             lines.append(f"{f.name}={value!r} accepted for vLLM compatibility: {f.metadata['note']}")

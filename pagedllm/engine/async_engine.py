@@ -7,10 +7,10 @@ forward pass), and it imports no fastapi / uvicorn / prometheus.
 
     asyncio loop (HTTP handlers)                 engine thread
     ──────────────────────────────────           ──────────────────────────────────────────
-    generate(): new _RequestStream,              loop: apply inbox (add_request / abort)
-                inbox ← _Add ─────────────────▶        outputs = engine.step()
+    generate(): new RequestStream,              loop: apply inbox (add_request / abort)
+                inbox ← AddMessage ─────────────────▶        outputs = engine.step()
     async for out in stream ◀─ call_soon_threadsafe ─  snapshot each output → its stream
-    abort():    inbox ← _Abort ───────────────▶        stats → stat loggers (log line, Prometheus)
+    abort():    inbox ← AbortMessage ───────────────▶        stats → stat loggers (log line, Prometheus)
 
 Outputs are cumulative (the text and tokens so far), so a stream keeps only the newest one:
 a slow consumer skips intermediate states instead of queueing them.
@@ -18,8 +18,9 @@ a slow consumer skips intermediate states instead of queueing them.
 Failure model: a request the engine rejects (ValueError from add_request) gets that ValueError;
 when `step()` raises, every in-flight request fails with RequestFailedError and is aborted, and
 the loop goes on unless the engine's `check_health()` then raises (a worker or pipeline stage
-died: no step can ever succeed), which stops the loop. Only if the engine cannot even be cleaned up does the loop stop; from then on
-`errored` is true, `generate()` raises EngineDeadError, and the server's /health says 503.
+died: no step can ever succeed), which stops the loop. Only if the engine cannot even be
+cleaned up does the loop stop; from then on `errored` is true, `generate()` raises
+EngineDeadError, and the server's /health says 503.
 
 Tests reach both failure paths through `StepFault` (the server reads it from
 $PAGEDLLM_TEST_FAULT): a chosen engine step raises, or kills the loop, before it runs.
@@ -28,106 +29,32 @@ $PAGEDLLM_TEST_FAULT): a chosen engine step raises, or kills the loop, before it
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from pagedllm.engine.async_stream import (
+    AbortMessage,
+    AddMessage,
+    EngineDeadError,
+    QueueFullError,
+    RequestFailedError,
+    RequestStream,
+    StreamState,
+    abort_output,
+)
 from pagedllm.engine.fault_injection import StepFault
 from pagedllm.engine.metrics import IterationStats, StatLogger, finished_request_stats
-from pagedllm.outputs import CompletionOutput, RequestOutput
-from pagedllm.sampling_params import SamplingParams
+from pagedllm.engine.protocol import EngineClient
+from pagedllm.outputs import RequestOutput
+from pagedllm.sampling_params import RequestOutputKind, SamplingParams
 
 if TYPE_CHECKING:
     from pagedllm.config import EngineArgs
 
 logger = logging.getLogger(__name__)
-
-
-class EngineDeadError(RuntimeError):
-    """The engine loop has stopped; no request can be served."""
-
-
-class QueueFullError(RuntimeError):
-    """More requests than max_num_seqs + max_queue_len are in flight."""
-
-
-class RequestFailedError(RuntimeError):
-    """The engine failed while this request was in flight (not the request's own fault)."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Inbox messages (asyncio side → engine thread)
-
-
-@dataclass(slots=True)
-class _Add:
-    request_id: str
-    prompt: str | list[int]
-    params: SamplingParams
-    priority: int
-    stream: "_RequestStream"
-    arrival: float  # time.monotonic() when generate() was called
-    final_only: bool = False
-
-
-@dataclass(slots=True)
-class _Abort:
-    request_ids: list[str]
-
-
-@dataclass(slots=True)
-class _RequestState:
-    """Engine-thread bookkeeping for one in-flight request."""
-
-    stream: "_RequestStream"
-    arrival: float  # time.monotonic() when generate() was called
-    final_only: bool = False  # the engine reports it once, finished; timings come from its metrics
-    add_delay: float = 0.0  # seconds from generate() to the engine's add_request
-    outputs: dict[int, CompletionOutput] = field(default_factory=dict)
-    first_token_time: float | None = None
-    last_token_time: float | None = None
-    num_tokens: int = 0  # summed over the n samples
-    num_prompt_tokens: int = 0
-    last_output: RequestOutput | None = None
-
-
-class _RequestStream:
-    """The asyncio side of one request: holds the newest output (or an error) and wakes the
-    consumer. `put` / `fail` run on the stream's event loop only."""
-
-    __slots__ = ("request_id", "loop", "_latest", "_error", "_ready", "done")
-
-    def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop) -> None:
-        self.request_id = request_id
-        self.loop = loop
-        self._latest: RequestOutput | None = None
-        self._error: BaseException | None = None
-        self._ready = asyncio.Event()
-        self.done = False  # a final output or an error has been put
-
-    def put(self, output: RequestOutput) -> None:
-        self._latest = output
-        self.done = self.done or output.finished
-        self._ready.set()
-
-    def fail(self, error: BaseException) -> None:
-        self._error = error
-        self.done = True
-        self._ready.set()
-
-    async def get(self) -> RequestOutput:
-        while True:
-            if self._latest is not None:
-                out, self._latest = self._latest, None
-                return out
-            if self._error is not None:
-                raise self._error
-            self._ready.clear()
-            await self._ready.wait()
 
 
 class AsyncLLMEngine:
@@ -139,7 +66,7 @@ class AsyncLLMEngine:
 
     def __init__(
         self,
-        engine: Any,
+        engine: EngineClient,
         *,
         max_num_seqs: int | None = None,
         max_queue_len: int | None = None,
@@ -151,11 +78,11 @@ class AsyncLLMEngine:
         if max_queue_len is not None and max_queue_len < 0:
             raise ValueError(f"max_queue_len must be >= 0, got {max_queue_len}")
         self.engine = engine
-        self.tokenizer = getattr(engine, "tokenizer", None)
-        self.model_config = getattr(engine, "model_config", None)
-        if max_num_seqs is None:
-            sched = getattr(engine, "scheduler_config", None)
-            max_num_seqs = getattr(sched, "max_num_seqs", None) or 256
+        self.tokenizer = engine.tokenizer
+        self.model_config = engine.model_config
+        if max_num_seqs is None:  # the engine's own limit (data parallelism: every replica's)
+            pc = engine.config.parallel_config
+            max_num_seqs = engine.config.scheduler_config.max_num_seqs * pc.data_parallel_size
         self.max_num_seqs = max_num_seqs
         self.max_queue_len = max_queue_len
         self.stat_loggers = list(stat_loggers)
@@ -164,12 +91,12 @@ class AsyncLLMEngine:
         self._num_steps = 0
 
         self._cv = threading.Condition()
-        self._inbox: list[_Add | _Abort] = []
+        self._inbox: list[AddMessage | AbortMessage] = []
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._dead_error: BaseException | None = None
         # Engine-thread only.
-        self._requests: dict[str, _RequestState] = {}
+        self._requests: dict[str, StreamState] = {}
         self._last_stats: Any = None
         # Event-loop side: request ids handed to generate() and not yet ended.
         self._in_flight: set[str] = set()
@@ -177,13 +104,10 @@ class AsyncLLMEngine:
             self.start()
 
     @classmethod
-    def from_engine_args(cls, engine_args: "EngineArgs", **kwargs: Any) -> "AsyncLLMEngine":
+    def from_engine_args(cls, engine_args: EngineArgs, **kwargs: Any) -> AsyncLLMEngine:
         from pagedllm.engine.llm_engine import LLMEngine
 
-        engine = LLMEngine.from_engine_args(engine_args)
-        # data parallelism: every replica serves max_num_seqs
-        kwargs.setdefault("max_num_seqs", engine_args.max_num_seqs * engine_args.data_parallel_size)
-        return cls(engine, **kwargs)
+        return cls(LLMEngine.from_engine_args(engine_args), **kwargs)
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -200,9 +124,8 @@ class AsyncLLMEngine:
             self._cv.notify()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
-        engine_shutdown = getattr(self.engine, "shutdown", None)
-        if engine_shutdown is not None and (self._thread is None or not self._thread.is_alive()):
-            engine_shutdown()  # stops tensor-parallel workers
+        if self._thread is None or not self._thread.is_alive():
+            self.engine.shutdown()  # stops tensor-parallel workers
 
     @property
     def is_running(self) -> bool:
@@ -249,9 +172,12 @@ class AsyncLLMEngine:
         priority: int = 0,
         final_only: bool = False,
     ) -> AsyncIterator[RequestOutput]:
-        """Submit a request and return the async stream of its cumulative outputs; the last has
-        `finished=True`. Must be called from a running event loop. With `final_only`, the stream
-        yields only the final output (less work per step for a caller that does not stream).
+        """Submit a request and return the async stream of its outputs, of the kind
+        `sampling_params.output_kind` asks for (CUMULATIVE: a slow consumer gets the newest;
+        DELTA: every delta, in order); the last has `finished=True`. Must be called from a
+        running event loop. With `final_only` (the same as output_kind FINAL_ONLY), the
+        stream yields only the final output (less work per step for a caller that does not
+        stream).
 
         Admission happens here, synchronously (so a handler can submit several requests with no
         other handler in between): EngineDeadError, QueueFullError and a duplicate id raise at
@@ -265,12 +191,15 @@ class AsyncLLMEngine:
         if request_id in self._in_flight:
             raise ValueError(f"request id {request_id!r} is already in flight")
         self.check_capacity(1)
-        stream = _RequestStream(request_id, asyncio.get_running_loop())
+        if final_only and sampling_params.output_kind != RequestOutputKind.FINAL_ONLY:
+            sampling_params = sampling_params.clone(output_kind=RequestOutputKind.FINAL_ONLY)
+        kind = sampling_params.output_kind
+        stream = RequestStream(request_id, asyncio.get_running_loop(), kind == RequestOutputKind.DELTA)
         self._in_flight.add(request_id)
-        self._post(_Add(request_id, prompt, sampling_params, priority, stream, time.monotonic(), final_only))
+        self._post(AddMessage(request_id, prompt, sampling_params, priority, stream, time.monotonic()))
         return self._iterate(stream)
 
-    async def _iterate(self, stream: _RequestStream) -> AsyncIterator[RequestOutput]:
+    async def _iterate(self, stream: RequestStream) -> AsyncIterator[RequestOutput]:
         try:
             while True:
                 out = await stream.get()
@@ -279,7 +208,7 @@ class AsyncLLMEngine:
                     return
         finally:
             if not stream.done:
-                self._post(_Abort([stream.request_id]))
+                self._post(AbortMessage([stream.request_id]))
 
     async def abort(self, request_id: str | Iterable[str]) -> None:
         self.abort_nowait(request_id)
@@ -289,7 +218,7 @@ class AsyncLLMEngine:
         "abort", and their KV blocks are freed before the next step."""
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
         if ids:
-            self._post(_Abort(ids))
+            self._post(AbortMessage(ids))
 
     def abort_all(self) -> None:
         self.abort_nowait(list(self._in_flight))
@@ -301,12 +230,12 @@ class AsyncLLMEngine:
 
     # ---- engine thread -------------------------------------------------------------------------
 
-    def _post(self, msg: _Add | _Abort) -> None:
+    def _post(self, msg: AddMessage | AbortMessage) -> None:
         with self._cv:
             self._inbox.append(msg)
             self._cv.notify()
 
-    def _take_inbox(self, block: bool) -> list[_Add | _Abort]:
+    def _take_inbox(self, block: bool) -> list[AddMessage | AbortMessage]:
         with self._cv:
             if block and not self._inbox and not self._stopping:
                 self._cv.wait(self._idle_tick)
@@ -333,17 +262,16 @@ class AsyncLLMEngine:
             self._fail_all(EngineDeadError(f"the engine loop died: {e!r}"))
         logger.debug("engine loop stopped")
 
-    def _apply(self, msgs: list[_Add | _Abort], iteration: IterationStats) -> None:
+    def _apply(self, msgs: list[AddMessage | AbortMessage], iteration: IterationStats) -> None:
         for msg in msgs:
-            if isinstance(msg, _Add):
+            if isinstance(msg, AddMessage):
                 self._apply_add(msg)
             else:
                 self._apply_abort(msg.request_ids, iteration)
 
-    def _apply_add(self, msg: _Add) -> None:
-        extra = {"final_only": True} if msg.final_only else {}
+    def _apply_add(self, msg: AddMessage) -> None:
         try:
-            self.engine.add_request(msg.request_id, msg.prompt, msg.params, priority=msg.priority, **extra)
+            self.engine.add_request(msg.request_id, msg.prompt, msg.params, priority=msg.priority)
         except ValueError as e:
             self._deliver([(msg.stream, ValueError(str(e)))])
             return
@@ -352,9 +280,12 @@ class AsyncLLMEngine:
             self._deliver([(msg.stream, RequestFailedError(f"the engine could not add the request: {e!r}"))])
             return
         num_prompt = len(msg.prompt) if isinstance(msg.prompt, list) else 0
-        self._requests[msg.request_id] = _RequestState(
-            stream=msg.stream, arrival=msg.arrival, final_only=msg.final_only,
-            add_delay=time.monotonic() - msg.arrival, num_prompt_tokens=num_prompt,
+        self._requests[msg.request_id] = StreamState(
+            stream=msg.stream,
+            arrival=msg.arrival,
+            kind=msg.params.output_kind,
+            add_delay=time.monotonic() - msg.arrival,
+            num_prompt_tokens=num_prompt,
         )
 
     def _apply_abort(self, request_ids: list[str], iteration: IterationStats) -> None:
@@ -366,27 +297,10 @@ class AsyncLLMEngine:
         deliveries = []
         for rid in live:
             state = self._requests.pop(rid)
-            final = self._final_abort_output(rid, state)
+            final = abort_output(rid, state)
             deliveries.append((state.stream, final))
             iteration.finished.append(finished_request_stats(state, final, now, "abort"))
         self._deliver(deliveries)
-
-    def _final_abort_output(self, request_id: str, state: _RequestState) -> RequestOutput:
-        # New objects: the old ones may be in the hands of the event loop thread right now.
-        for i, c in state.outputs.items():
-            if c.finish_reason is None:
-                state.outputs[i] = dataclasses.replace(c, finish_reason="abort")
-        prev = state.last_output
-        return RequestOutput(
-            request_id=request_id,
-            prompt=prev.prompt if prev else None,
-            prompt_token_ids=prev.prompt_token_ids if prev else [],
-            prompt_logprobs=prev.prompt_logprobs if prev else None,
-            outputs=[state.outputs[i] for i in sorted(state.outputs)],
-            finished=True,
-            metrics=prev.metrics if prev else None,
-            num_cached_tokens=prev.num_cached_tokens if prev else 0,
-        )
 
     def _step(self, iteration: IterationStats) -> None:
         self._num_steps += 1
@@ -411,12 +325,10 @@ class AsyncLLMEngine:
             finally:
                 self._deliver([(state.stream, err) for state in states])
                 iteration.finished.extend(finished_request_stats(s, None, now, "error") for s in states)
-            check_health = getattr(self.engine, "check_health", None)
-            if check_health is not None:
-                check_health()  # a dead worker or stage: the loop dies (and the server exits)
+            self.engine.check_health()  # a dead worker or stage: the loop dies (and the server exits)
             return
         now = time.monotonic()
-        deliveries: list[tuple[_RequestStream, RequestOutput | BaseException]] = []
+        deliveries: list[tuple[RequestStream, RequestOutput | BaseException]] = []
         for out in outputs:
             state = self._requests.get(out.request_id)
             if state is None:  # aborted on our side in the meantime
@@ -436,15 +348,14 @@ class AsyncLLMEngine:
                     iteration.time_to_first_tokens.append(fin.time_to_first_token)
         self._deliver(deliveries)
 
-    def _snapshot(
-        self, state: _RequestState, out: RequestOutput, now: float, iteration: IterationStats
-    ) -> RequestOutput:
+    def _snapshot(self, state: StreamState, out: RequestOutput, now: float, iteration: IterationStats) -> RequestOutput:
         # The engine builds fresh output objects (and lists) every step, so they can be handed to
         # the event loop thread as they are.
+        delta = state.kind == RequestOutputKind.DELTA
         new_tokens = 0
         for c in out.outputs:
             prev = state.outputs.get(c.index)
-            new_tokens += len(c.token_ids) - (len(prev.token_ids) if prev else 0)
+            new_tokens += len(c.token_ids) - (len(prev.token_ids) if prev and not delta else 0)
             state.outputs[c.index] = c
         if new_tokens > 0 and not state.final_only:
             if state.first_token_time is None:
@@ -455,6 +366,9 @@ class AsyncLLMEngine:
             state.last_token_time = now
         state.num_tokens += max(new_tokens, 0)
         state.num_prompt_tokens = len(out.prompt_token_ids)
+        if delta:  # passed on as it is: the stream queues every delta
+            state.last_output = out
+            return out
         snap = RequestOutput(
             request_id=out.request_id,
             prompt=out.prompt,
@@ -490,19 +404,17 @@ class AsyncLLMEngine:
             self._apply_abort(ids, iteration)
         with self._cv:
             pending, self._inbox = self._inbox, []
-        self._deliver(
-            [(m.stream, EngineDeadError(why)) for m in pending if isinstance(m, _Add)]
-        )
+        self._deliver([(m.stream, EngineDeadError(why)) for m in pending if isinstance(m, AddMessage)])
 
     def _fail_all(self, error: BaseException) -> None:
         deliveries = [(s.stream, error) for s in self._requests.values()]
         self._requests.clear()
         with self._cv:
             pending, self._inbox = self._inbox, []
-        deliveries += [(m.stream, error) for m in pending if isinstance(m, _Add)]
+        deliveries += [(m.stream, error) for m in pending if isinstance(m, AddMessage)]
         self._deliver(deliveries)
 
-    def _deliver(self, items: list[tuple[_RequestStream, RequestOutput | BaseException]]) -> None:
+    def _deliver(self, items: Sequence[tuple[RequestStream, RequestOutput | BaseException]]) -> None:
         """Hand items to their streams' event loops: one thread-safe call per loop."""
         by_loop: dict[asyncio.AbstractEventLoop, list] = {}
         for stream, item in items:
@@ -513,7 +425,7 @@ class AsyncLLMEngine:
             except RuntimeError:  # the loop is closed: nobody is listening any more
                 pass
 
-    def _deliver_on_loop(self, batch: list[tuple[_RequestStream, RequestOutput | BaseException]]) -> None:
+    def _deliver_on_loop(self, batch: list[tuple[RequestStream, RequestOutput | BaseException]]) -> None:
         for stream, item in batch:
             if isinstance(item, BaseException):
                 stream.fail(item)

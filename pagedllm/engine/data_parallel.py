@@ -34,8 +34,9 @@ import signal
 import time
 import traceback
 import weakref
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from pagedllm.config import EngineConfig
 from pagedllm.engine.llm_engine import EngineStats, LLMEngine, PromptType
@@ -53,8 +54,9 @@ def replica_config(config: EngineConfig) -> EngineConfig:
     """The config of one replica: data_parallel_size 1; its own ranks run with mp (or ray)."""
     pc = config.parallel_config
     backend = pc.distributed_executor_backend if pc.world_size > 1 else "uni"
-    return dataclasses.replace(config, parallel_config=dataclasses.replace(
-        pc, data_parallel_size=1, distributed_executor_backend=backend))
+    return dataclasses.replace(
+        config, parallel_config=dataclasses.replace(pc, data_parallel_size=1, distributed_executor_backend=backend)
+    )
 
 
 @dataclass(slots=True)
@@ -77,15 +79,18 @@ class ReplicaLoop:
         self.engine = LLMEngine(config)
 
     def info(self) -> dict[str, Any]:
-        return {"pid": os.getpid(), "num_gpu_blocks": self.engine.num_gpu_blocks,
-                "num_cpu_blocks": self.engine.num_cpu_blocks}
+        return {
+            "pid": os.getpid(),
+            "num_gpu_blocks": self.engine.num_gpu_blocks,
+            "num_cpu_blocks": self.engine.num_cpu_blocks,
+        }
 
     def apply(self, msg: tuple) -> list[RequestOutput]:
         """Applies one message; returns the outputs of requests it refused."""
         if msg[0] == "add":
-            _, rid, prompt, params, arrival, priority, final_only = msg
+            _, rid, prompt, params, arrival, priority = msg
             try:
-                self.engine.add_request(rid, prompt, params, arrival, priority, final_only)
+                self.engine.add_request(rid, prompt, params, arrival, priority)
             except ValueError as e:
                 return [_error_output(rid, str(e))]
         elif msg[0] == "abort":
@@ -100,7 +105,7 @@ class ReplicaLoop:
             return engine.step()
         except Exception as e:  # noqa: BLE001 - the step's requests fail; the replica goes on if it can
             logger.exception("replica %d: engine step failed", self.index)
-            ids = list(engine._parents)
+            ids = engine.unfinished_request_ids
             engine.abort_request(ids)
             engine.check_health()  # a dead worker: the replica is done (its front end reports it)
             return [_error_output(rid, f"the engine failed while serving this request: {e!r}") for rid in ids]
@@ -113,12 +118,20 @@ class ReplicaLoop:
 
 
 def _error_output(request_id: str, message: str) -> RequestOutput:
-    return RequestOutput(request_id=request_id, prompt=None, prompt_token_ids=[], prompt_logprobs=None,
-                         outputs=[], finished=True, error=message)
+    return RequestOutput(
+        request_id=request_id,
+        prompt=None,
+        prompt_token_ids=[],
+        prompt_logprobs=None,
+        outputs=[],
+        finished=True,
+        error=message,
+    )
 
 
-def _replica_main(config: EngineConfig, index: int, conn: multiprocessing.connection.Connection,
-                  log_level: int, num_replicas: int) -> None:
+def _replica_main(
+    config: EngineConfig, index: int, conn: multiprocessing.connection.Connection, log_level: int, num_replicas: int
+) -> None:
     """Entry point of a replica process: the engine loop, driven through one pipe."""
     import torch
 
@@ -190,6 +203,9 @@ class DPEngineClient:
         mc = self.model_config = config.model_config
         self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(mc.model, mc.tokenizer, mc.gguf_file)
         self.eos_token_ids = eos_token_ids(mc.model, mc.gguf_file, mc.hf_config, self.tokenizer)
+        from pagedllm.engine.generation_defaults import generation_defaults
+
+        self.default_sampling_params: dict = generation_defaults(mc)
         self._structured = None  # the grammar compiler, made on first use (structured_output_manager)
         pc = config.parallel_config
         self.prefix_affinity = pc.data_parallel_prefix_affinity
@@ -213,8 +229,12 @@ class DPEngineClient:
         # the per-step records stay in the replicas (the engine page shows none under DP)
         self.num_steps_scheduled = 0
         self.step_log: collections.deque = collections.deque()
-        logger.info("data parallelism: %d replicas (%s) ready in %.1fs", len(self.replicas),
-                    pc.distributed_executor_backend, time.time() - t0)
+        logger.info(
+            "data parallelism: %d replicas (%s) ready in %.1fs",
+            len(self.replicas),
+            pc.distributed_executor_backend,
+            time.time() - t0,
+        )
 
     # ---- requests in -----------------------------------------------------------------
     # LLMEngine's own request checks, run here before a replica is picked (so bad input is a
@@ -225,20 +245,27 @@ class DPEngineClient:
     check_sampling_params = LLMEngine.check_sampling_params
     structured_output_manager = LLMEngine.structured_output_manager
     apply_chat_template = LLMEngine.apply_chat_template
+    get_default_sampling_params = LLMEngine.get_default_sampling_params
 
-    def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams | None = None,
-                    arrival_time: float | None = None, priority: int = 0, final_only: bool = False) -> None:
+    def add_request(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams | None = None,
+        arrival_time: float | None = None,
+        priority: int = 0,
+    ) -> None:
         """Checks the request as LLMEngine.add_request does (ValueError naming the field) and
         queues it on a replica. RuntimeError when no replica is left."""
         if request_id in self._owner:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        params, text, ids = self.check_request(prompt, params, priority)
+        params, text, ids = self.check_request(prompt, params, priority)  # type: ignore[misc]
         replica = self._pick(ids)
         arrival = time.time() if arrival_time is None else arrival_time
         sent = {"prompt_token_ids": ids} if text is None else {"prompt": text, "prompt_token_ids": ids}
-        if not self.transport.send(replica.handle, ("add", request_id, sent, params, arrival, priority, final_only)):
+        if not self.transport.send(replica.handle, ("add", request_id, sent, params, arrival, priority)):
             self._died(replica)
-            return self.add_request(request_id, prompt, params, arrival_time, priority, final_only)
+            return self.add_request(request_id, prompt, params, arrival_time, priority)
         replica.requests.add(request_id)
         self._owner[request_id] = replica
 
@@ -295,7 +322,7 @@ class DPEngineClient:
                     continue  # aborted here since the replica sent it
                 if out.finished:
                     del self._owner[out.request_id]
-                    replica.requests.discard(out.request_id)
+                    replica.requests.discard(out.request_id)  # type: ignore[union-attr]
                 outputs.append(out)
         return outputs
 
@@ -307,8 +334,7 @@ class DPEngineClient:
         replica.stats = None
         why = self.transport.describe_death(replica.handle)
         lost = sorted(replica.requests)
-        msg = (f"data-parallel replica {replica.index} (pid {replica.pid}) {why}; "
-               f"{len(lost)} of its requests failed")
+        msg = f"data-parallel replica {replica.index} (pid {replica.pid}) {why}; {len(lost)} of its requests failed"
         left = sum(r.alive for r in self.replicas)
         logger.error("%s; %d replica(s) keep serving", msg, left)
         for rid in lost:
@@ -321,7 +347,8 @@ class DPEngineClient:
         per = [r.stats if r.alive else None for r in self.replicas]
         have = [s for s in per if s is not None]
         numbers = [f.name for f in dataclasses.fields(EngineStats) if f.type in ("int", "float")]
-        total = DPEngineStats(**{name: 0 for name in numbers}, replicas=per)
+        zeros: dict[str, Any] = {name: 0 for name in numbers}
+        total = DPEngineStats(**zeros, replicas=per)
         for s in have:
             for name in numbers:
                 setattr(total, name, getattr(total, name) + getattr(s, name))
@@ -359,8 +386,9 @@ class ProcessReplicas:
         level = logging.getLogger("pagedllm").getEffectiveLevel()
         for i in range(self.n):
             mine, theirs = ctx.Pipe(duplex=True)
-            proc = ctx.Process(target=_replica_main, name=f"pagedllm-dp{i}", daemon=False,
-                               args=(self.config, i, theirs, level, self.n))
+            proc = ctx.Process(
+                target=_replica_main, name=f"pagedllm-dp{i}", daemon=False, args=(self.config, i, theirs, level, self.n)
+            )
             proc.start()
             theirs.close()
             self.procs.append(proc)

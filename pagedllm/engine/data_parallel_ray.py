@@ -116,15 +116,19 @@ class RayReplicas:
         world = cfg.parallel_config.world_size
         threads = cpu_threads_per_rank(self.n * world)
         # a replica of one rank runs its worker in the actor; a larger one asks Ray for its ranks
-        opts = dict(num_gpus=1 if cuda and world == 1 else 0, num_cpus=0 if cuda else (threads if world == 1 else 0))
+        opts: dict[str, Any] = dict(
+            num_gpus=1 if cuda and world == 1 else 0, num_cpus=0 if cuda else (threads if world == 1 else 0)
+        )
         cls = ray.remote(**opts)(RayReplica)
         level = logging.getLogger("pagedllm").getEffectiveLevel()
         self.actors = [cls.remote(cfg, i, threads, level) for i in range(self.n)]
         refs = [a.info.remote() for a in self.actors]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=_START_TIMEOUT_S)
         if len(ready) < len(refs):
-            raise RuntimeError(f"the Ray cluster did not start {self.n} data-parallel replicas within "
-                               f"{_START_TIMEOUT_S:.0f}s (it has {ray.cluster_resources()})")
+            raise RuntimeError(
+                f"the Ray cluster did not start {self.n} data-parallel replicas within "
+                f"{_START_TIMEOUT_S:.0f}s (it has {ray.cluster_resources()})"
+            )
         infos = []
         for i, ref in enumerate(refs):
             try:

@@ -14,6 +14,10 @@ are held back from `visible_text`, so a stream never shows the start of a stop s
 `spaces_between_special_tokens=False` (with `skip_special_tokens=False`): a special (added)
 token that follows another is emitted as its bare content, without the space the tokenizer's
 decoder may put before it (as vLLM does; True, the default, keeps the decoder's text).
+
+`deferred` (a request reported only when finished, without stop strings, whose text can come
+from one decode: spaces_between_special_tokens or skip_special_tokens set): `update` only
+keeps the ids and the text is decoded once, by the first `visible_text(finished=True)`.
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ from pagedllm.sampling_params import SamplingParams
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: Any, params: SamplingParams):
+    def __init__(self, tokenizer: Any, params: SamplingParams, deferred: bool = False):
         self.tokenizer = tokenizer
+        self._num_decoded = 0  # deferred: the ids that make up the text
         self.skip_special_tokens = params.skip_special_tokens
         self.stop = params.stop
         self.include_stop = params.include_stop_str_in_output
@@ -39,7 +44,8 @@ class IncrementalDetokenizer:
         self._last_added = False
         if not params.skip_special_tokens and not params.spaces_between_special_tokens:
             self._added = {i: t.content for i, t in tokenizer.added_tokens_decoder.items()}
-        backend = getattr(tokenizer, "_tokenizer", None)
+        self.deferred = deferred and self._added is None
+        backend = getattr(tokenizer, "_tokenizer", None) if not self.deferred else None
         self._stream = None
         if backend is not None:
             try:
@@ -56,6 +62,10 @@ class IncrementalDetokenizer:
     def update(self, token_id: int, detokenize: bool = True) -> str | None:
         """Adds one token; returns the stop string matched, if any."""
         self.token_ids.append(token_id)
+        if self.deferred:
+            if detokenize:
+                self._num_decoded = len(self.token_ids)
+            return None
         if not detokenize:
             return None
         if self._stream is not None:
@@ -99,6 +109,11 @@ class IncrementalDetokenizer:
         return s
 
     def visible_text(self, finished: bool) -> str:
+        if self.deferred:
+            if finished and self._num_decoded:
+                self.text = self._decode(self.token_ids[: self._num_decoded])
+                self._num_decoded = 0
+            return self.text
         if finished or self.max_stop_len <= 1 or self.include_stop:
             return self.text
         return self.text[: max(0, len(self.text) - (self.max_stop_len - 1))]

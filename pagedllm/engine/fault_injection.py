@@ -28,14 +28,13 @@ class StepFault:
     ENV_VAR = "PAGEDLLM_TEST_FAULT"
 
     @classmethod
-    def parse(cls, spec: str) -> "StepFault":
-        fail, die = set(), set()
+    def parse(cls, spec: str) -> StepFault:
+        fail: set[int] = set()
+        die: set[int] = set()
         for item in filter(None, (part.strip() for part in spec.split(","))):
             kind, _, number = item.partition(":")
             if kind not in ("step", "die") or not number.isdigit() or int(number) < 1:
-                raise ValueError(
-                    f"{cls.ENV_VAR}: expected items such as 'step:3' or 'die:10' (N >= 1), got {item!r}"
-                )
+                raise ValueError(f"{cls.ENV_VAR}: expected items such as 'step:3' or 'die:10' (N >= 1), got {item!r}")
             (fail if kind == "step" else die).add(int(number))
         return cls(frozenset(fail), frozenset(die))
 

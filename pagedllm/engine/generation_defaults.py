@@ -15,8 +15,15 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 # generation_config.json key -> SamplingParams field
-_FIELDS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
-           "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_tokens", "max_tokens": "max_tokens"}
+_FIELDS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+    "max_new_tokens": "max_tokens",
+    "max_tokens": "max_tokens",
+}
 
 
 def generation_defaults(model_config: Any) -> dict[str, Any]:
@@ -39,6 +46,9 @@ def generation_defaults(model_config: Any) -> dict[str, Any]:
             raise ValueError(f"override_generation_config: {key!r} is not one of {', '.join(sorted(_FIELDS))}")
         out[_FIELDS[key]] = value
     if out:
-        logger.info("default sampling parameters (generation_config=%r): %s", mode,
-                    ", ".join(f"{k}={v}" for k, v in sorted(out.items())))
+        logger.info(
+            "default sampling parameters (generation_config=%r): %s",
+            mode,
+            ", ".join(f"{k}={v}" for k, v in sorted(out.items())),
+        )
     return out

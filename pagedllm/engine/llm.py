@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import itertools
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from tqdm.auto import tqdm
 
@@ -12,7 +13,7 @@ from pagedllm.config import EngineArgs
 from pagedllm.engine.arg_utils import split_engine_kwargs
 from pagedllm.engine.llm_engine import LLMEngine, PromptType
 from pagedllm.outputs import RequestOutput
-from pagedllm.sampling_params import SamplingParams
+from pagedllm.sampling_params import RequestOutputKind, SamplingParams
 
 
 class LLM:
@@ -27,7 +28,7 @@ class LLM:
 
     def get_default_sampling_params(self) -> SamplingParams:
         """What `generate` uses without SamplingParams: generation_config.json's defaults."""
-        return self.llm_engine.get_default_sampling_params()
+        return self.llm_engine.get_default_sampling_params()  # type: ignore[misc]
 
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
@@ -39,13 +40,15 @@ class LLM:
         use_tqdm: bool = True,
         priority: list[int] | None = None,
     ) -> list[RequestOutput]:
-        if isinstance(prompts, str) or isinstance(prompts, dict) or (
-            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
+        if (
+            isinstance(prompts, str)
+            or isinstance(prompts, dict)
+            or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int))
         ):
             prompts = [prompts]
         prompts = list(prompts)
         if sampling_params is None:
-            sampling_params = self.llm_engine.get_default_sampling_params()
+            sampling_params = self.llm_engine.get_default_sampling_params()  # type: ignore[misc]
         if isinstance(sampling_params, SamplingParams):
             params = [sampling_params] * len(prompts)
         else:
@@ -58,11 +61,16 @@ class LLM:
             raise ValueError(f"priority: got {len(priority)} values for {len(prompts)} prompts")
         engine = self.llm_engine
         ids = []
+        final: dict[int, SamplingParams] = {}  # one FINAL_ONLY copy of each params object given
         try:
             for i, (p, sp) in enumerate(zip(prompts, params)):
                 rid = str(next(self._counter))
+                if isinstance(sp, SamplingParams) and sp.output_kind != RequestOutputKind.FINAL_ONLY:
+                    if id(sp) not in final:
+                        final[id(sp)] = sp.clone(output_kind=RequestOutputKind.FINAL_ONLY)
+                    sp = final[id(sp)]
                 try:
-                    engine.add_request(rid, p, sp, priority=0 if priority is None else priority[i], final_only=True)
+                    engine.add_request(rid, p, sp, priority=0 if priority is None else priority[i])
                 except ValueError as e:
                     raise ValueError(f"prompt {i}: {e}") from None
                 ids.append(rid)
@@ -102,10 +110,16 @@ class LLM:
         add_generation_prompt: bool = True,
         chat_template: str | None = None,
     ) -> list[RequestOutput]:
-        convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        convs: list = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         prompts = []
         for conv in convs:
             if not conv or not all(isinstance(m, dict) and "role" in m for m in conv):
                 raise ValueError("messages must be a non-empty list of {'role', 'content'} dicts")
-            prompts.append(self.llm_engine.apply_chat_template(conv, add_generation_prompt, chat_template))
+            prompts.append(
+                self.llm_engine.apply_chat_template(
+                    conv,
+                    add_generation_prompt,  # type: ignore[misc]
+                    chat_template,
+                )
+            )  # type: ignore[arg-type]
         return self.generate(prompts, sampling_params, use_tqdm)

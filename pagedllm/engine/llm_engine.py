@@ -1,9 +1,11 @@
-"""LLMEngine: the synchronous engine. It owns the tokenizer, the scheduler and the executor;
-`add_request` validates and queues, `step` runs one schedule -> forward -> update cycle and
-returns cumulative RequestOutputs for the requests that progressed.
+"""LLMEngine: the synchronous engine. It owns the tokenizer, the scheduler, the executor and
+the output processor; `add_request` validates and queues, `step` runs one schedule -> forward
+-> update cycle and returns the RequestOutputs due (of the kind each request's
+`SamplingParams.output_kind` asks for; engine/output_processor.py).
 
 A request with `n > 1` becomes n child sequences that share the prompt's KV blocks through the
-prefix cache; its RequestOutput gathers them.
+prefix cache; its RequestOutput gathers them. Under pipeline parallelism `step` keeps one batch
+per stage in flight (engine/pipelined.py).
 """
 
 from __future__ import annotations
@@ -11,90 +13,27 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from pagedllm.config import EngineArgs, EngineConfig
 from pagedllm.core.request import Request, RequestStatus
 from pagedllm.core.scheduler import Scheduler
-from pagedllm.core.scheduler_output import SchedulerOutput, TokenLogprobs
-from pagedllm.engine.detokenizer import IncrementalDetokenizer
-from pagedllm.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from pagedllm.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from pagedllm.engine.output_processor import OutputProcessor
+from pagedllm.engine.pipelined import step_pipelined
+from pagedllm.engine.step_stats import STEP_LOG_LEN, EngineStats, StepRecord, StepTiming
+from pagedllm.outputs import RequestOutput
 from pagedllm.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from pagedllm.engine.data_parallel import DPEngineClient
 
+__all__ = ["EngineStats", "LLMEngine", "PromptType", "StepRecord", "StepTiming"]
+
 logger = logging.getLogger(__name__)
 
 PromptType = str | list[int] | dict
-
-
-@dataclass(slots=True)
-class EngineStats:
-    num_running: int
-    num_waiting: int
-    num_swapped: int
-    kv_cache_usage: float
-    prefix_cache_queries: int
-    prefix_cache_hits: int
-    num_preemptions: int
-    prompt_tokens: int
-    generation_tokens: int
-    num_gpu_blocks: int
-    num_free_blocks: int
-    # MoE: tokens routed to each expert (summed over layers), and to each rank's experts
-    expert_load: list[int] = field(default_factory=list)
-    expert_load_per_rank: list[int] = field(default_factory=list)
-
-
-@dataclass(slots=True)
-class _Parent:
-    """Engine-side state of one user request and its n sequences."""
-
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    children: list[Request]
-    detoks: list[IncrementalDetokenizer]
-    metrics: RequestMetrics
-    logprobs: list[list[dict[int, Logprob]] | None]
-    cum_logprobs: list[float | None]
-    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
-    finished_children: int = 0
-    final_only: bool = False  # produce a RequestOutput only when the request finishes
-
-
-@dataclass(frozen=True, slots=True)
-class StepRecord:
-    """One scheduled step, for the engine page and the iteration metrics."""
-
-    index: int  # 1, 2, ... in scheduling order
-    time: float  # time.time() when it was scheduled
-    num_prefill_tokens: int
-    num_decodes: int
-    num_tokens: int  # of max_num_batched_tokens
-    num_reqs: int
-
-
-STEP_LOG_LEN = 1024
-
-
-@dataclass
-class StepTiming:
-    """Host seconds spent in each phase of `LLMEngine.step`, summed over steps."""
-
-    schedule: float = 0.0
-    launch: float = 0.0  # input preparation and the launch of the device work
-    collect: float = 0.0  # waiting for a step's sampled tokens
-    process: float = 0.0  # appending tokens, stop checks, detokenizing, building outputs
-    steps: int = 0
-
-    def summary(self) -> str:
-        n = max(self.steps, 1)
-        parts = ", ".join(f"{k} {1e3 * getattr(self, k) / n:.2f}" for k in ("schedule", "launch", "collect", "process"))
-        return f"{self.steps} steps; host ms per step: {parts}"
 
 
 class LLMEngine:
@@ -112,11 +51,9 @@ class LLMEngine:
         self.default_sampling_params: dict = generation_defaults(mc)
         if not config.skip_tokenizer_init:
             logger.info("loading the tokenizer of %s ...", mc.tokenizer)
-        self.tokenizer = (
-            None if config.skip_tokenizer_init else load_tokenizer(mc.model, mc.tokenizer, mc.gguf_file)
-        )
+        self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(mc.model, mc.tokenizer, mc.gguf_file)
         self.eos_token_ids = eos_token_ids(mc.model, mc.gguf_file, mc.hf_config, self.tokenizer)
-        self.executor = make_executor(config, self.eos_token_ids)
+        self.executor = make_executor(config)
         cc = config.cache_config
         capacity = self.executor.num_gpu_blocks * cc.block_size
         if capacity < mc.max_model_len:
@@ -126,15 +63,17 @@ class LLMEngine:
                 f"lower max_model_len or give the cache more memory (kv_cache_memory / gpu_memory_utilization)"
             )
         self.pipeline_depth = config.parallel_config.pipeline_parallel_size
-        self.scheduler = Scheduler(config.scheduler_config, cc, self.executor.num_gpu_blocks,
-                                   self.executor.num_cpu_blocks, pipeline_parallel=self.pipeline_depth > 1)
+        self.scheduler = Scheduler(
+            config.scheduler_config,
+            cc,
+            self.executor.num_gpu_blocks,
+            self.executor.num_cpu_blocks,
+            pipeline_parallel=self.pipeline_depth > 1,
+        )
         # pipeline parallelism: (SchedulerOutput, handle) of the batches in flight, oldest first
         self._pipeline: deque = deque()
-        self._parents: dict[str, _Parent] = {}
-        self._child_to_parent: dict[str, tuple[_Parent, int]] = {}
-        self.prompt_tokens_total = 0
-        self.generation_tokens_total = 0
-        self._inflight = None  # (SchedulerOutput, handle) of a launched, uncollected step
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self._inflight: tuple[SchedulerOutput, Any] | None = None  # a launched, uncollected step
         self._structured = None  # StructuredOutputManager, made with the first grammar
         # host seconds per phase of step(), summed: where an engine bound by its host spends
         # them ("collect" is the wait for the device's results; near 0 means host-bound)
@@ -142,17 +81,25 @@ class LLMEngine:
         self.step_log: deque[StepRecord] = deque(maxlen=STEP_LOG_LEN)
         self.num_steps_scheduled = 0
         sc = config.scheduler_config
-        logger.info("engine ready in %.1fs: device %s, attention backend %s, dtype %s; scheduler: max_num_seqs %d, "
-                    "max_num_batched_tokens %d, block_size %d, max_model_len %d", time.time() - t0, config.device,
-                    config.attention_backend or "default", mc.dtype, sc.max_num_seqs, sc.max_num_batched_tokens,
-                    cc.block_size, mc.max_model_len)
+        logger.info(
+            "engine ready in %.1fs: device %s, attention backend %s, dtype %s; scheduler: max_num_seqs %d, "
+            "max_num_batched_tokens %d, block_size %d, max_model_len %d",
+            time.time() - t0,
+            config.device,
+            config.attention_backend or "default",
+            mc.dtype,
+            sc.max_num_seqs,
+            sc.max_num_batched_tokens,
+            cc.block_size,
+            mc.max_model_len,
+        )
 
     def get_default_sampling_params(self) -> SamplingParams:
         """SamplingParams with the model's generation_config.json defaults (vLLM's behaviour)."""
         return SamplingParams(**self.default_sampling_params)
 
     @classmethod
-    def from_engine_args(cls, args: EngineArgs) -> "LLMEngine | DPEngineClient":
+    def from_engine_args(cls, args: EngineArgs) -> LLMEngine | DPEngineClient:
         """The engine for `args`; with data_parallel_size > 1 the front end of that many
         replicas (engine/data_parallel.py), which offers the same methods."""
         config = args.create_engine_config()
@@ -196,11 +143,10 @@ class LLMEngine:
         params: SamplingParams | None = None,
         arrival_time: float | None = None,
         priority: int = 0,
-        final_only: bool = False,
     ) -> None:
         """Queues a request. Raises ValueError (naming the field) for bad input, leaving the
-        engine unchanged. With final_only, `step` reports it only once it has finished."""
-        if request_id in self._parents:
+        engine unchanged. `params.output_kind` says which outputs `step` reports for it."""
+        if request_id in self.output_processor.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         params, text, ids = self.check_request(prompt, params, priority)
         max_len = self.model_config.max_model_len
@@ -208,26 +154,18 @@ class LLMEngine:
         max_out = max(1, min(max_out, max_len - len(ids) + 1))
         arrival = time.time() if arrival_time is None else arrival_time
         n = params.n
-        children, detoks = [], []
+        children = []
         for i in range(n):
             cp = params if n == 1 else params.clone(n=1, seed=None if params.seed is None else params.seed + i)
             cid = request_id if n == 1 else f"{i}_{request_id}"
             children.append(Request(cid, ids, cp, max_out, self.eos_token_ids, arrival, priority))
-            detoks.append(IncrementalDetokenizer(self.tokenizer, cp) if self.tokenizer is not None else None)
-        parent = _Parent(
-            request_id, text, ids, params, children, detoks, RequestMetrics(arrival_time=arrival),
-            [[] if params.logprobs is not None else None for _ in range(n)],
-            [0.0 if params.logprobs is not None else None for _ in range(n)],
-            [None] if params.prompt_logprobs is not None else None,
-            final_only=final_only,
-        )
-        self._parents[request_id] = parent
-        for i, child in enumerate(children):
-            self._child_to_parent[child.request_id] = (parent, i)
+        self.output_processor.add(request_id, text, ids, params, children, arrival)
+        for child in children:
             self.scheduler.add_request(child)
 
-    def check_request(self, prompt: PromptType, params: SamplingParams | None,
-                      priority: int) -> tuple[SamplingParams, str | None, list[int]]:
+    def check_request(
+        self, prompt: PromptType, params: SamplingParams | None, priority: int
+    ) -> tuple[SamplingParams, str | None, list[int]]:
         """Everything add_request checks before it queues anything (the data-parallel front end
         runs it too, before it picks a replica); returns (params, text or None, token ids)."""
         params = SamplingParams() if params is None else params
@@ -243,11 +181,9 @@ class LLMEngine:
         self.check_sampling_params(params)
         max_len = self.model_config.max_model_len
         if len(ids) > max_len:
-            raise ValueError(
-                f"prompt has {len(ids)} tokens, more than max_model_len={max_len}"
-            )
+            raise ValueError(f"prompt has {len(ids)} tokens, more than max_model_len={max_len}")
         vocab = self.model_config.vocab_size
-        if any(t >= vocab for t in params.stop_token_ids):
+        if any(t >= vocab for t in params.stop_token_ids or ()):
             raise ValueError(f"stop_token_ids must be < vocab size {vocab}")
         if params.stop and self.tokenizer is None:
             raise ValueError("stop: stop strings need a tokenizer (skip_tokenizer_init is set)")
@@ -261,8 +197,7 @@ class LLMEngine:
                 raise ValueError("structured_outputs: grammars need a tokenizer (skip_tokenizer_init is set)")
             from pagedllm.structured_output.manager import StructuredOutputManager
 
-            self._structured = StructuredOutputManager(self.tokenizer, self.model_config.vocab_size,
-                                                       self.eos_token_ids)
+            self._structured = StructuredOutputManager(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
         return self._structured
 
     def check_sampling_params(self, params: SamplingParams) -> None:
@@ -303,19 +238,19 @@ class LLMEngine:
         """Stops the requests and frees their KV blocks now; no further output is produced."""
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
         for rid in ids:
-            parent = self._parents.pop(rid, None)
-            if parent is None:
-                continue
-            child_ids = [c.request_id for c in parent.children]
-            self.scheduler.finish_requests(child_ids, RequestStatus.FINISHED_ABORTED)
-            for cid in child_ids:
-                self._child_to_parent.pop(cid, None)
+            child_ids = self.output_processor.remove(rid)
+            if child_ids:
+                self.scheduler.finish_requests(child_ids, RequestStatus.FINISHED_ABORTED)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self._parents)
+        return bool(self.output_processor.requests)
 
     def get_num_unfinished_requests(self) -> int:
-        return len(self._parents)
+        return len(self.output_processor.requests)
+
+    @property
+    def unfinished_request_ids(self) -> list[str]:
+        return list(self.output_processor.requests)
 
     # ---- one step --------------------------------------------------------------------
     def _can_run_ahead(self) -> bool:
@@ -330,7 +265,7 @@ class LLMEngine:
             device: ......... step N ......... | ........ step N+1 ........ |
         """
         if self.pipeline_depth > 1:
-            return self._step_pipelined()
+            return step_pipelined(self)
         tm, clock = self.step_timing, time.perf_counter
         t0 = clock()
         if self._inflight is None:
@@ -365,149 +300,43 @@ class LLMEngine:
         tm.collect += t1 - t0
         tm.process += t2 - t1
         tm.steps += 1
-        if self._inflight is not None and not self._parents:
+        if self._inflight is not None and not self.output_processor.requests:
             # nothing left to report: drain the look-ahead step (its requests have finished)
             so, handle = self._inflight
             self._inflight = None
             self.scheduler.update_from_output(so, self.executor.collect(handle))
         return outputs
 
-    def _launch(self, so: SchedulerOutput):
+    def _launch(self, so: SchedulerOutput) -> Any:
         if not so.is_empty:
             self.num_steps_scheduled += 1
-            self.step_log.append(StepRecord(
-                self.num_steps_scheduled, time.time(), so.num_prefill_tokens, so.num_decodes,
-                so.total_num_scheduled_tokens, len(so.num_scheduled_tokens),
-            ))
+            self.step_log.append(
+                StepRecord(
+                    self.num_steps_scheduled,
+                    time.time(),
+                    so.num_prefill_tokens,
+                    so.num_decodes,
+                    so.total_num_scheduled_tokens,
+                    len(so.num_scheduled_tokens),
+                )
+            )
         return self.executor.launch(so)
 
-    def _step_pipelined(self) -> list[RequestOutput]:
-        """Pipeline parallelism: keep up to one batch per stage in flight (vLLM's virtual
-        engines), then read back the oldest. A request is in one batch at a time, so a batch
-        holds the requests that are not in flight:
-
-            stage 0: | B1 | B2 | B3 | B1'|          (B1' = B1's requests, one token on)
-            stage 1:      | B1 | B2 | B3 | B1'|
-        """
-        tm, clock = self.step_timing, time.perf_counter
-        q = self._pipeline
-        while len(q) < self.pipeline_depth:
-            t0 = clock()
-            so = self.scheduler.schedule()
-            t1 = clock()
-            tm.schedule += t1 - t0
-            if so.is_empty:
-                if so.finished_req_ids:
-                    self.executor.execute_model(so)  # let the workers drop finished state
-                break
-            q.append((so, self._launch(so)))
-            tm.launch += clock() - t1
-        if not q:
-            wait = self.scheduler.batch_wait_remaining()
-            if wait > 0:
-                time.sleep(min(wait, 0.002))
-            return []
-        t0 = clock()
-        so, handle = q.popleft()
-        runner_out = self.executor.collect(handle)
-        t1 = clock()
-        outputs = self._process(so, runner_out)
-        tm.collect += t1 - t0
-        tm.process += clock() - t1
-        tm.steps += 1
-        while q and not self._parents:  # nothing left to report: drain the batches in flight
-            so, handle = q.popleft()
-            self.scheduler.update_from_output(so, self.executor.collect(handle))
-        return outputs
-
-    def _process(self, so, runner_out) -> list[RequestOutput]:
+    def _process(self, so: SchedulerOutput, runner_out: ModelRunnerOutput) -> list[RequestOutput]:
         results = self.scheduler.update_from_output(so, runner_out)
-        now = time.time()
-        touched: dict[str, _Parent] = {}
-        for req, token in results:
-            entry = self._child_to_parent.get(req.request_id)
-            if entry is None:
-                continue
-            parent, idx = entry
-            touched[parent.request_id] = parent
-            if parent.metrics.first_scheduled_time is None:
-                parent.metrics.first_scheduled_time = req.first_scheduled_time
-                parent.metrics.time_in_queue = (req.first_scheduled_time or now) - parent.metrics.arrival_time
-                self.prompt_tokens_total += len(parent.prompt_token_ids)
-            plp = runner_out.prompt_logprobs.get(req.request_id)
-            if plp is not None and idx == 0 and parent.prompt_logprobs is not None:
-                parent.prompt_logprobs.extend(self._to_logprob_dicts(plp))
-            if token is None:
-                continue
-            self.generation_tokens_total += 1
-            if parent.metrics.first_token_time is None:
-                parent.metrics.first_token_time = now
-            parent.metrics.last_token_time = now
-            lp = runner_out.logprobs.get(req.request_id)
-            if lp is not None and parent.logprobs[idx] is not None:
-                parent.logprobs[idx].append(self._to_logprob_dicts([lp])[0])
-                parent.cum_logprobs[idx] += lp.logprob
-            stopped_by_token = req.status == RequestStatus.FINISHED_STOPPED
-            detok = not stopped_by_token or req.sampling_params.include_stop_str_in_output
-            det = parent.detoks[idx]
-            stop_str = det.update(token, detokenize=detok) if det is not None else None
-            if stop_str is not None and not req.status.finished:
-                self.scheduler.finish_requests(req.request_id, RequestStatus.FINISHED_STOPPED)
-                req.stop_reason = stop_str
-            if req.status.finished:
-                parent.finished_children += 1
-                parent.metrics.num_preemptions += req.num_preemptions
-        outputs = []
-        for parent in touched.values():
-            if parent.final_only and parent.finished_children < len(parent.children):
-                continue
-            out = self._make_output(parent)
-            if out.finished:
-                parent.metrics.finished_time = now
-                self._parents.pop(parent.request_id, None)
-                for c in parent.children:
-                    self._child_to_parent.pop(c.request_id, None)
-            outputs.append(out)
-        return outputs
+        return self.output_processor.process(results, runner_out, self._stop)
 
-    def _to_logprob_dicts(self, items: list[TokenLogprobs | None]) -> list[dict[int, Logprob] | None]:
-        out: list[dict[int, Logprob] | None] = []
-        for it in items:
-            if it is None:
-                out.append(None)
-                continue
-            decode = self.tokenizer.decode if self.tokenizer is not None else (lambda ids: None)
-            d = {it.token_id: Logprob(it.logprob, it.rank, decode([it.token_id]))}
-            for r, (tid, lp) in enumerate(zip(it.top_ids, it.top_logprobs), start=1):
-                if tid not in d:
-                    d[tid] = Logprob(lp, r, decode([tid]))
-            out.append(d)
-        return out
+    def _stop(self, child_id: str) -> None:
+        """A stop string ended a sample: the scheduler frees its blocks now."""
+        self.scheduler.finish_requests(child_id, RequestStatus.FINISHED_STOPPED)
 
-    def _make_output(self, parent: _Parent) -> RequestOutput:
-        completions = []
-        for i, (child, det) in enumerate(zip(parent.children, parent.detoks)):
-            fin = child.status.finished
-            completions.append(CompletionOutput(
-                index=i,
-                text=det.visible_text(fin) if det is not None else "",
-                token_ids=list(child.output_token_ids),
-                cumulative_logprob=parent.cum_logprobs[i],
-                logprobs=list(parent.logprobs[i]) if parent.logprobs[i] is not None else None,
-                finish_reason=child.status.finish_reason if fin else None,
-                stop_reason=child.stop_reason if fin else None,
-            ))
-        finished = parent.finished_children == len(parent.children)
-        return RequestOutput(
-            request_id=parent.request_id,
-            prompt=parent.prompt,
-            prompt_token_ids=parent.prompt_token_ids,
-            prompt_logprobs=list(parent.prompt_logprobs) if parent.prompt_logprobs is not None else None,
-            outputs=completions,
-            finished=finished,
-            metrics=parent.metrics,
-            num_cached_tokens=max(parent.children[0].num_cached_tokens, 0),
-        )
+    @property
+    def prompt_tokens_total(self) -> int:
+        return self.output_processor.prompt_tokens_total
+
+    @property
+    def generation_tokens_total(self) -> int:
+        return self.output_processor.generation_tokens_total
 
     @property
     def num_gpu_blocks(self) -> int:
@@ -551,13 +380,21 @@ class LLMEngine:
         from pagedllm.model.layers.fused_moe import load_per_rank
 
         pc = self.config.parallel_config
-        return {"expert_load": load,
-                "expert_load_per_rank": load_per_rank(load, pc.tensor_parallel_size, pc.enable_expert_parallel)}
+        return {
+            "expert_load": load,
+            "expert_load_per_rank": load_per_rank(load, pc.tensor_parallel_size, pc.enable_expert_parallel),
+        }
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
-                            chat_template: str | None = None) -> list[int]:
+    def apply_chat_template(
+        self, messages: list[dict], add_generation_prompt: bool = True, chat_template: str | None = None
+    ) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError("messages: chat templates need a tokenizer (skip_tokenizer_init is set)")
         ids = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=add_generation_prompt, tokenize=True, chat_template=chat_template,
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            tokenize=True,
+            chat_template=chat_template,
         )
         if isinstance(ids, dict) or hasattr(ids, "keys"):
             ids = ids["input_ids"]

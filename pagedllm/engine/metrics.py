@@ -14,6 +14,7 @@ never the global one, so two servers (or tests) can live in one process.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -26,7 +27,7 @@ class IterationStats:
 
     time_to_first_tokens: list[float] = field(default_factory=list)
     inter_token_latencies: list[float] = field(default_factory=list)
-    finished: list["FinishedRequestStats"] = field(default_factory=list)
+    finished: list[FinishedRequestStats] = field(default_factory=list)
     step_tokens: list[int] = field(default_factory=list)  # tokens of each step scheduled
 
 
@@ -108,16 +109,73 @@ _COUNTERS = {
 }
 
 _LATENCY_BUCKETS = [
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
-    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
 ]
 _TOKEN_GAP_BUCKETS = [
-    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
 ]
 _ITERATION_TOKEN_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 _REQUEST_LATENCY_BUCKETS = [
-    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
-    120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
 ]
 
 
@@ -199,10 +257,8 @@ class PrometheusStatLogger:
         def gauge(name: str, doc: str) -> Any:
             return Gauge(f"pagedllm:{name}", doc, labels, registry=registry).labels(**self._labels)
 
-        def histogram(name: str, doc: str, buckets: list[float]) -> Any:
-            return Histogram(
-                f"pagedllm:{name}", doc, labels, buckets=buckets, registry=registry
-            ).labels(**self._labels)
+        def histogram(name: str, doc: str, buckets: Sequence[float]) -> Any:
+            return Histogram(f"pagedllm:{name}", doc, labels, buckets=buckets, registry=registry).labels(**self._labels)
 
         self.num_requests_running = gauge("num_requests_running", "Number of requests in model execution batches.")
         self.num_requests_waiting = gauge("num_requests_waiting", "Number of requests waiting to be processed.")
@@ -233,27 +289,33 @@ class PrometheusStatLogger:
             _TOKEN_GAP_BUCKETS,
         )
         self.e2e_latency = histogram(
-            "e2e_request_latency_seconds", "Histogram of end-to-end request latency in seconds.",
+            "e2e_request_latency_seconds",
+            "Histogram of end-to-end request latency in seconds.",
             _REQUEST_LATENCY_BUCKETS,
         )
         self.queue_time = histogram(
-            "request_queue_time_seconds", "Histogram of time spent waiting in the queue in seconds.",
+            "request_queue_time_seconds",
+            "Histogram of time spent waiting in the queue in seconds.",
             _REQUEST_LATENCY_BUCKETS,
         )
         self.prefill_time = histogram(
-            "request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.",
+            "request_prefill_time_seconds",
+            "Histogram of time spent in PREFILL phase for request.",
             _REQUEST_LATENCY_BUCKETS,
         )
         self.decode_time = histogram(
-            "request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.",
+            "request_decode_time_seconds",
+            "Histogram of time spent in DECODE phase for request.",
             _REQUEST_LATENCY_BUCKETS,
         )
         self.iteration_tokens = histogram(
             "iteration_tokens_total", "Histogram of number of tokens per engine_step.", _ITERATION_TOKEN_BUCKETS
         )
         self.prompt_tokens_cached = Counter(
-            "pagedllm:prompt_tokens_cached", "Number of cached prompt tokens (served by the prefix cache).",
-            labels, registry=registry,
+            "pagedllm:prompt_tokens_cached",
+            "Number of cached prompt tokens (served by the prefix cache).",
+            labels,
+            registry=registry,
         ).labels(**self._labels)
         token_buckets = _token_buckets(max_model_len)
         self.request_prompt_tokens = histogram(
@@ -266,9 +328,11 @@ class PrometheusStatLogger:
         # MoE: pairs (token, chosen expert) routed to each rank's experts (expert parallelism)
         # or to all of them (one group): imbalance between groups is what users debug
         self._expert_tokens = Counter(
-            "pagedllm:moe_expert_group_tokens", "Tokens routed to the experts of each expert group "
-            "(an expert-parallel rank), summed over the MoE layers.", ["model_name", "expert_group"],
-            registry=registry)
+            "pagedllm:moe_expert_group_tokens",
+            "Tokens routed to the experts of each expert group (an expert-parallel rank), summed over the MoE layers.",
+            ["model_name", "expert_group"],
+            registry=registry,
+        )
         self._last_expert: list[int] = []
         self._replicas = ReplicaMetrics(model_name, registry)
 
@@ -290,8 +354,9 @@ class PrometheusStatLogger:
             for group, value in enumerate(per_rank):
                 before = self._last_expert[group] if group < len(self._last_expert) else 0
                 if value > before:
-                    self._expert_tokens.labels(model_name=self._labels["model_name"],
-                                               expert_group=str(group)).inc(value - before)
+                    self._expert_tokens.labels(model_name=self._labels["model_name"], expert_group=str(group)).inc(
+                        value - before
+                    )
             if per_rank:
                 self._last_expert = per_rank
         for t in iteration.time_to_first_tokens:
@@ -335,14 +400,24 @@ class ReplicaMetrics:
 
         self.model_name = model_name
         labels = ["model_name", "engine"]
-        self.up = Gauge("pagedllm:dp_replica_up", "1 while a data-parallel replica serves, 0 once it has died.",
-                        labels, registry=registry)
-        names = {"num_requests_running": "num_running", "num_requests_waiting": "num_waiting",
-                 "kv_cache_usage": "kv_cache_usage"}
-        self.gauges = {names[k]: Gauge(f"pagedllm:dp_{k}", doc, labels, registry=registry)
-                       for k, doc in self._GAUGES.items()}
-        self.counters = {k: Counter(f"pagedllm:dp_{k}", f"{_COUNTERS[k]} Per data-parallel replica.", labels,
-                                    registry=registry) for k in self._TOKENS}
+        self.up = Gauge(
+            "pagedllm:dp_replica_up",
+            "1 while a data-parallel replica serves, 0 once it has died.",
+            labels,
+            registry=registry,
+        )
+        names = {
+            "num_requests_running": "num_running",
+            "num_requests_waiting": "num_waiting",
+            "kv_cache_usage": "kv_cache_usage",
+        }
+        self.gauges = {
+            names[k]: Gauge(f"pagedllm:dp_{k}", doc, labels, registry=registry) for k, doc in self._GAUGES.items()
+        }
+        self.counters = {
+            k: Counter(f"pagedllm:dp_{k}", f"{_COUNTERS[k]} Per data-parallel replica.", labels, registry=registry)
+            for k in self._TOKENS
+        }
         self._last: dict[tuple[str, int], float] = {}
 
     def record(self, replicas: list[Any]) -> None:

@@ -55,17 +55,25 @@ def engine_snapshot(engine: Any) -> dict[str, Any]:
     running = list(sched.running)
     rows = []
     for req in running[:_RUNNING_ROWS]:
-        rows.append({
-            "id": req.request_id,
-            "prompt_tokens": req.num_prompt_tokens,
-            "output_tokens": req.num_output_tokens,
-            "computed_tokens": req.num_computed_tokens,
-            "blocks": len(bm.req_blocks.get(req.request_id, ())),
-            "cached_tokens": max(req.num_cached_tokens, 0),
-        })
+        rows.append(
+            {
+                "id": req.request_id,
+                "prompt_tokens": req.num_prompt_tokens,
+                "output_tokens": req.num_output_tokens,
+                "computed_tokens": req.num_computed_tokens,
+                "blocks": len(bm.req_blocks.get(req.request_id, ())),
+                "cached_tokens": max(req.num_cached_tokens, 0),
+            }
+        )
     steps = [
-        {"index": r.index, "time": r.time, "prefill_tokens": r.num_prefill_tokens, "decodes": r.num_decodes,
-         "tokens": r.num_tokens, "reqs": r.num_reqs}
+        {
+            "index": r.index,
+            "time": r.time,
+            "prefill_tokens": r.num_prefill_tokens,
+            "decodes": r.num_decodes,
+            "tokens": r.num_tokens,
+            "reqs": r.num_reqs,
+        }
         for r in list(engine.step_log)[-_STEP_ROWS:]
     ]
     stats = engine.get_stats()

@@ -18,9 +18,16 @@ _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?)b?\s*$", re.IGNOREC
 
 # vLLM's backend names -> pagedllm's (None: the device's default)
 _ATTENTION_BACKENDS = {
-    "FLASH_ATTN": "triton", "FLASH_ATTN_VLLM_V1": "triton", "TRITON_ATTN": "triton",
-    "TRITON_ATTN_VLLM_V1": "triton", "FLASHINFER": "triton", "FLASHINFER_VLLM_V1": "triton",
-    "XFORMERS": "triton", "FLEX_ATTENTION": "triton", "TORCH_SDPA": "torch", "TORCH_SDPA_VLLM_V1": "torch",
+    "FLASH_ATTN": "triton",
+    "FLASH_ATTN_VLLM_V1": "triton",
+    "TRITON_ATTN": "triton",
+    "TRITON_ATTN_VLLM_V1": "triton",
+    "FLASHINFER": "triton",
+    "FLASHINFER_VLLM_V1": "triton",
+    "XFORMERS": "triton",
+    "FLEX_ATTENTION": "triton",
+    "TORCH_SDPA": "torch",
+    "TORCH_SDPA_VLLM_V1": "torch",
     "CPU_ATTN": "cpu",
 }
 
@@ -89,7 +96,12 @@ def resolve_block_size(value: Any, head_dim: int, elem_bytes: int) -> int:
     logger.info(
         "block_size=%d is more tokens than the paged kernels use (at most %d); read as bytes per block of "
         "one KV head (head_dim %d x %d bytes = %d bytes/token): %d tokens per block",
-        block, MAX_BLOCK_SIZE, head_dim, elem_bytes, per_token, tokens,
+        block,
+        MAX_BLOCK_SIZE,
+        head_dim,
+        elem_bytes,
+        per_token,
+        tokens,
     )
     return tokens
 

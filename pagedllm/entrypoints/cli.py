@@ -17,9 +17,10 @@ from pagedllm.entrypoints.engine_cli import (
     ArgumentParser,
     HelpFormatter,
     add_engine_args,
-    engine_kwargs_from_namespace,
+    engine_args_from_namespace,
     non_negative_float,
     non_negative_int,
+    package_version,
     port,
     size,
 )
@@ -74,32 +75,11 @@ def add_server_args(parser: argparse.ArgumentParser, *, positional_model: bool) 
     return parser
 
 
-def engine_args_from_namespace(ns: argparse.Namespace) -> EngineArgs:
-    """EngineArgs of a parsed `serve` command line. Raises ValueError for two different models or a
-    vLLM flag another issue has not delivered yet."""
-    model = getattr(ns, "model_tag", None)
-    if model is not None and ns.model is not None and model != ns.model:
-        raise ValueError(f"two models given: {model!r} and --model {ns.model!r}")
-    kwargs = engine_kwargs_from_namespace(ns, EngineArgs)
-    names = ns.served_model_name
-    kwargs.update(model=model or ns.model, served_model_name=names[0] if names else None)
-    return EngineArgs(**kwargs)
-
-
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("pagedllm")
-    except Exception:  # noqa: BLE001 - not installed: running from a checkout
-        return "0.1.0"
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(
         prog="pagedllm", description="pagedllm: a fast LLM inference and serving engine (paged KV cache)."
     )
-    parser.add_argument("--version", action="version", version=f"pagedllm {_version()}")
+    parser.add_argument("--version", action="version", version=f"pagedllm {package_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     serve = sub.add_parser(
         "serve",

@@ -16,6 +16,7 @@ import re
 import sys
 from typing import Any, NoReturn
 
+from pagedllm.config import EngineArgs
 from pagedllm.engine.arg_utils import ACCEPTED, PENDING_ARGS, PENDING_SERVER_ARGS, check_pending
 from pagedllm.engine.vllm_compat import parse_gib_or_size, parse_size
 
@@ -248,3 +249,24 @@ def engine_kwargs_from_namespace(ns: argparse.Namespace, engine_args_cls: type) 
             continue
         out[f.name] = value
     return out
+
+
+def engine_args_from_namespace(ns: argparse.Namespace) -> EngineArgs:
+    """EngineArgs of a parsed `serve` command line. Raises ValueError for two different models or a
+    vLLM flag another issue has not delivered yet."""
+    model = getattr(ns, "model_tag", None)
+    if model is not None and ns.model is not None and model != ns.model:
+        raise ValueError(f"two models given: {model!r} and --model {ns.model!r}")
+    kwargs = engine_kwargs_from_namespace(ns, EngineArgs)
+    names = ns.served_model_name
+    kwargs.update(model=model or ns.model, served_model_name=names[0] if names else None)
+    return EngineArgs(**kwargs)
+
+
+def package_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("pagedllm")
+    except Exception:  # noqa: BLE001 - not installed: running from a checkout
+        return "0.1.0"

@@ -46,9 +46,9 @@ import torch
 
 from pagedllm.config import EngineConfig
 from pagedllm.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
-from pagedllm.executor.base import Executor
 from pagedllm.distributed import ParallelState, create_store, init_engine_parallel_state
 from pagedllm.distributed.pipeline import output_rank, rank_coords
+from pagedllm.executor.base import Executor
 from pagedllm.executor.start_method import (
     WorkerStartError,
     refuse_in_spawn_bootstrap,
@@ -111,13 +111,13 @@ def _exit_with_parent() -> None:
     threading.Thread(target=watch, name="pagedllm-parent-watch", daemon=True).start()
 
 
-def _worker_main(config: EngineConfig, eos_token_ids: frozenset[int], rank: int, store_port: int,
-                 conn: multiprocessing.connection.Connection, log_level: int) -> None:
+def _worker_main(
+    config: EngineConfig, rank: int, store_port: int, conn: multiprocessing.connection.Connection, log_level: int
+) -> None:
     """Entry point of rank `rank` >= 1."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _exit_with_parent()
-    logging.basicConfig(level=log_level,
-                        format=f"%(asctime)s %(levelname)s [rank {rank}] %(name)s: %(message)s")
+    logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s [rank {rank}] %(name)s: %(message)s")
     world_size = config.parallel_config.world_size
     try:
         from pagedllm.worker.worker import Worker
@@ -128,7 +128,7 @@ def _worker_main(config: EngineConfig, eos_token_ids: frozenset[int], rank: int,
             torch.set_num_threads(cpu_threads_per_rank(world_size))
         conn.send(("hello", os.getpid()))
         ps = init_engine_parallel_state(config, rank, "127.0.0.1", store_port)
-        rpc = WorkerRPC(Worker(config, eos_token_ids, ps))
+        rpc = WorkerRPC(Worker(config, ps))
         conn.send(("ok", None))
     except BaseException:  # noqa: BLE001 - anything at startup: report it, then go
         _send_quietly(conn, ("error", traceback.format_exc()))
@@ -204,13 +204,16 @@ def describe_exit(exitcode: int | None) -> str:
 
 
 def _death_message(w: _WorkerProc, config: EngineConfig) -> str:
-    return (f"{rank_name(w.rank, config)} (pid {w.proc.pid}) {describe_exit(w.proc.exitcode)}; "
-            "the engine cannot continue and must be restarted")
+    return (
+        f"{rank_name(w.rank, config)} (pid {w.proc.pid}) {describe_exit(w.proc.exitcode)}; "
+        "the engine cannot continue and must be restarted"
+    )
 
 
 def _watch(shared: _Shared) -> None:
     """Waits for a worker to die (or for shutdown)."""
     by_sentinel = {w.proc.sentinel: w for w in shared.workers}
+    assert shared.wake is not None
     ready = multiprocessing.connection.wait(list(by_sentinel) + [shared.wake[0]])
     if shared.stopping:
         return
@@ -263,7 +266,7 @@ def _shutdown(shared: _Shared) -> None:
 
 
 class MultiprocExecutor(Executor):
-    def __init__(self, config: EngineConfig, eos_token_ids: frozenset[int]):
+    def __init__(self, config: EngineConfig):
         from pagedllm.worker.worker import Worker
 
         self.config = config
@@ -282,9 +285,11 @@ class MultiprocExecutor(Executor):
         try:
             for rank in range(1, self.world_size):
                 engine_end, worker_end = ctx.Pipe(duplex=True)
-                proc = ctx.Process(
-                    target=_worker_main, name=f"pagedllm-rank{rank}", daemon=True,
-                    args=(config, eos_token_ids, rank, self._store.port, worker_end, level),
+                proc = ctx.Process(  # type: ignore[attr-defined]
+                    target=_worker_main,
+                    name=f"pagedllm-rank{rank}",
+                    daemon=True,
+                    args=(config, rank, self._store.port, worker_end, level),
                 )
                 proc.start()
                 worker_end.close()
@@ -300,22 +305,22 @@ class MultiprocExecutor(Executor):
                 self._shared.threads = (torch.get_num_threads(), n)
                 torch.set_num_threads(n)
             self._shared.ps = init_engine_parallel_state(config, 0, "127.0.0.1", self._store.port)
-            self.driver = self._shared.driver = Worker(config, eos_token_ids, self._shared.ps)
+            self.driver = self._shared.driver = Worker(config, self._shared.ps)
             for w in self._shared.workers:
                 self._recv_started(w, "ok")
-            blocks = self.collective_rpc("determine_num_blocks")
-            num_gpu = min(b[0] for b in blocks)
-            num_cpu = min(b[1] for b in blocks)
-            if num_gpu < 1:
-                raise ValueError("kv_cache_memory is too small to hold one KV block")
-            self.collective_rpc("allocate_kv_cache", (num_gpu, num_cpu))
+            self.init_kv_cache()
         except BaseException:
             self.shutdown()
             raise
-        self.num_gpu_blocks, self.num_cpu_blocks = num_gpu, num_cpu
-        logger.info("tensor parallelism %d x pipeline parallelism %d: %d ranks (%s), %d KV blocks per rank",
-                    pc.tensor_parallel_size, pc.pipeline_parallel_size, self.world_size,
-                    "NCCL" if config.device == "cuda" else "gloo", num_gpu)
+        num_gpu = self.num_gpu_blocks
+        logger.info(
+            "tensor parallelism %d x pipeline parallelism %d: %d ranks (%s), %d KV blocks per rank",
+            pc.tensor_parallel_size,
+            pc.pipeline_parallel_size,
+            self.world_size,
+            "NCCL" if config.device == "cuda" else "gloo",
+            num_gpu,
+        )
 
     # ---- steps -----------------------------------------------------------------------
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:

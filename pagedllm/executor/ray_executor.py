@@ -1,5 +1,6 @@
 """RayExecutor: tensor and pipeline parallelism on a Ray cluster, one actor per rank, for
-models larger than one machine (pipeline stages may sit on different nodes). Ray is optional (`pip install 'pagedllm[ray]'`).
+models larger than one machine (pipeline stages may sit on different nodes). Ray is optional
+(`pip install 'pagedllm[ray]'`).
 
 `ray.init()` joins the cluster named by $RAY_ADDRESS (or one started with `ray start`) and
 otherwise starts a local one, which Ray stops when the engine's process exits. The ranks are
@@ -28,9 +29,9 @@ from typing import Any
 
 from pagedllm.config import EngineConfig
 from pagedllm.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
-from pagedllm.executor.base import Executor
 from pagedllm.distributed import create_store, init_engine_parallel_state
 from pagedllm.distributed.pipeline import output_rank
+from pagedllm.executor.base import Executor
 from pagedllm.executor.multiproc import WorkerRPC, cpu_threads_per_rank, rank_name
 
 logger = logging.getLogger(__name__)
@@ -42,12 +43,9 @@ class RayWorker:
     """One rank, inside a Ray actor (wrapped with `ray.remote` by the executor, so this module
     imports without ray)."""
 
-    def __init__(self, config: EngineConfig, eos_token_ids: frozenset[int], rank: int, num_threads: int,
-                 log_level: int) -> None:
-        logging.basicConfig(level=log_level,
-                            format=f"%(asctime)s %(levelname)s [rank {rank}] %(name)s: %(message)s")
+    def __init__(self, config: EngineConfig, rank: int, num_threads: int, log_level: int) -> None:
+        logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s [rank {rank}] %(name)s: %(message)s")
         self.config = config
-        self.eos_token_ids = eos_token_ids
         self.rank = rank
         pc = config.parallel_config
         self.is_output_rank = rank == output_rank(pc.tensor_parallel_size, pc.pipeline_parallel_size)
@@ -65,9 +63,8 @@ class RayWorker:
             torch.cuda.set_device(0)  # Ray shows the actor only its own GPU
         else:
             torch.set_num_threads(self.num_threads)
-        ps = init_engine_parallel_state(cfg, self.rank, store_host, store_port,
-                                        local_ip=ray.util.get_node_ip_address())
-        self.rpc = WorkerRPC(Worker(cfg, self.eos_token_ids, ps))
+        ps = init_engine_parallel_state(cfg, self.rank, store_host, store_port, local_ip=ray.util.get_node_ip_address())
+        self.rpc = WorkerRPC(Worker(cfg, ps))
         return os.getpid()
 
     def call(self, method: str, args: tuple) -> Any:
@@ -97,7 +94,7 @@ def _kill_actors(actors: list, placement_group) -> None:
 
 
 class RayExecutor(Executor):
-    def __init__(self, config: EngineConfig, eos_token_ids: frozenset[int]):
+    def __init__(self, config: EngineConfig):
         try:
             import ray
         except ImportError:
@@ -130,25 +127,26 @@ class RayExecutor(Executor):
             actor_cls = ray.remote(num_cpus=0 if cuda else threads, num_gpus=1 if cuda else 0)(RayWorker)
             level = logging.getLogger("pagedllm").getEffectiveLevel()
             for rank in range(ws):
-                strategy = PlacementGroupSchedulingStrategy(placement_group=self._pg,
-                                                            placement_group_bundle_index=rank)
-                self._actors.append(actor_cls.options(scheduling_strategy=strategy, name=None).remote(
-                    config, eos_token_ids, rank, threads, level))
+                strategy = PlacementGroupSchedulingStrategy(placement_group=self._pg, placement_group_bundle_index=rank)
+                self._actors.append(
+                    actor_cls.options(scheduling_strategy=strategy, name=None).remote(config, rank, threads, level)
+                )
             self._store = create_store()
             host = ray.util.get_node_ip_address()
             self.worker_pids = self._wait([a.init_worker.remote(host, self._store.port) for a in self._actors])
-            blocks = self.collective_rpc("determine_num_blocks")
-            num_gpu = min(b[0] for b in blocks)
-            num_cpu = min(b[1] for b in blocks)
-            if num_gpu < 1:
-                raise ValueError("kv_cache_memory is too small to hold one KV block")
-            self.collective_rpc("allocate_kv_cache", (num_gpu, num_cpu))
+            self.init_kv_cache()
         except BaseException:
             self.shutdown()
             raise
-        self.num_gpu_blocks, self.num_cpu_blocks = num_gpu, num_cpu
-        logger.info("tensor parallelism %d x pipeline parallelism %d on Ray: %d ranks (%s), %d KV blocks per rank",
-                    pc.tensor_parallel_size, pc.pipeline_parallel_size, ws, "NCCL" if cuda else "gloo", num_gpu)
+        num_gpu = self.num_gpu_blocks
+        logger.info(
+            "tensor parallelism %d x pipeline parallelism %d on Ray: %d ranks (%s), %d KV blocks per rank",
+            pc.tensor_parallel_size,
+            pc.pipeline_parallel_size,
+            ws,
+            "NCCL" if cuda else "gloo",
+            num_gpu,
+        )
 
     # ---- steps -----------------------------------------------------------------------
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
@@ -211,8 +209,10 @@ class RayExecutor(Executor):
                     try:
                         ray.get(ref)
                     except ray.exceptions.RayActorError as e:
-                        self._error = (f"Ray {rank_name(rank_of[ref], self.config)} died; the engine cannot "
-                                       f"continue and must be restarted ({type(e).__name__}: {e})")
+                        self._error = (
+                            f"Ray {rank_name(rank_of[ref], self.config)} died; the engine cannot "
+                            f"continue and must be restarted ({type(e).__name__}: {e})"
+                        )
                         raise RuntimeError(self._error) from e
                     except ray.exceptions.RayTaskError as e:
                         self._error = f"Ray {rank_name(rank_of[ref], self.config)} failed:\n{e}"

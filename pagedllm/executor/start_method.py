@@ -22,8 +22,10 @@ import sys
 
 START_METHODS = ("fork", "spawn", "forkserver")
 _ENV_VARS = ("PAGEDLLM_WORKER_MULTIPROC_METHOD", "VLLM_WORKER_MULTIPROC_METHOD")
-_GUARD_FIX = ('put the code that builds the engine under `if __name__ == "__main__":`, or run it '
-              "with PAGEDLLM_WORKER_MULTIPROC_METHOD=fork (only when CUDA is not initialised before the engine)")
+_GUARD_FIX = (
+    'put the code that builds the engine under `if __name__ == "__main__":`, or run it '
+    "with PAGEDLLM_WORKER_MULTIPROC_METHOD=fork (only when CUDA is not initialised before the engine)"
+)
 
 
 class WorkerStartError(RuntimeError):
@@ -56,8 +58,12 @@ def refuse_in_spawn_bootstrap() -> None:
     """Called before starting workers: in a spawned worker that is re-running a script's top level,
     say so in one line and exit (the engine that spawned it reports the failure)."""
     if in_spawn_bootstrap():
-        print(f"pagedllm: a spawned tensor-parallel worker re-ran the script's top level, which builds "
-              f"another engine; {_GUARD_FIX}", file=sys.stderr, flush=True)
+        print(
+            f"pagedllm: a spawned tensor-parallel worker re-ran the script's top level, which builds "
+            f"another engine; {_GUARD_FIX}",
+            file=sys.stderr,
+            flush=True,
+        )
         raise SystemExit(1)
 
 
@@ -72,8 +78,10 @@ def start_failure_line(rank: int, method: str, message: str) -> str:
     fix = "the same arguments at tensor_parallel_size=1 show whether the model itself loads"
     low = message.lower()
     if method in ("spawn", "forkserver") and silent:
-        cause = (f"it {cause} while importing the main module (start method {method!r}: a spawned worker "
-                 "re-runs the script's top level)")
+        cause = (
+            f"it {cause} while importing the main module (start method {method!r}: a spawned worker "
+            "re-runs the script's top level)"
+        )
         fix = _GUARD_FIX
     elif "out of memory" in low:
         fix = "lower gpu_memory_utilization, max_num_seqs or max_model_len, or use more ranks"

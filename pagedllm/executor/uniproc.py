@@ -1,6 +1,9 @@
-"""Executor with one worker in the engine's process (tensor_parallel_size=1)."""
+"""Executor with one worker in the engine's process (one rank: no tensor or pipeline
+parallelism)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from pagedllm.config import EngineConfig
 from pagedllm.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
@@ -9,23 +12,22 @@ from pagedllm.worker.worker import Worker
 
 
 class UniProcExecutor(Executor):
-    def __init__(self, config: EngineConfig, eos_token_ids: frozenset[int]):
-        self.worker = Worker(config, eos_token_ids)
-        num_gpu, num_cpu = self.worker.determine_num_blocks()
-        if num_gpu < 1:
-            raise ValueError("kv_cache_memory is too small to hold one KV block")
-        self.worker.allocate_kv_cache(num_gpu, num_cpu)
-        self.num_gpu_blocks, self.num_cpu_blocks = num_gpu, num_cpu
+    def __init__(self, config: EngineConfig):
+        self.worker = Worker(config)
+        self.init_kv_cache()
 
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
         return self.worker.execute_model(so)
 
     # asynchronous scheduling: launch step N+1 before collecting step N
-    def launch(self, so: SchedulerOutput):
+    def launch(self, so: SchedulerOutput) -> Any:
         return self.worker.launch(so)
 
-    def collect(self, handle) -> ModelRunnerOutput:
+    def collect(self, handle: Any) -> ModelRunnerOutput:
         return self.worker.collect(handle)
+
+    def collective_rpc(self, method: str, args: tuple = ()) -> list[Any]:
+        return [getattr(self.worker, method)(*args)]
 
     def expert_load(self) -> list[int]:
         return self.worker.expert_load()

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pagedllm.core.scheduler_output import TokenLogprobs
+from pagedllm.outputs import TokenLogprobs
 from pagedllm.kernels import cpu_kernels
 from pagedllm.kernels._triton import use_triton
 from pagedllm.model.logits_processors import LogitsEdits, apply_logits_edits

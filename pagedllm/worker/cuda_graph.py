@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 import torch
 
@@ -29,34 +30,41 @@ def batch_size_ladder(max_bs: int) -> list[int]:
 
 
 class DecodeGraphs:
-    def __init__(self, model: torch.nn.Module, device: torch.device, max_bs: int, max_model_len: int,
-                 block_size: int, vocab_size: int):
+    def __init__(
+        self, model: Any, device: torch.device, max_bs: int, max_model_len: int, block_size: int, vocab_size: int
+    ):
         self.model = model
         self.device = device
         self.max_bs = max_bs
         self.max_model_len = max_model_len
         self.max_blocks = -(-max_model_len // block_size)
         self.sizes = batch_size_ladder(max_bs)
-        kw = dict(device=device)
-        self.input_ids = torch.zeros(max_bs, dtype=torch.int64, **kw)
-        self.positions = torch.zeros(max_bs, dtype=torch.int64, **kw)
-        self.slot_mapping = torch.full((max_bs,), -1, dtype=torch.int64, **kw)
-        self.seq_lens = torch.zeros(max_bs, dtype=torch.int32, **kw)
-        self.block_tables = torch.zeros(max_bs, self.max_blocks, dtype=torch.int32, **kw)
-        self.query_start_loc = torch.arange(max_bs + 1, dtype=torch.int32, **kw)
-        self.logits_indices = torch.arange(max_bs, dtype=torch.int64, **kw)
+        self.input_ids = torch.zeros(max_bs, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(max_bs, dtype=torch.int64, device=device)
+        self.slot_mapping = torch.full((max_bs,), -1, dtype=torch.int64, device=device)
+        self.seq_lens = torch.zeros(max_bs, dtype=torch.int32, device=device)
+        self.block_tables = torch.zeros(max_bs, self.max_blocks, dtype=torch.int32, device=device)
+        self.query_start_loc = torch.arange(max_bs + 1, dtype=torch.int32, device=device)
+        self.logits_indices = torch.arange(max_bs, dtype=torch.int64, device=device)
         # the graph runs the LM head too: logits of every row, in float32
-        self.logits = torch.zeros(max_bs, vocab_size, dtype=torch.float32, **kw)
+        self.logits = torch.zeros(max_bs, vocab_size, dtype=torch.float32, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.pool = None
+        self.pool: Any = None
 
     def _batch(self, bs: int) -> ForwardBatch:
         return ForwardBatch(
-            input_ids=self.input_ids[:bs], positions=self.positions[:bs], slot_mapping=self.slot_mapping[:bs],
-            query_start_loc=self.query_start_loc[: bs + 1], seq_lens=self.seq_lens[:bs],
-            block_tables=self.block_tables[:bs], logits_indices=self.logits_indices[:bs],
-            num_decodes=bs, max_query_len=1, max_seq_len=self.max_model_len,
-            query_lens_cpu=[1] * bs, seq_lens_cpu=[self.max_model_len] * bs,
+            input_ids=self.input_ids[:bs],
+            positions=self.positions[:bs],
+            slot_mapping=self.slot_mapping[:bs],
+            query_start_loc=self.query_start_loc[: bs + 1],
+            seq_lens=self.seq_lens[:bs],
+            block_tables=self.block_tables[:bs],
+            logits_indices=self.logits_indices[:bs],
+            num_decodes=bs,
+            max_query_len=1,
+            max_seq_len=self.max_model_len,
+            query_lens_cpu=[1] * bs,
+            seq_lens_cpu=[self.max_model_len] * bs,
         )
 
     @torch.inference_mode()
@@ -74,8 +82,12 @@ class DecodeGraphs:
                 self.pool = g.pool()
             self.graphs[bs] = g
         torch.cuda.synchronize(self.device)
-        logger.info("captured CUDA graphs for %d decode batch sizes (up to %d) in %.1fs",
-                    len(self.sizes), self.max_bs, time.time() - t0)
+        logger.info(
+            "captured CUDA graphs for %d decode batch sizes (up to %d) in %.1fs",
+            len(self.sizes),
+            self.max_bs,
+            time.time() - t0,
+        )
 
     def _forward(self, batch: ForwardBatch, bs: int) -> None:
         hidden = self.model(batch.input_ids, batch.positions, batch)
@@ -83,8 +95,12 @@ class DecodeGraphs:
 
     def can_run(self, batch: ForwardBatch) -> bool:
         n = batch.num_reqs
-        return (batch.num_decodes == n and batch.num_tokens == n and n <= self.max_bs
-                and batch.block_tables.shape[1] <= self.max_blocks)
+        return (
+            batch.num_decodes == n
+            and batch.num_tokens == n
+            and n <= self.max_bs
+            and batch.block_tables.shape[1] <= self.max_blocks
+        )
 
     def run(self, batch: ForwardBatch) -> torch.Tensor:
         n = batch.num_reqs

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -58,12 +59,19 @@ class CachedRequestState:
     sampling_params: SamplingParams
     generator: torch.Generator | None
     table_np: np.ndarray  # block_ids as an array, refreshed when blocks are added
+    eos_token_ids: frozenset[int]
     grammar: RequestGrammar | None = None  # structured outputs: the matcher of its output
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, model: torch.nn.Module, backend: AttentionBackend,
-                 device: torch.device, eos_token_ids: frozenset[int], ps: ParallelState = SINGLE):
+    def __init__(
+        self,
+        config: EngineConfig,
+        model: Any,
+        backend: AttentionBackend,
+        device: torch.device,
+        ps: ParallelState = SINGLE,
+    ):
         self.config = config
         self.ps = ps
         self.hidden_size = config.model_config.hf_config.hidden_size
@@ -76,12 +84,11 @@ class ModelRunner:
         self.requests: dict[str, CachedRequestState] = {}
         self.generator = torch.Generator(device=device).manual_seed(config.model_config.seed)
         self.pin = device.type == "cuda"
-        self.eos_token_ids = eos_token_ids
-        self.graphs = None  # DecodeGraphs, set by the worker on CUDA unless enforce_eager
+        self.graphs: Any = None  # DecodeGraphs, set by the worker on CUDA unless enforce_eager
         self._last_tokens: torch.Tensor | None = None  # [S] tokens of the latest launch
         self._last_rows: dict[str, int] = {}  # request id -> row in _last_tokens
         self._uncollected: StepHandle | None = None  # the latest launch, until collected
-        self._structured = None  # StructuredOutputManager, only where grammars arrive uncompiled
+        self._structured: Any = None  # StructuredOutputManager, only where grammars arrive uncompiled
 
     # ---- request state ---------------------------------------------------------------
     def _update_states(self, so: SchedulerOutput) -> None:
@@ -93,8 +100,15 @@ class ModelRunner:
             if gen is None and new.sampling_params.seed is not None:
                 gen = torch.Generator(device=self.device).manual_seed(new.sampling_params.seed)
             st = self.requests[new.req_id] = CachedRequestState(
-                new.req_id, list(new.token_ids), new.num_prompt_tokens, list(new.block_ids),
-                new.num_computed_tokens, new.sampling_params, gen, np.asarray(new.block_ids, dtype=np.int64),
+                new.req_id,
+                list(new.token_ids),
+                new.num_prompt_tokens,
+                list(new.block_ids),
+                new.num_computed_tokens,
+                new.sampling_params,
+                gen,
+                np.asarray(new.block_ids, dtype=np.int64),
+                new.eos_token_ids,
             )
             if new.sampling_params.structured_outputs is not None and self.ps.is_last_stage:
                 st.grammar = self._new_grammar(st)  # (only the last pipeline stage samples)
@@ -109,6 +123,7 @@ class ModelRunner:
 
     def _new_grammar(self, st: CachedRequestState) -> RequestGrammar:
         so = st.sampling_params.structured_outputs
+        assert so is not None
         compiled = so.compiled
         if compiled is None:  # a worker in another process than the engine: compile here
             if self._structured is None:
@@ -117,7 +132,7 @@ class ModelRunner:
 
                 mc = self.config.model_config
                 tok = load_tokenizer(mc.model, mc.tokenizer, mc.gguf_file)
-                self._structured = StructuredOutputManager(tok, self.vocab_size, self.eos_token_ids)
+                self._structured = StructuredOutputManager(tok, self.vocab_size, st.eos_token_ids)
             compiled = self._structured.compile(so)
         return RequestGrammar(new_matcher(compiled), st.token_ids[st.num_prompt_tokens :])
 
@@ -130,7 +145,7 @@ class ModelRunner:
         if h.ready is not None:
             h.ready.synchronize()
         tokens = (h.tokens_host if h.tokens_host is not None else h.tokens).tolist()
-        for st, t in zip(h.states, tokens):
+        for st, t in zip(h.states or (), tokens):
             if st.grammar is not None:
                 st.grammar.accept(t)
         h.grammar_accepted = True
@@ -210,6 +225,7 @@ class ModelRunner:
         if pending:
             dst, src = zip(*pending)
             idx = self._to_device(np.array([dst, src], dtype=np.int64))
+            assert self._last_tokens is not None
             ints[idx[0]] = self._last_tokens[idx[1]]
         base = 3 * n_tok
         batch = ForwardBatch(
@@ -251,7 +267,7 @@ class ModelRunner:
             if n_out < sp.min_tokens:
                 ids = set(sp.all_stop_token_ids)
                 if not sp.ignore_eos:
-                    ids |= self.eos_token_ids
+                    ids |= r.eos_token_ids
             if sp.bad_words_token_ids:
                 ids.update(banned_tail_tokens(r.token_ids[r.num_prompt_tokens :], sp.bad_words_token_ids))
             if ids:
@@ -264,7 +280,11 @@ class ModelRunner:
                 grammar_rows.append(i)
         if grammar_rows:
             self._accept_uncollected()
-            bitmask = fill_bitmask([reqs[i].grammar for i in grammar_rows], self.vocab_size, self.pin)
+            bitmask = fill_bitmask(
+                [reqs[i].grammar for i in grammar_rows],  # type: ignore[misc]
+                self.vocab_size,
+                self.pin,
+            )
             edits.bitmask = bitmask.to(dev, non_blocking=True)
             edits.bitmask_rows = col(grammar_rows, torch.int64)
         need_tokens = any_rep or any_freq or any_pres
@@ -272,7 +292,9 @@ class ModelRunner:
             temperature=col([1.0 if g else sp.temperature for g, sp in zip(greedy, sps)]),
             greedy=col(greedy, torch.bool),
             all_greedy=all(greedy),
-            top_k=col([sp.top_k if sp.top_k > 0 else self.vocab_size for sp in sps], torch.int64) if any_top_k else None,
+            top_k=col([sp.top_k if sp.top_k > 0 else self.vocab_size for sp in sps], torch.int64)
+            if any_top_k
+            else None,
             top_p=col([sp.top_p for sp in sps]) if any_top_p else None,
             min_p=col([sp.min_p for sp in sps]) if any_min_p else None,
             presence=col([sp.presence_penalty for sp in sps]) if any_pres else None,
@@ -290,7 +312,7 @@ class ModelRunner:
         return self.collect(self.launch(so))
 
     @torch.inference_mode()
-    def launch(self, so: SchedulerOutput) -> "StepHandle":
+    def launch(self, so: SchedulerOutput) -> StepHandle:
         """Queues the step's work on the device and returns without waiting for it. A decode
         whose input token was sampled by the previous launch (not yet collected) reads that
         token on the device."""
@@ -321,7 +343,11 @@ class ModelRunner:
             self.requests[rid].num_computed_tokens += so.num_scheduled_tokens[rid]
         if sampling:
             reqs = [self.requests[r] for r in sampling]
-            rows = logits if len(sample_rows) == logits.shape[0] else logits[self._to_device(np.asarray(sample_rows, dtype=np.int64))]
+            rows = (
+                logits
+                if len(sample_rows) == logits.shape[0]
+                else logits[self._to_device(np.asarray(sample_rows, dtype=np.int64))]
+            )
             sb = self._sampling_batch(reqs)
             h.tokens = sample(rows, sb, self.generator)
             lt = logprob_tensors(rows, h.tokens, sb.num_logprobs)
@@ -348,8 +374,9 @@ class ModelRunner:
         intermediate = None
         if not ps.is_first_stage:
             # hidden [T, H] and residual [T, H] of the batch's T tokens
-            intermediate = tuple(torch.empty((n_tok, self.hidden_size), dtype=self.act_dtype, device=self.device)
-                                 for _ in range(2))
+            intermediate = tuple(
+                torch.empty((n_tok, self.hidden_size), dtype=self.act_dtype, device=self.device) for _ in range(2)
+            )
             ps.recv_from_prev_stage(list(intermediate))
         out = self.model(batch.input_ids, batch.positions, batch, intermediate)
         if not ps.is_last_stage:
@@ -358,7 +385,7 @@ class ModelRunner:
         return self.model.compute_logits(out[batch.logits_indices]).float()
 
     @torch.inference_mode()
-    def collect(self, h: "StepHandle") -> ModelRunnerOutput:
+    def collect(self, h: StepHandle) -> ModelRunnerOutput:
         """Waits for a launched step and returns its tokens (and logprobs)."""
         out = ModelRunnerOutput()
         if h.ready is not None:
@@ -373,14 +400,15 @@ class ModelRunner:
         lps = logprob_lists(h.logprobs, len(tokens)) if h.logprobs is not None else None
         accept = not h.grammar_accepted
         own_tokens = self.ps.pp_size == 1  # else they come back as new_token_ids
-        for i, (r, t) in enumerate(zip(h.states, tokens)):
+        for i, (r, t) in enumerate(zip(h.states or (), tokens)):
             if own_tokens:
                 r.token_ids.append(t)
             if accept and r.grammar is not None:
                 r.grammar.accept(t)
             out.sampled_token_ids[r.req_id] = t
-            if lps is not None and lps[i] is not None:
-                out.logprobs[r.req_id] = lps[i]
+            lp = lps[i] if lps is not None else None
+            if lp is not None:
+                out.logprobs[r.req_id] = lp
         return out
 
     def _prompt_logprobs(self, logits: torch.Tensor, prompt_rows: dict[str, tuple[int, int]]) -> dict:
@@ -392,7 +420,9 @@ class ModelRunner:
             c = st.num_computed_tokens
             targets = host_to_device(st.token_ids[c + 1 : c + 1 + cnt], torch.int64, logits.device)
             k = st.sampling_params.prompt_logprobs
-            res[rid] = logprob_tensors(logits[start : start + cnt], targets, [k] * cnt).to_host()
+            lt = logprob_tensors(logits[start : start + cnt], targets, [k] * cnt)
+            assert lt is not None
+            res[rid] = lt.to_host()
         return res
 
 

@@ -23,10 +23,10 @@ def profile_peak_memory(worker) -> tuple[int, int]:
     bs = cc.block_size
     blocks_per_seq = -(-seq // bs)
     nl = worker.num_layers  # of this rank's pipeline stage
-    tmp = torch.zeros((nl, 2, n_seq * blocks_per_seq, bs, worker.num_kv_heads, mc.head_dim),
-                      dtype=worker.kv_dtype, device=dev)
-    bind_kv_cache(worker.model, [tmp[i, 0] for i in range(nl)],
-                  [tmp[i, 1] for i in range(nl)], worker.backend)
+    tmp = torch.zeros(
+        (nl, 2, n_seq * blocks_per_seq, bs, worker.num_kv_heads, mc.head_dim), dtype=worker.kv_dtype, device=dev
+    )
+    bind_kv_cache(worker.model, [tmp[i, 0] for i in range(nl)], [tmp[i, 1] for i in range(nl)], worker.backend)
     positions = np.concatenate([np.arange(n) for n in lens])
     slots = np.concatenate([i * blocks_per_seq * bs + np.arange(n) for i, n in enumerate(lens)])
     tables = np.arange(n_seq * blocks_per_seq, dtype=np.int32).reshape(n_seq, blocks_per_seq)
@@ -40,8 +40,11 @@ def profile_peak_memory(worker) -> tuple[int, int]:
         seq_lens=torch.tensor(lens, dtype=torch.int32, device=dev),
         block_tables=torch.from_numpy(tables).to(dev),
         logits_indices=torch.arange(n_tok - rows, n_tok, device=dev),
-        num_decodes=0, max_query_len=max(lens), max_seq_len=max(lens),
-        query_lens_cpu=lens, seq_lens_cpu=lens,
+        num_decodes=0,
+        max_query_len=max(lens),
+        max_seq_len=max(lens),
+        query_lens_cpu=lens,
+        seq_lens_cpu=lens,
     )
     torch.cuda.synchronize(dev)
     torch.cuda.empty_cache()

@@ -18,7 +18,7 @@ import time
 import numpy as np
 import torch
 
-from pagedllm.attention.backend import get_attention_backend, kv_cache_dtype
+from pagedllm.attention.registry import get_attention_backend, kv_cache_dtype
 from pagedllm.config import EngineConfig
 from pagedllm.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from pagedllm.distributed import SINGLE, ParallelState, kv_heads_per_rank
@@ -57,7 +57,7 @@ def _untouched_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor
 
 
 class Worker:
-    def __init__(self, config: EngineConfig, eos_token_ids: frozenset[int], ps: ParallelState = SINGLE):
+    def __init__(self, config: EngineConfig, ps: ParallelState = SINGLE):
         """ps: this rank's tensor-parallel state (its group already joined). On CUDA the
         worker runs on the current device: the caller picks it before building the group."""
         self.config = config
@@ -65,7 +65,9 @@ class Worker:
             ps = dataclasses.replace(ps, enable_expert_parallel=True)
         self.ps = ps
         self.rank = ps.tp_rank
-        self.device = torch.device("cuda", torch.cuda.current_device()) if config.device == "cuda" else torch.device("cpu")
+        self.device = (
+            torch.device("cuda", torch.cuda.current_device()) if config.device == "cuda" else torch.device("cpu")
+        )
         mc = config.model_config
         self.num_kv_heads = kv_heads_per_rank(mc.num_kv_heads, ps.tp_size)  # this rank's share
         start, end = ps.layer_range if ps.layer_range is not None else (0, mc.num_layers)
@@ -73,12 +75,25 @@ class Worker:
         t0 = time.time()
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        logger.info("%sloading %s (%s, %s weights from %s) ...", self._tag(), mc.architecture, mc.dtype,
-                    mc.load_format, mc.model)
+        logger.info(
+            "%sloading %s (%s, %s weights from %s) ...",
+            self._tag(),
+            mc.architecture,
+            mc.dtype,
+            mc.load_format,
+            mc.model,
+        )
         self.model = build_model(mc, config.device, ps)
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        logger.info("%sloaded %s (%s, %s) in %.1fs: weights %s", self._tag(), mc.architecture, mc.dtype,
-                    mc.load_format, time.time() - t0, _fmt(self.weight_bytes))
+        logger.info(
+            "%sloaded %s (%s, %s) in %.1fs: weights %s",
+            self._tag(),
+            mc.architecture,
+            mc.dtype,
+            mc.load_format,
+            time.time() - t0,
+            _fmt(self.weight_bytes),
+        )
         from pagedllm.model.layers.fused_moe import ExpertLoadReader, log_param_counts
 
         self.expert_load_reader = ExpertLoadReader(self.model)
@@ -89,7 +104,7 @@ class Worker:
         self.precision = precision_summary(mc.dtype, mc.quantization, config.cache_config.cache_dtype, config.device)
         logger.info("%sprecision: %s", self._tag(), ", ".join(f"{k} {v}" for k, v in self.precision.items()))
         self.backend = get_attention_backend(config.attention_backend, config.device)
-        self.runner = ModelRunner(config, self.model, self.backend, self.device, eos_token_ids, ps)
+        self.runner = ModelRunner(config, self.model, self.backend, self.device, ps)
         self.kv_dtype = kv_cache_dtype(config.cache_config.cache_dtype, torch_dtype(mc.dtype))
         self.num_gpu_blocks = 0
         self.num_cpu_blocks = 0
@@ -98,7 +113,8 @@ class Worker:
         ps = self.ps
         tag = f"rank {ps.tp_rank}/{ps.tp_size} " if ps.tp_size > 1 else ""
         if ps.pp_size > 1:
-            tag += f"stage {ps.pp_rank}/{ps.pp_size} (layers {ps.layer_range[0]}-{ps.layer_range[1] - 1}) "
+            start, end = ps.layer_range or (0, 0)
+            tag += f"stage {ps.pp_rank}/{ps.pp_size} (layers {start}-{end - 1}) "
         return tag.rstrip() + ": " if tag else ""
 
     # ---- sizing ----------------------------------------------------------------------
@@ -128,8 +144,17 @@ class Worker:
         logger.info(
             "%sKV cache plan: weights %s, activations %s, KV cache %s = %d blocks x %d tokens = %d tokens "
             "(%d bytes/token); max concurrency at max_model_len=%d: %.2fx; CPU swap pool %d blocks",
-            self._tag(), _fmt(self.weight_bytes), _fmt(activation), _fmt(num_gpu * per_block), num_gpu, cc.block_size, tokens,
-            per_block // cc.block_size, mc.max_model_len, tokens / mc.max_model_len, num_cpu,
+            self._tag(),
+            _fmt(self.weight_bytes),
+            _fmt(activation),
+            _fmt(num_gpu * per_block),
+            num_gpu,
+            cc.block_size,
+            tokens,
+            per_block // cc.block_size,
+            mc.max_model_len,
+            tokens / mc.max_model_len,
+            num_cpu,
         )
         return num_gpu, num_cpu
 
@@ -154,31 +179,42 @@ class Worker:
         nl = self.num_layers
         shape = (nl, 2, num_gpu_blocks, cc.block_size, self.num_kv_heads, mc.head_dim)
         t0 = time.time()
-        logger.info("%sallocating the KV cache: %s on %s ...", self._tag(),
-                    _fmt(num_gpu_blocks * self.bytes_per_block()), self.device)
+        logger.info(
+            "%sallocating the KV cache: %s on %s ...",
+            self._tag(),
+            _fmt(num_gpu_blocks * self.bytes_per_block()),
+            self.device,
+        )
         if self.device.type == "cpu":
             self.kv_cache = _untouched_zeros(shape, self.kv_dtype)
         else:
             self.kv_cache = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
-        bind_kv_cache(self.model, [self.kv_cache[i, 0] for i in range(nl)],
-                      [self.kv_cache[i, 1] for i in range(nl)], self.backend)
-        self.cpu_cache = None
+        bind_kv_cache(
+            self.model, [self.kv_cache[i, 0] for i in range(nl)], [self.kv_cache[i, 1] for i in range(nl)], self.backend
+        )
+        self.cpu_cache: torch.Tensor | None = None
         if num_cpu_blocks > 0:
             cpu_shape = (nl, 2, num_cpu_blocks) + shape[3:]
             pin = self.device.type == "cuda"
             self.cpu_cache = torch.zeros(cpu_shape, dtype=self.kv_dtype, pin_memory=pin)
         self.num_gpu_blocks, self.num_cpu_blocks = num_gpu_blocks, num_cpu_blocks
         logger.info("%sKV cache allocated in %.1fs", self._tag(), time.time() - t0)
-        if (self.device.type == "cuda" and not self.config.enforce_eager and self.backend.name == "triton"
-                and self.ps.pp_size == 1):  # the graphs hold the whole model, embedding to logits
+        if (
+            self.device.type == "cuda"
+            and not self.config.enforce_eager
+            and self.backend.name == "triton"
+            and self.ps.pp_size == 1
+        ):  # the graphs hold the whole model, embedding to logits
             from pagedllm.worker.cuda_graph import DecodeGraphs
 
             sc = self.config.scheduler_config
-            graphs = DecodeGraphs(self.model, self.device, min(sc.max_num_seqs, 512), mc.max_model_len,
-                                  cc.block_size, mc.vocab_size)
+            graphs = DecodeGraphs(
+                self.model, self.device, min(sc.max_num_seqs, 512), mc.max_model_len, cc.block_size, mc.vocab_size
+            )
             t1 = time.time()
-            logger.info("%scapturing CUDA graphs of decode steps (up to batch %d) ...", self._tag(),
-                        min(sc.max_num_seqs, 512))
+            logger.info(
+                "%scapturing CUDA graphs of decode steps (up to batch %d) ...", self._tag(), min(sc.max_num_seqs, 512)
+            )
             graphs.capture()
             logger.info("%sCUDA graphs captured in %.1fs", self._tag(), time.time() - t1)
             self.runner.graphs = graphs
@@ -196,6 +232,9 @@ class Worker:
         return self.expert_load_reader.read()
 
     def _swap(self, so: SchedulerOutput) -> None:
+        if not (so.blocks_to_swap_out or so.blocks_to_swap_in):
+            return
+        assert self.cpu_cache is not None, "swapping needs the CPU swap pool"
         if so.blocks_to_swap_out:
             src = host_to_device([g for g, _ in so.blocks_to_swap_out], torch.int64, self.device)
             dst = torch.tensor([c for _, c in so.blocks_to_swap_out])

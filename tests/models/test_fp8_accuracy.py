@@ -46,7 +46,7 @@ def _batch(ids: list[int], start: int, end: int, nblk: int, decode: bool) -> For
 def teacher_forced_logits(ids: list[int], chunk: int = 512, decodes: int = 16, **engine_kw) -> torch.Tensor:
     """[len(ids), vocab] float32 logits of the embedded model over `ids`."""
     config = EngineArgs(max_model_len=4096, **engine_kw).create_engine_config()
-    worker = Worker(config, frozenset())
+    worker = Worker(config)
     mc, bs = config.model_config, config.cache_config.block_size
     nblk = -(-len(ids) // bs)
     cache = torch.zeros((mc.num_layers, 2, nblk, bs, worker.num_kv_heads, mc.head_dim), dtype=worker.kv_dtype)

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from typing import Callable
 
 from pagedllm.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
-from pagedllm.sampling_params import SamplingParams
+from pagedllm.sampling_params import RequestOutputKind, SamplingParams
 
 VOCAB = 64
 
@@ -31,10 +31,12 @@ class FakeTokenizer:
 
 
 class FakeEngine:
-    def __init__(self, max_model_len: int = 128, step_delay: float = 0.001) -> None:
+    def __init__(self, max_model_len: int = 128, step_delay: float = 0.001, max_num_seqs: int = 256) -> None:
         self.tokenizer = FakeTokenizer()
         self.model_config = SimpleNamespace(served_model_name="fake", max_model_len=max_model_len,
                                             vocab_size=VOCAB, model="/models/fake")
+        self.config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs),
+                                      parallel_config=SimpleNamespace(data_parallel_size=1))
         self.step_delay = step_delay
         self.requests: dict[str, tuple[list[int], SamplingParams, list[list[int]]]] = {}
         self.final_only: set[str] = set()
@@ -45,7 +47,7 @@ class FakeEngine:
         self.num_steps_scheduled = 0  # LLMEngine's step log (the fake schedules no steps)
         self.step_log: list = []
 
-    def add_request(self, request_id, prompt, params, arrival_time=None, priority=0, final_only=False) -> None:
+    def add_request(self, request_id, prompt, params, arrival_time=None, priority=0) -> None:
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not ids:
             raise ValueError("prompt must not be empty")
@@ -55,7 +57,7 @@ class FakeEngine:
             raise ValueError(f"request_id {request_id!r} is already in use")
         self.requests[request_id] = (ids, params, [[] for _ in range(params.n)])
         self.metrics[request_id] = RequestMetrics(arrival_time=time.time())
-        if final_only:
+        if params.output_kind == RequestOutputKind.FINAL_ONLY:
             self.final_only.add(request_id)
 
     def abort_request(self, request_id) -> None:
@@ -99,6 +101,12 @@ class FakeEngine:
             if done:
                 del self.requests[rid]
         return outputs
+
+    def check_health(self) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass
 
     def get_stats(self) -> SimpleNamespace:
         return SimpleNamespace(num_running=len(self.requests), num_waiting=0, num_swapped=0,

@@ -240,3 +240,24 @@ def test_final_only_yields_one_output_with_timings(fake):
         assert 'pagedllm:request_generation_tokens_sum{model_name="fake"} 6.0' in text
     finally:
         engine.shutdown()
+
+
+def test_queue_limit_reads_max_num_seqs_from_the_engine():
+    # without max_num_seqs, the limit is the engine's own scheduler_config.max_num_seqs (it
+    # used to fall back to 256 whatever the engine said)
+    engine = AsyncLLMEngine(FakeEngine(max_num_seqs=2, step_delay=0.05), max_queue_len=1)
+    try:
+        assert engine.max_num_seqs == 2
+
+        async def go():
+            streams = [engine.generate([i + 1], SamplingParams(max_tokens=50), f"r{i}") for i in range(3)]
+            with pytest.raises(QueueFullError, match="max_num_seqs=2"):
+                engine.generate([9], SamplingParams(max_tokens=50), "r3")
+            engine.abort_all()
+            for s in streams:
+                async for _ in s:
+                    pass
+
+        run(go())
+    finally:
+        engine.shutdown()

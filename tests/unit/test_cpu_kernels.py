@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pagedllm.attention.backend import get_attention_backend
+from pagedllm.attention.registry import get_attention_backend
 from pagedllm.kernels import cpu_kernels
 
 _spec = importlib.util.spec_from_file_location(

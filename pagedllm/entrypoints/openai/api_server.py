@@ -379,7 +379,7 @@ def run_server(ns: argparse.Namespace, parser: argparse.ArgumentParser | None = 
     from prometheus_client import CollectorRegistry
 
     from pagedllm.engine.metrics import LoggingStatLogger, PrometheusStatLogger
-    from pagedllm.entrypoints.cli import _version, engine_args_from_namespace
+    from pagedllm.entrypoints.engine_cli import engine_args_from_namespace, package_version
 
     _setup_logging(ns.log_level)
     phase: dict[str, Any] = {"now": "loading", "server": None}
@@ -431,7 +431,7 @@ def run_server(ns: argparse.Namespace, parser: argparse.ArgumentParser | None = 
             max_request_body_size=ns.max_request_body_size,
             chat_template=chat_template,
             registry=registry,
-            version=_version(),
+            version=package_version(),
             enable_ui=not getattr(ns, "disable_ui", False),
             enable_auto_tool_choice=getattr(ns, "enable_auto_tool_choice", False),
             tool_call_parser=getattr(ns, "tool_call_parser", None),

@@ -127,9 +127,7 @@ class OpenAIServingChat(OpenAIServing):
                 first = await cancel_on_disconnect(self.first_item(stream), raw_request)
             except ClientDisconnected:
                 return Response(status_code=499)
-            hold_back = 0  # the engine's text already holds back a possible stop-string start
-            body = self._stream(req, request_id, created, model_name, prepend(first, stream), len(ids), hold_back,
-                                mode, choice)
+            body = self._stream(req, request_id, created, model_name, prepend(first, stream), len(ids), mode, choice)
             return StreamingResponse(body, media_type="text/event-stream")
         try:
             finals = await cancel_on_disconnect(self._collect(stream), raw_request)
@@ -267,7 +265,6 @@ class OpenAIServingChat(OpenAIServing):
         model_name: str,
         outputs: AsyncIterator[tuple[int, RequestOutput]],
         num_prompt_tokens: int,
-        hold_back: int,
         mode: str | None = None,
         choice: str = "none",
     ) -> AsyncIterator[str]:
@@ -301,7 +298,7 @@ class OpenAIServingChat(OpenAIServing):
                     if finished[i]:
                         continue
                     done = c.finish_reason is not None
-                    end = safe_text_end(c.text, done, hold_back)
+                    end = safe_text_end(c.text, done)
                     delta = c.text[sent_chars[i]:end] if end > sent_chars[i] else ""
                     new_ids = c.token_ids[sent_tokens[i]:]
                     if not delta and not done and not (new_ids and req.logprobs):

@@ -82,8 +82,7 @@ class OpenAIServingCompletion(OpenAIServing):
                 first = await cancel_on_disconnect(self.first_item(stream), raw_request)
             except ClientDisconnected:
                 return Response(status_code=499)
-            hold_back = 0  # the engine's text already holds back a possible stop-string start
-            body = self._stream(req, request_id, created, model_name, prepend(first, stream), prompts, hold_back)
+            body = self._stream(req, request_id, created, model_name, prepend(first, stream), prompts)
             return StreamingResponse(body, media_type="text/event-stream")
         try:
             finals = await cancel_on_disconnect(self._collect(stream, len(prompts)), raw_request)
@@ -207,7 +206,6 @@ class OpenAIServingCompletion(OpenAIServing):
         model_name: str,
         outputs: AsyncIterator[tuple[int, RequestOutput]],
         prompts: list[tuple[str | None, list[int]]],
-        hold_back: int,
     ) -> AsyncIterator[str]:
         n = req.n
         num_choices = len(prompts) * n
@@ -227,7 +225,7 @@ class OpenAIServingCompletion(OpenAIServing):
                     if finished[i]:
                         continue
                     done = c.finish_reason is not None
-                    end = safe_text_end(c.text, done, hold_back)
+                    end = safe_text_end(c.text, done)
                     delta = c.text[sent_chars[i]:end] if end > sent_chars[i] else ""
                     new_ids = c.token_ids[sent_tokens[i]:]
                     if not delta and not done and not (new_ids and req.logprobs is not None):

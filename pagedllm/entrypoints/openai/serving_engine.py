@@ -440,12 +440,12 @@ async def prepend(first: T, rest: AsyncIterator[T]) -> AsyncIterator[T]:
         await rest.aclose()  # type: ignore[attr-defined]
 
 
-def safe_text_end(text: str, finished: bool, hold_back: int) -> int:
+def safe_text_end(text: str, finished: bool) -> int:
     """How much of a still-growing text can be streamed: not a trailing partial UTF-8 character
-    (U+FFFD) and not the last `hold_back` characters, which could begin a stop string."""
+    (U+FFFD). (The engine's text already holds back what could begin a stop string.)"""
     if finished:
         return len(text)
-    end = len(text) - hold_back
+    end = len(text)
     while end > 0 and text[end - 1] == "\ufffd":
         end -= 1
     return max(end, 0)

@@ -1,0 +1,125 @@
+"""What the AsyncLLMEngine's two threads exchange: the inbox messages (event loop -> engine
+thread), the engine thread's record of each request, the stream an asyncio caller awaits, and
+the errors a stream can end with."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+from dataclasses import dataclass, field
+
+from pagedllm.outputs import CompletionOutput, RequestOutput
+from pagedllm.sampling_params import RequestOutputKind, SamplingParams
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop has stopped; no request can be served."""
+
+
+class QueueFullError(RuntimeError):
+    """More requests than max_num_seqs + max_queue_len are in flight."""
+
+
+class RequestFailedError(RuntimeError):
+    """The engine failed while this request was in flight (not the request's own fault)."""
+
+
+@dataclass(slots=True)
+class AddMessage:
+    request_id: str
+    prompt: str | list[int]
+    params: SamplingParams
+    priority: int
+    stream: RequestStream
+    arrival: float  # time.monotonic() when generate() was called
+
+
+@dataclass(slots=True)
+class AbortMessage:
+    request_ids: list[str]
+
+
+@dataclass(slots=True)
+class StreamState:
+    """Engine-thread bookkeeping for one in-flight request."""
+
+    stream: RequestStream
+    arrival: float  # time.monotonic() when generate() was called
+    kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    add_delay: float = 0.0  # seconds from generate() to the engine's add_request
+    outputs: dict[int, CompletionOutput] = field(default_factory=dict)
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    num_tokens: int = 0  # summed over the n samples
+    num_prompt_tokens: int = 0
+    last_output: RequestOutput | None = None
+
+    @property
+    def final_only(self) -> bool:
+        """The engine reports it once, finished; timings come from its metrics."""
+        return self.kind == RequestOutputKind.FINAL_ONLY
+
+
+class RequestStream:
+    """The asyncio side of one request: holds the newest output (cumulative outputs: a newer
+    one replaces it) or every output not yet read (deltas), or an error, and wakes the
+    consumer. `put` / `fail` run on the stream's event loop only."""
+
+    __slots__ = ("request_id", "loop", "delta", "_pending", "_error", "_ready", "done")
+
+    def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop, delta: bool = False) -> None:
+        self.request_id = request_id
+        self.loop = loop
+        self.delta = delta
+        self._pending: collections.deque[RequestOutput] = collections.deque()
+        self._error: BaseException | None = None
+        self._ready = asyncio.Event()
+        self.done = False  # a final output or an error has been put
+
+    def put(self, output: RequestOutput) -> None:
+        if not self.delta:
+            self._pending.clear()
+        self._pending.append(output)
+        self.done = self.done or output.finished
+        self._ready.set()
+
+    def fail(self, error: BaseException) -> None:
+        self._error = error
+        self.done = True
+        self._ready.set()
+
+    async def get(self) -> RequestOutput:
+        while True:
+            if self._pending:
+                return self._pending.popleft()
+            if self._error is not None:
+                raise self._error
+            self._ready.clear()
+            await self._ready.wait()
+
+
+def abort_output(request_id: str, state: StreamState) -> RequestOutput:
+    """The final output of an aborted request: its samples so far, finished with "abort"."""
+    # New objects: the old ones may be in the hands of the event loop thread right now.
+    # (Deltas: what was sent stays sent; the last one is empty.)
+    delta = state.kind == RequestOutputKind.DELTA
+    for i, c in list(state.outputs.items()):
+        if c.finish_reason is None:
+            c = dataclasses.replace(c, finish_reason="abort")
+            if delta:
+                c = dataclasses.replace(c, text="", token_ids=[], logprobs=None if c.logprobs is None else [])
+            state.outputs[i] = c
+        elif delta:
+            del state.outputs[i]  # its end was reported
+    prev = state.last_output
+    return RequestOutput(
+        request_id=request_id,
+        prompt=prev.prompt if prev else None,
+        prompt_token_ids=prev.prompt_token_ids if prev else [],
+        prompt_logprobs=prev.prompt_logprobs if prev and not delta else None,
+        outputs=[state.outputs[i] for i in sorted(state.outputs)],
+        finished=True,
+        metrics=prev.metrics if prev else None,
+        num_cached_tokens=prev.num_cached_tokens if prev else 0,
+    )
