@@ -79,7 +79,7 @@ class IncrementalDetokenizer:
         new_text = self._decode(ids[self.prefix_offset :])
         if len(new_text) <= len(prefix_text) or new_text.endswith("\ufffd"):
             return None  # wait for the rest of a multi-byte character
-        delta = self._bare_added(token_id, new_text[len(prefix_text) :])
+        delta = self._bare_added(token_id, new_text[len(prefix_text) :]) or ""
         self.prefix_offset, self.read_offset = self.read_offset, len(ids)
         self.text += delta
         return self._check_stop(len(delta))

@@ -115,11 +115,6 @@ class LLM:
         for conv in convs:
             if not conv or not all(isinstance(m, dict) and "role" in m for m in conv):
                 raise ValueError("messages must be a non-empty list of {'role', 'content'} dicts")
-            prompts.append(
-                self.llm_engine.apply_chat_template(
-                    conv,
-                    add_generation_prompt,  # type: ignore[misc]
-                    chat_template,
-                )
-            )  # type: ignore[arg-type]
+            engine: Any = self.llm_engine  # an LLMEngine, or the DP front end (the same method)
+            prompts.append(engine.apply_chat_template(conv, add_generation_prompt, chat_template))
         return self.generate(prompts, sampling_params, use_tqdm)

@@ -21,6 +21,20 @@ from pagedllm.sampling_params import SamplingParams
 
 
 class InputBatch:
+    tokens: np.ndarray  # [R, max_model_len + 1] int32
+    num_tokens: np.ndarray  # [R] int64
+    num_computed: np.ndarray  # [R] int64
+    block_table: np.ndarray  # [R, max_blocks] int32
+    num_blocks: np.ndarray  # [R] int64
+    temperature: np.ndarray  # [R] float32
+    top_p: np.ndarray  # [R] float32
+    min_p: np.ndarray  # [R] float32
+    top_k: np.ndarray  # [R] float32 (vocab size where disabled)
+    greedy: np.ndarray  # [R] bool
+    num_logprobs: np.ndarray  # [R] int64
+    needs_edits: np.ndarray  # [R] bool
+    last_sample: np.ndarray  # [R] int64
+
     def __init__(self, max_model_len: int, block_size: int, vocab_size: int, capacity: int = 64) -> None:
         self.max_model_len = max_model_len
         self.max_blocks = -(-max_model_len // block_size)
