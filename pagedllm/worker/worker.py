@@ -25,6 +25,7 @@ from pagedllm.distributed import SINGLE, ParallelState, kv_heads_per_rank
 from pagedllm.model.layers.attention import bind_kv_cache
 from pagedllm.model.loader import build_model, torch_dtype
 from pagedllm.model.sampler import host_to_device
+from pagedllm.worker import cpu_threads
 from pagedllm.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -108,6 +109,10 @@ class Worker:
         self.kv_dtype = kv_cache_dtype(config.cache_config.cache_dtype, torch_dtype(mc.dtype))
         self.num_gpu_blocks = 0
         self.num_cpu_blocks = 0
+        # one CPU process alone: its thread count follows the cores other processes leave free
+        alone = self.device.type == "cpu" and ps.tp_size == 1 and ps.pp_size == 1
+        governor = cpu_threads.ThreadGovernor() if alone and cpu_threads.enabled() else None
+        self.thread_governor = governor if governor is not None and governor.active() else None
 
     def _tag(self) -> str:
         ps = self.ps
@@ -248,6 +253,8 @@ class Worker:
         return self.collect(self.launch(so))
 
     def launch(self, so: SchedulerOutput):
+        if self.thread_governor is not None:
+            self.thread_governor.before_step()
         self._swap(so)
         return self.runner.launch(so)
 
