@@ -1,0 +1,65 @@
+"""The GGUF product (kernels/gguf_kernels.py) against the float32 path on SmolLM2's projection
+shapes (qkv 1728x576, gate_up 3072x576, down 576x1536, LM head 49152x576): random blocks, row
+counts of a decode step (1, 8, 32) and of a prefill (256); median ms of 20 calls each.
+float32 is the engine's path for a dequantized model (column-major weight, MKL-packed up to
+48 rows); "dequantize + F.linear" is what the GGUF layers do past PREFILL_ROWS rows.
+
+    python benchmarks/gguf_kernels_bench.py --threads 1 --types Q4_1,Q8_0
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "unit"))
+import common  # noqa: E402
+from test_gguf_kernels import random_blocks  # noqa: E402
+
+SHAPES = [(1728, 576), (3072, 576), (576, 1536), (49152, 576)]
+
+
+def median_ms(fn, n: int = 20) -> float:
+    fn()
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--types", default="Q4_1,Q8_0")
+    args = p.parse_args()
+    threads = common.set_threads(args.threads)
+    from pagedllm.kernels import cpu_gemm, gguf_kernels
+
+    kern = gguf_kernels.kernels()
+    print(f"{threads} threads; median ms of 20 calls")
+    print(f"{'type':5} {'N x K':>11} {'rows':>5} {'gguf':>9} {'float32':>9} {'deq+linear':>11}")
+    for qtype in args.types.split(","):
+        for n, k in SHAPES:
+            w = random_blocks(qtype, n, k)
+            wf = gguf_kernels.dequantize_reference(w, qtype, k).t().contiguous().t()
+            packed = cpu_gemm.PackedWeight(wf) if cpu_gemm.available() else None
+            for m in (1, 8, 32, 256):
+                x = torch.randn(m, k)
+                ours = median_ms(lambda: kern.matmul(x, w, qtype, k))
+                f32 = median_ms(lambda: cpu_gemm.linear(x, wf, None, packed if m <= cpu_gemm.MAX_PACKED_ROWS else None))
+                deq = median_ms(lambda: torch.nn.functional.linear(x, kern.dequantize(w, qtype, k)))
+                print(f"{qtype:5} {n:>5}x{k:<5} {m:>5} {ours:>9.3f} {f32:>9.3f} {deq:>11.3f}", flush=True)
+    common.print_machine_line(common.machine_info())
+
+
+if __name__ == "__main__":
+    main()
