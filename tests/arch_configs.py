@@ -24,6 +24,8 @@ def arch_config(name: str):
                                attention_multiplier=0.3, logits_scaling=1.7, tie_word_embeddings=True, **c)
     if name == "starcoder2":  # LayerNorm + biases, gelu_pytorch_tanh MLP, tied
         return T.Starcoder2Config(num_key_value_heads=2, **c)
+    if name == "starcoder2-window":  # every layer's window (16) shorter than most prompts
+        return T.Starcoder2Config(num_key_value_heads=2, sliding_window=16, **c)
     if name == "gpt2":  # learned positions, Conv1D checkpoint, gelu_new, tied
         return T.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=512, initializer_range=0.3,
                             bos_token_id=1, eos_token_id=2)

@@ -41,7 +41,7 @@ _MODEL_NOTES = {
     "Olmo2ForCausalLM": "OLMo 2 (norms after each block, q/k norm over all heads)",
     "Glm4ForCausalLM": "GLM-4-0414 (extra post-norms, partial interleaved rotary)",
     "GraniteForCausalLM": "Granite 3 (embedding, residual, attention and logit multipliers)",
-    "Starcoder2ForCausalLM": "StarCoder2 (LayerNorm, GELU MLP; sliding window refused if shorter than the context)",
+    "Starcoder2ForCausalLM": "StarCoder2 (LayerNorm, GELU MLP, sliding window)",
     "GPT2LMHeadModel": "GPT-2 (learned positions, LayerNorm, GELU MLP)",
     "GPTNeoXForCausalLM": "GPT-NeoX, Pythia (partial rotary, parallel residual)",
 }

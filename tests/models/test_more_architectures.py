@@ -2,8 +2,8 @@
 transformers' save_pretrained, initializer_range 0.3 so tokens vary) give transformers' greedy
 token ids exactly in float32 on the CPU: one prompt, 8 prompts at once, chunked prefill,
 prefix-cache hits, preemption (recompute; swap for one); logprobs within 1e-4 of HF's
-log-softmax. Also: random ("dummy") weights, GGUF files for the architectures transformers
-reads GGUF configs of, and the error for an unknown architecture."""
+log-softmax. StarCoder2 also with a sliding window (16) shorter than most prompts. Also:
+random ("dummy") weights (GGUF files: tests/models/test_archs_gguf.py)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
 ARCHS = ["glm4", "gpt2", "gpt_neox", "granite", "olmo2", "starcoder2"]
 
 
-@pytest.fixture(scope="module", params=ARCHS + ["gpt_neox-sequential"])
+@pytest.fixture(scope="module", params=ARCHS + ["gpt_neox-sequential", "starcoder2-window"])
 def model(request, tmp_path_factory, tokenizer_dir):
     from transformers import AutoModelForCausalLM
 
@@ -136,16 +136,3 @@ def test_dummy_weights(arch, tmp_path, tokenizer_dir):
     assert [len(o.outputs[0].token_ids) for o in outs] == [MAX_NEW, MAX_NEW]
     assert all(0 <= t < VOCAB for o in outs for t in o.outputs[0].token_ids)
     assert all_blocks_free(llm)
-
-
-def test_starcoder2_sliding_window_shorter_than_the_context_is_refused(tmp_path, tokenizer_dir):
-    cfg = arch_config("starcoder2")
-    cfg.sliding_window = 64
-    cfg.architectures = ["Starcoder2ForCausalLM"]
-    cfg.save_pretrained(str(tmp_path))
-    with pytest.raises(ValueError, match="sliding_window=64"):
-        LLM(str(tmp_path), load_format="dummy", kv_cache_memory="4MiB", skip_tokenizer_init=True)
-    # capped to the window, attention over the whole context is the sliding one: served
-    llm = LLM(str(tmp_path), load_format="dummy", kv_cache_memory="4MiB", skip_tokenizer_init=True,
-              hf_overrides={"max_position_embeddings": 64})
-    assert llm.llm_engine.config.model_config.max_model_len == 64

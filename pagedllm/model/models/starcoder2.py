@@ -1,29 +1,16 @@
 """StarCoder2: the Llama decoder with LayerNorm (with bias), biases on every projection
 (`use_bias`) and a plain GELU MLP (c_fc -> gelu_pytorch_tanh -> c_proj). Its checkpoint uses
-Llama's names; the LM head is tied by default."""
+Llama's names; the LM head is tied by default. Its `sliding_window` (every layer's) is the
+shared one of LlamaModel and the attention backends."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from pagedllm.distributed import SINGLE, ParallelState
+from pagedllm.distributed import ParallelState
 from pagedllm.model.layers.gelu_mlp import GeluMLP
 from pagedllm.model.layers.layernorm import LayerNorm
 from pagedllm.model.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaModel
-
-
-def check_sliding_window(cfg: Any) -> None:
-    """A sliding window shorter than the model's context would attend further than the model
-    was trained to: refused (ValueError) until the attention backends honour it; a window of at
-    least max_position_embeddings is the same as none (hf_overrides can lower the latter)."""
-    window = getattr(cfg, "sliding_window", None)
-    max_pos = int(getattr(cfg, "max_position_embeddings", 0) or 0)
-    if window is not None and int(window) < max_pos:
-        raise ValueError(
-            f"sliding_window={window} is shorter than max_position_embeddings={max_pos}, and this model's "
-            f"sliding window is not supported yet; pass hf_overrides={{'max_position_embeddings': {window}}} "
-            f"to serve contexts of up to {window} tokens exactly"
-        )
 
 
 class Starcoder2Attention(LlamaAttention):
@@ -49,7 +36,3 @@ class Starcoder2Model(LlamaModel):
 
 class Starcoder2ForCausalLM(LlamaForCausalLM):
     model_cls = Starcoder2Model
-
-    def __init__(self, cfg: Any, ps: ParallelState = SINGLE):
-        check_sliding_window(cfg)
-        super().__init__(cfg, ps)
