@@ -159,6 +159,28 @@ def _attend_tile(
     return acc, m_new, l_i
 
 
+@triton.jit
+def _attend_keys(
+    q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, keys, key_mask, valid, kv_head, dims, dim_mask,
+    stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, qk_scale,
+    BLOCK_SIZE: tl.constexpr, DOT_PRECISION: tl.constexpr, soft_cap, SOFT_CAP: tl.constexpr,
+):  # fmt: skip
+    """Gathers the K and V rows `keys` of one kv head and takes the online-softmax step over
+    them (`valid` [M, N]: which (query, key) pairs count)."""
+    k = _load_kv_tile(k_cache_ptr, bt_row, keys, key_mask, kv_head, dims, dim_mask,
+                      stride_kb, stride_ks, stride_kh, BLOCK_SIZE)  # fmt: skip
+    v = _load_kv_tile(v_cache_ptr, bt_row, keys, key_mask, kv_head, dims, dim_mask,
+                      stride_vb, stride_vs, stride_vh, BLOCK_SIZE)  # fmt: skip
+    return _attend_tile(q, acc, m_i, l_i, k, v, valid, qk_scale, DOT_PRECISION, soft_cap, SOFT_CAP)
+
+
+def window_cap_args(sliding_window: int | None, logits_soft_cap: float | None) -> tuple[tuple[int, float], dict]:
+    """The attention kernels' runtime (window, soft cap * log2(e)) and their SLIDING / SOFT_CAP
+    switches (an unset option compiles its code out)."""
+    runtime = (int(sliding_window or 0), float(logits_soft_cap or 0.0) * _LOG2E)
+    return runtime, {"SLIDING": sliding_window is not None, "SOFT_CAP": logits_soft_cap is not None}
+
+
 def _dot_precision(dtype: torch.dtype) -> str:
     # float32 inputs would otherwise go through TF32 on the tensor cores (10-bit mantissa).
     return "ieee" if dtype == torch.float32 else "tf32"
@@ -235,34 +257,30 @@ def _prefill_kernel(
         for n0 in range(lo, end, BLOCK_N):
             keys = n0 + offs_n
             key_mask = keys < end
-            k = _load_kv_tile(k_cache_ptr, bt_row, keys, key_mask, kv_head, dims, dim_mask,
-                              stride_kb, stride_ks, stride_kh, BLOCK_SIZE)  # fmt: skip
-            v = _load_kv_tile(v_cache_ptr, bt_row, keys, key_mask, kv_head, dims, dim_mask,
-                              stride_vb, stride_vs, stride_vh, BLOCK_SIZE)  # fmt: skip
             qpos = ctx + rows[:, None]
             valid = key_mask[None, :] & (keys[None, :] <= qpos) & (keys[None, :] > qpos - window)
-            acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, k, v, valid, qk_scale, DOT_PRECISION, soft_cap, SOFT_CAP)
+            acc, m_i, l_i = _attend_keys(
+                q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, keys, key_mask, valid, kv_head, dims, dim_mask,
+                stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, qk_scale,
+                BLOCK_SIZE, DOT_PRECISION, soft_cap, SOFT_CAP)  # fmt: skip
         full_end = 0
         diag_start = end
     for n0 in range(0, full_end, BLOCK_N):
         keys = n0 + offs_n
         key_mask = keys < full_end
-        k = _load_kv_tile(k_cache_ptr, bt_row, keys, key_mask, kv_head, dims, dim_mask,
-                          stride_kb, stride_ks, stride_kh, BLOCK_SIZE)  # fmt: skip
-        v = _load_kv_tile(v_cache_ptr, bt_row, keys, key_mask, kv_head, dims, dim_mask,
-                          stride_vb, stride_vs, stride_vh, BLOCK_SIZE)  # fmt: skip
-        acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, k, v, key_mask[None, :], qk_scale, DOT_PRECISION,
-                                     soft_cap, SOFT_CAP)  # fmt: skip
+        acc, m_i, l_i = _attend_keys(
+            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, keys, key_mask, key_mask[None, :], kv_head, dims,
+            dim_mask, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, qk_scale,
+            BLOCK_SIZE, DOT_PRECISION, soft_cap, SOFT_CAP)  # fmt: skip
 
     for n0 in range(diag_start, end, BLOCK_N):
         keys = n0 + offs_n
         key_mask = keys < end
-        k = _load_kv_tile(k_cache_ptr, bt_row, keys, key_mask, kv_head, dims, dim_mask,
-                          stride_kb, stride_ks, stride_kh, BLOCK_SIZE)  # fmt: skip
-        v = _load_kv_tile(v_cache_ptr, bt_row, keys, key_mask, kv_head, dims, dim_mask,
-                          stride_vb, stride_vs, stride_vh, BLOCK_SIZE)  # fmt: skip
         valid = key_mask[None, :] & (keys[None, :] <= ctx + rows[:, None])
-        acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, k, v, valid, qk_scale, DOT_PRECISION, soft_cap, SOFT_CAP)
+        acc, m_i, l_i = _attend_keys(
+            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, keys, key_mask, valid, kv_head, dims, dim_mask,
+            stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, qk_scale,
+            BLOCK_SIZE, DOT_PRECISION, soft_cap, SOFT_CAP)  # fmt: skip
 
     l_i = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc * (v_scale / l_i)[:, None]
@@ -311,6 +329,7 @@ def prefill_attention_triton(
     q = _last_dim_contiguous(q)
     block_m, block_n, num_warps, num_stages = config or _prefill_config(d, q.dtype)
     grid = (triton.cdiv(max_query_len, block_m), num_reqs, hq)
+    window_cap, switches = window_cap_args(sliding_window, logits_soft_cap)
     _prefill_kernel[grid](
         q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out,
         scale * _LOG2E * k_scale, v_scale, first_req,
@@ -318,11 +337,9 @@ def prefill_attention_triton(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0),
-        int(sliding_window or 0), float(logits_soft_cap or 0.0) * _LOG2E,
-        GROUP=hq // hkv, HEAD_DIM=d, BLOCK_SIZE=bs,
+        *window_cap, GROUP=hq // hkv, HEAD_DIM=d, BLOCK_SIZE=bs,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=next_power_of_2(d),
-        DOT_PRECISION=_dot_precision(q.dtype), Q_AS_FP16=dot_dtype_fp16(q.dtype, k_cache.dtype),
-        SLIDING=sliding_window is not None, SOFT_CAP=logits_soft_cap is not None,
+        DOT_PRECISION=_dot_precision(q.dtype), Q_AS_FP16=dot_dtype_fp16(q.dtype, k_cache.dtype), **switches,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return out

@@ -23,11 +23,11 @@ import triton.language as tl
 from pagedllm.kernels._triton import next_power_of_2
 from pagedllm.kernels.attention import (
     _LOG2E,
-    _attend_tile,
+    _attend_keys,
     _dot_precision,
     _last_dim_contiguous,
-    _load_kv_tile,
     dot_dtype_fp16,
+    window_cap_args,
 )
 
 
@@ -90,12 +90,10 @@ def _decode_kernel(
     for n0 in range(start, end, BLOCK_N):
         keys = n0 + offs_n
         key_mask = keys < end
-        k = _load_kv_tile(k_cache_ptr, bt_row, keys, key_mask, kv_head, dims, dim_mask,
-                          stride_kb, stride_ks, stride_kh, BLOCK_SIZE)  # fmt: skip
-        v = _load_kv_tile(v_cache_ptr, bt_row, keys, key_mask, kv_head, dims, dim_mask,
-                          stride_vb, stride_vs, stride_vh, BLOCK_SIZE)  # fmt: skip
-        acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, k, v, key_mask[None, :], qk_scale, DOT_PRECISION,
-                                     soft_cap, SOFT_CAP)  # fmt: skip
+        acc, m_i, l_i = _attend_keys(
+            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, keys, key_mask, key_mask[None, :], kv_head, dims,
+            dim_mask, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, qk_scale,
+            BLOCK_SIZE, DOT_PRECISION, soft_cap, SOFT_CAP)  # fmt: skip
 
     acc = acc * v_scale
     if not SPLIT:
@@ -207,6 +205,7 @@ def decode_attention_triton(
         part_sum = torch.empty((b, hq, num_splits), dtype=torch.float32, device=q.device)
     else:
         part_out = part_max = part_sum = out  # unused
+    window_cap, switches = window_cap_args(sliding_window, logits_soft_cap)
     _decode_kernel[(b, hkv, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, out, part_out, part_max, part_sum,
         scale * _LOG2E * k_scale, v_scale,
@@ -214,12 +213,10 @@ def decode_attention_triton(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0),
-        int(sliding_window or 0), float(logits_soft_cap or 0.0) * _LOG2E,
-        GROUP=group, HEAD_DIM=d, BLOCK_SIZE=bs,
+        *window_cap, GROUP=group, HEAD_DIM=d, BLOCK_SIZE=bs,
         BLOCK_G=max(16, next_power_of_2(group)), BLOCK_N=block_n, BLOCK_D=block_d,
         SPLIT=num_splits > 1, DOT_PRECISION=_dot_precision(q.dtype),
-        Q_AS_FP16=dot_dtype_fp16(q.dtype, k_cache.dtype),
-        SLIDING=sliding_window is not None, SOFT_CAP=logits_soft_cap is not None,
+        Q_AS_FP16=dot_dtype_fp16(q.dtype, k_cache.dtype), **switches,
         num_warps=4, num_stages=2,
     )  # fmt: skip
     if num_splits > 1:
