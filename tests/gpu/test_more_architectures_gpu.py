@@ -21,7 +21,7 @@ def prompts_of(lengths, seed=0):
     return [[rng.randrange(3, 40000) for _ in range(n)] for n in lengths]
 
 
-@pytest.mark.parametrize("arch", ["glm4", "gpt2", "gpt_neox", "granite", "olmo2", "starcoder2"])
+@pytest.mark.parametrize("arch", ["glm4", "gpt2", "gpt_neox", "granite", "olmo2", "starcoder2", "starcoder2-window"])
 def test_float32_greedy_equals_hf_on_cuda(tmp_path, tokenizer_dir, arch):
     from transformers import AutoModelForCausalLM
 
