@@ -44,8 +44,13 @@ def load_hf_config(model: str, load_format: str) -> tuple[Any, str | None, str]:
             raise ValueError(f"model: {model!r} is a file but not a .gguf file")
         if load_format not in ("auto", "gguf", "dummy"):
             raise ValueError(f"load_format={load_format!r} does not fit the GGUF file {model!r}")
+        from pagedllm.model.gguf_config import complete_gguf_config, gguf_only_config
+
         d, f = _split_gguf(model)
-        cfg = AutoConfig.from_pretrained(d, gguf_file=f)
+        cfg = gguf_only_config(model)
+        if cfg is None:
+            cfg = AutoConfig.from_pretrained(d, gguf_file=f)
+            complete_gguf_config(model, cfg)
         if not getattr(cfg, "architectures", None):
             cfg.architectures = [_GGUF_ARCH.get(cfg.model_type, "LlamaForCausalLM")]
         if cfg.model_type in ("qwen2_moe", "qwen3_moe"):
@@ -66,7 +71,9 @@ def load_hf_config(model: str, load_format: str) -> tuple[Any, str | None, str]:
 _GGUF_ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
               "mistral": "MistralForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
               "gemma3_text": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
-              "qwen3_moe": "Qwen3MoeForCausalLM"}
+              "qwen3_moe": "Qwen3MoeForCausalLM", "gpt2": "GPT2LMHeadModel", "starcoder2": "Starcoder2ForCausalLM",
+              "olmo2": "Olmo2ForCausalLM", "glm4": "Glm4ForCausalLM", "granite": "GraniteForCausalLM",
+              "gpt_neox": "GPTNeoXForCausalLM"}
 
 
 def gguf_architectures() -> set[str]:
@@ -154,7 +161,9 @@ def iter_safetensors(model_dir: str) -> Iterator[tuple[str, CheckpointSlice]]:
 _GGUF_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
+    "output_norm.bias": "model.norm.bias",  # LayerNorm models
     "output.weight": "lm_head.weight",
+    "position_embd.weight": "model.embed_positions",  # GPT-2's learned positions
 }
 _GGUF_LAYER_NAMES = {
     "attn_norm": "input_layernorm",
@@ -182,14 +191,26 @@ _GGUF_LAYER_NAMES = {
 
 _GEMMA_GGUF_NAMES = {"post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
                      "post_ffw_norm": "post_feedforward_layernorm"}
+_GELU_MLP_GGUF_NAMES = {"ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"}
 # where an architecture's GGUF layer tensors differ from Llama's names (gguf's own tensor map):
-# Gemma's four norms; Phi-3's fused qkv and gate_up (ffn_up holds both), cut by the model
+# Gemma's four norms; Phi-3's and GLM-4's fused gate_up (ffn_up holds both), cut by the model;
+# the norms after the blocks of OLMo 2 and GLM-4; the plain GELU MLPs; fused q | k | v rows
+# (attn_qkv: Phi-3's model cuts them, GPT-2's and GPT-NeoX's are cut in iter_gguf)
 _GGUF_ARCH_LAYER_NAMES = {
     "gemma2": _GEMMA_GGUF_NAMES,
     "gemma3": _GEMMA_GGUF_NAMES,
     "gemma3_text": _GEMMA_GGUF_NAMES,
     "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
+    "olmo2": {"post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"},
+    "glm4": {"post_attention_norm": "post_self_attn_layernorm", "post_ffw_norm": "post_mlp_layernorm",
+             "ffn_up": "mlp.gate_up_proj"},
+    "starcoder2": _GELU_MLP_GGUF_NAMES,
+    "gpt2": {**_GELU_MLP_GGUF_NAMES, "attn_qkv": "self_attn.qkv_proj"},
+    "gpt_neox": {**_GELU_MLP_GGUF_NAMES, "attn_qkv": "self_attn.qkv_proj"},
 }
+_GGUF_SPLIT_QKV = ("gpt2", "gpt_neox")
+# llama.cpp's converter interleaves the rotary halves of q and k for these (Llama's converter)
+_GGUF_PERMUTED_ROPE = ("llama", "mistral", "granite")
 
 
 def _unpermute_rope(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -211,6 +232,7 @@ def iter_gguf(path: str, hf_config: Any, keep_quantized: bool = False) -> Iterat
     arch = str(getattr(hf_config, "model_type", "llama"))
     n_heads = hf_config.num_attention_heads
     n_kv = getattr(hf_config, "num_key_value_heads", None) or n_heads
+    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // n_heads
     layer_names = {**_GGUF_LAYER_NAMES, **_GGUF_ARCH_LAYER_NAMES.get(arch, {})}
     for t in reader.tensors:
         name = _GGUF_NAMES.get(t.name)
@@ -230,11 +252,17 @@ def iter_gguf(path: str, hf_config: Any, keep_quantized: bool = False) -> Iterat
             continue
         data = gguf.quants.dequantize(t.data, t.tensor_type)
         data = np.array(data, dtype=np.float32, copy=True).reshape(shape)
-        if arch in ("llama", "mistral") and name.endswith(("q_proj.weight", "k_proj.weight")):
+        if arch in _GGUF_PERMUTED_ROPE and name.rsplit(".", 2)[-2] in ("q_proj", "k_proj"):
             data = _unpermute_rope(data, n_heads if "q_proj" in name else n_kv)
         if arch.startswith("gemma") and name.endswith("norm.weight"):
             data = data - 1.0  # llama.cpp stores Gemma's norm weights as 1 + w; back to HF's w
-        yield name, torch.from_numpy(np.ascontiguousarray(data))
+        tensor = torch.from_numpy(np.ascontiguousarray(data))
+        if arch in _GGUF_SPLIT_QKV and ".qkv_proj." in name:
+            rows = [n_heads * head_dim, n_kv * head_dim, n_kv * head_dim]
+            for part, block in zip("qkv", tensor.split(rows)):
+                yield name.replace(".qkv_proj.", f".{part}_proj."), block
+            continue
+        yield name, tensor
 
 
 @contextlib.contextmanager

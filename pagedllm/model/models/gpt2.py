@@ -78,8 +78,12 @@ class GPT2LMHeadModel(LlamaForCausalLM):
 
     def checkpoint_weights(self, weights: Iterable[tuple[str, Any]]) -> Iterable[tuple[str, Any]]:
         for name, tensor in weights:
-            if name.endswith((".attn.bias", ".attn.masked_bias")) or name == "lm_head.weight":
-                continue  # causal-mask buffers of old checkpoints; the tied head
+            if name.endswith((".attn.bias", ".attn.masked_bias")):
+                continue  # causal-mask buffers of old checkpoints
+            # the head (skipped when tied), and names that are ours already (a GGUF file's)
+            if name.startswith(("model.", "lm_head.")):
+                yield name, tensor
+                continue
             name = name.removeprefix("transformer.")
             layer = ""
             if name.startswith("h."):
