@@ -15,7 +15,11 @@ from pagedllm.attention.backend import AttentionBackend, ForwardBatch
 def layer_sliding_window(cfg: Any, layer_idx: int) -> int | None:
     """The sliding window of layer `layer_idx` as transformers applies it: with `layer_types`
     (Qwen2, Gemma 2/3) only "sliding_attention" layers have one; without (Mistral, Phi-3,
-    Starcoder2) `sliding_window` holds for every layer. None: full attention."""
+    Starcoder2) `sliding_window` holds for every layer. None: full attention.
+
+    A request keeps every KV block until it ends, also those that fell out of the windows of
+    all layers (Mistral, StarCoder2, Phi-3): the kernels skip them, the block manager does not
+    free them yet (a hole in a block table would reach swap, prefix caching and preemption)."""
     window = getattr(cfg, "sliding_window", None)
     if not window:
         return None
