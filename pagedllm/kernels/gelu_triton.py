@@ -10,8 +10,8 @@ import triton.language as tl
 
 from pagedllm.kernels._triton import next_power_of_2
 
-_SQRT_2_OVER_PI = 0.7978845608028654
-_INV_SQRT_2 = 0.7071067811865476
+_SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)  # globals read in @jit must be constexpr
+_INV_SQRT_2 = tl.constexpr(0.7071067811865476)
 
 
 @triton.jit
