@@ -43,7 +43,7 @@ SCHEDULING_POLICIES = ("fcfs", "priority")
 DEVICES = ("auto", "cpu", "cuda")
 DISTRIBUTED_EXECUTOR_BACKENDS = ("mp", "ray", "uni")
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
-QUANTIZATION_CHOICES = ("fp8", "compressed-tensors", "gguf", "none")
+QUANTIZATION_CHOICES = ("fp8", "gptq", "awq", "compressed-tensors", "gguf", "none")
 
 _GiB = 1 << 30
 
@@ -198,10 +198,12 @@ class EngineArgs(AcceptedArgs):
     load_format: str = arg("auto", "How to load weights; dummy makes random weights (for benchmarks).",
                            choices=LOAD_FORMATS, group="model")
     quantization: str | None = arg(None, "fp8: FP8 (e4m3) weights, quantized at load with per-channel scales "
-                                   "unless the checkpoint is already FP8 (quant_method fp8 or compressed-tensors; "
-                                   "its quantization_config is used either way). gguf: a .gguf model's blocks "
-                                   "executed quantized by the CPU kernels (the default for a .gguf model on the "
-                                   "CPU in float32). none: a .gguf model dequantized to the dtype at load.", flags=("-q",),
+                                   "unless the checkpoint is already FP8 (quant_method fp8 or compressed-tensors). "
+                                   "gptq / awq / compressed-tensors: the checkpoint's 4- or 8-bit weight-only "
+                                   "format (with load_format dummy: int4 in groups of 128). gguf: a .gguf model's "
+                                   "blocks executed quantized by the CPU kernels (the default for a .gguf model on the "
+                                   "CPU in float32). none: a .gguf model dequantized to the dtype at load. Default: "
+                                   "the checkpoint's quantization_config, if any.", flags=("-q",),
                                    choices=QUANTIZATION_CHOICES, group="model")
     hf_overrides: dict[str, Any] = arg(default_factory=dict, help="JSON object of values that replace the "
                                        "model config's (e.g. '{\"rope_theta\": 50000}').", parse="json",

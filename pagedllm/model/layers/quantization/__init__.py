@@ -13,7 +13,7 @@ from pagedllm.model.layers.quantization.base import (
     quantize_model,
 )
 
-QUANTIZATION_METHODS = ("fp8", "compressed-tensors", "gguf", "none")
+QUANTIZATION_METHODS = ("fp8", "gptq", "awq", "compressed-tensors", "gguf", "none")
 
 __all__ = ["QUANTIZATION_METHODS", "LinearMethod", "QuantizationConfig", "get_quantization_config",
            "process_weights_after_loading", "quantize_model"]
@@ -71,17 +71,27 @@ def get_quantization_config(quantization: str | None, hf_config: Any, load_forma
             raise ValueError(f"quantization='none' does not fit a quant_method={method!r} checkpoint")
         return None
     if method is None or load_format in ("dummy", "gguf"):
-        # random weights are drawn in the model's dtype and quantized like a plain checkpoint's
-        if quantization == "compressed-tensors":
-            raise ValueError("quantization='compressed-tensors' needs a compressed-tensors checkpoint; "
-                             "use quantization='fp8' to quantize this model at load")
+        # random weights are drawn in the model's dtype and quantized like a plain checkpoint's:
+        # fp8 per channel; gptq / compressed-tensors: int4 symmetric in groups of 128, awq the same
+        # asymmetric (the common checkpoints' settings)
+        if quantization in ("gptq", "awq", "compressed-tensors"):
+            if load_format != "dummy":
+                raise ValueError(f"quantization={quantization!r} needs a {quantization} checkpoint (or load_format="
+                                 "'dummy'); use quantization='fp8' to quantize this model at load")
+            from pagedllm.model.layers.quantization.wna16 import WNA16Config
+
+            return WNA16Config("online", 4, 128, quantization != "awq", name=quantization)
         return Fp8Config() if quantization is not None else None
     if method == "fp8":
         cfg = Fp8Config.from_hf(qc)
     elif method == "compressed-tensors":
-        from pagedllm.model.layers.quantization.compressed_tensors import compressed_tensors_fp8_config
+        from pagedllm.model.layers.quantization.compressed_tensors import compressed_tensors_config
 
-        cfg = compressed_tensors_fp8_config(qc)
+        cfg = compressed_tensors_config(qc)
+    elif method in ("gptq", "awq"):
+        from pagedllm.model.layers.quantization.wna16 import WNA16Config
+
+        cfg = WNA16Config.from_gptq(qc) if method == "gptq" else WNA16Config.from_awq(qc)
     else:
         raise ValueError(f"model: quantization_config.quant_method={method!r} is not supported "
                          f"(supported: {', '.join(QUANTIZATION_METHODS)})")
@@ -97,7 +107,7 @@ def precision_summary(model_dtype: str, quantization: QuantizationConfig | None,
     from pagedllm.kernels.fp8 import SCALED_MM_MIN_ROWS
 
     activations = model_dtype
-    if quantization is not None and device == "cuda":
+    if quantization is not None and quantization.name == "fp8" and device == "cuda":
         activations = f"{model_dtype} (fp8 e4m3 per token from {SCALED_MM_MIN_ROWS} rows)"
     return {
         "weights": quantization.describe() if quantization is not None else model_dtype,

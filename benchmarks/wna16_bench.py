@@ -1,0 +1,139 @@
+"""Integer weight-only linears (W4A16, W8A16) on CUDA, timed like fp8_bench.py: inside a CUDA
+graph, 32 layers with distinct weights (none served from L2), Llama-3.1-8B's four projection
+shapes, int4 symmetric in groups of 128 (the dummy weights' format). Compared per row count:
+bf16 `F.linear`, the Triton kernels (default config, then the sweep), and the prefill path
+(dequantize + cuBLAS). Every config is checked against the torch reference before it is
+timed; a config that fails to compile is reported and skipped. Prints per shape and row count
+the best config and the GB/s of weights it reaches, then the sum over the four shapes and 32
+layers; with $OUT set, writes $OUT/wna16_bench.json.
+
+    PYTHONPATH=. python benchmarks/wna16_bench.py [--rows 1 16 64 256] [--no-sweep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fp8_bench import LAYERS, SHAPES, graph_time  # noqa: E402
+
+from pagedllm.kernels.wna16 import quantize_wna16_torch, wna16_linear_torch  # noqa: E402
+from pagedllm.kernels.wna16_triton import default_config, dequantize_wna16_triton, wna16_gemm_triton  # noqa: E402
+
+ROWS = [1, 16, 64, 256]
+
+
+def sweep(m: int) -> list[tuple]:
+    if m <= 4:
+        cfgs = [("gemv", 1, bn, bk, w, 2, 1) for bn in (32, 64, 128) for bk in (256, 1024) for w in (4, 8)]
+        cfgs += [("gemv", 1, bn, 512, 4, 2, s) for bn in (32, 64) for s in (1, 2, 4)]
+        return cfgs
+    if m <= 16:
+        return [("gemv", 1, 64, 512, 4, 2, 1)] + [("dot", 16, bn, bk, 4, st, 1) for bn in (32, 64, 128)
+                                                  for bk, st in ((64, 4), (128, 3))]
+    if m <= 64:
+        return [("dot", bm, bn, 64, w, 3, 1) for bm in (32, 64) for bn in (64, 128) for w in (4, 8)]
+    return [("dot", bm, bn, bk, w, 3, 1) for bm in (64, 128) for bn in (128, 256) for bk in (64, 128)
+            for w in (4, 8)] + [("dot", 128, 64, 64, 4, 4, 1)]
+
+
+def check(out: torch.Tensor, ref: torch.Tensor, what: str) -> float:
+    err = (out.float() - ref.float()).abs().max().item() / max(ref.float().abs().max().item(), 1e-6)
+    if err > 0.02:
+        raise AssertionError(f"{what}: max error {err:.4f} of the reference's max")
+    return err
+
+
+def correctness(dev: str) -> None:
+    """Random inputs of several shapes, group sizes, both symmetries, 4 and 8 bits, both dtypes."""
+    g = torch.Generator(device=dev).manual_seed(1)
+    worst = 0.0
+    cases = 0
+    for bits in (4, 8):
+        for gk in (32, 64, 128, None):
+            for sym in (True, False):
+                for i, (m, n, k) in enumerate(((1, 4096, 4096), (3, 6144, 1024), (16, 1024, 14336), (300, 512, 1024))):
+                    for dtype in ((torch.bfloat16, torch.float16)[(i + bits + int(sym)) % 2],):
+                        w = torch.randn(n, k, device=dev, generator=g) * 0.02
+                        qw, s, z = quantize_wna16_torch(w, bits, gk, sym, torch.float16)
+                        x = torch.randn(m, k, device=dev, generator=g).to(dtype)
+                        bias = torch.randn(n, device=dev, generator=g).to(dtype)
+                        ref = wna16_linear_torch(x, qw, s, z, bits, bias)
+                        worst = max(worst, check(wna16_gemm_triton(x, qw, s, z, bits, bias), ref,
+                                                 f"bits={bits} g={gk} sym={sym} {m}x{n}x{k} {dtype}"))
+                        dense = x.float() @ dequantize_wna16_triton(qw, s, z, bits, torch.float32) + bias.float()
+                        worst = max(worst, check(dense, ref, f"dequant bits={bits} g={gk} sym={sym}"))
+                        cases += 1
+    print(f"correctness: {cases} cases (bits 4/8, groups 32/64/128/channel, sym/asym, bf16/fp16, "
+          f"M 1..300), worst max error {worst:.4f} of the reference's max", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, nargs="*", default=ROWS)
+    ap.add_argument("--no-sweep", action="store_true")
+    ap.add_argument("--skip-check", action="store_true")
+    ap.add_argument("--bits", type=int, default=4)
+    args = ap.parse_args()
+    dev = "cuda"
+    if not args.skip_check:
+        correctness(dev)
+    g = torch.Generator(device=dev).manual_seed(0)
+    results: dict[str, dict] = {}
+    for name, (n, k) in SHAPES.items():
+        ws = [torch.randn(n, k, device=dev, generator=g, dtype=torch.bfloat16) * 0.02 for _ in range(LAYERS)]
+        qs = [quantize_wna16_torch(w, args.bits, 128, True) for w in ws]
+        nbytes = qs[0][0].numel() * 4 + qs[0][1].numel() * 2
+        for m in args.rows:
+            x = torch.randn(m, k, device=dev, generator=g, dtype=torch.bfloat16)
+            ref = wna16_linear_torch(x, *qs[0], args.bits)
+            row: dict = {"bf16": graph_time(lambda: [torch.nn.functional.linear(x, w) for w in ws])}
+            if m >= 64:
+                row["dense"] = graph_time(lambda: [x @ dequantize_wna16_triton(q, s, z, args.bits, x.dtype)
+                                                   for q, s, z in qs])
+            cfgs = [default_config(m, n, k, 128, args.bits)] + ([] if args.no_sweep else sweep(m))
+            best = None
+            for i, cfg in enumerate(cfgs):
+                try:
+                    check(wna16_gemm_triton(x, *qs[0], args.bits, config=cfg), ref, f"{name} m={m} {cfg}")
+                    t = graph_time(lambda: [wna16_gemm_triton(x, q, s, z, args.bits, config=cfg) for q, s, z in qs])
+                except AssertionError:
+                    raise
+                except Exception as e:  # noqa: BLE001 - a config the compiler refuses (shared memory)
+                    print(f"  skip {cfg}: {type(e).__name__}: {str(e)[:100]}", flush=True)
+                    continue
+                if i == 0:
+                    row["default"], row["default_cfg"] = t, cfg
+                if best is None or t < best[0]:
+                    best = (t, cfg)
+            row["best"], row["best_cfg"] = best
+            gbs = nbytes / (row["best"] * 1e-6) / 1e9
+            dense = f"  dense {row['dense']:7.1f}" if "dense" in row else ""
+            print(f"{name:8s} m={m:4d} us/layer: bf16 {row['bf16']:7.1f}{dense}  default {row.get('default', 0):7.1f}  "
+                  f"best {row['best']:7.1f} {row['best_cfg']} ({gbs:5.0f} GB/s of weights)  "
+                  f"bf16/best {row['bf16'] / row['best']:.2f}x", flush=True)
+            results[f"{name}:{m}"] = row
+        del ws, qs
+        torch.cuda.empty_cache()
+    print(f"\nsum over the four projections x {LAYERS} layers, ms per step (CUDA graph), int{args.bits} g128:")
+    print(f"{'rows':>5} {'bf16':>8} {'default':>8} {'best':>8} {'bf16/best':>10}")
+    for m in args.rows:
+        tot = {key: LAYERS * sum(results[f"{nm}:{m}"].get(key, 0) for nm in SHAPES) / 1000
+               for key in ("bf16", "default", "best")}
+        print(f"{m:5d} {tot['bf16']:8.3f} {tot['default']:8.3f} {tot['best']:8.3f} {tot['bf16'] / tot['best']:9.2f}x")
+    out = os.environ.get("OUT")
+    if out:
+        with open(os.path.join(out, f"wna16_bench_int{args.bits}.json"), "w") as fh:
+            json.dump(results, fh, indent=1, default=str)
+
+
+if __name__ == "__main__":
+    main()

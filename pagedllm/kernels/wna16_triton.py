@@ -1,0 +1,279 @@
+"""Triton kernels for integer weight-only linears (layout: wna16.py); each equals its torch
+reference there.
+
+- `wna16_gemm_triton`: x [M, K] @ dequant(qweight [K/P, N], scales, zeros).T, two kernels:
+    gemv (few rows, no tensor cores): a program owns BLOCK_N outputs of one row and a K range
+      (SPLIT_K > 1: several programs per column block, summed by float32 atomics). It streams
+      [BLOCK_KW, BLOCK_N] tiles of words (coalesced along N) and takes the P values of each word
+      apart without shifts where it can: `(word & mask) | 0x4B000000` read as a float is
+      2**23 + q * 2**s exactly (s + bits <= 23), so one subtraction gives (q - zero) * 2**s and
+      the activation is multiplied by 2**-s instead (exact: a power of two). Values above bit 23
+      come from `word >> 16` the same way. Scales (and asymmetric zeros) are gathered per word
+      row, so any BLOCK_KW works with any group size.
+    dot (more rows): [BLOCK_M, BLOCK_K] x [BLOCK_K, BLOCK_N] through `tl.dot`; the weight tile is
+      read as words (each word row serves P rows of the tile), dequantized to the activations'
+      dtype with its group's scale, then multiplied.
+- `dequantize_wna16_triton`: the whole weight as [K, N] in a 16-bit dtype (the prefill path).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from pagedllm.kernels.wna16 import pack_factor
+
+# rows up to which the gemv kernel runs (benchmarks/wna16_bench.py)
+GEMV_MAX_ROWS = 4
+
+_MAGIC = tl.constexpr(0x4B000000)  # the bits of float32 2**23
+_MAGIC_F = tl.constexpr(8388608.0)
+
+
+@triton.jit
+def _wna16_gemv_kernel(
+    x_ptr,  # [M, K] activations
+    w_ptr,  # [K/P, N] int32
+    s_ptr,  # [G, N] scales
+    z_ptr,  # [G, N] zeros (read when HAS_ZERO)
+    b_ptr,  # [N] bias (read when HAS_BIAS)
+    out_ptr,  # [M, N] (float32 when SPLIT_K > 1: atomically summed)
+    N, KW, KW_PER_SPLIT,
+    stride_xm, stride_wk, stride_sg, stride_om,
+    BITS: tl.constexpr, GROUP_K: tl.constexpr,  # GROUP_K 0: one scale row (per channel)
+    HAS_ZERO: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, EVEN: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr,
+):  # fmt: skip
+    P: tl.constexpr = 32 // BITS
+    MASK: tl.constexpr = (1 << BITS) - 1
+    m = tl.program_id(0).to(tl.int64)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    pid_k = tl.program_id(2)
+    n_mask = rn < N
+    ri = tl.arange(0, BLOCK_KW)
+    x_row = x_ptr + m * stride_xm
+    kw_lo = pid_k * KW_PER_SPLIT
+    kw_hi = tl.minimum(kw_lo + KW_PER_SPLIT, KW)
+    if HAS_ZERO and GROUP_K == 0:
+        z_row = tl.load(z_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
+    acc = tl.zeros([BLOCK_KW, BLOCK_N], dtype=tl.float32)
+    for kw0 in range(kw_lo, kw_hi, BLOCK_KW):
+        rows = kw0 + ri
+        if EVEN:
+            w = tl.load(w_ptr + rows[:, None] * stride_wk + rn[None, :], mask=n_mask[None, :], other=0)
+        else:
+            r_mask = rows < kw_hi
+            w = tl.load(w_ptr + rows[:, None] * stride_wk + rn[None, :], mask=r_mask[:, None] & n_mask[None, :],
+                        other=0)
+        hi = w >> 16
+        part = tl.zeros([BLOCK_KW, BLOCK_N], dtype=tl.float32)
+        xsum = tl.zeros([BLOCK_KW], dtype=tl.float32)
+        for j in tl.static_range(P):
+            if EVEN:
+                xj = tl.load(x_row + rows * P + j).to(tl.float32)
+            else:
+                xj = tl.load(x_row + rows * P + j, mask=r_mask, other=0.0).to(tl.float32)
+            if j * BITS + BITS <= 23:
+                src = w
+                sh = j * BITS
+            else:
+                src = hi
+                sh = j * BITS - 16
+            bits = (src & (MASK << sh)) | _MAGIC
+            if HAS_ZERO:
+                q = bits.to(tl.float32, bitcast=True) - _MAGIC_F  # q * 2**sh
+                xsum += xj
+            else:  # symmetric: the zero 2**(BITS-1) folds into the subtraction
+                q = bits.to(tl.float32, bitcast=True) - (_MAGIC_F + (1 << (BITS - 1 + sh)))
+            part += q * (xj * (1.0 / (1 << sh)))[:, None]
+        if GROUP_K > 0:
+            g = rows * P // GROUP_K
+            s_off = g[:, None] * stride_sg + rn[None, :]
+            s = tl.load(s_ptr + s_off, mask=n_mask[None, :], other=0.0).to(tl.float32)
+            if HAS_ZERO:
+                z = tl.load(z_ptr + s_off, mask=n_mask[None, :], other=0.0).to(tl.float32)
+                part -= z * xsum[:, None]
+            acc += part * s
+        else:
+            if HAS_ZERO:
+                part -= z_row[None, :] * xsum[:, None]
+            acc += part
+    y = tl.sum(acc, axis=0)
+    if GROUP_K == 0:
+        y = y * tl.load(s_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        if pid_k == 0:
+            y = y + tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
+    out = out_ptr + m * stride_om + rn
+    if SPLIT_K == 1:
+        tl.store(out, y.to(out_ptr.dtype.element_ty), mask=n_mask)
+    else:
+        tl.atomic_add(out, y, mask=n_mask)
+
+
+@triton.jit
+def _dequant_tile(w_ptr, s_ptr, z_ptr, k0, kk, rn, k_mask, n_mask, stride_wk, stride_sg,
+                  BITS: tl.constexpr, GROUP_K: tl.constexpr, HAS_ZERO: tl.constexpr,
+                  SCALE_ROWS: tl.constexpr):  # fmt: skip
+    """The weight tile [BLOCK_K, BLOCK_N] of inputs kk and outputs rn, as float32 (q - zero)
+    times its scale (SCALE_ROWS: one scale row for the tile, read at k0; GROUP_K 0: no
+    scale, the caller applies the per-channel one)."""
+    P: tl.constexpr = 32 // BITS
+    MASK: tl.constexpr = (1 << BITS) - 1
+    mask = k_mask[:, None] & n_mask[None, :]
+    w = tl.load(w_ptr + (kk // P)[:, None] * stride_wk + rn[None, :], mask=mask, other=0)
+    q = ((w >> ((kk % P) * BITS)[:, None]) & MASK) | _MAGIC
+    q = q.to(tl.float32, bitcast=True) - _MAGIC_F
+    if GROUP_K == 0:
+        if HAS_ZERO:
+            q -= tl.load(z_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        else:
+            q -= 1 << (BITS - 1)
+        return q
+    if SCALE_ROWS:
+        s_off = (k0 // GROUP_K) * stride_sg + rn
+        s = tl.load(s_ptr + s_off, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        if HAS_ZERO:
+            q -= tl.load(z_ptr + s_off, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    else:
+        s_off = (kk // GROUP_K)[:, None] * stride_sg + rn[None, :]
+        s = tl.load(s_ptr + s_off, mask=mask, other=0.0).to(tl.float32)
+        if HAS_ZERO:
+            q -= tl.load(z_ptr + s_off, mask=mask, other=0.0).to(tl.float32)
+    if not HAS_ZERO:
+        q -= 1 << (BITS - 1)
+    return q * s
+
+
+@triton.jit
+def _wna16_gemm_kernel(
+    x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr,
+    M, N, K,
+    stride_xm, stride_wk, stride_sg, stride_om,
+    BITS: tl.constexpr, GROUP_K: tl.constexpr, HAS_ZERO: tl.constexpr, HAS_BIAS: tl.constexpr,
+    EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    n_mask = rn < N
+    m_mask = rm < M
+    rk = tl.arange(0, BLOCK_K)
+    x_rows = x_ptr + rm.to(tl.int64)[:, None] * stride_xm
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + rk
+        if EVEN_K:
+            k_mask = rk < BLOCK_K
+        else:
+            k_mask = kk < K
+        x = tl.load(x_rows + kk[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        w = _dequant_tile(w_ptr, s_ptr, z_ptr, k0, kk, rn, k_mask, n_mask, stride_wk, stride_sg,
+                          BITS, GROUP_K, HAS_ZERO, GROUP_K > 0 and GROUP_K % BLOCK_K == 0)
+        acc = tl.dot(x, w.to(x.dtype), acc, input_precision=DOT_PRECISION)
+    if GROUP_K == 0:
+        acc = acc * tl.load(s_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    if HAS_BIAS:
+        acc = acc + tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    out = out_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+
+
+@triton.jit
+def _wna16_dequant_kernel(w_ptr, s_ptr, z_ptr, out_ptr, N, K, stride_wk, stride_sg, stride_ok,
+                          BITS: tl.constexpr, GROUP_K: tl.constexpr, HAS_ZERO: tl.constexpr,
+                          BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    kk = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    n_mask = rn < N
+    k_mask = kk < K
+    w = _dequant_tile(w_ptr, s_ptr, z_ptr, 0, kk, rn, k_mask, n_mask, stride_wk, stride_sg,
+                      BITS, GROUP_K, HAS_ZERO, False)
+    if GROUP_K == 0:
+        w = w * tl.load(s_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    tl.store(out_ptr + kk.to(tl.int64)[:, None] * stride_ok + rn[None, :], w.to(out_ptr.dtype.element_ty),
+             mask=k_mask[:, None] & n_mask[None, :])
+
+
+def default_config(m: int, n: int, k: int, group_k: int, bits: int) -> tuple:
+    """(kind, BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, SPLIT_K) for an [m, k] x [k, n]
+    product; BLOCK_K counts inputs (a multiple of 32 // bits)."""
+    if m <= GEMV_MAX_ROWS:
+        split = 2 if n <= 4096 else 1
+        return ("gemv", 1, 32, 512, 4, 2, split)
+    block_m = 16 if m <= 16 else (32 if m <= 32 else (64 if m <= 64 else 128))
+    block_k = 64 if group_k == 0 else min(64, group_k)
+    return ("dot", block_m, 64 if m <= 64 else 128, block_k, 4, 3, 1)
+
+
+def wna16_gemm_triton(
+    x: torch.Tensor,  # [M, K]
+    qweight: torch.Tensor,  # [K / P, N] int32
+    scales: torch.Tensor,  # [G, N]
+    zeros: torch.Tensor | None,  # [G, N] or None (symmetric)
+    bits: int,
+    bias: torch.Tensor | None = None,  # [N]
+    config: tuple | None = None,  # see default_config
+) -> torch.Tensor:  # [M, N] in x's dtype
+    p = pack_factor(bits)
+    m, k = x.shape
+    kw, n = qweight.shape
+    g = scales.shape[0]
+    assert kw * p == k and qweight.stride(1) == 1 and scales.shape[1] == n and scales.stride(1) == 1
+    assert zeros is None or (zeros.shape == scales.shape and zeros.stride() == scales.stride())
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    group_k = 0 if g == 1 else k // g
+    assert group_k == 0 or group_k % p == 0
+    kind, block_m, block_n, block_k, num_warps, num_stages, split_k = config or default_config(m, n, k, group_k, bits)
+    z = zeros if zeros is not None else scales  # unused pointer when HAS_ZERO is False
+    b = bias if bias is not None else scales
+    if kind == "gemv":
+        block_kw = block_k // p
+        kw_per_split = triton.cdiv(triton.cdiv(kw, split_k), block_kw) * block_kw
+        split_k = triton.cdiv(kw, kw_per_split)
+        out = (torch.zeros((m, n), dtype=torch.float32, device=x.device) if split_k > 1
+               else torch.empty((m, n), dtype=x.dtype, device=x.device))
+        if m == 0:
+            return out.to(x.dtype)
+        _wna16_gemv_kernel[(m, triton.cdiv(n, block_n), split_k)](
+            x, qweight, scales, z, b, out, n, kw, kw_per_split,
+            x.stride(0), qweight.stride(0), scales.stride(0), out.stride(0),
+            BITS=bits, GROUP_K=group_k, HAS_ZERO=zeros is not None, HAS_BIAS=bias is not None,
+            SPLIT_K=split_k, EVEN=kw_per_split * split_k == kw,
+            BLOCK_N=block_n, BLOCK_KW=block_kw, num_warps=num_warps, num_stages=num_stages,
+        )  # fmt: skip
+        return out if split_k == 1 else out.to(x.dtype)
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    assert block_k % p == 0
+    _wna16_gemm_kernel[(triton.cdiv(n, block_n), triton.cdiv(m, block_m))](
+        x, qweight, scales, z, b, out, m, n, k,
+        x.stride(0), qweight.stride(0), scales.stride(0), out.stride(0),
+        BITS=bits, GROUP_K=group_k, HAS_ZERO=zeros is not None, HAS_BIAS=bias is not None,
+        EVEN_K=k % block_k == 0, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    return out
+
+
+def dequantize_wna16_triton(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
+                            bits: int, dtype: torch.dtype) -> torch.Tensor:
+    """The real weight as [K, N] (the transpose of `dequantize_wna16_torch`'s [N, K])."""
+    p = pack_factor(bits)
+    kw, n = qweight.shape
+    k = kw * p
+    g = scales.shape[0]
+    group_k = 0 if g == 1 else k // g
+    out = torch.empty((k, n), dtype=dtype, device=qweight.device)
+    block_k, block_n = 64, 128
+    _wna16_dequant_kernel[(triton.cdiv(n, block_n), triton.cdiv(k, block_k))](
+        qweight, scales, zeros if zeros is not None else scales, out, n, k,
+        qweight.stride(0), scales.stride(0), out.stride(0),
+        BITS=bits, GROUP_K=group_k, HAS_ZERO=zeros is not None, BLOCK_K=block_k, BLOCK_N=block_n,
+        num_warps=4,
+    )  # fmt: skip
+    return out
