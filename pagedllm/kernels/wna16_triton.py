@@ -90,9 +90,13 @@ def _wna16_gemv_kernel(
         if GROUP_K > 0:
             g = rows * P // GROUP_K
             s_off = g[:, None] * stride_sg + rn[None, :]
-            s = tl.load(s_ptr + s_off, mask=n_mask[None, :], other=0.0).to(tl.float32)
+            if EVEN:
+                s_mask = n_mask[None, :]
+            else:
+                s_mask = r_mask[:, None] & n_mask[None, :]
+            s = tl.load(s_ptr + s_off, mask=s_mask, other=0.0).to(tl.float32)
             if HAS_ZERO:
-                z = tl.load(z_ptr + s_off, mask=n_mask[None, :], other=0.0).to(tl.float32)
+                z = tl.load(z_ptr + s_off, mask=s_mask, other=0.0).to(tl.float32)
                 part -= z * xsum[:, None]
             acc += part * s
         else:
