@@ -4,7 +4,8 @@
 # int4 weights and W1-style throughput (Llama-3.1-8B, 256 requests) with bf16 and int4 weights,
 # side by side. Logs to $OUT.
 #   bash benchmarks/int4_gpu.sh [tests] [bench] [bench8] [w2] [w1]      # default: all
-#   W2_QUANTS="gptq" restricts W2's weights (default: bf16 fp8 gptq); W1_QUANTS likewise (bf16 gptq)
+#   W2_QUANTS="gptq" restricts W2's weights (default: bf16 fp8 gptq); W1_QUANTS likewise (bf16 gptq);
+#   W2_ITERS (default 3); W1_ARGS: extra throughput.py options (e.g. a shorter --output-len-range)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -21,11 +22,11 @@ for step in $STEPS; do
     bench) $PY benchmarks/wna16_bench.py 2>&1 | tee "$OUT/bench.log" | grep -vE "^  skip|Warning|warn" ;;
     bench8) $PY benchmarks/wna16_bench.py --bits 8 --no-sweep --skip-check --rows 1 64 > "$OUT/bench8.log" 2>&1; tail -12 "$OUT/bench8.log" ;;
     w2) for q in ${W2_QUANTS:-bf16 fp8 gptq}; do
-          $PY benchmarks/latency.py --peer none --iters 3 $(qflag $q) --output-json "$OUT/w2_$q.json" > "$OUT/w2_$q.log" 2>&1
+          $PY benchmarks/latency.py --peer none --iters ${W2_ITERS:-3} $(qflag $q) --output-json "$OUT/w2_$q.json" > "$OUT/w2_$q.log" 2>&1
           echo "W2 $q: $(grep -E '^pagedllm:' "$OUT/w2_$q.log")"; grep -E "precision|Error|error" "$OUT/w2_$q.log" | head -3
         done ;;
     w1) for q in ${W1_QUANTS:-bf16 gptq}; do
-          $PY benchmarks/throughput.py --workload w1 --model $LLAMA --peer none $(qflag $q) --output-json "$OUT/w1_$q.json" > "$OUT/w1_$q.log" 2>&1
+          $PY benchmarks/throughput.py --workload w1 --model $LLAMA --peer none ${W1_ARGS:-} $(qflag $q) --output-json "$OUT/w1_$q.json" > "$OUT/w1_$q.log" 2>&1
           echo "W1 Llama-3.1-8B $q: $(grep -iE 'tok/s' "$OUT/w1_$q.log" | tail -2 | tr '\n' ' ')"; grep -E "Error|error" "$OUT/w1_$q.log" | head -3
         done ;;
   esac

@@ -14,9 +14,9 @@ Act-order checkpoints (GPTQ desc_act) are brought to this layout by a permutatio
 to the activations (the linear method's `perm`), never by a second weight layout.
 
 Products: few rows run the Triton kernels (the weights read once as integers, dequantized in
-registers); from DENSE_MIN_ROWS rows (prefill) the weight is dequantized into a scratch matrix
-and cuBLAS multiplies, since the product is compute-bound there and cuBLAS's tensor-core
-GEMM beats a dequantizing one.
+registers); from DENSE_MIN_ROWS rows the weight is dequantized into a scratch matrix and cuBLAS
+multiplies, which beats the dequantizing Triton GEMM there (it is not yet a good tensor-core
+kernel: RESULTS.md).
 """
 
 from __future__ import annotations
@@ -25,8 +25,11 @@ import torch
 
 from pagedllm.kernels._triton import use_triton
 
-# From this many rows the CUDA path dequantizes and calls cuBLAS (benchmarks/wna16_bench.py).
-DENSE_MIN_ROWS = 512
+# From this many rows the CUDA path dequantizes and calls cuBLAS. H200 sweep
+# (benchmarks/wna16_bench.py, Llama-3.1-8B's four projections, one layer each): the dequantizing
+# GEMM takes 187 us at 16 rows and 363 us at 64, dequantize + cuBLAS about 310 us at 64 rows and
+# 383 at 256; the crossover (interpolated) is near 48 rows.
+DENSE_MIN_ROWS = 48
 
 
 def pack_factor(bits: int) -> int:
@@ -53,7 +56,7 @@ def unpack_rows(packed: torch.Tensor, bits: int) -> torch.Tensor:
     p = pack_factor(bits)
     rp, c = packed.shape
     shifts = (torch.arange(p, device=packed.device, dtype=torch.int32) * bits).view(1, p, 1)
-    return ((packed.view(rp, 1, c) >> shifts) & ((1 << bits) - 1)).view(rp * p, c)
+    return ((packed.reshape(rp, 1, c) >> shifts) & ((1 << bits) - 1)).reshape(rp * p, c)
 
 
 def quantize_wna16_torch(w: torch.Tensor, bits: int, group_k: int | None, symmetric: bool = True,

@@ -202,13 +202,17 @@ def _wna16_dequant_kernel(w_ptr, s_ptr, z_ptr, out_ptr, N, K, stride_wk, stride_
 
 def default_config(m: int, n: int, k: int, group_k: int, bits: int) -> tuple:
     """(kind, BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, SPLIT_K) for an [m, k] x [k, n]
-    product; BLOCK_K counts inputs (a multiple of 32 // bits)."""
+    product; BLOCK_K counts inputs (a multiple of 32 // bits). From the H200 sweep of
+    benchmarks/wna16_bench.py over Llama-3.1-8B's projections (int4, groups of 128; RESULTS.md):
+    one row: 1024-input tiles and 8 warps, the 14336-input down projection split 4 ways; up to 16
+    rows 16 x 32 tiles of 128 inputs."""
     if m <= GEMV_MAX_ROWS:
-        split = 2 if n <= 4096 else 1
-        return ("gemv", 1, 32, 512, 4, 2, split)
-    block_m = 16 if m <= 16 else (32 if m <= 32 else (64 if m <= 64 else 128))
-    block_k = 64 if group_k == 0 else min(64, group_k)
-    return ("dot", block_m, 64 if m <= 64 else 128, block_k, 4, 3, 1)
+        if k >= 8192:
+            return ("gemv", 1, 32, 512, 4, 2, 4)
+        return ("gemv", 1, 64 if 4096 < n <= 8192 else 32, 1024, 8, 2, 1)
+    if m <= 16:
+        return ("dot", 16, 32, 128 if group_k == 0 else min(128, group_k), 4, 3, 1)
+    return ("dot", 32, 64, 64 if group_k == 0 else min(64, group_k), 8, 3, 1)
 
 
 def wna16_gemm_triton(

@@ -62,13 +62,12 @@ def check_wna16_dequant(device, dtype, n, k, bits=4, group_k=128, symmetric=True
     torch.testing.assert_close(out.t(), dequantize_wna16_torch(qw, s, z, bits, dtype), atol=0, rtol=0)
 
 
-_SHAPES = [(1, 4096, 4096), (2, 6144, 4096), (4, 1000, 2048), (16, 4096, 14336), (64, 768, 1024), (256, 1024, 4096)]
+_SHAPES = [(1, 4096, 4096), (3, 1000, 2048), (16, 4096, 14336), (200, 768, 1024)]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("m,n,k", _SHAPES)
-@pytest.mark.parametrize("bits,group_k,symmetric", [(4, 128, True), (4, 32, False), (4, 64, True), (4, None, False),
-                                                    (8, 128, True), (8, None, False)])
+@pytest.mark.parametrize("bits,group_k,symmetric", [(4, 128, True), (4, 32, False), (4, None, False), (8, 64, True)])
 def test_wna16_gemm(dtype, m, n, k, bits, group_k, symmetric):
     check_wna16_gemm("cuda", dtype, m, n, k, bits, group_k, symmetric, bias=m % 2 == 0)
 
@@ -86,7 +85,7 @@ def test_wna16_dequant(bits, group_k, symmetric):
     check_wna16_dequant("cuda", torch.bfloat16, 1000, 4096, bits, group_k, symmetric)
 
 
-@pytest.mark.parametrize("m", [1, 3, 8, 64, 511, 512, 2000])
+@pytest.mark.parametrize("m", [1, 3, 8, 47, 48, 300])
 def test_wna16_linear_dispatch(m):
     g = torch.Generator().manual_seed(m)
     qw, s, z = _weights(4096, 4096, 4, 128, False, "cuda", g)
@@ -99,7 +98,7 @@ def test_wna16_under_cuda_graph():
     buffer and the GEMM are recorded, so the replay equals an eager call on the new inputs."""
     g = torch.Generator().manual_seed(0)
     qw, s, z = _weights(4096, 4096, 4, 128, True, "cuda", g)
-    for m in (1, 16, 128):
+    for m in (1, 16, 32, 128):
         x = torch.randn(m, 4096, generator=g).to("cuda", torch.bfloat16)
         wna16_linear(x, qw, s, z, 4)  # compile outside the capture
         torch.cuda.synchronize()

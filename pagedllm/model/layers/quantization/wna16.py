@@ -269,7 +269,7 @@ class WNA16LinearMethod(LinearMethod):
             q = unpack_rows(layer.qweight.data, bits)
             scales = layer.scales.data
             zeros = _unpack_cols(layer.qzeros.data, bits) + (1 if cfg.fmt == "gptq" else 0)
-            g_idx = layer.g_idx.data
+            g_idx = layer.g_idx.data if cfg.desc_act else None  # otherwise k // group_size
         zeros = None if zeros is None else zeros.to(scales.dtype).contiguous()
         return q, scales.contiguous(), zeros, g_idx
 
