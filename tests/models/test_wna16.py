@@ -170,7 +170,12 @@ def plain(tmp_path_factory, tokenizer_dir) -> str:
     return save_tiny_model(cfg, str(tmp_path_factory.mktemp("plain")), tokenizer_dir, seed=3)
 
 
-@pytest.fixture(scope="module", params=list(FORMATS))
+# CI runs one case of each format (and both act-order kinds); the rest behind `extended`
+CORE = ("gptq-g32-asym", "gptq-g128-sym-descact", "gptq-int8-g128-sym", "awq-g128", "ct-g32-asym-actorder",
+        "ct-channel-asym")
+
+
+@pytest.fixture(scope="module", params=[f if f in CORE else pytest.param(f, marks=pytest.mark.extended) for f in FORMATS])
 def checkpoint(request, plain, tmp_path_factory) -> tuple[str, str, tuple]:
     spec = FORMATS[request.param]
     dst = write_checkpoint(plain, str(tmp_path_factory.mktemp(request.param) / "ckpt"), spec)
@@ -214,7 +219,7 @@ def test_greedy_tokens_equal_hf_on_dequantized_weights(checkpoint):
     assert got == hf_greedy(ref, PROMPTS)
 
 
-@pytest.mark.parametrize("tp", [2, 4])
+@pytest.mark.parametrize("tp", [2, pytest.param(4, marks=pytest.mark.extended)])
 def test_groups_and_scales_shard_with_their_weights(checkpoint, tp):
     """Each rank's effective projections are its slices of the whole model's."""
     path, _, spec = checkpoint

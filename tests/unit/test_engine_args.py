@@ -115,7 +115,7 @@ def test_accepted_fields_say_what_happens_instead():
 
 @pytest.mark.parametrize("kwargs,match", [
     (dict(enable_chunked_prefill=False), "enable_chunked_prefill=False: pagedllm always"),
-    (dict(quantization="awq"), "quantization must be one of fp8, compressed-tensors"),
+    (dict(quantization="int3"), "quantization must be one of fp8, gptq, awq, compressed-tensors"),
     (dict(kv_cache_dtype="fp4"), "kv_cache_dtype must be one of"),
     (dict(pipeline_parallel_size=5), "pipeline_parallel_size=5 is larger than the model's num_hidden_layers=2"),
     (dict(data_parallel_size=0), "data_parallel_size must be >= 1, got 0"),

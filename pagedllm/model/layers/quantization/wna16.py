@@ -19,7 +19,8 @@ Tensor parallelism: a column-parallel layer takes its outputs' columns of every 
 the layer's own weight loader on a transposed / packed view, so q/k/v and gate/up shards land
 where the plain weight's would); a row-parallel layer takes its K rows and its groups (K per
 rank must be a multiple of the group size), except with desc_act, where every rank keeps all
-groups and its part of g_idx says which each input uses.
+groups and its part of g_idx says which each input uses, and per channel, where every rank
+keeps the one group's scales.
 
 Act-order (a g_idx that is not k // group_size): inputs are sorted by group and each group's run
 padded to group_size with inputs fed by a zero column, so the kernels see plain groups; `perm`
@@ -211,7 +212,8 @@ class WNA16LinearMethod(LinearMethod):
                 return
             if row_parallel:
                 n_in = param.shape[in_dim]
-                keep_all = unit == "g" and cfg.desc_act  # act-order: every rank keeps all groups
+                # act-order: every rank keeps all groups; per channel: the one group spans all ranks
+                keep_all = unit == "g" and (cfg.desc_act or cfg.group_size is None)
                 src = loaded if keep_all else loaded.narrow(in_dim, layer.ps.tp_rank * n_in, n_in)
                 src = materialize(src)
                 if tuple(src.shape) != tuple(param.shape):
