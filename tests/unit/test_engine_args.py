@@ -133,7 +133,7 @@ def test_refused_arguments(tiny_llama, kwargs, match):
 
 def test_pending_flags_are_clear_errors_and_typos_fail(capsys):
     with pytest.raises(SystemExit):  # not a choice of --quantization
-        serve("--quantization", "awq")
+        serve("--quantization", "int3")
     with pytest.raises(ValueError, match="reasoning parsers"):
         engine_args_from_namespace(serve("--reasoning-parser", "deepseek_r1"))
     engine_args_from_namespace(serve("--enable-auto-tool-choice", "--tool-call-parser", "hermes"))  # delivered
