@@ -6,8 +6,9 @@ parameters it creates, with their weight loaders, so a rank loads only its shard
 Layers are chosen at load, not in the model code: `quantize_model` walks a built model and gives
 every column- and row-parallel linear the method its config picks (None keeps it unquantized:
 an ignored layer). Models know nothing of quantization; the embedding and LM head stay in the
-model's dtype unless the config gives them a method too (GGUF). Any format (fp8 here; 4-bit
-GPTQ/AWQ/compressed-tensors next) is one config class and one method class in this package.
+model's dtype unless the config gives them a method too (GGUF). Any format (fp8.py, gguf.py,
+wna16.py for GPTQ / AWQ / compressed-tensors integer weights) is one config class and one method
+class in this package.
 """
 
 from __future__ import annotations
