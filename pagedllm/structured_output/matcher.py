@@ -19,6 +19,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 _BATCH_FILL_MIN_ROWS = 8  # below this, one fill call per row beats the batch fill's thread handoff
+_batch_filler: Any = None  # one xgrammar BatchGrammarMatcher (its thread pool) per process; ~0.1 ms to build
 
 
 class RequestGrammar:
@@ -60,7 +61,10 @@ def fill_bitmask(grammars: list[RequestGrammar], vocab_size: int, pin: bool) -> 
     bitmask = torch.full((len(grammars), bitmask_width(vocab_size)), -1, dtype=torch.int32, pin_memory=pin)
     live = [i for i, g in enumerate(grammars) if not g.terminated]
     if len(live) >= _BATCH_FILL_MIN_ROWS:
-        xgr.BatchGrammarMatcher().batch_fill_next_token_bitmask(
+        global _batch_filler
+        if _batch_filler is None:
+            _batch_filler = xgr.BatchGrammarMatcher()
+        _batch_filler.batch_fill_next_token_bitmask(
             [grammars[i].matcher for i in live], bitmask, indices=live
         )
     else:
