@@ -65,6 +65,8 @@ class ThreadGovernor:
         t1, busy1, own1 = self._sample()
         t0, busy0, own0 = self._mark
         self._mark = (t1, busy1, own1)
+        if busy0 is None or busy1 is None:  # no /proc/stat: keep the count
+            return self.threads
         others = max(0.0, (busy1 - busy0) - (own1 - own0)) / (t1 - t0)  # cores other processes kept busy
         threads = max(1, min(self.max_threads, self.cores - int(others + 0.5)))
         if threads != self.threads:

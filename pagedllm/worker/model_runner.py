@@ -34,17 +34,17 @@ from pagedllm.attention.backend import AttentionBackend, ForwardBatch
 from pagedllm.config import EngineConfig
 from pagedllm.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from pagedllm.distributed import SINGLE, ParallelState
+from pagedllm.model.logits_processors import LogitsEdits, banned_tail_tokens
 from pagedllm.model.sampler import (
     LogprobTensors,
+    SamplingBatch,
     host_to_device,
     logprob_lists,
     logprob_tensors,
     sample,
 )
 from pagedllm.sampling_params import SamplingParams
-from pagedllm.structured_output.matcher import RequestGrammar, new_matcher
-from pagedllm.worker.input_batch import InputBatch
-from pagedllm.worker.sampling_inputs import sampling_batch
+from pagedllm.structured_output.matcher import RequestGrammar, fill_bitmask, new_matcher
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +60,6 @@ class CachedRequestState:
     generator: torch.Generator | None
     table_np: np.ndarray  # block_ids as an array, refreshed when blocks are added
     eos_token_ids: frozenset[int]
-    row: int  # its row in the InputBatch
     grammar: RequestGrammar | None = None  # structured outputs: the matcher of its output
 
 
@@ -87,33 +86,19 @@ class ModelRunner:
         self.pin = device.type == "cuda"
         self.graphs: Any = None  # DecodeGraphs, set by the worker on CUDA unless enforce_eager
         self._last_tokens: torch.Tensor | None = None  # [S] tokens of the latest launch
-        self.batch = InputBatch(config.model_config.max_model_len, self.block_size, self.vocab_size)
+        self._last_rows: dict[str, int] = {}  # request id -> row in _last_tokens
         self._uncollected: StepHandle | None = None  # the latest launch, until collected
         self._structured: Any = None  # StructuredOutputManager, only where grammars arrive uncompiled
 
     # ---- request state ---------------------------------------------------------------
     def _update_states(self, so: SchedulerOutput) -> None:
-        batch = self.batch
         for rid in so.finished_req_ids:
-            gone = self.requests.pop(rid, None)
-            if gone is not None:
-                batch.remove(gone.row)
+            self.requests.pop(rid, None)
         for new in so.scheduled_new_reqs:
             old = self.requests.get(new.req_id)
             gen = old.generator if old is not None else None
-            if old is not None:
-                batch.remove(old.row)
-            sp = new.sampling_params
-            if gen is None and sp.seed is not None:
-                gen = torch.Generator(device=self.device).manual_seed(sp.seed)
-            edits = bool(
-                sp.min_tokens
-                or sp.bad_words_token_ids
-                or sp.logit_bias
-                or sp.allowed_token_ids
-                or sp.structured_outputs is not None
-            )
-            row = batch.add(new.token_ids, new.block_ids, new.num_computed_tokens, sp, edits)
+            if gen is None and new.sampling_params.seed is not None:
+                gen = torch.Generator(device=self.device).manual_seed(new.sampling_params.seed)
             st = self.requests[new.req_id] = CachedRequestState(
                 new.req_id,
                 list(new.token_ids),
@@ -124,7 +109,6 @@ class ModelRunner:
                 gen,
                 np.asarray(new.block_ids, dtype=np.int64),
                 new.eos_token_ids,
-                row,
             )
             if new.sampling_params.structured_outputs is not None and self.ps.is_last_stage:
                 st.grammar = self._new_grammar(st)  # (only the last pipeline stage samples)
@@ -133,12 +117,9 @@ class ModelRunner:
             if c.new_block_ids:
                 st.block_ids.extend(c.new_block_ids)
                 st.table_np = np.asarray(st.block_ids, dtype=np.int64)
-                batch.add_blocks(st.row, c.new_block_ids)
             if c.new_token_ids:  # pipeline parallelism: sampled by the last stage
                 st.token_ids.extend(c.new_token_ids)
-                batch.add_tokens(st.row, c.new_token_ids)
             st.num_computed_tokens = c.num_computed_tokens
-            batch.num_computed[st.row] = c.num_computed_tokens
 
     def _new_grammar(self, st: CachedRequestState) -> RequestGrammar:
         so = st.sampling_params.structured_outputs
@@ -183,8 +164,6 @@ class ModelRunner:
         logits rows, and for prompt-logprob requests the (first logits row, count) of their
         chunk. All integer inputs travel to the device in one copy."""
         sched = so.num_scheduled_tokens
-        if so.num_decodes == len(sched) and so.total_num_scheduled_tokens == len(sched):
-            return self._decode_inputs(so)
         order = sorted(sched, key=lambda r: sched[r] != 1)
         num_reqs = len(order)
         bs = self.block_size
@@ -215,7 +194,7 @@ class ModelRunner:
                     input_ids[s] = st.token_ids[c]
                 else:  # sampled by the launch still in flight: filled in on the device
                     input_ids[s] = 0
-                    pending.append((s, int(self.batch.last_sample[st.row])))
+                    pending.append((s, self._last_rows[rid]))
                 positions[s] = c
                 slots[s] = st.block_ids[c // bs] * bs + c % bs
             else:
@@ -265,36 +244,68 @@ class ModelRunner:
         )
         return batch, order, sampling, sample_rows, prompt_rows
 
-    def _decode_inputs(self, so: SchedulerOutput):
-        """prepare_inputs of a step of decodes only (the common step): gathered from the
-        InputBatch's rows; every request samples, none scores its prompt."""
-        order = list(so.num_scheduled_tokens)
-        n = len(order)
-        rows = np.fromiter((self.requests[r].row for r in order), dtype=np.int64, count=n)
-        buf = np.empty(6 * n + 1, dtype=np.int64)
-        pending, max_blocks = self.batch.decode_inputs(rows, self.block_size, buf)
-        ints = self._to_device(buf)
-        if len(pending):
-            assert self._last_tokens is not None
-            src = self.batch.last_sample[rows[pending]]
-            idx = self._to_device(np.stack([pending.astype(np.int64), src]))
-            ints[idx[0]] = self._last_tokens[idx[1]]
-        seq_lens = (buf[4 * n + 1 : 5 * n + 1]).tolist()
-        batch = ForwardBatch(
-            input_ids=ints[:n],
-            positions=ints[n : 2 * n],
-            slot_mapping=ints[2 * n : 3 * n],
-            query_start_loc=ints[3 * n : 4 * n + 1].to(torch.int32),
-            seq_lens=ints[4 * n + 1 : 5 * n + 1].to(torch.int32),
-            block_tables=self._to_device(self.batch.block_table[rows, :max_blocks]),
-            logits_indices=ints[5 * n + 1 :],
-            num_decodes=n,
-            max_query_len=1,
-            max_seq_len=max(seq_lens),
-            query_lens_cpu=[1] * n,
-            seq_lens_cpu=seq_lens,
+    def _sampling_batch(self, reqs: list[CachedRequestState]) -> SamplingBatch:
+        sps = [r.sampling_params for r in reqs]
+        dev = self.device
+
+        def col(values, dtype=torch.float32):
+            return host_to_device(values, dtype, dev)
+
+        greedy = [sp.greedy for sp in sps]
+        any_top_k = any(sp.top_k > 0 for sp in sps)
+        any_top_p = any(sp.top_p < 1.0 for sp in sps)
+        any_min_p = any(sp.min_p > 0 for sp in sps)
+        any_rep = any(sp.repetition_penalty != 1.0 for sp in sps)
+        any_freq = any(sp.frequency_penalty != 0 for sp in sps)
+        any_pres = any(sp.presence_penalty != 0 for sp in sps)
+        edits = LogitsEdits()
+        grammar_rows = []
+        for i, r in enumerate(reqs):
+            sp = r.sampling_params
+            n_out = len(r.token_ids) - r.num_prompt_tokens
+            ids = set()
+            if n_out < sp.min_tokens:
+                ids = set(sp.all_stop_token_ids)
+                if not sp.ignore_eos:
+                    ids |= r.eos_token_ids
+            if sp.bad_words_token_ids:
+                ids.update(banned_tail_tokens(r.token_ids[r.num_prompt_tokens :], sp.bad_words_token_ids))
+            if ids:
+                edits.banned.append((i, sorted(t for t in ids if t < self.vocab_size)))
+            if sp.logit_bias:
+                edits.bias.append((i, sp.logit_bias))
+            if sp.allowed_token_ids:
+                edits.allowed.append((i, sp.allowed_token_ids))
+            if r.grammar is not None:
+                grammar_rows.append(i)
+        if grammar_rows:
+            self._accept_uncollected()
+            bitmask = fill_bitmask(
+                [reqs[i].grammar for i in grammar_rows],  # type: ignore[misc]
+                self.vocab_size,
+                self.pin,
+            )
+            edits.bitmask = bitmask.to(dev, non_blocking=True)
+            edits.bitmask_rows = col(grammar_rows, torch.int64)
+        need_tokens = any_rep or any_freq or any_pres
+        return SamplingBatch(
+            temperature=col([1.0 if g else sp.temperature for g, sp in zip(greedy, sps)]),
+            greedy=col(greedy, torch.bool),
+            all_greedy=all(greedy),
+            top_k=col([sp.top_k if sp.top_k > 0 else self.vocab_size for sp in sps], torch.int64)
+            if any_top_k
+            else None,
+            top_p=col([sp.top_p for sp in sps]) if any_top_p else None,
+            min_p=col([sp.min_p for sp in sps]) if any_min_p else None,
+            presence=col([sp.presence_penalty for sp in sps]) if any_pres else None,
+            frequency=col([sp.frequency_penalty for sp in sps]) if any_freq else None,
+            repetition=col([sp.repetition_penalty for sp in sps]) if any_rep else None,
+            output_tokens=[r.token_ids[r.num_prompt_tokens :] for r in reqs] if need_tokens else None,
+            prompt_tokens=[r.token_ids[: r.num_prompt_tokens] for r in reqs] if need_tokens else None,
+            edits=edits,
+            generators=[r.generator for r in reqs],
+            num_logprobs=[r.sampling_params.logprobs for r in reqs],
         )
-        return batch, order, order, list(range(n)), {}
 
     # ---- one step --------------------------------------------------------------------
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
@@ -318,7 +329,8 @@ class ModelRunner:
         elif self.ps.pp_size > 1:
             logits = self._run_stage(batch, so.total_num_scheduled_tokens)
             if logits is None:  # not the last stage: its part is done once the hidden states are sent
-                self._advance(order, so)
+                for rid in order:
+                    self.requests[rid].num_computed_tokens += so.num_scheduled_tokens[rid]
                 return StepHandle()
         else:
             hidden = self.model(batch.input_ids, batch.positions, batch)
@@ -327,16 +339,16 @@ class ModelRunner:
         if prompt_rows:
             # queued now, before the next launch can overwrite a CUDA graph's output buffer
             h.prompt_logprobs = self._prompt_logprobs(logits, prompt_rows)
-        self._advance(order, so)
+        for rid in order:
+            self.requests[rid].num_computed_tokens += so.num_scheduled_tokens[rid]
         if sampling:
             reqs = [self.requests[r] for r in sampling]
-            srows = np.fromiter((r.row for r in reqs), dtype=np.int64, count=len(reqs))
             rows = (
                 logits
                 if len(sample_rows) == logits.shape[0]
                 else logits[self._to_device(np.asarray(sample_rows, dtype=np.int64))]
             )
-            sb = sampling_batch(self, reqs, srows)
+            sb = self._sampling_batch(reqs)
             h.tokens = sample(rows, sb, self.generator)
             lt = logprob_tensors(rows, h.tokens, sb.num_logprobs)
             h.logprobs = lt.to_host() if lt is not None else None
@@ -344,9 +356,8 @@ class ModelRunner:
                 h.tokens_host = torch.empty(h.tokens.shape, dtype=h.tokens.dtype, pin_memory=True)
                 h.tokens_host.copy_(h.tokens, non_blocking=True)
             h.states = reqs
-            h.rows = srows
             self._last_tokens = h.tokens
-            self.batch.last_sample[srows] = np.arange(len(reqs))
+            self._last_rows = {r: i for i, r in enumerate(sampling)}
             self._uncollected = h
         if self.device.type == "cuda" and (h.tokens is not None or h.prompt_logprobs):
             # everything `collect` reads comes back through pinned memory behind an event
@@ -355,15 +366,6 @@ class ModelRunner:
             h.ready = torch.cuda.Event()
             h.ready.record()
         return h
-
-    def _advance(self, order: list[str], so: SchedulerOutput) -> None:
-        """The step's tokens are computed (their K/V is being written)."""
-        sched = so.num_scheduled_tokens
-        ib = self.batch
-        for rid in order:
-            st = self.requests[rid]
-            st.num_computed_tokens += sched[rid]
-            ib.num_computed[st.row] = st.num_computed_tokens
 
     def _run_stage(self, batch: ForwardBatch, n_tok: int) -> torch.Tensor | None:
         """This pipeline stage's layers: the logits [S', V] on the last stage, else None (the
@@ -398,8 +400,6 @@ class ModelRunner:
         lps = logprob_lists(h.logprobs, len(tokens)) if h.logprobs is not None else None
         accept = not h.grammar_accepted
         own_tokens = self.ps.pp_size == 1  # else they come back as new_token_ids
-        if own_tokens and h.rows is not None:
-            self.batch.append_sampled(h.rows, tokens)
         for i, (r, t) in enumerate(zip(h.states or (), tokens)):
             if own_tokens:
                 r.token_ids.append(t)
@@ -434,7 +434,6 @@ class StepHandle:
     tokens_host: torch.Tensor | None = None  # [S] pinned host copy (CUDA), valid once `ready`
     ready: torch.cuda.Event | None = None  # recorded after every copy to the host (tokens, logprobs)
     states: list[CachedRequestState] | None = None  # the sampling requests, in row order
-    rows: np.ndarray | None = None  # [S] their InputBatch rows
     logprobs: LogprobTensors | None = None  # of the sampled rows that asked (host copies on CUDA)
     prompt_logprobs: dict[str, LogprobTensors] | None = None  # per request with prompt_logprobs
     grammar_accepted: bool = False  # its tokens are already in the matchers (read by the next launch)
