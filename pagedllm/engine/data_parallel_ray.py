@@ -108,9 +108,9 @@ class RayReplicas:
         import ray
 
         from pagedllm.executor.multiproc import cpu_threads_per_rank
+        from pagedllm.executor.ray_executor import init_ray
 
-        if not ray.is_initialized():
-            ray.init()
+        init_ray()
         cfg = self.config
         cuda = cfg.device == "cuda"
         world = cfg.parallel_config.world_size

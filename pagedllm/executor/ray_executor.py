@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import threading
 import weakref
 from typing import Any
 
@@ -37,6 +39,21 @@ from pagedllm.executor.multiproc import WorkerRPC, cpu_threads_per_rank, rank_na
 logger = logging.getLogger(__name__)
 
 PLACEMENT_TIMEOUT_S = 120.0
+
+
+def init_ray(**kwargs: Any) -> None:
+    """`ray.init(**kwargs)` (joins $RAY_ADDRESS's cluster or starts a local one) unless done,
+    keeping the caller's SIGTERM handler: ray.init installs one that calls sys.exit(15), which
+    would replace the server's (abort a load, drain, exit 0). A default handler is left to Ray."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGTERM) if main else None
+    ray.init(**kwargs)
+    if callable(before):
+        signal.signal(signal.SIGTERM, before)
 
 
 class RayWorker:
@@ -109,8 +126,7 @@ class RayExecutor(Executor):
         self.world_size = ws = pc.world_size
         self.output_rank = output_rank(pc.tensor_parallel_size, pc.pipeline_parallel_size)
         self._error: str | None = None
-        if not ray.is_initialized():
-            ray.init()
+        init_ray()
         cuda = config.device == "cuda"
         threads = cpu_threads_per_rank(ws)
         bundle = {"GPU": 1} if cuda else {"CPU": threads}

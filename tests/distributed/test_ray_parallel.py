@@ -5,6 +5,7 @@ killed the other serves alone. Skipped when ray is not installed."""
 
 from __future__ import annotations
 
+import signal
 import time
 
 import pytest
@@ -21,22 +22,48 @@ ENGINE = dict(kv_cache_memory="4MiB", max_model_len=256, max_num_batched_tokens=
 
 @pytest.fixture(scope="module")
 def local_ray():
+    """A local Ray cluster, started the way the engine starts one (init_ray), with a SIGTERM
+    handler of ours installed first, as the server does; yields whether that handler survived
+    (None when Ray was already up)."""
+    from pagedllm.executor.ray_executor import init_ray
+
     started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
+
+    def ours(signum, frame):
+        pass
+
+    before = signal.signal(signal.SIGTERM, ours)
+    try:
+        init_ray(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        kept = signal.getsignal(signal.SIGTERM) is ours if started else None
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    yield kept
     if started:
         ray.shutdown()
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory, tokenizer_dir):
+def test_starting_ray_keeps_the_callers_sigterm_handler(local_ray):
+    """ray.init installs a SIGTERM handler calling sys.exit(15): in the server it replaced the
+    one that drains the requests and exits 0 (a Ray server exited 15 on SIGTERM)."""
+    if local_ray is None:
+        pytest.skip("Ray was started before this module")
+    assert local_ray
+
+
+def llama_with_reference(tmp_path_factory, tokenizer_dir) -> tuple[str, list[list[int]], list[list[int]]]:
+    """A tiny Llama checkpoint, prompts, and one engine's greedy token ids for them."""
     path = save_tiny_model(tiny_config("llama", layers=3, heads=4, kv_heads=2), str(tmp_path_factory.mktemp("m")),
                            tokenizer_dir, seed=5)
     prompts = prompts_of([1, 9, 33, 70, 4], seed=6)
     with one_thread(), engine(path, **ENGINE) as llm:
         ref = token_ids(llm, prompts)
     return path, prompts, ref
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory, tokenizer_dir):
+    return llama_with_reference(tmp_path_factory, tokenizer_dir)
 
 
 def test_ray_pp2_matches_and_a_dead_stage_is_named(local_ray, model):
