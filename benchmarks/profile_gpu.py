@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=30, help="steps in the profiled window")
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--quantization", default=None, help="fp8: FP8 weights (quantized at load)")
     p.add_argument("--trace", default=None, help="write a Chrome trace of the window here")
     args = p.parse_args(argv)
 
@@ -54,7 +55,8 @@ def main(argv: list[str] | None = None) -> None:
     tok = common.synthetic_tokenizer(cfg.vocab_size, common.first_eos(cfg), tmp)
     engine = LLMEngine.from_engine_args(EngineArgs(
         model=model, tokenizer=tok, load_format="dummy", dtype=args.dtype,
-        max_model_len=4096 if args.load == "w1" else 2048, enforce_eager=args.enforce_eager, seed=0))
+        max_model_len=4096 if args.load == "w1" else 2048, enforce_eager=args.enforce_eager, seed=0,
+        quantization=args.quantization))
     rng = random.Random(0)
     for i in range(n):
         plen = rng.randint(100, 1024) if args.load == "w1" else 128

@@ -2,15 +2,27 @@
 
 - `fp8_gemm_triton`: W8A16 product x [M, K] @ dequant(weight [N, K] e4m3, weight_scale [N, G]).T.
   The weights are read once, as FP8, and dequantized in registers; activations stay 16-bit.
-  Two kernels by row count:
-    few rows (M <= GEMV_MAX_ROWS): no tensor cores; one program per (row, BLOCK_N outputs) with
-      the row index varying fastest, so the programs of one weight tile run together and the
-      tile is read from HBM once (L2 serves the other rows). Each program keeps a
-      [BLOCK_N, BLOCK_K] float32 partial and reduces it once at the end.
-    more rows: tiles of [BLOCK_M, BLOCK_K] x [BLOCK_K, BLOCK_N] through `tl.dot`, the weight
-      tile converted to the activations' dtype first.
-  Scales: G = 1 multiplies the finished row sum once; G > 1 (128-wide K groups of block-wise
-  checkpoints) multiplies each K tile's partial by its group's scale (BLOCK_K divides group_k).
+  Three kernels by row count (`default_config`, from the H200 sweep of benchmarks/fp8_bench.py):
+    "gemv": no tensor cores; one program per (row, BLOCK_N outputs) with the row index varying
+      fastest, so the programs of one weight tile run together and the tile is read from HBM
+      once (L2 serves the other rows). Each program keeps a [BLOCK_N, BLOCK_K] float32 partial
+      and reduces it once at the end. Every weight goes e4m3 -> f16 -> f32 on CUDA cores.
+    "swap" (1-16 rows): tensor cores with the operands swapped (out.T = W @ x.T):
+
+          acc [BLOCK_N, 16] += W tile [BLOCK_N, BLOCK_K] (e4m3 -> fp16) @ x.T tile [BLOCK_K, 16]
+
+      the weight tile is the wide MMA operand and the few x rows the narrow one (padded to 16
+      with masked loads), so no MMA lane is spent on absent rows of the weight side. e4m3 ->
+      fp16 is one `cvt.rn.f16x2.e4m3x2` per two values on sm_89+ (Triton lowers `.to(fp16)` to
+      it; e4m3 -> bf16 would go through float32, Hopper has no direct instruction), and bf16
+      activations become fp16 operands (exact in fp16's normal range; saturated at +-65504).
+      Optional split-K: SPLIT_K programs per N tile each sum a K range into a float32
+      workspace [SPLIT_K, M, N]; `_splitk_reduce_kernel` adds them and applies the epilogue.
+    "dot" (more rows): tiles of [BLOCK_M, BLOCK_K] x [BLOCK_K, BLOCK_N] through `tl.dot`, the
+      weight tile converted to the activations' dtype first.
+  Scales: G = 1 multiplies the finished row sum once (the epilogue); G > 1 (128-wide K groups of
+  block-wise checkpoints) multiplies each K tile's partial by its group's scale (BLOCK_K divides
+  group_k).
 - `per_token_quant_triton`: dynamic per-token e4m3 quantization of activations for `_scaled_mm`.
 """
 
@@ -23,8 +35,8 @@ import triton.language as tl
 from pagedllm.kernels._triton import next_power_of_2
 from pagedllm.kernels.fp8 import FP8_MAX, MIN_SCALE
 
-# rows up to which the tensor-core-free kernel runs (H200 sweep: benchmarks/fp8_bench.py)
-GEMV_MAX_ROWS = 3
+# the swap-AB kernel's padded row count (the narrow MMA operand): it serves at most this many rows
+SWAP_BLOCK_M = 16
 
 
 @triton.jit
@@ -115,15 +127,147 @@ def _fp8_gemm_kernel(
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
 
 
+FP16_MAX = 65504.0
+
+
+@triton.jit
+def _fp8_swap_kernel(
+    x_ptr,  # [M, K] activations, M <= BLOCK_M
+    w_ptr,  # [N, K] float8 e4m3
+    s_ptr,  # [N, G] float32
+    b_ptr,  # [N] bias (read when HAS_BIAS)
+    out_ptr,  # [M, N] (SPLIT_K == 1) or the float32 workspace [SPLIT_K, M, N]
+    M, N, K, K_SPLIT,  # K_SPLIT: the K range of one split, a multiple of BLOCK_K
+    stride_xm, stride_wn, stride_sn, stride_om,
+    GROUP_K: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    FP16_OPERANDS: tl.constexpr,  # 16-bit x: fp16 MMA operands; float32 x: float32 ones
+    FP16_MAX_: tl.constexpr,
+):  # fmt: skip
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = rn < N
+    rn64 = rn.to(tl.int64)
+    rm = tl.arange(0, BLOCK_M)
+    m_mask = rm < M
+    rk = tl.arange(0, BLOCK_K)
+    w_rows = w_ptr + rn64[:, None] * stride_wn  # [BLOCK_N, 1]
+    x_cols = x_ptr + rm.to(tl.int64)[None, :] * stride_xm  # [1, BLOCK_M]: x.T's columns
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    k_start = pid_k * K_SPLIT
+    for k0 in range(k_start, k_start + K_SPLIT, BLOCK_K):
+        kk = k0 + rk
+        if EVEN_K:
+            w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None], other=0.0)
+            xt = tl.load(x_cols + kk[:, None], mask=m_mask[None, :], other=0.0)
+        else:
+            k_mask = kk < K
+            w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+            xt = tl.load(x_cols + kk[:, None], mask=m_mask[None, :] & k_mask[:, None], other=0.0)
+        if FP16_OPERANDS:
+            w = w.to(tl.float16)
+            if xt.dtype != tl.float16:
+                xt = tl.clamp(xt.to(tl.float32), -FP16_MAX_, FP16_MAX_).to(tl.float16)
+            part = tl.dot(w, xt)
+        else:
+            part = tl.dot(w.to(tl.float32), xt.to(tl.float32), input_precision="ieee")
+        if GROUP_K > 0:
+            s = tl.load(s_ptr + rn64 * stride_sn + k0 // GROUP_K, mask=n_mask, other=0.0)
+            acc += part * s[:, None]
+        else:
+            acc += part
+    out_mask = n_mask[:, None] & m_mask[None, :]
+    if SPLIT_K == 1:
+        if GROUP_K == 0:
+            acc = acc * tl.load(s_ptr + rn64 * stride_sn, mask=n_mask, other=0.0)[:, None]
+        if HAS_BIAS:
+            acc = acc + tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+        out = out_ptr + rm[None, :] * stride_om + rn[:, None]
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        ws = out_ptr + (pid_k * M + rm[None, :]) * N + rn[:, None]
+        tl.store(ws, acc, mask=out_mask)
+
+
+@triton.jit
+def _splitk_reduce_kernel(
+    ws_ptr,  # [SPLIT_K, M, N] float32 partial sums
+    s_ptr, b_ptr, out_ptr,  # scales [N, G], bias [N], out [M, N]
+    M, N, stride_sn, stride_om,
+    SPLIT_K: tl.constexpr, GROUP_K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    m = tl.program_id(1)
+    rn = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = rn < N
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for i in tl.static_range(SPLIT_K):
+        acc += tl.load(ws_ptr + (i * M + m) * N + rn, mask=mask, other=0.0)
+    if GROUP_K == 0:
+        acc = acc * tl.load(s_ptr + rn.to(tl.int64) * stride_sn, mask=mask, other=0.0)
+    if HAS_BIAS:
+        acc = acc + tl.load(b_ptr + rn, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + m * stride_om + rn, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
 def default_config(m: int, n: int, k: int, group_k: int) -> tuple:
-    """(kind, BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) for an [m, k] x [k, n] product;
-    from the H200 sweep of benchmarks/fp8_bench.py over Llama-3.1-8B's projections."""
-    if m <= GEMV_MAX_ROWS:
-        block_k = 512 if group_k == 0 else min(512, group_k)
-        return ("gemv", 1, 8, block_k, 8, 3) if m == 1 else ("gemv", 1, 8, min(256, block_k), 4, 2)
-    block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
-    block_k = 256 if group_k == 0 else min(256, group_k)
-    return ("dot", block_m, 32, block_k, 4, 3)
+    """(kind, BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages[, SPLIT_K]) for an [m, k] x [k, n]
+    product; from the H200 sweeps of benchmarks/fp8_bench.py over Llama-3.1-8B's projections
+    (us per layer in CUDA graphs, recorded in benchmarks/RESULTS.md):
+
+    - 1 row: the CUDA-core GEMV, 32 weights per thread and tile. A 4 x 1024 tile for N <= 4096
+      (o 7.8 -> 6.9 us, down 21.1 -> 17.1 against the earlier 8 x 512), 16 x 512 with 8 warps for
+      mid-size N (qkv 9.1), 16 x 256 with 4 warps for the wide gate_up (35.4 -> 32.3). The
+      swap-AB kernel is slower at one row (qkv 11.7, gate_up 34.7, down 22.9).
+    - 2-16 rows: the swap-AB kernel (qkv ~11.8 us against 14.2-15.7 before, down 23.5 against
+      34-37, gate_up 36.3 against 42-55), 128-wide weight tiles for wide N, else 64-wide with
+      split-K 4; except 2 rows of a small square product, where the GEMV's 16 x 512 tile won
+      (o: 8.9 us).
+    - more rows: the tl.dot kernel (from SCALED_MM_MIN_ROWS rows fp8.py calls `_scaled_mm`).
+    """
+    gk = group_k or 1 << 30  # BLOCK_K must divide the scale group
+
+    def bk(want: int) -> int:
+        return min(want, gk)
+
+    if m == 1:
+        if n <= 4096:
+            return ("gemv", 1, 4, bk(1024), 4, 2)
+        return ("gemv", 1, 16, bk(256), 4, 2) if n >= 16384 else ("gemv", 1, 16, bk(512), 8, 2)
+    if m == 2 and n <= 4096 and k <= 4096:
+        return ("gemv", 1, 16, bk(512), 8, 2)
+    if m <= SWAP_BLOCK_M:
+        wide = n >= 16384
+        return ("swap", SWAP_BLOCK_M, 128 if wide else 64, bk(128), 4, 3, 1 if wide else 4)
+    block_m = 32 if m <= 32 else 64
+    return ("dot", block_m, 32, bk(256), 4, 3)
+
+
+def _swap_gemm(x, weight, weight_scale, bias, out, group_k: int, block_n: int, block_k: int,
+               num_warps: int, num_stages: int, split_k: int) -> None:
+    """The swap-AB kernel for m <= SWAP_BLOCK_M rows into `out` [m, n] (split-K through a float32
+    workspace and the reduce kernel when split_k > 1)."""
+    m, k = x.shape
+    n = weight.shape[0]
+    assert m <= SWAP_BLOCK_M, f"the swap-AB kernel takes at most {SWAP_BLOCK_M} rows"
+    k_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
+    split_k = triton.cdiv(k, k_split)  # no empty split
+    b = bias if bias is not None else weight_scale
+    dst = out if split_k == 1 else torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
+    _fp8_swap_kernel[(triton.cdiv(n, block_n), split_k)](
+        x, weight, weight_scale, b, dst, m, n, k, k_split,
+        x.stride(0), weight.stride(0), weight_scale.stride(0), out.stride(0),
+        GROUP_K=group_k, HAS_BIAS=bias is not None, EVEN_K=k_split * split_k == k, SPLIT_K=split_k,
+        BLOCK_M=SWAP_BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k,
+        FP16_OPERANDS=x.dtype != torch.float32, FP16_MAX_=FP16_MAX,
+        num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    if split_k > 1:
+        block = 1024
+        _splitk_reduce_kernel[(triton.cdiv(n, block), m)](
+            dst, weight_scale, b, out, m, n, weight_scale.stride(0), out.stride(0),
+            SPLIT_K=split_k, GROUP_K=group_k, HAS_BIAS=bias is not None, BLOCK=block, num_warps=4,
+        )  # fmt: skip
 
 
 def fp8_gemm_triton(
@@ -143,7 +287,8 @@ def fp8_gemm_triton(
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    kind, block_m, block_n, block_k, num_warps, num_stages = config or default_config(m, n, k, group_k)
+    kind, block_m, block_n, block_k, num_warps, num_stages, *rest = config or default_config(m, n, k, group_k)
+    split_k = rest[0] if rest else 1
     assert group_k == 0 or group_k % block_k == 0, "BLOCK_K must divide the scale group"
     b = bias if bias is not None else weight_scale  # unused pointer when HAS_BIAS is False
     even_k = k % block_k == 0
@@ -154,6 +299,9 @@ def fp8_gemm_triton(
             GROUP_K=group_k, HAS_BIAS=bias is not None, EVEN_K=even_k,
             BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
         )  # fmt: skip
+    elif kind == "swap":
+        _swap_gemm(x, weight, weight_scale, bias, out, group_k, block_n, block_k, num_warps, num_stages,
+                   split_k)  # fmt: skip
     else:
         _fp8_gemm_kernel[(triton.cdiv(n, block_n), triton.cdiv(m, block_m))](
             x, weight, weight_scale, b, out, m, n, k,

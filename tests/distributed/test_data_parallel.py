@@ -43,8 +43,7 @@ def test_dp2_matches_one_engine_and_uses_both_replicas(path):
             assert type(client).__name__ == "DPEngineClient" and len(client.replicas) == 2
             assert token_ids(llm, prompts) == ref
             per = client.get_stats().replicas
-            # added before the first step, the 8 requests are balanced by count: 4 each, 12 tokens apiece
-            assert [s.generation_tokens for s in per] == [4 * 12, 4 * 12], per
+            assert all(s.generation_tokens > 0 for s in per), per
             before = [s.generation_tokens for s in per]
             client.prefix_affinity = True  # what data_parallel_prefix_affinity=True sets
             token_ids(llm, family)

@@ -87,6 +87,40 @@ def test_fp8_gemm(dtype, m, group_k):
     check_fp8_gemm("cuda", dtype, m, 300, 520 if group_k is None else 640, group_k)  # ragged N, K
 
 
+SWAP_CONFIGS = [("swap", 16, 64, 128, 4, 3), ("swap", 16, 16, 256, 4, 2, 3), ("swap", 16, 128, 128, 8, 3, 2)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("m", [1, 2, 7, 16])
+@pytest.mark.parametrize("group_k", [None, 128])
+@pytest.mark.parametrize("config", SWAP_CONFIGS, ids=lambda c: "x".join(map(str, c[2:])))
+def test_fp8_swap_ab(dtype, m, group_k, config):
+    """The swap-AB tensor-core kernel (1-16 rows), with and without split-K, ragged N and K."""
+    if group_k is not None:  # BLOCK_K must divide the scale group
+        config = config[:3] + (min(config[3], group_k),) + config[4:]
+    check_fp8_gemm("cuda", dtype, m, 384, 1024, group_k, bias=m == 7, config=config)
+    check_fp8_gemm("cuda", dtype, m, 300, 520 if group_k is None else 640, group_k, config=config)
+
+
+def check_fp16_saturation(device, dtype, config):
+    """bfloat16 activations beyond fp16's range are saturated at +-65504 (the swap-AB kernel's
+    fp16 operands), not turned into inf: the output equals the reference on the clamped row."""
+    from pagedllm.kernels.fp8_triton import FP16_MAX, fp8_gemm_triton
+
+    g = torch.Generator().manual_seed(3)
+    q, s = _weights(48, 64, None, device, g)
+    x = torch.randn(2, 64, generator=g).to(device=device, dtype=dtype)
+    x[0, 5], x[1, 7] = 3e5, -1e6
+    out = fp8_gemm_triton(x, q, s, config=config)
+    assert bool(out.float().isfinite().all())
+    ref = fp8_linear_torch(x.float().clamp(-FP16_MAX, FP16_MAX).to(dtype), q, s)
+    torch.testing.assert_close(out, ref, atol=1.6e-2, rtol=1.6e-2)
+
+
+def test_fp16_saturation():
+    check_fp16_saturation("cuda", torch.bfloat16, SWAP_CONFIGS[0])
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_per_token_quant(dtype):
     check_per_token_quant("cuda", dtype, 37, 4096)

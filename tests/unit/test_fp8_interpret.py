@@ -1,21 +1,24 @@
 """The FP8 kernels (tests/gpu/test_fp8_gpu.py's checks) on the CPU through Triton's interpreter, at
 small shapes, against their torch references: the W8A16 GEMV and tensor-core GEMM (per-channel
-and K-group scales, ragged shapes, bias), the per-token quantization, and the attention kernels
-on e4m3 / e5m2 KV caches with scales. bfloat16 through `tl.dot` does not run in the interpreter
-(test_kernels_interpret.py says why): float32 and float16 activations here."""
+and K-group scales, ragged shapes, bias), the swap-AB tensor-core kernel for few rows (split-K
+too), the per-token quantization, and the attention kernels on e4m3 / e5m2 KV caches with scales.
+bfloat16 through `tl.dot` does not run in the interpreter (test_kernels_interpret.py says why):
+float32 and float16 activations here, and bfloat16 for the swap-AB kernel, whose dots take fp16
+operands (its saturation of bfloat16 values beyond fp16's range is checked there too)."""
 
 from __future__ import annotations
 
 import importlib.util
 
 import pytest
-
 from test_kernels_interpret import run_under_interpreter
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 
 _GEMV = ["gemv", 1, 8, 32, 4, 1]
 _DOT = ["dot", 16, 16, 32, 4, 1]
+_SWAP = ["swap", 16, 16, 32, 4, 1]
+_SWAP_SPLIT = ["swap", 16, 16, 32, 4, 1, 3]
 _MIXED = {"query_lens": [1, 1, 6, 18], "seq_lens": [9, 30, 6, 40], "num_decodes": 2,
           "hq": 4, "hkv": 2, "head_dim": 16, "block_size": 16}
 _CASES = {
@@ -24,6 +27,12 @@ _CASES = {
     "gemv_groups": ("check_fp8_gemm", [2, 24, 96], {"group_k": 32, "config": _GEMV}),
     "dot_channel": ("check_fp8_gemm", [17, 40, 72], {"config": _DOT}),
     "dot_groups_bias": ("check_fp8_gemm", [20, 24, 96], {"group_k": 32, "bias": True, "config": _DOT}),
+    "swap_channel": ("check_fp8_gemm", [1, 40, 72], {"config": _SWAP}),
+    "swap_rows_bias": ("check_fp8_gemm", [16, 40, 64], {"bias": True, "config": _SWAP}),
+    "swap_groups": ("check_fp8_gemm", [5, 24, 96], {"group_k": 32, "config": _SWAP}),
+    "swap_split_k": ("check_fp8_gemm", [3, 40, 200], {"bias": True, "config": _SWAP_SPLIT}),
+    "swap_split_k_groups": ("check_fp8_gemm", [7, 24, 192], {"group_k": 32, "config": _SWAP_SPLIT}),
+    "swap_fp16_saturation": ("check_fp16_saturation", [_SWAP], {}),
     "per_token_quant": ("check_per_token_quant", [5, 40], {}),
     "kv_e4m3_scaled": ("check_fp8_backend", [], dict(_MIXED, cache="fp8_e4m3", k_scale=0.05, v_scale=0.3)),
     "kv_e4m3_split_k": ("check_fp8_backend", [], dict(_MIXED, cache="fp8_e4m3", num_splits=3)),
@@ -31,6 +40,15 @@ _CASES = {
     "kv_reference_semantics": ("check_fp8_reference", [], dict(_MIXED, cache="fp8_e4m3", k_scale=0.5, v_scale=2.0)),
 }
 _DTYPES = ["float32", "float16"]
+
+
+def _keys():
+    for name in _CASES:
+        if name == "swap_fp16_saturation":
+            yield f"{name}:bfloat16"
+            continue
+        for dt in _DTYPES + (["bfloat16"] if name.startswith("swap") else []):
+            yield f"{name}:{dt}"
 
 
 def _positional(case):
@@ -44,11 +62,48 @@ def _positional(case):
 
 @pytest.fixture(scope="module")
 def interpreter_results() -> dict[str, str | None]:
-    cases = {f"{name}:{dt}": _positional(case) for name, case in _CASES.items() for dt in _DTYPES}
+    cases = {key: _positional(_CASES[key.split(":")[0]]) for key in _keys()}
     return run_under_interpreter("test_fp8_gpu.py", cases)
 
 
-@pytest.mark.parametrize("key", [f"{n}:{d}" for n in _CASES for d in _DTYPES])
+@pytest.mark.parametrize("key", list(_keys()))
 def test_fp8_kernel_under_interpreter(interpreter_results, key):
     error = interpreter_results[key]
     assert error is None, f"{key} differs from its torch reference under TRITON_INTERPRET=1:\n{error}"
+
+
+def _compile_sm90(kernel, signature: dict, constexprs: dict, num_warps: int, num_stages: int):
+    """Compiles `kernel` for sm_90 on this (GPU-less) machine, with the 16-divisibility hints a
+    real launch gets for aligned pointers and sizes (without them the loads are neither vectorized
+    nor pipelined, so the PTX would not be what the device runs)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = list(signature) + list(constexprs)
+    aligned = [n for n, t in signature.items()
+               if t.startswith("*") or n in ("N", "K", "K_SPLIT", "stride_xm", "stride_wn", "stride_om")]
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    src = ASTSource(fn=kernel, signature={**signature, **dict.fromkeys(constexprs, "constexpr")},
+                    constexprs=constexprs, attrs=attrs)
+    options = {"num_warps": num_warps, "num_stages": num_stages}
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+@pytest.mark.parametrize("block_n, split_k", [(64, 4), (128, 1)])
+def test_swap_kernel_compiles_for_sm90(block_n, split_k):
+    """The swap-AB kernel compiles for the H200 (Triton errors the interpreter cannot show), its
+    e4m3 -> fp16 conversion is the paired instruction, its weight loads are asynchronous copies
+    (pipelined), and its products run on Hopper's tensor cores (wgmma)."""
+    from pagedllm.kernels import fp8_triton as f
+
+    signature = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "b_ptr": "*fp32",
+                 "out_ptr": "*bf16" if split_k == 1 else "*fp32", "M": "i32", "N": "i32", "K": "i32",
+                 "K_SPLIT": "i32", "stride_xm": "i32", "stride_wn": "i32", "stride_sn": "i32", "stride_om": "i32"}
+    constexprs = {"GROUP_K": 0, "HAS_BIAS": False, "EVEN_K": True, "SPLIT_K": split_k, "BLOCK_M": f.SWAP_BLOCK_M,
+                  "BLOCK_N": block_n, "BLOCK_K": 128, "FP16_OPERANDS": True, "FP16_MAX_": f.FP16_MAX}
+    compiled = _compile_sm90(f._fp8_swap_kernel, signature, constexprs, num_warps=4, num_stages=3)
+    ptx = compiled.asm["ptx"]
+    assert "cvt.rn.f16x2.e4m3x2" in ptx and "cvt.f32.f16" not in ptx
+    assert "wgmma.mma_async" in ptx
+    assert "cp.async" in ptx
