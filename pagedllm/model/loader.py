@@ -60,12 +60,33 @@ def load_hf_config(model: str, load_format: str) -> tuple[Any, str | None, str]:
         return cfg, f, "gguf" if load_format == "auto" else load_format
     if not os.path.isfile(os.path.join(model, "config.json")):
         raise ValueError(f"model: {model!r} has no config.json")
-    cfg = AutoConfig.from_pretrained(model)
+    cfg = text_part(AutoConfig.from_pretrained(model))
     if load_format == "auto":
         load_format = "safetensors"
     if load_format == "gguf":
         raise ValueError("load_format='gguf' needs model to be a .gguf file")
     return cfg, None, load_format
+
+
+# vision-language architectures whose text model is served alone: the engine sees their
+# `text_config` (the model class skips the vision tower's tensors), so image inputs are not served
+TEXT_PART_ARCHITECTURES = ("Gemma3ForConditionalGeneration",)
+
+
+def text_part(cfg: Any) -> Any:
+    """The config a vision-language checkpoint's text model is served by (its `text_config`,
+    named by the checkpoint's architecture, with the top level's eos ids and dtype); any other
+    config as it is."""
+    archs = list(getattr(cfg, "architectures", None) or [])
+    text = getattr(cfg, "text_config", None)
+    if text is None or not any(a in TEXT_PART_ARCHITECTURES for a in archs):
+        return cfg
+    text.architectures = archs
+    for key in ("eos_token_id", "dtype"):
+        if getattr(cfg, key, None) is not None:
+            setattr(text, key, getattr(cfg, key))
+    logger.info("%s: serving the text model only (the vision tower is not loaded)", archs[0])
+    return text
 
 
 _GGUF_ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",

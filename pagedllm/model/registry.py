@@ -22,6 +22,7 @@ _MODELS = {
     "GPTNeoXForCausalLM": ("pagedllm.model.models.gpt_neox", "GPTNeoXForCausalLM"),
     "Gemma2ForCausalLM": ("pagedllm.model.models.gemma2", "Gemma2ForCausalLM"),
     "Gemma3ForCausalLM": ("pagedllm.model.models.gemma3", "Gemma3ForCausalLM"),
+    "Gemma3ForConditionalGeneration": ("pagedllm.model.models.gemma3", "Gemma3ForConditionalGeneration"),
     "Phi3ForCausalLM": ("pagedllm.model.models.phi3", "Phi3ForCausalLM"),
 }
 
@@ -37,7 +38,8 @@ _MODEL_NOTES = {
     "MixtralForCausalLM": "Mixtral",
     "Gemma2ForCausalLM": "Gemma 2 (GeGLU, (1 + w) norms, soft caps, local/global layers)",
     "Gemma3ForCausalLM": "Gemma 3 text (q/k norms, 5 local : 1 global, two rope bases)",
-    "Phi3ForCausalLM": "Phi-3, Phi-3.5 (fused qkv / gate_up, LongRoPE, sliding window)",
+    "Gemma3ForConditionalGeneration": "Gemma 3 4B-27B: the text model (vision tower not loaded, no image input)",
+    "Phi3ForCausalLM": "Phi-3, Phi-3.5, Phi-4-mini (fused qkv / gate_up, LongRoPE, partial rotary, sliding window)",
     "Olmo2ForCausalLM": "OLMo 2 (norms after each block, q/k norm over all heads)",
     "Glm4ForCausalLM": "GLM-4-0414 (extra post-norms, partial interleaved rotary)",
     "GraniteForCausalLM": "Granite 3 (embedding, residual, attention and logit multipliers)",

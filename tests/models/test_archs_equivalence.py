@@ -2,7 +2,12 @@
 Llama: greedy token ids equal transformers' generate exactly in float32 on CPU for one prompt,
 8 prompts at once (longer than the budget: chunked prefill; longer than the window), prefix-
 cache hits and preemption; logprobs within 1e-4 of HF's log-softmax. Every norm weight is
-randomized too (HF initializes Gemma's to 0, which would hide a wrong (1 + w))."""
+randomized too (HF initializes Gemma's to 0, which would hide a wrong (1 + w)).
+
+The rope types: YaRN (Qwen2, past its original context of 64), LongRoPE (Phi-3, past and
+within its original 64, the last test), linear (Llama; Gemma 3's global layers), dynamic NTK
+(Llama, within its original context, where HF's per-length base is the plain one); llama3 is
+in test_hf_equivalence.py. Published configs of these families: test_held_out_configs.py."""
 
 from __future__ import annotations
 
@@ -48,17 +53,14 @@ def _config(name: str):
                               rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64})
     if name == "llama-dynamic":
         return tf.LlamaConfig(**COMMON, num_hidden_layers=2, rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    if name == "llama-linear":
+        return tf.LlamaConfig(**COMMON, num_hidden_layers=2, rope_scaling={"rope_type": "linear", "factor": 4.0})
     raise ValueError(name)
 
 
-NAMES = ["gemma2", "gemma3", "phi3", "mistral-window", "qwen2-window-yarn", "llama-dynamic"]
-
-
-def models(*core: str):
-    """Every model as a parameter of the `model` fixture; those not in `core` only under
-    `-m extended` (each test runs in CI on the models where it checks something new)."""
-    return pytest.mark.parametrize("model", [n if n in core else pytest.param(n, marks=pytest.mark.extended)
-                                             for n in NAMES], indirect=True)
+NAMES = ["gemma2", "gemma3", "phi3", "mistral-window", "qwen2-window-yarn", "llama-dynamic", "llama-linear"]
+# every test runs on every model (in CI: each takes about a second once its model is built)
+models = pytest.mark.parametrize("model", NAMES, indirect=True)
 ENGINE = dict(kv_cache_memory="8MiB", max_model_len=256, block_size=8, max_num_batched_tokens=32)
 
 
@@ -89,7 +91,7 @@ def model(request, tmp_path_factory, tokenizer_dir):
     return path, hf, LLM(path, **ENGINE)
 
 
-@models("gemma2", "gemma3", "phi3", "mistral-window", "qwen2-window-yarn")
+@models
 def test_single_prompt(model):
     path, hf, llm = model
     check(llm, hf, prompts_of([23]))
@@ -97,7 +99,7 @@ def test_single_prompt(model):
     assert bm.num_free_blocks == bm.num_blocks
 
 
-@models("gemma2", "gemma3", "phi3", "mistral-window", "qwen2-window-yarn")
+@models
 def test_eight_prompts_chunked_and_past_the_window(model):
     """Lengths up to 100 tokens: past the 16-token window, past the 32-token budget (chunked
     prefill), past LongRoPE's / YaRN's original context of 64."""
@@ -105,7 +107,7 @@ def test_eight_prompts_chunked_and_past_the_window(model):
     check(llm, hf, prompts_of([1, 5, 17, 33, 64, 100, 2, 70], seed=1))
 
 
-@models("gemma2", "mistral-window")
+@models
 def test_prefix_cache_hits(model):
     path, hf, llm = model
     shared = prompts_of([45], seed=3)[0]
@@ -116,7 +118,7 @@ def test_prefix_cache_hits(model):
     assert llm.llm_engine.get_stats().prefix_cache_hits - before >= 3 * 40
 
 
-@models("gemma2")
+@models
 def test_preemption(model):
     path, hf, _ = model
     llm = LLM(path, block_size=4, max_model_len=96, max_num_seqs=8, kv_cache_memory=_bytes_for_blocks(path, 4, 40))
@@ -125,7 +127,7 @@ def test_preemption(model):
     assert stats.num_preemptions > 0 and stats.num_free_blocks == 40
 
 
-@models("gemma2", "phi3", "qwen2-window-yarn")
+@models
 def test_logprobs_match_hf(model):
     path, hf, llm = model
     prompt = prompts_of([70], seed=6)[0]

@@ -68,7 +68,7 @@ def test_more_architectures_from_gguf(name, tmp_path, tokenizer_dir):
     check(llm, hf, prompts_of([7, 40, 70], seed=1))
 
 
-@pytest.mark.parametrize("name", ["gemma2", pytest.param("gemma3", marks=pytest.mark.extended), "phi3"])
+@pytest.mark.parametrize("name", ["gemma2", "gemma3", "phi3"])
 def test_dummy_weights(name, tmp_path, tokenizer_dir):
     """load_format="dummy" from a config alone (what the benchmarks run): every parameter is
     filled (Gemma's norms as 1 + 0), another seed gives other weights, so other tokens."""

@@ -167,20 +167,25 @@ def rotary_dim_of(head_dim: int, params: dict) -> int:
 
 class RotaryEmbedding(nn.Module):
     """cos/sin caches of the full head width D in the rotate-half layout. A partial rotary
-    (rotary_dim < D) gets frequency 0 (cos 1, sin 0: the dims pass through exactly) past its
-    rotary_dim / 2 frequencies, which needs q and k in the layout of `partial_rotary_permutation`
-    (model/layers/partial_rotary.py): the model permutes their weight rows once at load."""
+    (rotary_dim < D) gets cos 1 and sin 0 past its rotary_dim / 2 frequencies (the dims pass
+    through exactly, unscaled by YaRN's or LongRoPE's attention factor), which needs q and k in
+    the layout of `partial_rotary_permutation` (model/layers/partial_rotary.py): the model
+    permutes their weight rows once at load."""
 
     def __init__(self, head_dim: int, max_position: int, params: dict):
         super().__init__()
         inv, attention_factor = _inv_freq(rotary_dim_of(head_dim, params), params)
-        inv = torch.cat((inv, inv.new_zeros(head_dim // 2 - inv.shape[0])))  # [D/2]
         pos = torch.arange(max_position, dtype=torch.float32)
-        freqs = pos[:, None] * inv[None, :]  # [max_pos, D/2]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos(), emb.sin()
+        freqs = pos[:, None] * inv[None, :]  # [max_pos, r/2]
+        cos, sin = freqs.cos(), freqs.sin()
         if attention_factor != 1.0:  # YaRN / LongRoPE: the same product HF takes, in float32
             cos, sin = cos * attention_factor, sin * attention_factor
+        # the pass-through dims of a partial rotary: cos 1, sin 0, never scaled (HF leaves
+        # them out of the rotation and of the attention factor; Phi-4-mini has both)
+        rest = head_dim // 2 - inv.shape[0]
+        cos = torch.cat((cos, cos.new_ones(max_position, rest)), dim=-1)  # [max_pos, D/2]
+        sin = torch.cat((sin, sin.new_zeros(max_position, rest)), dim=-1)
+        cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)  # [max_pos, D]
         self.register_buffer("cos_cache", cos, persistent=False)  # [max_pos, D] float32
         self.register_buffer("sin_cache", sin, persistent=False)
 

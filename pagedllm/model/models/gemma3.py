@@ -1,11 +1,15 @@
 """Gemma 3 (text, `Gemma3ForCausalLM`): Gemma 2's decoder with RMSNorm (1 + w) on each head of q
 and k before rotary, no soft-capping in released configs, 5 sliding-window layers to 1 global
 (`layer_types`), and two rotary embeddings: the local base (10,000) on sliding layers and the
-global base (1,000,000, with linear scaling in the larger models) on global ones."""
+global base (1,000,000, with linear scaling in the larger models) on global ones.
+
+`Gemma3ForConditionalGeneration` (gemma-3-4b/12b/27b, SigLIP vision tower + projector + this
+text model): its text model alone, from the config's `text_config` (model/loader.py's
+`text_part`) and the checkpoint's language-model tensors; images are not served."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
 from pagedllm.distributed import ParallelState
 from pagedllm.model.layers.rotary import get_rotary_embedding, rope_parameters
@@ -43,3 +47,21 @@ class Gemma3Model(Gemma2Model):
 
 class Gemma3ForCausalLM(Gemma2ForCausalLM):
     model_cls = Gemma3Model
+
+
+# where a vision-language checkpoint keeps its text model (4.x and 5.x names) -> ours
+_TEXT_PREFIXES = (("language_model.model.", "model."), ("model.language_model.", "model."),
+                  ("language_model.lm_head.", "lm_head."))
+_VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
+
+
+class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
+    def checkpoint_weights(self, weights: Iterable[tuple[str, Any]]) -> Iterable[tuple[str, Any]]:
+        for name, tensor in weights:
+            if name.startswith(_VISION_PREFIXES):
+                continue
+            for old, new in _TEXT_PREFIXES:
+                if name.startswith(old):
+                    name = new + name[len(old):]
+                    break
+            yield name, tensor
