@@ -1,56 +1,60 @@
 #!/usr/bin/env bash
-# The host-path check on one H200 (issue 13), in one call of about 8 minutes:
-#   1. tests/gpu/test_engine_gpu.py (greedy-exact vs transformers, CUDA graphs, logprobs)
-#   2. profile_gpu.py --load w1: host ms per step at 256 running (target <= 3.5)
-#   3. throughput.py --workload w1 (target >= 25,000 output tok/s; was 18,529)
-#   4. latency.py (W2, Llama-3.1-8B batch 1; not slower than 4.78 ms/token)
-#   5. w3_gpu.sh 200 16 (TTFT P99 <= 908 ms, TPOT P99 <= 23.9 ms)
-#   6. throughput.py --workload w1 --peer hf-cb (the transformers peer; cut when time runs out)
-# Server wheels (fastapi, uvicorn, pydantic, ...) travel in .whl/ beside this tree.
+# The host-path check on one H200 (issue 13): this tree beside main's, in one call of about
+# 8 minutes. Main's tree is a copy in $MAIN_TREE (default ./_main; made with
+# `git -C /work/main archive main | tar x -C _main`); without it only this tree runs.
+#   1. tests/gpu/test_engine_gpu.py on this tree (greedy-exact vs transformers with CUDA graphs
+#      and eager, logprobs, penalties and min_tokens under graphs + asynchronous scheduling)
+#   2. profile_gpu.py --load w1, main then this tree: host ms per step at 256 running (<= 3.5)
+#   3. throughput.py --workload w1 --peer none, main then this tree (>= 25,000 output tok/s)
+#   4. latency.py --peer none (W2, Llama-3.1-8B batch 1; not slower than 4.78 ms/token), this
+#      tree, then main's if time is left
 # Logs go to $OUT (default ./host-gpu-out); a short table is printed last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+HERE=$PWD
 OUT=${OUT:-./host-gpu-out}
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
 PY=${PYTHON:-python3}
-if [ -d .whl ]; then
-    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-        && export PYTHONPATH=$PYTHONPATH:/tmp/site
+MAIN=${MAIN_TREE:-./_main}
+TREES=("$HERE")
+NAMES=("this")
+if [ -d "$MAIN/pagedllm" ]; then
+    TREES=("$(cd "$MAIN" && pwd)" "$HERE")
+    NAMES=("main" "this")
 fi
 T0=$(date +%s)
-left() { echo $(( 470 - ($(date +%s) - T0) )); }
+left() { echo $(( 480 - ($(date +%s) - T0) )); }
+# run NAME TREE LIMIT LOG CMD...: CMD in TREE with TREE first on the path
+run() {
+    local name=$1 tree=$2 limit=$3 log=$4
+    shift 4
+    (cd "$tree" && PYTHONPATH=$tree timeout "$limit" "$PY" "$@") > "$OUT/$log" 2>&1
+    echo "$name $log rc=$?" >> "$OUT/summary.txt"
+}
+: > "$OUT/summary.txt"
 
-timeout 100 $PY -m pytest -q -x tests/gpu/test_engine_gpu.py > "$OUT/tests.log" 2>&1
-echo "tests rc=$?: $(tail -1 "$OUT/tests.log")" | tee "$OUT/summary.txt"
+run this "$HERE" 110 tests.log -m pytest -q -x tests/gpu/test_engine_gpu.py
+echo "tests: $(tail -1 "$OUT/tests.log")" >> "$OUT/summary.txt"
 
-timeout 90 $PY benchmarks/profile_gpu.py --load w1 > "$OUT/profile_w1.log" 2>&1
-echo "profile w1 rc=$?" >> "$OUT/summary.txt"
-
-timeout 80 $PY benchmarks/throughput.py --workload w1 --peer none > "$OUT/w1.log" 2>&1
-echo "w1 rc=$?" >> "$OUT/summary.txt"
-
-timeout 70 $PY benchmarks/latency.py > "$OUT/w2.log" 2>&1
-echo "w2 rc=$?" >> "$OUT/summary.txt"
-
-OUT="$OUT/w3" PYTHON=$PY timeout 130 bash benchmarks/w3_gpu.sh 200 16 > "$OUT/w3.log" 2>&1
-echo "w3 rc=$?" >> "$OUT/summary.txt"
-
-L=$(left)
-if [ "$L" -gt 30 ]; then
-    timeout "$L" $PY benchmarks/throughput.py --workload w1 --peer hf-cb > "$OUT/w1_peer.log" 2>&1
-    echo "w1 with peer rc=$? (limit ${L}s)" >> "$OUT/summary.txt"
+for i in "${!TREES[@]}"; do
+    run "${NAMES[$i]}" "${TREES[$i]}" 80 "profile_w1_${NAMES[$i]}.log" benchmarks/profile_gpu.py --load w1
+done
+for i in "${!TREES[@]}"; do
+    run "${NAMES[$i]}" "${TREES[$i]}" 90 "w1_${NAMES[$i]}.log" benchmarks/throughput.py --workload w1 --peer none
+done
+run this "$HERE" 75 w2_this.log benchmarks/latency.py --peer none
+if [ "${#TREES[@]}" -gt 1 ] && [ "$(left)" -gt 60 ]; then
+    run main "${TREES[0]}" "$(left)" w2_main.log benchmarks/latency.py --peer none
 fi
 
-echo "==================== host path on the H200 ===================="
+echo "==================== host path on the H200 ($(( $(date +%s) - T0 )) s) ===================="
 cat "$OUT/summary.txt"
-echo "--- profile w1 (host ms per step at 256 running; target <= 3.5)"
-grep -E "requests running|wall per step|device busy" "$OUT/profile_w1.log"
-echo "--- W1 (target >= 25,000 output tok/s)"
-grep -iE "tok/s|host ms" "$OUT/w1.log" | tail -6
-echo "--- W2 (<= 4.78 ms/token)"
-grep -iE "ms/token|ms per|tok/s" "$OUT/w2.log" | tail -4
-echo "--- W3 at 16 req/s (TTFT P99 <= 908 ms, TPOT P99 <= 23.9 ms)"
-grep -iE "ttft|tpot|throughput|completed" "$OUT/w3.log" | tail -12
-echo "--- W1 with the transformers peer"
-grep -iE "tok/s|x\b|ratio" "$OUT/w1_peer.log" 2>/dev/null | tail -6
+for n in "${NAMES[@]}"; do
+    echo "--- $n: profile w1 (host ms per step at 256 running; target <= 3.5)"
+    grep -E "requests running|wall per step|device busy" "$OUT/profile_w1_$n.log"
+    echo "--- $n: W1 (target >= 25,000 output tok/s)"
+    grep -E "^pagedllm|host ms" "$OUT/w1_$n.log" | tail -3
+    echo "--- $n: W2 (<= 4.78 ms/token)"
+    grep -E "^pagedllm" "$OUT/w2_$n.log" 2>/dev/null | tail -1
+done

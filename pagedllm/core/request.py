@@ -85,16 +85,11 @@ class Request:
         self.block_hashes: list[int] = []  # chained hashes of its full blocks, filled lazily
         # tokens sampled by steps still in flight (asynchronous scheduling): scheduled, not known
         self.num_pending = 0
-        # sampling reads the output history (penalties, min_tokens, bad words of several
-        # tokens): no step may run ahead. (A grammar does not: its matcher lives in the runner.)
+        # sampling reads the output's last tokens on the host (bad words of several tokens):
+        # no step may run ahead. (Penalties and min_tokens do not: the runner keeps their
+        # histories on the device; nor does a grammar: its matcher lives in the runner.)
         sp = sampling_params
-        self.needs_history = bool(
-            sp.min_tokens
-            or sp.repetition_penalty != 1.0
-            or sp.frequency_penalty
-            or sp.presence_penalty
-            or any(len(w) > 1 for w in sp.bad_words_token_ids)
-        )
+        self.needs_history = any(len(w) > 1 for w in sp.bad_words_token_ids)
 
     @property
     def num_tokens(self) -> int:

@@ -35,8 +35,9 @@ class SamplingBatch:
     presence: torch.Tensor | None  # [S] float32
     frequency: torch.Tensor | None  # [S] float32
     repetition: torch.Tensor | None  # [S] float32
-    output_tokens: list[list[int]] | None  # per row, for frequency/presence/repetition
-    prompt_tokens: list[list[int]] | None  # per row, for repetition
+    output_counts: torch.Tensor | None  # [S, V] int32 occurrences in the output (penalties)
+    prompt_mask: torch.Tensor | None  # [S, V] bool in the prompt (repetition)
+    history_rows: torch.Tensor | None  # [S] int64 the rows those came from (the runner's, to count the samples)
     edits: LogitsEdits  # logit_bias, allowed_token_ids, bans, grammar bitmask
     generators: list[torch.Generator | None]  # per row; None = the engine's generator
     num_logprobs: list[int | None]  # per row
@@ -52,24 +53,19 @@ def host_to_device(values, dtype: torch.dtype, device) -> torch.Tensor:
     return t.pin_memory().to(device, non_blocking=True)
 
 
-def _token_counts(rows: list[list[int]], vocab: int, device) -> torch.Tensor:
-    counts = torch.zeros(len(rows), vocab, dtype=torch.float32, device=device)
-    row_ids = [i for i, toks in enumerate(rows) for _ in toks]
-    if row_ids:
-        idx = host_to_device([row_ids, [t for toks in rows for t in toks]], torch.int64, device)
-        counts.index_put_((idx[0], idx[1]), torch.ones(len(row_ids), device=device), accumulate=True)
-    return counts
-
-
 def apply_penalties(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
-    vocab = logits.shape[1]
+    """Repetition (vLLM's and transformers': tokens of the prompt and the output so far),
+    frequency and presence (OpenAI's: tokens of the output) penalties, from the histories the
+    runner keeps on the device."""
+    counts = sb.output_counts
+    assert counts is not None
     if sb.repetition is not None:
-        seen = _token_counts([p + o for p, o in zip(sb.prompt_tokens, sb.output_tokens)], vocab, logits.device) > 0
+        assert sb.prompt_mask is not None
+        seen = sb.prompt_mask | (counts > 0)
         r = sb.repetition[:, None]
         penalized = torch.where(logits > 0, logits / r, logits * r)
         logits = torch.where(seen, penalized, logits)
     if sb.frequency is not None or sb.presence is not None:
-        counts = _token_counts(sb.output_tokens, vocab, logits.device)
         if sb.frequency is not None:
             logits = logits - sb.frequency[:, None] * counts
         if sb.presence is not None:

@@ -2,8 +2,10 @@
 
 A pure-decode step (every request has one query token) is replayed from a graph captured at
 startup for the next batch size up in a ladder (1, 2, 4, 8, then steps of 8 up to the cap),
-largest first so all graphs share one memory pool. Inputs are copied into static buffers;
-padding rows get slot -1 (nothing stored) and seq_len 0 (the decode kernel writes zeros).
+largest first so all graphs share one memory pool. The graphs read the runner's StepBuffers
+(worker/input_batch.py): the runner lays out a decode step padded to the graph's batch size
+there, so replaying copies nothing; padding rows get slot -1 (nothing stored) and seq_len 0
+(the decode kernel writes zeros).
 The attention grid depends only on the batch size and the `max_seq_len` bound, which is
 `max_model_len` at capture and at replay.
 """
@@ -17,6 +19,7 @@ from typing import Any
 import torch
 
 from pagedllm.attention.backend import ForwardBatch
+from pagedllm.worker.input_batch import StepBuffers
 
 logger = logging.getLogger(__name__)
 
@@ -30,36 +33,32 @@ def batch_size_ladder(max_bs: int) -> list[int]:
 
 
 class DecodeGraphs:
-    def __init__(
-        self, model: Any, device: torch.device, max_bs: int, max_model_len: int, block_size: int, vocab_size: int
-    ):
+    def __init__(self, model: Any, buffers: StepBuffers, max_bs: int, max_model_len: int, vocab_size: int):
         self.model = model
-        self.device = device
+        self.buffers = buffers
+        self.device = buffers.ints.device
         self.max_bs = max_bs
         self.max_model_len = max_model_len
-        self.max_blocks = -(-max_model_len // block_size)
+        self.max_blocks = buffers.block_tables.shape[1]
         self.sizes = batch_size_ladder(max_bs)
-        self.input_ids = torch.zeros(max_bs, dtype=torch.int64, device=device)
-        self.positions = torch.zeros(max_bs, dtype=torch.int64, device=device)
-        self.slot_mapping = torch.full((max_bs,), -1, dtype=torch.int64, device=device)
-        self.seq_lens = torch.zeros(max_bs, dtype=torch.int32, device=device)
-        self.block_tables = torch.zeros(max_bs, self.max_blocks, dtype=torch.int32, device=device)
-        self.query_start_loc = torch.arange(max_bs + 1, dtype=torch.int32, device=device)
-        self.logits_indices = torch.arange(max_bs, dtype=torch.int64, device=device)
         # the graph runs the LM head too: logits of every row, in float32
-        self.logits = torch.zeros(max_bs, vocab_size, dtype=torch.float32, device=device)
+        self.logits = torch.zeros(max_bs, vocab_size, dtype=torch.float32, device=buffers.ints.device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.pool: Any = None
 
+    def padded_size(self, n: int) -> int:
+        return next(s for s in self.sizes if s >= n)
+
     def _batch(self, bs: int) -> ForwardBatch:
+        ints, ints32 = self.buffers.ints, self.buffers.ints32
         return ForwardBatch(
-            input_ids=self.input_ids[:bs],
-            positions=self.positions[:bs],
-            slot_mapping=self.slot_mapping[:bs],
-            query_start_loc=self.query_start_loc[: bs + 1],
-            seq_lens=self.seq_lens[:bs],
-            block_tables=self.block_tables[:bs],
-            logits_indices=self.logits_indices[:bs],
+            input_ids=ints[:bs],
+            positions=ints[bs : 2 * bs],
+            slot_mapping=ints[2 * bs : 3 * bs],
+            query_start_loc=ints32[: bs + 1],
+            seq_lens=ints32[bs + 1 : 2 * bs + 1],
+            block_tables=self.buffers.block_tables[:bs],
+            logits_indices=ints[3 * bs : 4 * bs],
             num_decodes=bs,
             max_query_len=1,
             max_seq_len=self.max_model_len,
@@ -70,8 +69,17 @@ class DecodeGraphs:
     @torch.inference_mode()
     def capture(self) -> None:
         t0 = time.time()
+        b = self.buffers
         for bs in reversed(self.sizes):
             batch = self._batch(bs)
+            # every row padding: nothing stored (slot -1), nothing read (seq_len 0)
+            batch.input_ids.zero_()
+            batch.positions.zero_()
+            batch.slot_mapping.fill_(-1)
+            b.ints32[: bs + 1] = torch.arange(bs + 1, dtype=torch.int32, device=self.device)
+            batch.seq_lens.zero_()
+            batch.block_tables.zero_()
+            batch.logits_indices.copy_(torch.arange(bs, device=self.device))
             for _ in range(2):  # compile kernels and settle allocations before capture
                 self._forward(batch, bs)
             torch.cuda.synchronize(self.device)
@@ -93,26 +101,11 @@ class DecodeGraphs:
         hidden = self.model(batch.input_ids, batch.positions, batch)
         self.logits[:bs] = self.model.compute_logits(hidden).float()
 
-    def can_run(self, batch: ForwardBatch) -> bool:
-        n = batch.num_reqs
-        return (
-            batch.num_decodes == n
-            and batch.num_tokens == n
-            and n <= self.max_bs
-            and batch.block_tables.shape[1] <= self.max_blocks
-        )
+    def can_run(self, num_reqs: int, num_tokens: int, num_decodes: int) -> bool:
+        return num_decodes == num_reqs == num_tokens and num_reqs <= self.max_bs
 
-    def run(self, batch: ForwardBatch) -> torch.Tensor:
-        n = batch.num_reqs
-        bs = next(s for s in self.sizes if s >= n)
-        self.input_ids[:n].copy_(batch.input_ids, non_blocking=True)
-        self.positions[:n].copy_(batch.positions, non_blocking=True)
-        self.slot_mapping[:n].copy_(batch.slot_mapping, non_blocking=True)
-        self.seq_lens[:n].copy_(batch.seq_lens, non_blocking=True)
-        mb = batch.block_tables.shape[1]
-        self.block_tables[:n, :mb].copy_(batch.block_tables, non_blocking=True)
-        if bs > n:
-            self.slot_mapping[n:bs].fill_(-1)
-            self.seq_lens[n:bs].zero_()
-        self.graphs[bs].replay()
-        return self.logits[:n]  # [n, vocab] float32; row i is token i
+    def run(self, num_reqs: int) -> torch.Tensor:
+        """Replays the graph of the padded size; the runner has laid out the step in the
+        buffers for that size."""
+        self.graphs[self.padded_size(num_reqs)].replay()
+        return self.logits[:num_reqs]  # [n, vocab] float32; row i is token i

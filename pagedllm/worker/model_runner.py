@@ -1,8 +1,15 @@
 """ModelRunner: turns a SchedulerOutput into one forward pass and sampled tokens.
 
-It keeps a copy of each live request's tokens and block table (updated from the scheduler's
-diffs and from its own samples), builds the ForwardBatch (decodes first), runs the model,
-computes logits only at the rows that need them, and samples.
+It keeps each live request as a row of its InputBatch (worker/input_batch.py: tokens, block
+table, sampling parameters, penalty histories on the device), changed by the scheduler's diffs
+and by its own samples; gathers the step's ForwardBatch from those rows with numpy (decodes
+first) into the device tensors the CUDA graphs read, runs the model, computes logits only at
+the rows that need them, and samples. Nothing on this path loops over requests in Python but
+the rows that need it (bans, biases, grammars, prompt logprobs).
+
+Under asynchronous scheduling a decode's input token may be the previous launch's sample, not
+yet read back: it is copied on the device. Penalties and `min_tokens` read nothing in flight
+(the histories count every launched sample on the device; the output length is known).
 
 Structured outputs: each constrained request has a grammar matcher here (a fresh one, fed the
 request's output so far, whenever the request arrives in full: at its start and after a
@@ -45,22 +52,44 @@ from pagedllm.model.sampler import (
 )
 from pagedllm.sampling_params import SamplingParams
 from pagedllm.structured_output.matcher import RequestGrammar, fill_bitmask, new_matcher
+from pagedllm.worker.input_batch import (
+    FREQUENCY,
+    GREEDY,
+    MIN_P,
+    PRESENCE,
+    REPETITION,
+    TEMPERATURE,
+    TOP_K,
+    TOP_P,
+    InputBatch,
+    StepBuffers,
+)
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
 class CachedRequestState:
+    """A live request's facts that are not rows of the InputBatch (and views of those that are)."""
+
     req_id: str
-    token_ids: list[int]
+    row: int  # its row in the runner's InputBatch
+    batch: InputBatch
     num_prompt_tokens: int
-    block_ids: list[int]
-    num_computed_tokens: int
     sampling_params: SamplingParams
     generator: torch.Generator | None
-    table_np: np.ndarray  # block_ids as an array, refreshed when blocks are added
     eos_token_ids: frozenset[int]
     grammar: RequestGrammar | None = None  # structured outputs: the matcher of its output
+
+    @property
+    def token_ids(self) -> list[int]:
+        """The ids known on the host (a copy; under asynchronous scheduling one may be in flight)."""
+        b = self.batch
+        return b.token_ids[self.row, : b.num_tokens[self.row]].tolist()
+
+    @property
+    def num_computed_tokens(self) -> int:
+        return int(self.batch.num_computed[self.row])
 
 
 class ModelRunner:
@@ -84,42 +113,64 @@ class ModelRunner:
         self.requests: dict[str, CachedRequestState] = {}
         self.generator = torch.Generator(device=device).manual_seed(config.model_config.seed)
         self.pin = device.type == "cuda"
-        self.graphs: Any = None  # DecodeGraphs, set by the worker on CUDA unless enforce_eager
-        self._last_tokens: torch.Tensor | None = None  # [S] tokens of the latest launch
-        self._last_rows: dict[str, int] = {}  # request id -> row in _last_tokens
+        sc, max_len = config.scheduler_config, config.model_config.max_model_len
+        self.input_batch = InputBatch(max_len, self.block_size, self.vocab_size, device, sc.max_num_seqs)
+        # the device tensors the step's inputs are copied into (and the CUDA graphs read)
+        self.buffers = (
+            StepBuffers(
+                max(sc.max_num_batched_tokens, sc.max_num_seqs), sc.max_num_seqs, self.input_batch.max_blocks, device
+            )
+            if device.type == "cuda"
+            else None
+        )
+        self.graphs: Any = None  # DecodeGraphs over self.buffers, set by the worker on CUDA unless enforce_eager
+        self._last_tokens: torch.Tensor | None = None  # [S] tokens of the latest launch that sampled
         self._uncollected: StepHandle | None = None  # the latest launch, until collected
         self._structured: Any = None  # StructuredOutputManager, only where grammars arrive uncompiled
 
     # ---- request state ---------------------------------------------------------------
     def _update_states(self, so: SchedulerOutput) -> None:
+        ib = self.input_batch
         for rid in so.finished_req_ids:
-            self.requests.pop(rid, None)
+            gone = self.requests.pop(rid, None)
+            if gone is not None:
+                ib.remove(gone.row)
         for new in so.scheduled_new_reqs:
-            old = self.requests.get(new.req_id)
+            old = self.requests.pop(new.req_id, None)  # resumed after preemption: a fresh row
+            if old is not None:
+                ib.remove(old.row)
+            sp = new.sampling_params
             gen = old.generator if old is not None else None
-            if gen is None and new.sampling_params.seed is not None:
-                gen = torch.Generator(device=self.device).manual_seed(new.sampling_params.seed)
-            st = self.requests[new.req_id] = CachedRequestState(
+            if gen is None and sp.seed is not None:
+                gen = torch.Generator(device=self.device).manual_seed(sp.seed)
+            python_edits = bool(
+                sp.bad_words_token_ids or sp.logit_bias or sp.allowed_token_ids or sp.structured_outputs is not None
+            )
+            row = ib.add(
                 new.req_id,
-                list(new.token_ids),
+                new.token_ids,
                 new.num_prompt_tokens,
-                list(new.block_ids),
+                new.block_ids,
                 new.num_computed_tokens,
-                new.sampling_params,
-                gen,
-                np.asarray(new.block_ids, dtype=np.int64),
-                new.eos_token_ids,
+                sp,
+                python_edits,
+            )
+            st = self.requests[new.req_id] = CachedRequestState(
+                new.req_id, row, ib, new.num_prompt_tokens, sp, gen, new.eos_token_ids
             )
             if new.sampling_params.structured_outputs is not None and self.ps.is_last_stage:
                 st.grammar = self._new_grammar(st)  # (only the last pipeline stage samples)
-        for c in so.scheduled_cached_reqs:
-            st = self.requests[c.req_id]
+        cached = so.scheduled_cached_reqs
+        if not cached:
+            return
+        requests = self.requests
+        rows = [requests[c.req_id].row for c in cached]
+        ib.num_computed[rows] = [c.num_computed_tokens for c in cached]
+        for row, c in zip(rows, cached):
             if c.new_block_ids:
-                st.block_ids.extend(c.new_block_ids)
-                st.table_np = np.asarray(st.block_ids, dtype=np.int64)
+                ib.add_blocks(row, c.new_block_ids)
             if c.new_token_ids:  # pipeline parallelism: sampled by the last stage
-                st.token_ids.extend(c.new_token_ids)
-            st.num_computed_tokens = c.num_computed_tokens
+                ib.add_tokens(row, c.new_token_ids)
 
     def _new_grammar(self, st: CachedRequestState) -> RequestGrammar:
         so = st.sampling_params.structured_outputs
@@ -159,110 +210,135 @@ class ModelRunner:
             t = t.pin_memory()
         return t.to(self.device, non_blocking=True)
 
-    def prepare_inputs(self, so: SchedulerOutput):
-        """Returns the batch, the request order, the requests that sample this step with their
-        logits rows, and for prompt-logprob requests the (first logits row, count) of their
-        chunk. All integer inputs travel to the device in one copy."""
-        sched = so.num_scheduled_tokens
-        order = sorted(sched, key=lambda r: sched[r] != 1)
-        num_reqs = len(order)
-        bs = self.block_size
-        n_tok = so.total_num_scheduled_tokens
-        # one int64 buffer: input_ids | positions | slots | query_start_loc | seq_lens | (logits rows)
-        buf = np.empty(3 * n_tok + 2 * num_reqs + 1, dtype=np.int64)
-        input_ids, positions, slots = buf[:n_tok], buf[n_tok : 2 * n_tok], buf[2 * n_tok : 3 * n_tok]
-        qsl = buf[3 * n_tok : 3 * n_tok + num_reqs + 1]
-        seq_lens_np = buf[3 * n_tok + num_reqs + 1 :]
-        seq_lens, query_lens = [0] * num_reqs, [0] * num_reqs
-        max_blocks = 1
-        logits_rows: list[int] = []
-        sampling: list[str] = []
-        sample_rows: list[int] = []
-        prompt_rows: dict[str, tuple[int, int]] = {}
-        num_decodes = 0
-        pending: list[tuple[int, int]] = []  # (input row, row of the previous launch's tokens)
-        s = 0
-        qsl[0] = 0
-        requests = self.requests
-        for i, rid in enumerate(order):
-            st = requests[rid]
-            n = sched[rid]
-            c = st.num_computed_tokens
-            if n == 1:
-                num_decodes += 1
-                if c < len(st.token_ids):
-                    input_ids[s] = st.token_ids[c]
-                else:  # sampled by the launch still in flight: filled in on the device
-                    input_ids[s] = 0
-                    pending.append((s, self._last_rows[rid]))
-                positions[s] = c
-                slots[s] = st.block_ids[c // bs] * bs + c % bs
-            else:
-                input_ids[s : s + n] = st.token_ids[c : c + n]
-                pos = np.arange(c, c + n)
-                positions[s : s + n] = pos
-                slots[s : s + n] = st.table_np[pos // bs] * bs + pos % bs
-            seq_lens[i] = c + n
-            query_lens[i] = n
-            if len(st.block_ids) > max_blocks:
-                max_blocks = len(st.block_ids)
-            if st.sampling_params.prompt_logprobs is not None and c < st.num_prompt_tokens - 1:
-                cnt = min(c + n, st.num_prompt_tokens - 1) - c
-                prompt_rows[rid] = (len(logits_rows), cnt)
-                logits_rows.extend(range(s, s + cnt))
-            s += n
-            qsl[i + 1] = s
-            if c + n >= len(st.token_ids):  # reaches the last token (or the one in flight)
-                sampling.append(rid)
-                sample_rows.append(len(logits_rows))
-                logits_rows.append(s - 1)
-        seq_lens_np[:] = seq_lens
-        block_tables = np.zeros((num_reqs, max_blocks), dtype=np.int32)
-        for i, rid in enumerate(order):
-            t = requests[rid].table_np
-            block_tables[i, : len(t)] = t
-        ints = self._to_device(np.concatenate([buf, np.asarray(logits_rows, dtype=np.int64)]))
-        if pending:
-            dst, src = zip(*pending)
-            idx = self._to_device(np.array([dst, src], dtype=np.int64))
-            assert self._last_tokens is not None
-            ints[idx[0]] = self._last_tokens[idx[1]]
-        base = 3 * n_tok
-        batch = ForwardBatch(
-            input_ids=ints[:n_tok],
-            positions=ints[n_tok : 2 * n_tok],
-            slot_mapping=ints[2 * n_tok : base],
-            query_start_loc=ints[base : base + num_reqs + 1].to(torch.int32),
-            seq_lens=ints[base + num_reqs + 1 : base + 2 * num_reqs + 1].to(torch.int32),
-            block_tables=self._to_device(block_tables),
-            logits_indices=ints[base + 2 * num_reqs + 1 :],
-            num_decodes=num_decodes,
-            max_query_len=max(query_lens),
-            max_seq_len=max(seq_lens),
-            query_lens_cpu=query_lens,
-            seq_lens_cpu=seq_lens,
-        )
-        return batch, order, sampling, sample_rows, prompt_rows
+    def _upload(self, host: np.ndarray, dst: torch.Tensor | None) -> torch.Tensor:
+        """host (a numpy array) on the device: copied into the persistent `dst` [: len] on CUDA
+        (through pinned memory, without waiting), the same memory on the CPU."""
+        t = torch.from_numpy(host)
+        if dst is None:
+            return t
+        dst = dst[: len(host)] if t.dim() == 1 else dst[: t.shape[0], : t.shape[1]]
+        dst.copy_(t.pin_memory(), non_blocking=True)
+        return dst
 
-    def _sampling_batch(self, reqs: list[CachedRequestState]) -> SamplingBatch:
-        sps = [r.sampling_params for r in reqs]
+    def prepare_inputs(self, so: SchedulerOutput) -> StepInputs:
+        """The step's ForwardBatch, gathered from the InputBatch rows by numpy indexing (decodes
+        first). All int64 inputs travel in one copy, the int32 ones in another, the block
+        table rows in a third; a decode step that a CUDA graph will replay is laid out padded
+        to the graph's batch size, in the tensors the graph reads."""
+        ib = self.input_batch
+        sched = so.num_scheduled_tokens
+        num_reqs = len(sched)
+        n_tok = so.total_num_scheduled_tokens
+        requests = self.requests
+        rows = np.fromiter((requests[r].row for r in sched), dtype=np.int64, count=num_reqs)
+        n = np.fromiter(sched.values(), dtype=np.int64, count=num_reqs)
+        num_decodes = int(np.count_nonzero(n == 1))
+        if num_decodes < num_reqs:
+            perm = np.argsort(n != 1, kind="stable")
+            rows, n = rows[perm], n[perm]
+        c = ib.num_computed[rows]
+        seq_lens = c + n
+        qsl = np.zeros(num_reqs + 1, dtype=np.int64)
+        np.cumsum(n, out=qsl[1:])
+        if num_decodes == num_reqs:
+            tok_rows, positions = rows, c
+        else:
+            tok_rows = np.repeat(rows, n)
+            positions = np.repeat(c - qsl[:-1], n) + np.arange(n_tok)
+        bs = self.block_size
+        # a position not yet known on the host holds the token the launch in flight samples
+        pending = np.flatnonzero(positions >= ib.num_tokens[tok_rows])
+        src = ib.last_sample[tok_rows[pending]]
+        assert (src >= 0).all(), "a decode's input token is neither known nor in flight"
+        samples = seq_lens >= ib.num_tokens[rows]  # reaches the last known token (or the one in flight)
+        logits_rows = qsl[1:][samples] - 1
+        num_samples = len(logits_rows)
+        prompt_rows: dict[str, tuple[int, int]] = {}
+        plp = ib.prompt_logprobs[rows]
+        if (plp >= 0).any():  # rows scored for prompt_logprobs follow the sampled ones
+            npr = ib.num_prompt[rows]
+            extra: list[int] = []
+            for i in np.flatnonzero((plp >= 0) & (c < npr - 1)).tolist():
+                cnt = int(min(seq_lens[i], npr[i] - 1) - c[i])
+                prompt_rows[ib.req_ids[rows[i]]] = (num_samples + len(extra), cnt)
+                extra.extend(range(int(qsl[i]), int(qsl[i]) + cnt))
+            logits_rows = np.concatenate([logits_rows, np.asarray(extra, dtype=np.int64)])
+        graph = self.graphs is not None and self.graphs.can_run(num_reqs, n_tok, num_decodes)
+        stride = self.graphs.padded_size(num_reqs) if graph else n_tok  # of the token fields
+        m, p = len(logits_rows), len(pending)
+        # int64: input_ids | positions | slot_mapping (each `stride` long) | logits rows
+        ints = np.zeros(3 * stride + m, dtype=np.int64)
+        ints[:n_tok] = ib.token_ids[tok_rows, positions]  # pending ones are filled in on the device
+        ints[stride : stride + n_tok] = positions
+        slots = ints[2 * stride : 3 * stride]
+        slots[:n_tok] = ib.block_table[tok_rows, positions // bs].astype(np.int64) * bs + positions % bs
+        slots[n_tok:] = -1  # graph padding: nothing stored
+        base = 3 * stride
+        ints[base:] = logits_rows
+        # int32: query_start_loc (rs + 1) | seq_lens (rs) | pending tokens | their rows in the
+        # latest launch's samples; rs = the batch size, padded to the graph's
+        rs = stride if graph else num_reqs
+        i32 = np.zeros(2 * rs + 1 + 2 * p, dtype=np.int32)
+        if graph:
+            i32[: rs + 1] = np.arange(rs + 1)
+        else:
+            i32[: num_reqs + 1] = qsl
+        i32[rs + 1 : rs + 1 + num_reqs] = seq_lens
+        i32[2 * rs + 1 : 2 * rs + 1 + p] = pending
+        i32[2 * rs + 1 + p :] = src
+        max_blocks = max(1, int(ib.num_blocks[rows].max()))
+        tables = ib.block_table[rows, :max_blocks]
+        buf = self.buffers
+        d_ints = self._upload(ints, buf.ints if buf is not None else None)
+        d_i32 = self._upload(i32, buf.ints32 if buf is not None else None)
+        d_tables = self._upload(tables, buf.block_tables if buf is not None else None)
+        if p:
+            assert self._last_tokens is not None
+            pend = 2 * rs + 1
+            d_ints[d_i32[pend : pend + p]] = self._last_tokens[d_i32[pend + p : pend + 2 * p]]
+        batch = ForwardBatch(
+            input_ids=d_ints[:n_tok],
+            positions=d_ints[stride : stride + n_tok],
+            slot_mapping=d_ints[2 * stride : 2 * stride + n_tok],
+            query_start_loc=d_i32[: num_reqs + 1],
+            seq_lens=d_i32[rs + 1 : rs + 1 + num_reqs],
+            block_tables=d_tables,
+            logits_indices=d_ints[base : base + m],
+            num_decodes=num_decodes,
+            max_query_len=int(n.max()),
+            max_seq_len=int(seq_lens.max()),
+            query_lens_cpu=n.tolist(),
+            seq_lens_cpu=seq_lens.tolist(),
+        )
+        return StepInputs(batch, rows, n, rows[samples], prompt_rows, graph)
+
+    def _sampling_batch(self, reqs: list[CachedRequestState], rows: np.ndarray) -> SamplingBatch:
+        """The sampling inputs of `reqs` (at InputBatch `rows`): the parameter columns in one
+        copy, penalties from the device histories; only rows with bans (min_tokens not yet
+        reached, bad words), biases, allowed ids or a grammar take the per-request path."""
+        ib = self.input_batch
         dev = self.device
 
         def col(values, dtype=torch.float32):
             return host_to_device(values, dtype, dev)
 
-        greedy = [sp.greedy for sp in sps]
-        any_top_k = any(sp.top_k > 0 for sp in sps)
-        any_top_p = any(sp.top_p < 1.0 for sp in sps)
-        any_min_p = any(sp.min_p > 0 for sp in sps)
-        any_rep = any(sp.repetition_penalty != 1.0 for sp in sps)
-        any_freq = any(sp.frequency_penalty != 0 for sp in sps)
-        any_pres = any(sp.presence_penalty != 0 for sp in sps)
+        cols_np = np.ascontiguousarray(ib.cols[rows].T)  # [len(COLS), S]
+        cols = torch.from_numpy(cols_np) if dev.type == "cpu" else self._to_device(cols_np)
+        any_top_k = bool((cols_np[TOP_K] < self.vocab_size).any())
+        any_top_p = bool((cols_np[TOP_P] < 1.0).any())
+        any_min_p = bool((cols_np[MIN_P] > 0).any())
+        any_rep = bool((cols_np[REPETITION] != 1.0).any())
+        any_freq = bool((cols_np[FREQUENCY] != 0).any())
+        any_pres = bool((cols_np[PRESENCE] != 0).any())
+        # output tokens before the one sampled now (exact under asynchronous scheduling too)
+        num_out = ib.num_computed[rows] - ib.num_prompt[rows]
+        python_rows = np.flatnonzero(ib.python_edits[rows] | (num_out < ib.min_tokens[rows])).tolist()
         edits = LogitsEdits()
         grammar_rows = []
-        for i, r in enumerate(reqs):
+        for i in python_rows:
+            r = reqs[i]
             sp = r.sampling_params
-            n_out = len(r.token_ids) - r.num_prompt_tokens
+            n_out = int(num_out[i])
             ids = set()
             if n_out < sp.min_tokens:
                 ids = set(sp.all_stop_token_ids)
@@ -287,24 +363,30 @@ class ModelRunner:
             )
             edits.bitmask = bitmask.to(dev, non_blocking=True)
             edits.bitmask_rows = col(grammar_rows, torch.int64)
-        need_tokens = any_rep or any_freq or any_pres
+        counts = mask = rows_dev = None
+        if any_rep or any_freq or any_pres:
+            assert ib.output_counts is not None and ib.prompt_mask is not None
+            rows_dev = self._to_device(rows)
+            counts = ib.output_counts[rows_dev]
+            mask = ib.prompt_mask[rows_dev] if any_rep else None
+        nl = ib.num_logprobs[rows]
+        num = len(reqs)
         return SamplingBatch(
-            temperature=col([1.0 if g else sp.temperature for g, sp in zip(greedy, sps)]),
-            greedy=col(greedy, torch.bool),
-            all_greedy=all(greedy),
-            top_k=col([sp.top_k if sp.top_k > 0 else self.vocab_size for sp in sps], torch.int64)
-            if any_top_k
-            else None,
-            top_p=col([sp.top_p for sp in sps]) if any_top_p else None,
-            min_p=col([sp.min_p for sp in sps]) if any_min_p else None,
-            presence=col([sp.presence_penalty for sp in sps]) if any_pres else None,
-            frequency=col([sp.frequency_penalty for sp in sps]) if any_freq else None,
-            repetition=col([sp.repetition_penalty for sp in sps]) if any_rep else None,
-            output_tokens=[r.token_ids[r.num_prompt_tokens :] for r in reqs] if need_tokens else None,
-            prompt_tokens=[r.token_ids[: r.num_prompt_tokens] for r in reqs] if need_tokens else None,
+            temperature=cols[TEMPERATURE],
+            greedy=cols[GREEDY] != 0,
+            all_greedy=bool(cols_np[GREEDY].all()),
+            top_k=cols[TOP_K].long() if any_top_k else None,
+            top_p=cols[TOP_P] if any_top_p else None,
+            min_p=cols[MIN_P] if any_min_p else None,
+            presence=cols[PRESENCE] if any_pres else None,
+            frequency=cols[FREQUENCY] if any_freq else None,
+            repetition=cols[REPETITION] if any_rep else None,
+            output_counts=counts,
+            prompt_mask=mask,
+            history_rows=rows_dev,
             edits=edits,
-            generators=[r.generator for r in reqs],
-            num_logprobs=[r.sampling_params.logprobs for r in reqs],
+            generators=[r.generator for r in reqs] if ib.seeded[rows].any() else [None] * num,
+            num_logprobs=[None] * num if (nl < 0).all() else [None if k < 0 else k for k in nl.tolist()],
         )
 
     # ---- one step --------------------------------------------------------------------
@@ -319,45 +401,49 @@ class ModelRunner:
         self._update_states(so)
         if so.total_num_scheduled_tokens == 0:
             return StepHandle()
-        batch, order, sampling, sample_rows, prompt_rows = self.prepare_inputs(so)
-        if self.graphs is not None and self.graphs.can_run(batch):
+        si = self.prepare_inputs(so)
+        batch = si.batch
+        ib = self.input_batch
+        if si.graph:
             # the graph's own output buffer, which the next launch overwrites: everything read
             # from it (sampling, logprobs) is queued below, before that launch
-            logits = self.graphs.run(batch)  # [n, V], row i is token i
-            if batch.logits_indices.shape[0] != batch.num_tokens:  # else the rows are 0..n-1
+            logits = self.graphs.run(batch.num_reqs)  # [n, V], row i is token i
+            if batch.logits_indices.shape[0] != batch.num_tokens or len(si.sample_rows) != batch.num_reqs:
                 logits = logits[batch.logits_indices]  # [S', V]
         elif self.ps.pp_size > 1:
             logits = self._run_stage(batch, so.total_num_scheduled_tokens)
             if logits is None:  # not the last stage: its part is done once the hidden states are sent
-                for rid in order:
-                    self.requests[rid].num_computed_tokens += so.num_scheduled_tokens[rid]
+                ib.num_computed[si.rows] += si.num_scheduled
                 return StepHandle()
         else:
             hidden = self.model(batch.input_ids, batch.positions, batch)
             logits = self.model.compute_logits(hidden[batch.logits_indices]).float()  # [S', V]
         h = StepHandle()
-        if prompt_rows:
+        if si.prompt_rows:
             # queued now, before the next launch can overwrite a CUDA graph's output buffer
-            h.prompt_logprobs = self._prompt_logprobs(logits, prompt_rows)
-        for rid in order:
-            self.requests[rid].num_computed_tokens += so.num_scheduled_tokens[rid]
-        if sampling:
-            reqs = [self.requests[r] for r in sampling]
-            rows = (
-                logits
-                if len(sample_rows) == logits.shape[0]
-                else logits[self._to_device(np.asarray(sample_rows, dtype=np.int64))]
-            )
-            sb = self._sampling_batch(reqs)
+            h.prompt_logprobs = self._prompt_logprobs(logits, si.prompt_rows)
+        ib.num_computed[si.rows] += si.num_scheduled
+        srows = si.sample_rows
+        if len(srows):
+            req_ids = ib.req_ids[srows].tolist()
+            reqs = [self.requests[r] for r in req_ids]
+            rows = logits if len(srows) == logits.shape[0] else logits[: len(srows)]  # sampled rows come first
+            sb = self._sampling_batch(reqs, srows)
             h.tokens = sample(rows, sb, self.generator)
-            lt = logprob_tensors(rows, h.tokens, sb.num_logprobs)
-            h.logprobs = lt.to_host() if lt is not None else None
+            if sb.history_rows is not None:
+                ib.count_samples(sb.history_rows, h.tokens)
+            if any(k is not None for k in sb.num_logprobs):
+                lt = logprob_tensors(rows, h.tokens, sb.num_logprobs)
+                h.logprobs = lt.to_host() if lt is not None else None
             if self.device.type == "cuda":
                 h.tokens_host = torch.empty(h.tokens.shape, dtype=h.tokens.dtype, pin_memory=True)
                 h.tokens_host.copy_(h.tokens, non_blocking=True)
             h.states = reqs
+            h.req_ids = req_ids
+            h.rows = srows
+            h.gens = ib.gen[srows]
             self._last_tokens = h.tokens
-            self._last_rows = {r: i for i, r in enumerate(sampling)}
+            ib.last_sample[srows] = np.arange(len(srows))
             self._uncollected = h
         if self.device.type == "cuda" and (h.tokens is not None or h.prompt_logprobs):
             # everything `collect` reads comes back through pinned memory behind an event
@@ -396,19 +482,21 @@ class ModelRunner:
             return out
         if h is self._uncollected:
             self._uncollected = None
-        tokens = (h.tokens_host if h.tokens_host is not None else h.tokens).tolist()
-        lps = logprob_lists(h.logprobs, len(tokens)) if h.logprobs is not None else None
-        accept = not h.grammar_accepted
-        own_tokens = self.ps.pp_size == 1  # else they come back as new_token_ids
-        for i, (r, t) in enumerate(zip(h.states or (), tokens)):
-            if own_tokens:
-                r.token_ids.append(t)
-            if accept and r.grammar is not None:
-                r.grammar.accept(t)
-            out.sampled_token_ids[r.req_id] = t
-            lp = lps[i] if lps is not None else None
-            if lp is not None:
-                out.logprobs[r.req_id] = lp
+        tokens_np = (h.tokens_host if h.tokens_host is not None else h.tokens).numpy()
+        tokens = tokens_np.tolist()
+        if self.ps.pp_size == 1:  # else they come back as new_token_ids
+            assert h.rows is not None and h.gens is not None
+            self.input_batch.append_sampled(h.rows, h.gens, tokens_np)
+        req_ids = h.req_ids or []
+        out.sampled_token_ids = dict(zip(req_ids, tokens))
+        if h.logprobs is not None:
+            for rid, lp in zip(req_ids, logprob_lists(h.logprobs, len(tokens))):
+                if lp is not None:
+                    out.logprobs[rid] = lp
+        if not h.grammar_accepted:
+            for r, t in zip(h.states or (), tokens):
+                if r.grammar is not None:
+                    r.grammar.accept(t)
         return out
 
     def _prompt_logprobs(self, logits: torch.Tensor, prompt_rows: dict[str, tuple[int, int]]) -> dict:
@@ -434,6 +522,21 @@ class StepHandle:
     tokens_host: torch.Tensor | None = None  # [S] pinned host copy (CUDA), valid once `ready`
     ready: torch.cuda.Event | None = None  # recorded after every copy to the host (tokens, logprobs)
     states: list[CachedRequestState] | None = None  # the sampling requests, in row order
+    req_ids: list[str] | None = None  # their ids
+    rows: np.ndarray | None = None  # [S] their InputBatch rows
+    gens: np.ndarray | None = None  # [S] those rows' `gen` at launch (a row since reused is not written back)
     logprobs: LogprobTensors | None = None  # of the sampled rows that asked (host copies on CUDA)
     prompt_logprobs: dict[str, LogprobTensors] | None = None  # per request with prompt_logprobs
     grammar_accepted: bool = False  # its tokens are already in the matchers (read by the next launch)
+
+
+@dataclass(slots=True)
+class StepInputs:
+    """What prepare_inputs gives launch."""
+
+    batch: ForwardBatch
+    rows: np.ndarray  # [B] InputBatch rows, in the batch's order
+    num_scheduled: np.ndarray  # [B] tokens of each this step
+    sample_rows: np.ndarray  # [S] the rows that sample, in order (their logits rows come first)
+    prompt_rows: dict[str, tuple[int, int]]  # prompt_logprobs: request -> (first logits row, count)
+    graph: bool  # a CUDA graph replays the forward pass

@@ -213,8 +213,9 @@ class Worker:
             from pagedllm.worker.cuda_graph import DecodeGraphs
 
             sc = self.config.scheduler_config
+            assert self.runner.buffers is not None
             graphs = DecodeGraphs(
-                self.model, self.device, min(sc.max_num_seqs, 512), mc.max_model_len, cc.block_size, mc.vocab_size
+                self.model, self.runner.buffers, min(sc.max_num_seqs, 512), mc.max_model_len, mc.vocab_size
             )
             t1 = time.time()
             logger.info(

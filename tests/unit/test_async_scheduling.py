@@ -69,7 +69,9 @@ def test_stops_under_async(engines):
 def test_preemption_and_chunking_under_async(tiny_llama):
     rng = random.Random(2)
     prompts = [[rng.randrange(3, 40000) for _ in range(rng.randrange(5, 40))] for _ in range(8)]
-    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    # half with penalties: their device histories are rebuilt when a preempted request returns
+    params = [greedy if i % 2 else greedy.clone(repetition_penalty=0.5, frequency_penalty=1.0) for i in range(8)]
     outs = {}
     for mode in ("recompute", "swap"):
         for asyn in (False, True):
@@ -78,7 +80,8 @@ def test_preemption_and_chunking_under_async(tiny_llama):
             outs[(mode, asyn)] = _gen(llm, prompts, params)
             st = llm.llm_engine.get_stats()
             assert st.num_preemptions > 0 and st.num_free_blocks == st.num_gpu_blocks
-    assert len({str(v) for v in outs.values()}) == 1
+    unpreempted = _gen(LLM(tiny_llama, block_size=4, max_model_len=64, kv_cache_memory="4MiB"), prompts, params)
+    assert all(v == unpreempted for v in outs.values())
 
 
 def test_abort_while_a_step_is_in_flight(engines):
@@ -97,3 +100,88 @@ def test_abort_while_a_step_is_in_flight(engines):
     assert eng._inflight is None
     st = eng.get_stats()
     assert st.num_free_blocks == st.num_gpu_blocks
+
+
+def test_a_row_given_up_while_its_step_is_in_flight(engines):
+    """A request aborted while a step that samples for it is in flight: the next step gives its
+    runner row to a new request before that sample is read back, which must not land in it."""
+    sync, asyn = engines
+    eng = asyn.llm_engine
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    eng.add_request("x", list(range(100, 130)), params)
+    eng.step()
+    eng.step()
+    assert eng._inflight is not None
+    eng.abort_request("x")
+    eng.add_request("z", list(range(300, 310)), params)  # joins in the step that drops x
+    seen = []
+    while eng.has_unfinished_requests():
+        seen += [o for o in eng.step() if o.finished]
+    assert [o.request_id for o in seen] == ["z"]
+    assert seen[0].outputs[0].token_ids == _gen(sync, [list(range(300, 310))], params)[0][0][0]
+    st = eng.get_stats()
+    assert st.num_free_blocks == st.num_gpu_blocks
+
+
+def _penalized_reference(hf, prompt, n, rep=1.0, freq=0.0, pres=0.0, min_tokens=0, banned=()):
+    """Greedy decoding on transformers' logits with the penalties applied from plain lists
+    (vLLM's definitions: repetition over prompt + output, frequency/presence over the output)."""
+    import torch
+
+    ids, out = list(prompt), []
+    for _ in range(n):
+        with torch.no_grad():
+            logits = hf(torch.tensor([ids])).logits[0, -1].float()
+        for t in set(ids):
+            logits[t] = logits[t] / rep if logits[t] > 0 else logits[t] * rep
+        for t in set(out):
+            logits[t] -= freq * out.count(t) + pres
+        if len(out) < min_tokens:
+            logits[list(banned)] = float("-inf")
+        out.append(int(logits.argmax()))
+        ids.append(out[-1])
+    return out
+
+
+def test_penalties_and_min_tokens_run_ahead_and_match_a_reference(engines, tiny_llama):
+    """Penalties and min_tokens read their histories on the device, so they no longer turn off
+    asynchronous scheduling; the tokens equal a reference on transformers' logits, sync and async."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
+    rng = random.Random(3)
+    prompts = [[rng.randrange(3, 40000) for _ in range(rng.randrange(4, 30))] for _ in range(4)]
+    base = SamplingParams(temperature=0, max_tokens=14, ignore_eos=True)
+    plain = [_gen(engines[0], [p], base)[0][0][0] for p in prompts]
+    banned = sorted({plain[3][1], plain[3][3]})  # tokens greedy picks early, banned until 6 are out
+    cases = [
+        # (the random tiny model repeats nothing by itself: penalties below 1 / 0 make it repeat)
+        dict(repetition_penalty=0.3),
+        dict(frequency_penalty=0.5, presence_penalty=-2.0),
+        dict(repetition_penalty=0.5, frequency_penalty=1.0),
+        dict(min_tokens=6, stop_token_ids=banned),
+    ]
+    params = [base.clone(**kw) for kw in cases]
+    expected = [
+        _penalized_reference(hf, p, 14, kw.get("repetition_penalty", 1.0), kw.get("frequency_penalty", 0.0),
+                             kw.get("presence_penalty", 0.0), kw.get("min_tokens", 0), banned if "min_tokens" in kw else ())
+        for p, kw in zip(prompts, cases)
+    ]
+    assert [e != p for e, p in zip(expected, plain)] == [True] * 4, "each case should change the greedy tokens"
+    for llm in engines:
+        eng = llm.llm_engine
+        for i, (p, sp) in enumerate(zip(prompts, params)):
+            eng.add_request(f"pen-{i}", p, sp)
+        assert eng._can_run_ahead() == eng.config.async_scheduling
+        outs = {}
+        ran_ahead = False
+        while eng.has_unfinished_requests():
+            for o in eng.step():
+                if o.finished:
+                    outs[o.request_id] = o.outputs[0].token_ids
+            ran_ahead |= eng._inflight is not None
+        assert ran_ahead == eng.config.async_scheduling
+        assert [outs[f"pen-{i}"] for i in range(len(prompts))] == expected
+        st = eng.get_stats()
+        assert st.num_free_blocks == st.num_gpu_blocks
