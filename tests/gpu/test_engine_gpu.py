@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from conftest import save_tiny_model, tiny_config
+from sampling_reference import penalized_greedy_reference
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -124,24 +125,9 @@ def test_float32_penalties_and_min_tokens_with_graphs_and_async(tmp_path, tokeni
     llm = LLM(path, dtype="float32", max_model_len=512, gpu_memory_utilization=0.3, max_num_seqs=8)
     assert llm.llm_engine.config.async_scheduling
 
-    def reference(prompt, n, rep=1.0, freq=0.0, pres=0.0, min_tokens=0, banned=()):
-        ids, out = list(prompt), []
-        for _ in range(n):
-            with torch.no_grad():
-                logits = hf(torch.tensor([ids], device="cuda")).logits[0, -1].float()
-            for t in set(ids):
-                logits[t] = logits[t] / rep if logits[t] > 0 else logits[t] * rep
-            for t in set(out):
-                logits[t] -= freq * out.count(t) + pres
-            if len(out) < min_tokens:
-                logits[list(banned)] = float("-inf")
-            out.append(int(logits.argmax()))
-            ids.append(out[-1])
-        return out
-
     prompts = prompts_of([6, 33, 14, 70], seed=9)
     base = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
-    plain = reference(prompts[3], 20)
+    plain = penalized_greedy_reference(hf, prompts[3], 20)
     banned = sorted({plain[1], plain[4]})
     cases = [dict(rep=0.3), dict(freq=0.5, pres=-2.0), dict(rep=0.5, freq=1.0), dict(min_tokens=8)]
     params = [base.clone(repetition_penalty=c.get("rep", 1.0), frequency_penalty=c.get("freq", 0.0),
@@ -155,4 +141,5 @@ def test_float32_penalties_and_min_tokens_with_graphs_and_async(tmp_path, tokeni
     while eng.has_unfinished_requests():
         outs.update({o.request_id: o.outputs[0].token_ids for o in eng.step() if o.finished})
     for i, (p, c) in enumerate(zip(prompts, cases)):
-        assert outs[str(i)] == reference(p, 20, banned=banned if "min_tokens" in c else (), **c), f"case {c}"
+        ref = penalized_greedy_reference(hf, p, 20, banned=banned if "min_tokens" in c else (), **c)
+        assert outs[str(i)] == ref, f"case {c}"

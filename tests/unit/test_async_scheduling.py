@@ -9,6 +9,7 @@ import pytest
 
 from pagedllm import LLM, SamplingParams
 from pagedllm.core.scheduler_output import ModelRunnerOutput
+from sampling_reference import penalized_greedy_reference
 from test_scheduler import assert_all_free, make_request, make_scheduler
 
 
@@ -123,26 +124,6 @@ def test_a_row_given_up_while_its_step_is_in_flight(engines):
     assert st.num_free_blocks == st.num_gpu_blocks
 
 
-def _penalized_reference(hf, prompt, n, rep=1.0, freq=0.0, pres=0.0, min_tokens=0, banned=()):
-    """Greedy decoding on transformers' logits with the penalties applied from plain lists
-    (vLLM's definitions: repetition over prompt + output, frequency/presence over the output)."""
-    import torch
-
-    ids, out = list(prompt), []
-    for _ in range(n):
-        with torch.no_grad():
-            logits = hf(torch.tensor([ids])).logits[0, -1].float()
-        for t in set(ids):
-            logits[t] = logits[t] / rep if logits[t] > 0 else logits[t] * rep
-        for t in set(out):
-            logits[t] -= freq * out.count(t) + pres
-        if len(out) < min_tokens:
-            logits[list(banned)] = float("-inf")
-        out.append(int(logits.argmax()))
-        ids.append(out[-1])
-    return out
-
-
 def test_penalties_and_min_tokens_run_ahead_and_match_a_reference(engines, tiny_llama):
     """Penalties and min_tokens read their histories on the device, so they no longer turn off
     asynchronous scheduling; the tokens equal a reference on transformers' logits, sync and async."""
@@ -164,7 +145,7 @@ def test_penalties_and_min_tokens_run_ahead_and_match_a_reference(engines, tiny_
     ]
     params = [base.clone(**kw) for kw in cases]
     expected = [
-        _penalized_reference(hf, p, 14, kw.get("repetition_penalty", 1.0), kw.get("frequency_penalty", 0.0),
+        penalized_greedy_reference(hf, p, 14, kw.get("repetition_penalty", 1.0), kw.get("frequency_penalty", 0.0),
                              kw.get("presence_penalty", 0.0), kw.get("min_tokens", 0), banned if "min_tokens" in kw else ())
         for p, kw in zip(prompts, cases)
     ]
