@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from pagedllm.attention.backend import ForwardBatch
-from pagedllm.worker.input_batch import StepBuffers
+from pagedllm.worker.input_batch import StepBuffers, aligned, int32_offsets
 
 logger = logging.getLogger(__name__)
 
@@ -50,15 +50,18 @@ class DecodeGraphs:
         return next(s for s in self.sizes if s >= n)
 
     def _batch(self, bs: int) -> ForwardBatch:
+        """The views of the runner's StepBuffers a graph of batch size bs reads (their layout)."""
         ints, ints32 = self.buffers.ints, self.buffers.ints32
+        s = aligned(bs)
+        lens_at, _ = int32_offsets(bs)
         return ForwardBatch(
             input_ids=ints[:bs],
-            positions=ints[bs : 2 * bs],
-            slot_mapping=ints[2 * bs : 3 * bs],
+            positions=ints[s : s + bs],
+            slot_mapping=ints[2 * s : 2 * s + bs],
             query_start_loc=ints32[: bs + 1],
-            seq_lens=ints32[bs + 1 : 2 * bs + 1],
+            seq_lens=ints32[lens_at : lens_at + bs],
             block_tables=self.buffers.block_tables[:bs],
-            logits_indices=ints[3 * bs : 4 * bs],
+            logits_indices=ints[3 * s : 3 * s + bs],
             num_decodes=bs,
             max_query_len=1,
             max_seq_len=self.max_model_len,

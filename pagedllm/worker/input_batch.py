@@ -200,19 +200,31 @@ class InputBatch:
         self.output_counts.index_put_((rows, tokens), torch.ones_like(tokens, dtype=torch.int32), accumulate=True)
 
 
+def aligned(n: int) -> int:
+    """n rounded up to 4 elements: each field of StepBuffers starts 16-byte aligned (Triton
+    specializes a kernel on its pointers' alignment; an odd offset would compile another
+    variant in the middle of a run)."""
+    return -(-n // 4) * 4
+
+
+def int32_offsets(rs: int) -> tuple[int, int]:
+    """Where seq_lens and the pending decodes start in StepBuffers.ints32, for rs requests."""
+    return aligned(rs + 1), aligned(rs + 1) + aligned(rs)
+
+
 class StepBuffers:
     """The device tensors a step's inputs are copied into, one copy per dtype. Offsets depend
     on the step's size, so that a CUDA graph of batch size B reads fixed addresses: a decode
-    step padded to B lays out
+    step padded to B lays out, with S = aligned(B) and (L, P) = int32_offsets(B),
 
-        ints  int64: input_ids [0, B) | positions [B, 2B) | slot_mapping [2B, 3B) | logits rows
-        ints32 int32: query_start_loc [0, B+1) | seq_lens [B+1, 2B+1) | decodes whose token is
-                      in flight | that token's row in the latest launch's samples
+        ints  int64: input_ids [0, B) | positions [S, S+B) | slot_mapping [2S, 2S+B) | logits rows [3S, ...)
+        ints32 int32: query_start_loc [0, B+1) | seq_lens [L, L+B) | from P: the decodes whose
+                      token is in flight, then that token's row in the latest launch's samples
         block_tables int32 [max_reqs, max_blocks]: rows [0, B), columns as wide as the step needs
 
-    (a step of n requests and T tokens uses B = T = n eagerly)."""
+    (an eager step of T tokens and n requests: B = T for the int64 fields, n for the int32 ones)."""
 
     def __init__(self, max_tokens: int, max_reqs: int, max_blocks: int, device: torch.device) -> None:
-        self.ints = torch.zeros(4 * max_tokens, dtype=torch.int64, device=device)
-        self.ints32 = torch.zeros(4 * max_reqs + 1, dtype=torch.int32, device=device)
+        self.ints = torch.zeros(4 * aligned(max_tokens), dtype=torch.int64, device=device)
+        self.ints32 = torch.zeros(4 * aligned(max_reqs + 1), dtype=torch.int32, device=device)
         self.block_tables = torch.zeros(max_reqs, max_blocks, dtype=torch.int32, device=device)

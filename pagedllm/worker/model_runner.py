@@ -63,6 +63,8 @@ from pagedllm.worker.input_batch import (
     TOP_P,
     InputBatch,
     StepBuffers,
+    aligned,
+    int32_offsets,
 )
 
 logger = logging.getLogger(__name__)
@@ -264,28 +266,30 @@ class ModelRunner:
                 extra.extend(range(int(qsl[i]), int(qsl[i]) + cnt))
             logits_rows = np.concatenate([logits_rows, np.asarray(extra, dtype=np.int64)])
         graph = self.graphs is not None and self.graphs.can_run(num_reqs, n_tok, num_decodes)
-        stride = self.graphs.padded_size(num_reqs) if graph else n_tok  # of the token fields
+        padded = self.graphs.padded_size(num_reqs) if graph else n_tok
+        stride = aligned(padded)  # of the token fields
         m, p = len(logits_rows), len(pending)
-        # int64: input_ids | positions | slot_mapping (each `stride` long) | logits rows
+        # int64 (StepBuffers): input_ids | positions | slot_mapping (each `stride` apart) | logits rows
         ints = np.zeros(3 * stride + m, dtype=np.int64)
         ints[:n_tok] = ib.token_ids[tok_rows, positions]  # pending ones are filled in on the device
         ints[stride : stride + n_tok] = positions
-        slots = ints[2 * stride : 3 * stride]
+        slots = ints[2 * stride : 2 * stride + padded]
         slots[:n_tok] = ib.block_table[tok_rows, positions // bs].astype(np.int64) * bs + positions % bs
         slots[n_tok:] = -1  # graph padding: nothing stored
         base = 3 * stride
         ints[base:] = logits_rows
-        # int32: query_start_loc (rs + 1) | seq_lens (rs) | pending tokens | their rows in the
-        # latest launch's samples; rs = the batch size, padded to the graph's
-        rs = stride if graph else num_reqs
-        i32 = np.zeros(2 * rs + 1 + 2 * p, dtype=np.int32)
+        # int32: query_start_loc | seq_lens | pending tokens | their rows in the latest
+        # launch's samples; rs = the batch size, padded to the graph's
+        rs = padded if graph else num_reqs
+        lens_at, pend = int32_offsets(rs)
+        i32 = np.zeros(pend + aligned(p) + p, dtype=np.int32)
         if graph:
             i32[: rs + 1] = np.arange(rs + 1)
         else:
             i32[: num_reqs + 1] = qsl
-        i32[rs + 1 : rs + 1 + num_reqs] = seq_lens
-        i32[2 * rs + 1 : 2 * rs + 1 + p] = pending
-        i32[2 * rs + 1 + p :] = src
+        i32[lens_at : lens_at + num_reqs] = seq_lens
+        i32[pend : pend + p] = pending
+        i32[pend + aligned(p) :] = src
         max_blocks = max(1, int(ib.num_blocks[rows].max()))
         tables = ib.block_table[rows, :max_blocks]
         buf = self.buffers
@@ -294,14 +298,14 @@ class ModelRunner:
         d_tables = self._upload(tables, buf.block_tables if buf is not None else None)
         if p:
             assert self._last_tokens is not None
-            pend = 2 * rs + 1
-            d_ints[d_i32[pend : pend + p]] = self._last_tokens[d_i32[pend + p : pend + 2 * p]]
+            src_at = pend + aligned(p)
+            d_ints[d_i32[pend : pend + p]] = self._last_tokens[d_i32[src_at : src_at + p]]
         batch = ForwardBatch(
             input_ids=d_ints[:n_tok],
             positions=d_ints[stride : stride + n_tok],
             slot_mapping=d_ints[2 * stride : 2 * stride + n_tok],
             query_start_loc=d_i32[: num_reqs + 1],
-            seq_lens=d_i32[rs + 1 : rs + 1 + num_reqs],
+            seq_lens=d_i32[lens_at : lens_at + num_reqs],
             block_tables=d_tables,
             logits_indices=d_ints[base : base + m],
             num_decodes=num_decodes,
