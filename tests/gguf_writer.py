@@ -4,9 +4,12 @@ tensor names from the `gguf` package's own map (gguf.get_tensor_name_map), the c
 metadata keys and its rewrites of the tensors (Llama / Mistral / Granite q and k rows
 interleaved per head, GPT-2's Conv1D weights transposed and its tied head written out, GPT-NeoX's
 fused qkv regrouped q | k | v, Gemma's norms stored as 1 + w, MoE experts stacked per
-projection). It is independent of pagedllm's loader, which must read it back."""
+projection, Phi-3's LongRoPE factors as rope_factors_long / _short tensors). It is independent
+of pagedllm's loader, which must read it back."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -50,8 +53,13 @@ def _write_metadata(w: gguf.GGUFWriter, cfg, arch: str) -> None:
         w.add_rope_dimension_count(int(rope["partial_rotary_factor"] * (head_dim or cfg.hidden_size // heads)))
     if arch == "gemma3":
         w.add_rope_freq_base(10000.0)
-    if arch.startswith("gemma"):
+    if arch.startswith("gemma") or (arch == "phi3" and cfg.sliding_window):
         w.add_sliding_window(cfg.sliding_window)
+    if rope.get("rope_type") == "longrope":  # Phi-3's: the factors go as tensors (_tensors)
+        orig = rope["original_max_position_embeddings"]
+        scale = cfg.max_position_embeddings / orig
+        w.add_rope_scaling_orig_ctx_len(orig)
+        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1 else 1.0)
     if arch == "gptneox":
         w.add_parallel_residual(cfg.use_parallel_residual)
     if arch == "granite":
@@ -108,6 +116,10 @@ def _tensors(model, arch: str):
         elif name.endswith("shared_expert_gate.weight"):
             a = a.reshape(-1)  # llama.cpp stores the shared expert's gate as [H]
         yield out, a
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    if rope.get("rope_type") == "longrope":
+        yield "rope_factors_long.weight", np.asarray(rope["long_factor"], dtype=np.float32)
+        yield "rope_factors_short.weight", np.asarray(rope["short_factor"], dtype=np.float32)
 
 
 def write_gguf(model, path: str) -> None:

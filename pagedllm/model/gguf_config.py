@@ -78,12 +78,41 @@ def gguf_only_config(path: str) -> Any | None:
 def complete_gguf_config(path: str, cfg: Any) -> None:
     """What transformers' reader gets wrong or leaves out of a config it builds: the vocabulary
     (it counts the tokenizer's tokens; token_embd's rows are the model's), GPT-2's context (it
-    sets `n_ctx`, which GPT2Config ignores for n_positions) and StarCoder2's rope base (its key
-    map has no `rope.freq_base`)."""
+    sets `n_ctx`, which GPT2Config ignores for n_positions), StarCoder2's rope base (its key
+    map has no `rope.freq_base`) and Phi-3's window, partial rotary and LongRoPE factors."""
     _, meta, tensors = _metadata(path)
+    if cfg.model_type == "phi3":
+        _complete_phi3(path, cfg, meta, tensors)
     if "token_embd.weight" in tensors:
         cfg.vocab_size = tensors["token_embd.weight"][0]
     if cfg.model_type == "gpt2" and "context_length" in meta:
         cfg.n_positions = int(meta["context_length"])
     if cfg.model_type == "starcoder2" and "rope.freq_base" in meta:
         cfg.rope_parameters = {**(cfg.rope_parameters or {}), "rope_theta": float(meta["rope.freq_base"])}
+
+
+def _complete_phi3(path: str, cfg: Any, meta: dict[str, Any], tensors: dict[str, tuple[int, ...]]) -> None:
+    """Phi-3 / Phi-3.5 / Phi-4-mini as llama.cpp's converter writes them: `attention.sliding_window`,
+    `rope.dimension_count` (the rotary dims: Phi-4-mini's 96 of 128), and for LongRoPE the
+    `rope_factors_long` / `rope_factors_short` tensors with `rope.scaling.original_context_length`
+    and `rope.scaling.attn_factor`; transformers' reader keeps none of them."""
+    import gguf
+    import numpy as np
+
+    if meta.get("attention.sliding_window"):
+        cfg.sliding_window = int(meta["attention.sliding_window"])
+    rope = dict(getattr(cfg, "rope_parameters", None) or {})
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    rotary_dim = meta.get("rope.dimension_count")
+    if rotary_dim is not None and int(rotary_dim) != head_dim:
+        rope["partial_rotary_factor"] = cfg.partial_rotary_factor = int(rotary_dim) / head_dim
+    if "rope_factors_long.weight" in tensors:
+        factors = {t.name: np.asarray(t.data, dtype=np.float32).reshape(-1).tolist()
+                   for t in gguf.GGUFReader(path).tensors if t.name.startswith("rope_factors_")}
+        orig = int(meta.get("rope.scaling.original_context_length", cfg.max_position_embeddings))
+        rope.update(rope_type="longrope", long_factor=factors["rope_factors_long.weight"],
+                    short_factor=factors["rope_factors_short.weight"], original_max_position_embeddings=orig)
+        if meta.get("rope.scaling.attn_factor") is not None:
+            rope["attention_factor"] = float(meta["rope.scaling.attn_factor"])
+        cfg.original_max_position_embeddings = orig
+    cfg.rope_parameters = rope

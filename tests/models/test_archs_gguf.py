@@ -68,6 +68,32 @@ def test_more_architectures_from_gguf(name, tmp_path, tokenizer_dir):
     check(llm, hf, prompts_of([7, 40, 70], seed=1))
 
 
+@pytest.mark.parametrize("name", ["phi3-longrope-window", "phi-4-mini"])
+def test_phi3_gguf_keeps_window_partial_rotary_and_longrope(name, tmp_path, tokenizer_dir):
+    """What llama.cpp's converter writes of Phi-3 and transformers' GGUF reader drops (the
+    sliding window, rope.dimension_count, the rope_factors_long / _short tensors): pagedllm
+    reads them back, so the file's model equals the one it was written from. Phi-3 with a
+    24-token window and LongRoPE from an original 64 (prompts past it: long factors), and the
+    shrunk published Phi-4-mini (rotary over 3/4 of each head, short factors at these lengths)."""
+    from transformers import AutoModelForCausalLM
+
+    from held_out_configs import PHI_4_MINI, shrink
+    from test_held_out_configs import write_model
+
+    if name == "phi-4-mini":
+        hf_dir = write_model(shrink(PHI_4_MINI), str(tmp_path / "hf"), tokenizer_dir)
+        prompts = [[t % 4096 for t in p] for p in prompts_of([7, 40, 70], seed=1)]
+    else:
+        hf_dir = save_model(_config(name), str(tmp_path / "hf"), tokenizer_dir)
+        prompts = prompts_of([65, 100, 81], seed=1)
+    hf = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    path = str(tmp_path / f"{name}.gguf")
+    write_gguf(hf, path)
+    llm = LLM(path, tokenizer=tokenizer_dir, **ENGINE)
+    check(llm, hf, prompts)
+    assert llm.llm_engine.config.model_config.hf_config.rope_parameters["rope_type"] == "longrope"
+
+
 @pytest.mark.parametrize("name", ["gemma2", "gemma3", "phi3"])
 def test_dummy_weights(name, tmp_path, tokenizer_dir):
     """load_format="dummy" from a config alone (what the benchmarks run): every parameter is
