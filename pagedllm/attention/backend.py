@@ -20,9 +20,16 @@ Requests in a batch are ordered decodes first (query_len == 1), then prefill chu
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
+
+
+class AttentionMetadata:
+    """A backend's per-step view of a ForwardBatch (gather indices, masks, flags), built once
+    by its `build_metadata`; each backend that needs one subclasses this."""
+
+    __slots__ = ()
 
 
 @dataclass(slots=True)
@@ -39,9 +46,9 @@ class ForwardBatch:
     max_seq_len: int
     query_lens_cpu: list[int]  # [B] host copy
     seq_lens_cpu: list[int]  # [B] host copy
-    # what a backend derives from the batch once per step and reuses in every layer
-    # (gather indices, masks); the runner never reads it
-    step_cache: dict = field(default_factory=dict)
+    # what the backend derives from the batch once per step (`build_metadata`, called by the
+    # runner before the model runs) and every layer reads; the runner never reads it
+    attn_metadata: AttentionMetadata | None = None
 
     @property
     def num_reqs(self) -> int:
@@ -58,6 +65,10 @@ class AttentionBackend(ABC):
     cached prefix, with GQA (num_q_heads a multiple of num_kv_heads)."""
 
     name: str = "abstract"
+
+    def build_metadata(self, batch: ForwardBatch, block_size: int) -> AttentionMetadata | None:
+        """What every layer's `forward` of this step reads, derived once (None: nothing)."""
+        return None
 
     @abstractmethod
     def forward(

@@ -11,10 +11,12 @@ Two per-layer options (both None in the plain case, which then runs exactly as b
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 import torch.nn.functional as F
 
-from pagedllm.attention.backend import AttentionBackend, ForwardBatch
+from pagedllm.attention.backend import AttentionBackend, AttentionMetadata, ForwardBatch
 
 
 def store_kv_torch(
@@ -44,24 +46,51 @@ def store_kv_torch(
     v_cache.view(n * bs, h, d).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
 
 
-def _decode_layout(batch: ForwardBatch, bs: int, device, sliding_window: int | None = None
-                   ) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """The decodes' block ids (flattened, [nd * nblk]), their key mask ([nd, 1, 1, span]) and
-    the span of tokens gathered per request; computed once per step (per window size), shared
-    by all layers."""
-    key = "decode" if sliding_window is None else f"decode-w{sliding_window}"
-    got = batch.step_cache.get(key)
-    if got is None:
-        nd = batch.num_decodes
+@dataclass(slots=True)
+class TorchAttentionMetadata(AttentionMetadata):
+    """The step's facts every layer shares: whether any slot is -1 (padding, nothing stored),
+    and the decodes' gather layout: their blocks flattened ([nd * nblk]), the key mask
+    ([nd, 1, 1, span]) and the span of tokens gathered per request; the mask of a sliding
+    window is made from it the first time a layer with that window asks."""
+
+    all_slots_valid: bool
+    block_ids: torch.Tensor | None = None  # [nd * nblk] int64; None without decodes
+    mask: torch.Tensor | None = None  # [nd, 1, 1, span] bool
+    span: int = 0
+    lens: torch.Tensor | None = None  # [nd] int64 context lengths of the decodes
+    window_masks: dict[int, torch.Tensor] = field(default_factory=dict)  # sliding window -> mask
+
+    def decode_mask(self, sliding_window: int | None) -> torch.Tensor:
+        assert self.mask is not None and self.lens is not None
+        if sliding_window is None:
+            return self.mask
+        got = self.window_masks.get(sliding_window)
+        if got is None:
+            keys = torch.arange(self.span, device=self.mask.device)[None, :]
+            inside = (keys >= self.lens[:, None] - sliding_window)[:, None, None, :]
+            got = self.window_masks[sliding_window] = self.mask & inside
+        return got
+
+
+def torch_metadata(batch: ForwardBatch, bs: int) -> TorchAttentionMetadata:
+    meta = TorchAttentionMetadata(bool((batch.slot_mapping >= 0).all()))
+    nd = batch.num_decodes
+    if nd:
+        device = batch.block_tables.device
         nblk = (max(batch.seq_lens_cpu[:nd]) + bs - 1) // bs
-        idx = batch.block_tables[:nd, :nblk].reshape(-1).to(device=device, dtype=torch.long)
-        lens = batch.seq_lens[:nd].to(device=device, dtype=torch.long)
-        keys = torch.arange(nblk * bs, device=device)[None, :]
-        mask = keys < lens[:, None]
-        if sliding_window is not None:
-            mask &= keys >= lens[:, None] - sliding_window
-        got = batch.step_cache[key] = (idx, mask[:, None, None, :], nblk * bs)
-    return got
+        meta.block_ids = batch.block_tables[:nd, :nblk].reshape(-1).to(device=device, dtype=torch.long)
+        meta.lens = batch.seq_lens[:nd].to(device=device, dtype=torch.long)
+        meta.mask = (torch.arange(nblk * bs, device=device)[None, :] < meta.lens[:, None])[:, None, None, :]
+        meta.span = nblk * bs
+    return meta
+
+
+def _metadata(batch: ForwardBatch, bs: int) -> TorchAttentionMetadata:
+    """The batch's metadata; built here for a batch that did not come from the runner."""
+    meta = batch.attn_metadata
+    if not isinstance(meta, TorchAttentionMetadata):
+        meta = batch.attn_metadata = torch_metadata(batch, bs)
+    return meta
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
@@ -118,7 +147,9 @@ def paged_attention_torch(
             return o
         out[:nd] = o
     elif nd > 0:
-        idx, mask, span = _decode_layout(batch, bs, q.device, sliding_window)
+        meta = _metadata(batch, bs)
+        assert meta.block_ids is not None
+        idx, mask, span = meta.block_ids, meta.decode_mask(sliding_window), meta.span
         # index_select of whole blocks, then [nd, Hkv, span, D] views; no copy by transpose
         kd = k_cache.index_select(0, idx).view(nd, span, hkv, d).transpose(1, 2)
         vd = v_cache.index_select(0, idx).view(nd, span, hkv, d).transpose(1, 2)
@@ -156,6 +187,9 @@ def paged_attention_torch(
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
+    def build_metadata(self, batch: ForwardBatch, block_size: int) -> TorchAttentionMetadata:
+        return torch_metadata(batch, block_size)
+
     def decode_kernel(self, q: torch.Tensor, k_cache: torch.Tensor, sliding_window: int | None = None,
                       logits_soft_cap: float | None = None):
         """A subclass's own decode attention for these tensors and options (see
@@ -165,9 +199,7 @@ class TorchAttentionBackend(AttentionBackend):
     def forward(self, q, k, v, k_cache, v_cache, batch: ForwardBatch, scale: float,
                 k_scale: float = 1.0, v_scale: float = 1.0, sliding_window: int | None = None,
                 logits_soft_cap: float | None = None) -> torch.Tensor:
-        all_valid = batch.step_cache.get("all_slots_valid")
-        if all_valid is None:
-            all_valid = batch.step_cache["all_slots_valid"] = bool((batch.slot_mapping >= 0).all())
+        all_valid = _metadata(batch, k_cache.shape[1]).all_slots_valid
         store_kv_torch(k, v, k_cache, v_cache, batch.slot_mapping, all_valid, k_scale, v_scale)
         decode = self.decode_kernel(q, k_cache, sliding_window, logits_soft_cap)
         return paged_attention_torch(q, k_cache, v_cache, batch, scale, decode, k_scale, v_scale,

@@ -407,6 +407,8 @@ class ModelRunner:
             return StepHandle()
         si = self.prepare_inputs(so)
         batch = si.batch
+        if not si.graph:
+            batch.attn_metadata = self.backend.build_metadata(batch, self.block_size)
         ib = self.input_batch
         if si.graph:
             # the graph's own output buffer, which the next launch overwrites: everything read
