@@ -72,7 +72,8 @@ class Request:
         self.output_token_ids: list[int] = []
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.sampling_params = sampling_params
-        self.arrival_time = time.time() if arrival_time is None else arrival_time
+        # all request timing is on time.monotonic()
+        self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.priority = priority
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0

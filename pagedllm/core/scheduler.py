@@ -125,7 +125,7 @@ class Scheduler:
             return 0.0
         if len(self.waiting) >= self.config.max_num_seqs:
             return 0.0
-        now = time.time() if now is None else now
+        now = time.monotonic() if now is None else now
         oldest = min(r.arrival_time for r in self.waiting)
         return max(0.0, oldest + timeout - now)
 
@@ -179,7 +179,7 @@ class Scheduler:
         bm = self.block_manager
         budget = self.config.max_num_batched_tokens
         max_len = self.config.max_model_len
-        now = time.time()
+        now = time.monotonic()  # first_scheduled_time, on the requests' clock
         preempted = False
 
         # 1. running requests, oldest first

@@ -271,7 +271,7 @@ class AsyncLLMEngine:
 
     def _apply_add(self, msg: AddMessage) -> None:
         try:
-            self.engine.add_request(msg.request_id, msg.prompt, msg.params, priority=msg.priority)
+            self.engine.add_request(msg.request_id, msg.prompt, msg.params, msg.arrival, msg.priority)
         except ValueError as e:
             self._deliver([(msg.stream, ValueError(str(e)))])
             return
@@ -284,7 +284,6 @@ class AsyncLLMEngine:
             stream=msg.stream,
             arrival=msg.arrival,
             kind=msg.params.output_kind,
-            add_delay=time.monotonic() - msg.arrival,
             num_prompt_tokens=num_prompt,
         )
 

@@ -47,7 +47,6 @@ class StreamState:
     stream: RequestStream
     arrival: float  # time.monotonic() when generate() was called
     kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
-    add_delay: float = 0.0  # seconds from generate() to the engine's add_request
     outputs: dict[int, CompletionOutput] = field(default_factory=dict)
     first_token_time: float | None = None
     last_token_time: float | None = None

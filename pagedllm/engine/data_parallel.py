@@ -88,9 +88,10 @@ class ReplicaLoop:
     def apply(self, msg: tuple) -> list[RequestOutput]:
         """Applies one message; returns the outputs of requests it refused."""
         if msg[0] == "add":
-            _, rid, prompt, params, arrival, priority = msg
+            _, rid, prompt, params, age, priority = msg
             try:
-                self.engine.add_request(rid, prompt, params, arrival, priority)
+                # its age, not its arrival: time.monotonic() is not one clock across hosts
+                self.engine.add_request(rid, prompt, params, time.monotonic() - age, priority)
             except ValueError as e:
                 return [_error_output(rid, str(e))]
         elif msg[0] == "abort":
@@ -261,9 +262,9 @@ class DPEngineClient:
             raise ValueError(f"request_id {request_id!r} is already in use")
         params, text, ids = self.check_request(prompt, params, priority)  # type: ignore[misc]
         replica = self._pick(ids)
-        arrival = time.time() if arrival_time is None else arrival_time
+        age = 0.0 if arrival_time is None else max(0.0, time.monotonic() - arrival_time)
         sent = {"prompt_token_ids": ids} if text is None else {"prompt": text, "prompt_token_ids": ids}
-        if not self.transport.send(replica.handle, ("add", request_id, sent, params, arrival, priority)):
+        if not self.transport.send(replica.handle, ("add", request_id, sent, params, age, priority)):
             self._died(replica)
             return self.add_request(request_id, prompt, params, arrival_time, priority)
         replica.requests.add(request_id)

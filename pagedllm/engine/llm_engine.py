@@ -145,14 +145,15 @@ class LLMEngine:
         priority: int = 0,
     ) -> None:
         """Queues a request. Raises ValueError (naming the field) for bad input, leaving the
-        engine unchanged. `params.output_kind` says which outputs `step` reports for it."""
+        engine unchanged. `params.output_kind` says which outputs `step` reports for it.
+        `arrival_time` is on `time.monotonic()`, the clock of all request timing (RequestMetrics)."""
         if request_id in self.output_processor.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         params, text, ids = self.check_request(prompt, params, priority)
         max_len = self.model_config.max_model_len
         max_out = max_len - len(ids) if params.max_tokens is None else params.max_tokens
         max_out = max(1, min(max_out, max_len - len(ids) + 1))
-        arrival = time.time() if arrival_time is None else arrival_time
+        arrival = time.monotonic() if arrival_time is None else arrival_time
         n = params.n
         children = []
         for i in range(n):

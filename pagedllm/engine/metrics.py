@@ -69,8 +69,8 @@ def finished_request_stats(state: Any, out: Any, now: float, reason: str | None)
             if state.num_tokens > 1:
                 tpot = (now - state.first_token_time) / (state.num_tokens - 1)
     elif m is not None and m.first_token_time is not None:
-        # Only the engine saw the first token; its clock differs from ours, its deltas do not.
-        ttft = state.add_delay + (m.first_token_time - m.arrival_time)
+        # only the engine saw the first token (on the same clock: m.arrival_time is state.arrival)
+        ttft = m.first_token_time - state.arrival
         if state.num_tokens > 1 and m.last_token_time is not None:
             tpot = (m.last_token_time - m.first_token_time) / (state.num_tokens - 1)
     queue_time = None

@@ -10,7 +10,9 @@ kind its SamplingParams ask for (`output_kind`):
                  without stop strings the text is decoded once at the end
 
 A request with `n > 1` is n child sequences (the scheduler's Requests); its RequestOutput
-gathers them. Timing is on one clock, `time.time()`, as RequestMetrics' fields are in vLLM.
+gathers them. Request timing is on one clock, `time.monotonic()` (RequestMetrics' fields too:
+unlike vLLM's wall-clock times they are for differences, and the AsyncLLMEngine's latencies
+are on the same clock).
 """
 
 from __future__ import annotations
@@ -114,7 +116,7 @@ class OutputProcessor:
     ) -> list[RequestOutput]:
         """The scheduler's (request, new token) pairs of one step -> the outputs due. `stop`
         ends a child whose stop string appeared (the scheduler frees its blocks)."""
-        now = time.time()
+        now = time.monotonic()
         touched: dict[str, RequestState] = {}
         for req, token in results:
             entry = self._child.get(req.request_id)

@@ -56,7 +56,7 @@ class FakeEngine:
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         self.requests[request_id] = (ids, params, [[] for _ in range(params.n)])
-        self.metrics[request_id] = RequestMetrics(arrival_time=time.time())
+        self.metrics[request_id] = RequestMetrics(arrival_time=time.monotonic() if arrival_time is None else arrival_time)
         if params.output_kind == RequestOutputKind.FINAL_ONLY:
             self.final_only.add(request_id)
 
@@ -83,7 +83,7 @@ class FakeEngine:
                 self.generation_tokens += 1
             done = len(samples[0]) >= (params.max_tokens or 16)
             m = self.metrics[rid]
-            m.last_token_time = time.time()
+            m.last_token_time = time.monotonic()
             if m.first_token_time is None:
                 m.first_token_time = m.first_scheduled_time = m.last_token_time
             if rid in self.final_only and not done:

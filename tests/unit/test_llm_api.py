@@ -3,6 +3,8 @@ a bad request failing alone, aborts freeing blocks."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from pagedllm import LLM, EngineArgs, SamplingParams
@@ -30,10 +32,15 @@ def test_prompt_forms_and_order(llm):
 
 
 def test_one_params_per_prompt_and_metrics(llm):
+    t0 = time.monotonic()
     outs = llm.generate(["a b c", "d e f"], [GREEDY, GREEDY.clone(max_tokens=2)], use_tqdm=True)
+    t1 = time.monotonic()
     assert [len(o.outputs[0].token_ids) for o in outs] == [5, 2]
     m = outs[0].metrics
-    assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.finished_time
+    # every request time is on time.monotonic(), the one clock of request timing
+    assert t0 <= m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.last_token_time
+    assert m.last_token_time <= m.finished_time <= t1
+    assert 0 <= m.time_in_queue <= m.first_token_time - m.arrival_time
     assert outs[0].finished and outs[0].outputs[0].finish_reason == "length"
     with pytest.raises(ValueError, match="sampling_params"):
         llm.generate(["a", "b"], [GREEDY])

@@ -229,7 +229,7 @@ def test_batch_wait_timeout_holds_small_batches_briefly():
     s = make_scheduler(wait_ms=50.0, max_seqs=4)
     import time
 
-    s.add_request(make_request("a", [5, 6, 7], arrival=time.time()))
+    s.add_request(make_request("a", [5, 6, 7], arrival=time.monotonic()))
     assert s.schedule().is_empty
     assert 0 < s.batch_wait_remaining() <= 0.05
     time.sleep(0.06)
