@@ -122,13 +122,22 @@ def _tensors(model, arch: str):
         yield "rope_factors_short.weight", np.asarray(rope["short_factor"], dtype=np.float32)
 
 
-def write_gguf(model, path: str) -> None:
-    """`model`: a transformers causal LM (float32); its GGUF file at `path`."""
+def write_gguf(model, path: str, qtype: str | None = None) -> None:
+    """`model`: a transformers causal LM (float32); its GGUF file at `path`, float32, or with
+    every matrix whose rows split into whole blocks quantized to `qtype` (e.g. "Q8_0"; GPT-2's
+    position table stays float32, as the converter keeps it)."""
     arch = _ARCH.get(model.config.model_type, model.config.model_type)
     w = gguf.GGUFWriter(path, arch)
     _write_metadata(w, model.config, arch)
+    q = getattr(gguf.GGMLQuantizationType, qtype) if qtype else None
     for name, a in _tensors(model, arch):
-        w.add_tensor(name, np.ascontiguousarray(a))
+        a = np.ascontiguousarray(a, dtype=np.float32)
+        if q is not None and a.ndim == 2 and a.shape[1] % gguf.GGML_QUANT_SIZES[q][0] == 0 \
+                and name != "position_embd.weight":
+            data = gguf.quants.quantize(a, q)
+            w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=q)
+            continue
+        w.add_tensor(name, a)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -255,6 +255,7 @@ def iter_gguf(path: str, hf_config: Any, keep_quantized: bool = False) -> Iterat
     n_kv = getattr(hf_config, "num_key_value_heads", None) or n_heads
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // n_heads
     layer_names = {**_GGUF_LAYER_NAMES, **_GGUF_ARCH_LAYER_NAMES.get(arch, {})}
+    qkv_rows = [n_heads * head_dim, n_kv * head_dim, n_kv * head_dim]
     for t in reader.tensors:
         name = _GGUF_NAMES.get(t.name)
         if name is None:
@@ -266,9 +267,15 @@ def iter_gguf(path: str, hf_config: Any, keep_quantized: bool = False) -> Iterat
         shape = tuple(int(x) for x in reversed(t.shape))  # GGUF lists dims innermost first
         if keep_quantized and t.tensor_type.name in QUANT_TYPES and len(shape) == 2 and ".experts." not in name:
             q = GGUFTensor(name, t.tensor_type.name, t.data, shape[1])
-            if arch in ("llama", "mistral") and name.endswith(("q_proj.weight", "k_proj.weight")):
+            if arch in _GGUF_PERMUTED_ROPE and name.endswith(("q_proj.weight", "k_proj.weight")):
                 rows = np.arange(shape[0]).reshape(-1, 1)
                 q = q.permute_rows(_unpermute_rope(rows, n_heads if "q_proj" in name else n_kv)[:, 0])
+            if arch in _GGUF_SPLIT_QKV and ".qkv_proj." in name:  # whole rows of blocks: cut as they are
+                start = 0
+                for part, n in zip("qkv", qkv_rows):
+                    yield name.replace(".qkv_proj.", f".{part}_proj."), q.narrow(0, start, n)
+                    start += n
+                continue
             yield name, q
             continue
         data = gguf.quants.dequantize(t.data, t.tensor_type)
@@ -279,8 +286,7 @@ def iter_gguf(path: str, hf_config: Any, keep_quantized: bool = False) -> Iterat
             data = data - 1.0  # llama.cpp stores Gemma's norm weights as 1 + w; back to HF's w
         tensor = torch.from_numpy(np.ascontiguousarray(data))
         if arch in _GGUF_SPLIT_QKV and ".qkv_proj." in name:
-            rows = [n_heads * head_dim, n_kv * head_dim, n_kv * head_dim]
-            for part, block in zip("qkv", tensor.split(rows)):
+            for part, block in zip("qkv", tensor.split(qkv_rows)):
                 yield name.replace(".qkv_proj.", f".{part}_proj."), block
             continue
         yield name, tensor

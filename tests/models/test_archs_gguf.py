@@ -16,7 +16,7 @@ import torch
 
 from arch_configs import arch_config
 from conftest import save_tiny_model
-from pagedllm import LLM
+from pagedllm import LLM, SamplingParams
 from test_archs_equivalence import ENGINE, _config, save_model
 from test_hf_equivalence import check, prompts_of
 
@@ -92,6 +92,48 @@ def test_phi3_gguf_keeps_window_partial_rotary_and_longrope(name, tmp_path, toke
     llm = LLM(path, tokenizer=tokenizer_dir, **ENGINE)
     check(llm, hf, prompts)
     assert llm.llm_engine.config.model_config.hf_config.rope_parameters["rope_type"] == "longrope"
+
+
+_EXT = pytest.mark.extended
+
+
+@pytest.mark.parametrize("name", ["gpt_neox", "granite", "phi-4-mini", "gemma2", pytest.param("gpt2", marks=_EXT),
+                                  pytest.param("glm4", marks=_EXT), pytest.param("olmo2", marks=_EXT),
+                                  pytest.param("starcoder2", marks=_EXT), pytest.param("gemma3", marks=_EXT),
+                                  pytest.param("phi3", marks=_EXT)])
+def test_quantized_blocks_equal_the_dequantized_file(name, tmp_path, tokenizer_dir):
+    """A Q8_0 GGUF file served from its blocks (the CPU default) gives the tokens and, within
+    1e-4 (relative below -1), the prompt logprobs of the same file dequantized at load
+    (quantization="none"):
+    the fused q|k|v rows of GPT-2 / GPT-NeoX cut as blocks, Granite's interleaved q/k rows
+    undone, the partial rotary's q/k permutation (GPT-NeoX, GLM-4, Phi-4-mini) applied to
+    whole block rows, Phi-3's fused tensors cut without dequantizing. (Against transformers
+    a Q8_0 file's rounding may move a tiny random model's tokens; the float32 files of the
+    tests above carry that comparison.)"""
+    from transformers import AutoModelForCausalLM
+
+    from held_out_configs import PHI_4_MINI, shrink
+    from test_held_out_configs import write_model
+
+    if name == "phi-4-mini":
+        hf_dir = write_model(shrink(PHI_4_MINI), str(tmp_path / "hf"), tokenizer_dir)
+    else:  # the families' test configs with a vocabulary of 4,096 (cheaper files and heads)
+        cfg = _config(name) if name in ("gemma2", "gemma3", "phi3") else arch_config(name)
+        cfg.vocab_size = 4096
+        hf_dir = save_model(cfg, str(tmp_path / "hf"), tokenizer_dir)
+    path = str(tmp_path / f"{name}.gguf")
+    write_gguf(AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32), path, "Q8_0")
+    blocks = LLM(path, tokenizer=tokenizer_dir, **ENGINE)
+    assert blocks.llm_engine.executor.worker.precision["weights"] == "gguf Q8_0 (CPU kernels)"
+    dense = LLM(path, tokenizer=tokenizer_dir, quantization="none", **ENGINE)
+    prompts = [[t % 4096 for t in p] for p in prompts_of([7, 40, 70], seed=1)]
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, prompt_logprobs=0)
+    a, b = (llm.generate(prompts, params, use_tqdm=False) for llm in (blocks, dense))
+    for x, y in zip(a, b):
+        assert x.outputs[0].token_ids == y.outputs[0].token_ids
+        for lx, ly in zip(x.prompt_logprobs[1:], y.prompt_logprobs[1:]):
+            (tx, px), (ty, py) = next(iter(lx.items())), next(iter(ly.items()))
+            assert tx == ty and abs(px.logprob - py.logprob) < 1e-4 * max(1.0, abs(py.logprob))
 
 
 @pytest.mark.parametrize("name", ["gemma2", "gemma3", "phi3"])

@@ -61,3 +61,15 @@ class PermutedHeadRows:
     def load(self) -> torch.Tensor:
         t = self._loaded if isinstance(self._loaded, torch.Tensor) else self._loaded.load()
         return permute_head_rows(t, self._perm)
+
+
+def permuted_head_rows(loaded, perm: list[int]):
+    """`loaded` (a checkpoint tensor, lazy slice or GGUF block tensor) seen with its rows
+    permuted within each head: GGUF blocks, which move whole rows (`permute_rows`), at once;
+    anything else lazily (PermutedHeadRows)."""
+    if not hasattr(loaded, "permute_rows"):
+        return PermutedHeadRows(loaded, perm)
+    d, rows = len(perm), int(loaded.shape[0])
+    if rows % d:
+        raise ValueError(f"{rows} rows are not whole heads of {d} dims")
+    return loaded.permute_rows(torch.arange(rows).reshape(-1, d)[:, perm].reshape(-1).numpy())

@@ -32,7 +32,7 @@ from pagedllm.model.layers.linear import (
     RowParallelLinear,
     default_weight_loader,
 )
-from pagedllm.model.layers.partial_rotary import PermutedHeadRows, partial_rotary_permutation
+from pagedllm.model.layers.partial_rotary import partial_rotary_permutation, permuted_head_rows
 from pagedllm.model.layers.rotary import RotaryEmbedding, get_rotary_embedding, rope_parameters, rotary_dim_of
 
 
@@ -230,7 +230,7 @@ class LlamaForCausalLM(nn.Module):
             elif belongs_elsewhere(name, self.ps):
                 continue
             if perm is not None and name.rsplit(".", 2)[-2] in ("q_proj", "k_proj", "q_norm", "k_norm"):
-                tensor = PermutedHeadRows(tensor, perm)
+                tensor = permuted_head_rows(tensor, perm)
             for ckpt, ours, shard in self.stacked_params:
                 if f".{ckpt}." in name:
                     target = name.replace(f".{ckpt}.", f".{ours}.")

@@ -68,4 +68,7 @@ class Phi3ForCausalLM(LlamaForCausalLM):
             if tensor.shape[0] != total:
                 raise ValueError(f"{name}: {tensor.shape[0]} rows, the config gives {total}")
             for part, start, length in blocks:
-                yield name.replace(f".{fused}.", f".{part}."), RowBlock(tensor, start, length)
+                # GGUF blocks (`permute_rows`) cut whole rows without dequantizing
+                gguf_blocks = hasattr(tensor, "permute_rows")
+                block = tensor.narrow(0, start, length) if gguf_blocks else RowBlock(tensor, start, length)
+                yield name.replace(f".{fused}.", f".{part}."), block
