@@ -67,11 +67,12 @@ class StructuredOutputsParams:
 
     @property
     def spec(self) -> str:
-        """The grammar's text, canonical enough to key a cache."""
+        """The grammar's text, canonical enough to key a cache. A JSON schema keeps its key
+        order: properties are generated in the order the schema lists them."""
         kind = self.kind
         v = getattr(self, kind)
         if kind == "json":
-            return v if isinstance(v, str) else _json.dumps(v, sort_keys=True)
+            return v if isinstance(v, str) else _json.dumps(v)
         if kind == "choice":
             return _json.dumps(v)
         if kind == "json_object":
