@@ -13,6 +13,14 @@ The GPU workload is Qwen3-0.6B's architecture with random weights (W1: 256 promp
 1024] random ids, max_tokens in [100, 1024], temperature 0.6) and SmolLM2's tokenizer (a real
 one, so the grammar has JSON's characters to choose from); the vocabulary is cut to that
 tokenizer's 49,152 ids (`hf_overrides`), the only change to the model.
+
+After each constrained run it prints what the grammar work cost per step (structured_output/
+matcher.py's GRAMMAR_TIMES): rows, the wait for the previous step's tokens, accepting them,
+filling the masks (on the grammar thread on CUDA) and the engine thread's wait for it (join).
+PAGEDLLM_GRAMMAR_THREAD=0 runs the grammar work inline, PAGEDLLM_GRAMMAR_THREADS=N sets the
+fill's threads. An output that completed its JSON early is then held to the grammar's end
+(only the stop tokens) for one token, which ignore_eos keeps: so the constrained outputs hold
+more stop tokens than the unconstrained ones (counted as `stop tokens`).
 """
 
 from __future__ import annotations
@@ -112,17 +120,33 @@ def main() -> None:
     order = []
     for _ in range(args.rounds):
         order += [False, True, True, False]
+    from pagedllm.structured_output.matcher import GRAMMAR_TIMES
+
+    stop_ids = set(llm.llm_engine.eos_token_ids)
+    if tok.eos_token_id is not None:
+        stop_ids.add(tok.eos_token_id)
+    grammar: dict[str, float] = {}
     for constrained in order:
         name = "json_schema" if constrained else "unconstrained"
+        before = dict(GRAMMAR_TIMES)
         common.sync()
         t0 = time.perf_counter()
         outs = llm.generate(prompts, params(constrained), use_tqdm=False)
         common.sync()
         dt = time.perf_counter() - t0
         n = sum(len(c.token_ids) for o in outs for c in o.outputs)
+        stops = sum(t in stop_ids for o in outs for c in o.outputs for t in c.token_ids)
         tokens[name] = n
         runs[name].append(n / dt)
-        print(f"{name:14s} {n} tokens in {dt:.2f} s: {n / dt:.1f} tok/s", flush=True)
+        print(f"{name:14s} {n} tokens in {dt:.2f} s: {n / dt:.1f} tok/s; stop tokens {stops}", flush=True)
+        steps = GRAMMAR_TIMES["steps"] - before["steps"]
+        if steps:
+            grammar = {k: (GRAMMAR_TIMES[k] - before[k]) / steps * (1 if k == "rows" else 1e3)
+                       for k in ("rows", "wait_prev", "accept", "fill", "join")}
+            print(f"  grammar steps {steps}: per step {grammar['rows']:.0f} rows, "
+                  f"wait prev {grammar['wait_prev']:.2f} ms, "
+                  f"accept {grammar['accept']:.2f} ms, fill {grammar['fill']:.2f} ms, engine thread's join "
+                  f"{grammar['join']:.2f} ms", flush=True)
         if constrained:
             texts = [o.outputs[0].text for o in outs]
             live = live_tokens(tok, texts)
@@ -143,7 +167,10 @@ def main() -> None:
         print(f"| {k} | {med[k]:.1f} | {', '.join(f'{x:.1f}' for x in v)} |")
     print(f"ratio json_schema / unconstrained: {ratio:.3f}")
     common.write_json(args.output_json, {"machine": machine, "revision": common.source_revision(), "runs": runs,
-                                         "median": med, "ratio": ratio, "tokens": tokens, "live_tokens": live})
+                                         "median": med, "ratio": ratio, "tokens": tokens, "live_tokens": live,
+                                         "grammar_ms_per_step": grammar,
+                                         "env": {k: v for k, v in os.environ.items()
+                                                 if k.startswith("PAGEDLLM_GRAMMAR")}})
 
 
 if __name__ == "__main__":

@@ -12,7 +12,9 @@ millisecond a step for 256 rows of a 152K vocabulary on an H200, with one pass. 
 g = -inf: that token is just not drawn, never a NaN.
 
 The seed is read from a device tensor (drawn from the engine's generator) so that no step waits
-for the host."""
+for the host. A structured-output grammar's packed bitmask (bit b of word w of a row allows
+token 32 w + b; structured_output/matcher.py) is read in the same pass: a row mapped to a
+bitmask row draws only among the tokens it allows."""
 
 from __future__ import annotations
 
@@ -31,11 +33,18 @@ def _sample_kernel(
     greedy_ptr,  # [S] bool (as int8)
     seed_ptr,  # [1] int64
     out_ptr,  # [S] int64
+    mask_ptr,  # [G, W] int32 packed bitmask (HAS_MASK)
+    mask_stride,
+    mask_row_ptr,  # [S] int32: the row's bitmask row, -1 for none (HAS_MASK)
     V,
     BLOCK: tl.constexpr,
+    HAS_MASK: tl.constexpr,
 ):
     row = tl.program_id(0)
     greedy = tl.load(greedy_ptr + row) != 0
+    if HAS_MASK:
+        mrow = tl.load(mask_row_ptr + row)
+        mbase = mask_ptr + tl.maximum(mrow, 0).to(tl.int64) * mask_stride
     inv_t = 1.0 / tl.load(temp_ptr + row)
     seed = tl.load(seed_ptr).to(tl.int32)
     best = tl.full([BLOCK], float("-inf"), tl.float32)
@@ -50,6 +59,10 @@ def _sample_kernel(
         else:
             u = tl.rand(seed, row * V + cols)
             s = x * inv_t - tl.log(-tl.log(u))
+        if HAS_MASK:
+            words = tl.load(mbase + cols // 32, mask=m, other=0)  # row 0's for an unmapped row: in bounds
+            keep = (((words >> (cols % 32)) & 1) != 0) | (mrow < 0)
+            s = tl.where(keep, s, float("-inf"))
         s = tl.where(m, s, float("-inf"))
         upd = s > best
         best = tl.where(upd, s, best)
@@ -60,9 +73,12 @@ def _sample_kernel(
 
 
 def sample_triton(logits: torch.Tensor, temperature: torch.Tensor, greedy: torch.Tensor,
-                  seed: torch.Tensor) -> torch.Tensor:
+                  seed: torch.Tensor, bitmask: torch.Tensor | None = None,
+                  bitmask_rows: torch.Tensor | None = None) -> torch.Tensor:
     """logits [S, V] float32, temperature [S] (any value where greedy), greedy [S] bool,
-    seed [1] int64 on the device -> token ids [S] int64."""
+    seed [1] int64 on the device -> token ids [S] int64. With a bitmask [G, ceil(V / 32)] int32
+    and bitmask_rows [S] int32 (row -> bitmask row, -1 = unconstrained), row r draws only the
+    tokens its bitmask row allows."""
     s, v = logits.shape
     if s * v >= 2**31:
         raise ValueError(f"sample_triton: {s} rows x {v} tokens exceed the int32 random offsets")
@@ -70,6 +86,13 @@ def sample_triton(logits: torch.Tensor, temperature: torch.Tensor, greedy: torch
         logits = logits.contiguous()
     out = torch.empty(s, dtype=torch.int64, device=logits.device)
     if s > 0:
+        has_mask = bitmask is not None
+        if has_mask:
+            assert bitmask_rows is not None and bitmask.dtype == torch.int32 and bitmask.stride(1) == 1
+            mask, mask_rows = bitmask, bitmask_rows.to(torch.int32)
+        else:
+            mask, mask_rows = out, out  # not read
         _sample_kernel[(s,)](logits, logits.stride(0), temperature.float().contiguous(),
-                             greedy.to(torch.int8), seed, out, v, BLOCK=min(2048, next_power_of_2(v)), num_warps=8)
+                             greedy.to(torch.int8), seed, out, mask, mask.stride(0), mask_rows, v,
+                             BLOCK=min(2048, next_power_of_2(v)), HAS_MASK=has_mask, num_warps=8)
     return out

@@ -22,6 +22,7 @@ class LogitsEdits:
     banned: list[tuple[int, list[int]]] = field(default_factory=list)  # (row, token ids at -inf)
     bitmask: torch.Tensor | None = None  # [G, W] int32 on the device
     bitmask_rows: torch.Tensor | None = None  # [G] int64 on the device
+    bitmask_row_map: torch.Tensor | None = None  # [S] int32 on the device: row -> its bitmask row, or -1
 
     def __bool__(self) -> bool:
         return bool(self.bias or self.allowed or self.banned or self.bitmask is not None)
@@ -38,9 +39,10 @@ def banned_tail_tokens(output_ids: list[int], bad_words: list[list[int]]) -> lis
     return out
 
 
-def apply_logits_edits(logits: torch.Tensor, edits: LogitsEdits, to_device) -> torch.Tensor:
+def apply_logits_edits(logits: torch.Tensor, edits: LogitsEdits, to_device, bitmask: bool = True) -> torch.Tensor:
     """logits [S, V] float32 -> edited logits (a new tensor when anything changes).
-    to_device(values, dtype) puts a host list on the logits' device without a sync."""
+    to_device(values, dtype) puts a host list on the logits' device without a sync. With
+    bitmask=False the grammar bitmask is left to the caller (the Triton sampler reads it)."""
     if edits.bias:
         rows = [r for r, b in edits.bias for _ in b]
         ids = [t for _, b in edits.bias for t in b]
@@ -60,6 +62,6 @@ def apply_logits_edits(logits: torch.Tensor, edits: LogitsEdits, to_device) -> t
         rows = [r for r, ids in edits.banned for _ in ids]
         idx = to_device([rows, [t for _, ids in edits.banned for t in ids]], torch.int64)
         logits = logits.index_put((idx[0], idx[1]), torch.tensor(float("-inf"), device=logits.device))
-    if edits.bitmask is not None:
+    if bitmask and edits.bitmask is not None:
         logits = apply_token_bitmask(logits, edits.bitmask, edits.bitmask_rows)
     return logits

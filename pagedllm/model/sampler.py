@@ -9,7 +9,8 @@ per-request `seed` gives the same draw whatever the batch. Logprobs are from the
 
 On CUDA, a batch without top-k / top-p / min-p and without per-request seeds is drawn by one
 Triton kernel (kernels/sampling_triton.py: Gumbel-max, one pass over the logits), after the
-penalties and masking above.
+penalties and the other edits above; it applies the grammar bitmask itself, as it reads the
+logits (so a constrained batch, greedy ones too, costs no extra pass over [S, V]).
 """
 
 from __future__ import annotations
@@ -139,15 +140,20 @@ def sample(logits: torch.Tensor, sb: SamplingBatch, default_gen: torch.Generator
     raw = logits
     if sb.repetition is not None or sb.frequency is not None or sb.presence is not None:
         logits = apply_penalties(logits, sb)
+    fused = (sb.top_k is None and sb.top_p is None and sb.min_p is None and use_triton(logits)
+             and all(g is None for g in sb.generators) and logits.numel() < 2**31)
+    mask_in_kernel = fused and sb.edits.bitmask is not None
     if sb.edits:
-        logits = apply_logits_edits(logits, sb.edits, lambda v, dtype: host_to_device(v, dtype, raw.device))
-    if sb.all_greedy:
+        logits = apply_logits_edits(logits, sb.edits, lambda v, dtype: host_to_device(v, dtype, raw.device),
+                                    bitmask=not mask_in_kernel)
+    if sb.all_greedy and not mask_in_kernel:
         return cpu_kernels.argmax(logits)
-    if (sb.top_k is None and sb.top_p is None and sb.min_p is None and use_triton(logits)
-            and all(g is None for g in sb.generators) and logits.numel() < 2**31):
+    if fused:
         from pagedllm.kernels.sampling_triton import sample_triton
 
         seed = torch.randint(0, 2**31 - 1, (1,), device=logits.device, generator=default_gen)
+        if mask_in_kernel:
+            return sample_triton(logits, sb.temperature, sb.greedy, seed, sb.edits.bitmask, sb.edits.bitmask_row_map)
         return sample_triton(logits, sb.temperature, sb.greedy, seed)
     greedy_tokens = cpu_kernels.argmax(logits)
     x = logits / sb.temperature[:, None]

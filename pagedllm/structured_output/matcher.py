@@ -3,8 +3,11 @@ bitmask of a step's constrained rows.
 
 A matcher follows the request's output tokens (accepted when the runner learns them); after a
 preemption the runner builds a fresh one from the tokens so far, so no rollback is needed. The
-bitmask is filled on the host (xgrammar, threaded across rows) into one int32 array and sent to
-the device in one non-blocking copy; `apply_token_bitmask` unpacks it there.
+bitmask is filled on the host (xgrammar, threaded across rows: `grammar_threads()`) into one
+int32 array and sent to the device in one non-blocking copy; the Triton sampler reads it as it
+is, the torch path unpacks it (`apply_token_bitmask`). On CUDA the runner does a step's grammar
+work (`grammar_step`: wait for the previous step's tokens, accept them, fill) on a thread of its
+own while the engine thread collects, detokenizes and schedules (worker/model_runner.py).
 
     bitmask row r, word w, bit b  ->  token 32 * w + b is allowed at row r
 """
@@ -12,6 +15,8 @@ the device in one non-blocking copy; `apply_token_bitmask` unpacks it there.
 from __future__ import annotations
 
 import logging
+import os
+import time
 from typing import Any
 
 import torch
@@ -20,6 +25,20 @@ logger = logging.getLogger(__name__)
 
 _BATCH_FILL_MIN_ROWS = 8  # below this, one fill call per row beats the batch fill's thread handoff
 _batch_filler: Any = None  # one xgrammar BatchGrammarMatcher (its thread pool) per process; ~0.1 ms to build
+# Seconds spent, summed over steps, by `grammar_step` (wait for the previous step's tokens,
+# accept them, fill the masks) and by the engine thread waiting for it (`join`): cheap
+# counters (a few clock reads a step) that benchmarks/structured_bench.py prints.
+GRAMMAR_TIMES = {"steps": 0, "rows": 0, "wait_prev": 0.0, "accept": 0.0, "fill": 0.0, "join": 0.0}
+
+
+def grammar_threads() -> int:
+    """Threads of the batch fill: PAGEDLLM_GRAMMAR_THREADS, else half the cores this process may
+    run on (xgrammar's own "auto" counts the host's cores, not the container's), at most 8."""
+    env = os.environ.get("PAGEDLLM_GRAMMAR_THREADS")
+    if env:
+        return max(1, int(env))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(8, cores // 2))
 
 
 class RequestGrammar:
@@ -39,14 +58,7 @@ class RequestGrammar:
         return self.failed or self.matcher.is_terminated()
 
     def accept(self, token_id: int) -> None:
-        self.num_accepted += 1
-        if self.terminated:
-            return  # a look-ahead step's token after the end: the scheduler drops it
-        if not self.matcher.accept_token(token_id):
-            # only a token the mask allowed is sampled; this one came from elsewhere
-            logger.warning("grammar rejected token %d after %d tokens; the rest is unconstrained",
-                           token_id, self.num_accepted - 1)
-            self.failed = True
+        accept_tokens([self], [token_id])
 
 
 def bitmask_width(vocab_size: int) -> int:
@@ -63,13 +75,60 @@ def fill_bitmask(grammars: list[RequestGrammar], vocab_size: int, pin: bool) -> 
     if len(live) >= _BATCH_FILL_MIN_ROWS:
         global _batch_filler
         if _batch_filler is None:
-            _batch_filler = xgr.BatchGrammarMatcher()
+            _batch_filler = xgr.BatchGrammarMatcher(max_threads=grammar_threads())
         _batch_filler.batch_fill_next_token_bitmask(
             [grammars[i].matcher for i in live], bitmask, indices=live
         )
     else:
         for i in live:
             grammars[i].matcher.fill_next_token_bitmask(bitmask, i)
+    return bitmask
+
+
+def accept_tokens(grammars: list[RequestGrammar], tokens: list[int]) -> None:
+    """grammars[i] accepts tokens[i]; many at once in one xgrammar call (no Python per token)."""
+    import xgrammar as xgr
+
+    live = []
+    for g in grammars:
+        g.num_accepted += 1
+        live.append(not g.terminated)  # a look-ahead step's token after the end: dropped
+    idx = [i for i, ok in enumerate(live) if ok]
+    if len(idx) >= _BATCH_FILL_MIN_ROWS:
+        accepted = xgr.BatchGrammarMatcher.batch_accept_token([grammars[i].matcher for i in idx],
+                                                              [tokens[i] for i in idx])
+    else:
+        accepted = [grammars[i].matcher.accept_token(tokens[i]) for i in idx]
+    for i, ok in zip(idx, accepted):
+        if not ok:
+            g = grammars[i]
+            logger.warning("grammar rejected token %d after %d tokens; the rest is unconstrained",
+                           tokens[i], g.num_accepted - 1)
+            g.failed = True
+
+
+def grammar_step(prev_ready: Any, prev_tokens: torch.Tensor | None, prev_rows: list[int],
+                 prev_grammars: list[RequestGrammar], grammars: list[RequestGrammar], vocab_size: int,
+                 pin: bool) -> torch.Tensor:
+    """One step's grammar work: wait for the previous launch's tokens (`prev_ready`, a CUDA event,
+    or None), feed its rows `prev_rows` to `prev_grammars`, then fill the masks of `grammars`."""
+    t0 = time.perf_counter()
+    if prev_ready is not None:
+        prev_ready.synchronize()
+    t1 = time.perf_counter()
+    if prev_grammars:
+        assert prev_tokens is not None
+        tokens = prev_tokens[prev_rows].tolist() if len(prev_rows) < len(prev_tokens) else prev_tokens.tolist()
+        accept_tokens(prev_grammars, tokens)
+    t2 = time.perf_counter()
+    bitmask = fill_bitmask(grammars, vocab_size, pin)
+    t3 = time.perf_counter()
+    gt = GRAMMAR_TIMES
+    gt["steps"] += 1
+    gt["rows"] += len(grammars)
+    gt["wait_prev"] += t1 - t0
+    gt["accept"] += t2 - t1
+    gt["fill"] += t3 - t2
     return bitmask
 
 

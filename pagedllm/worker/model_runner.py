@@ -13,10 +13,17 @@ yet read back: it is copied on the device. Penalties and `min_tokens` read nothi
 
 Structured outputs: each constrained request has a grammar matcher here (a fresh one, fed the
 request's output so far, whenever the request arrives in full: at its start and after a
-preemption). A step's constrained rows get their bitmask filled on the host after the forward
-pass is queued; under asynchronous scheduling the previous step's tokens are first accepted
-into the matchers (one wait for that step, which ran before this one's forward: the device
-stays busy meanwhile).
+preemption). A step's grammar work (`matcher.grammar_step`) feeds the matchers the tokens of the
+launch not yet collected (asynchronous scheduling: it waits for that step only, which ran before
+this one's forward pass) and fills the bitmask of this step's constrained rows. On CUDA it runs
+on a thread of its own, submitted once the forward pass is queued, and the step's sampling is
+deferred until the next `launch` or `collect` (`_finish_deferred`): the engine thread collects the
+previous step, detokenizes and schedules meanwhile, and the device keeps running the forward
+pass; the mask is on the device before the sampler that reads it.
+
+    engine thread:  launch N: [finish N-1: join, sample] [inputs, forward N queued] submit ──┐
+                    collect N-1, process, schedule N+1, launch N+1: [finish N: join ◀──┐  │
+    grammar thread:                       wait N-1's tokens, accept them, fill N's mask ┘ ◀┘
 
 Under pipeline parallelism every stage's runner builds the same batch from the same
 SchedulerOutput; a stage past the first receives the previous stage's (hidden, residual) of
@@ -31,6 +38,10 @@ batches in flight at once, so the tokens it sampled reach every stage as
 from __future__ import annotations
 
 import logging
+import os
+import sys
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,7 +62,7 @@ from pagedllm.model.sampler import (
     sample,
 )
 from pagedllm.sampling_params import SamplingParams
-from pagedllm.structured_output.matcher import RequestGrammar, fill_bitmask, new_matcher
+from pagedllm.structured_output.matcher import GRAMMAR_TIMES, RequestGrammar, accept_tokens, grammar_step, new_matcher
 from pagedllm.worker.input_batch import (
     FREQUENCY,
     GREEDY,
@@ -68,6 +79,11 @@ from pagedllm.worker.input_batch import (
 )
 
 logger = logging.getLogger(__name__)
+
+# While a grammar step runs on its thread, the interpreter hands the GIL over every 0.5 ms
+# (Python's default is 5 ms): the engine thread and the grammar thread's Python parts then
+# wait at most that long for each other.
+GRAMMAR_SWITCH_INTERVAL = 0.0005
 
 
 @dataclass(slots=True)
@@ -129,6 +145,12 @@ class ModelRunner:
         self._last_tokens: torch.Tensor | None = None  # [S] tokens of the latest launch that sampled
         self._uncollected: StepHandle | None = None  # the latest launch, until collected
         self._structured: Any = None  # StructuredOutputManager, only where grammars arrive uncompiled
+        # a step's grammar work on a thread of its own (CUDA; PAGEDLLM_GRAMMAR_THREAD=1 / 0 forces it)
+        env = os.environ.get("PAGEDLLM_GRAMMAR_THREAD")
+        self.grammar_thread = device.type == "cuda" if env is None else env == "1"
+        self._grammar_pool: ThreadPoolExecutor | None = None
+        self._deferred: StepHandle | None = None  # the launch whose sampling waits for its grammar step
+        self._switch_interval: float | None = None  # the interpreter's, while a grammar step runs
 
     # ---- request state ---------------------------------------------------------------
     def _update_states(self, so: SchedulerOutput) -> None:
@@ -189,19 +211,46 @@ class ModelRunner:
             compiled = self._structured.compile(so)
         return RequestGrammar(new_matcher(compiled), st.token_ids[st.num_prompt_tokens :])
 
-    def _accept_uncollected(self) -> None:
-        """Feeds the matchers the tokens of the launch not yet collected (asynchronous
-        scheduling), so that this step's masks follow them."""
-        h = self._uncollected
-        if h is None or h.tokens is None or h.grammar_accepted:
+    def _start_grammar_step(self, grammars: list[RequestGrammar]) -> Future | torch.Tensor:
+        """This step's grammar work (see the module docstring): the bitmask [G, W] of `grammars`,
+        or, with the grammar thread, the future of it. The uncollected launch's tokens are
+        accepted by this work, not by its `collect`."""
+        prev = self._uncollected
+        ready, tokens, rows = None, None, []
+        prev_grammars: list[RequestGrammar] = []
+        if prev is not None and prev.grammar_rows and not prev.grammar_accepted:
+            assert prev.tokens is not None and prev.states is not None
+            prev.grammar_accepted = True
+            ready, rows = prev.ready, prev.grammar_rows
+            tokens = prev.tokens_host if prev.tokens_host is not None else prev.tokens
+            prev_grammars = [prev.states[i].grammar for i in rows]  # type: ignore[misc]
+        args = (ready, tokens, rows, prev_grammars, grammars, self.vocab_size, self.pin)
+        if not self.grammar_thread:
+            return grammar_step(*args)
+        if self._grammar_pool is None:
+            self._grammar_pool = ThreadPoolExecutor(1, thread_name_prefix="pagedllm-grammar")
+        if self._switch_interval is None:
+            self._switch_interval = sys.getswitchinterval()
+            sys.setswitchinterval(GRAMMAR_SWITCH_INTERVAL)
+        return self._grammar_pool.submit(grammar_step, *args)
+
+    def _finish_deferred(self) -> None:
+        """Queues the sampling of the launch that waited for its grammar step (joined here)."""
+        h = self._deferred
+        if h is None:
             return
-        if h.ready is not None:
-            h.ready.synchronize()
-        tokens = (h.tokens_host if h.tokens_host is not None else h.tokens).tolist()
-        for st, t in zip(h.states or (), tokens):
-            if st.grammar is not None:
-                st.grammar.accept(t)
-        h.grammar_accepted = True
+        self._deferred = None
+        assert h.pending is not None
+        logits, sb, job = h.pending
+        h.pending = None
+        t0 = time.perf_counter()
+        bitmask = job.result()
+        GRAMMAR_TIMES["join"] += time.perf_counter() - t0
+        if self._switch_interval is not None:
+            sys.setswitchinterval(self._switch_interval)
+            self._switch_interval = None
+        sb.edits.bitmask = bitmask.to(self.device, non_blocking=True)
+        self._sample(h, logits, sb)
 
     # ---- inputs ----------------------------------------------------------------------
     def _to_device(self, array: np.ndarray) -> torch.Tensor:
@@ -316,10 +365,11 @@ class ModelRunner:
         )
         return StepInputs(batch, rows, n, rows[samples], prompt_rows, graph)
 
-    def _sampling_batch(self, reqs: list[CachedRequestState], rows: np.ndarray) -> SamplingBatch:
+    def _sampling_batch(self, reqs: list[CachedRequestState], rows: np.ndarray) -> tuple[SamplingBatch, list[int]]:
         """The sampling inputs of `reqs` (at InputBatch `rows`): the parameter columns in one
         copy, penalties from the device histories; only rows with bans (min_tokens not yet
-        reached, bad words), biases, allowed ids or a grammar take the per-request path."""
+        reached, bad words), biases, allowed ids or a grammar take the per-request path. Also
+        the indices of the rows with a grammar (their bitmask is left to the grammar step)."""
         ib = self.input_batch
         dev = self.device
 
@@ -359,14 +409,10 @@ class ModelRunner:
             if r.grammar is not None:
                 grammar_rows.append(i)
         if grammar_rows:
-            self._accept_uncollected()
-            bitmask = fill_bitmask(
-                [reqs[i].grammar for i in grammar_rows],  # type: ignore[misc]
-                self.vocab_size,
-                self.pin,
-            )
-            edits.bitmask = bitmask.to(dev, non_blocking=True)
             edits.bitmask_rows = col(grammar_rows, torch.int64)
+            row_map = np.full(len(reqs), -1, dtype=np.int32)
+            row_map[grammar_rows] = np.arange(len(grammar_rows), dtype=np.int32)
+            edits.bitmask_row_map = self._to_device(row_map)
         counts = mask = rows_dev = None
         if any_rep or any_freq or any_pres:
             assert ib.output_counts is not None and ib.prompt_mask is not None
@@ -375,7 +421,7 @@ class ModelRunner:
             mask = ib.prompt_mask[rows_dev] if any_rep else None
         nl = ib.num_logprobs[rows]
         num = len(reqs)
-        return SamplingBatch(
+        sb = SamplingBatch(
             temperature=cols[TEMPERATURE],
             greedy=cols[GREEDY] != 0,
             all_greedy=bool(cols_np[GREEDY].all()),
@@ -392,6 +438,7 @@ class ModelRunner:
             generators=[r.generator for r in reqs] if ib.seeded[rows].any() else [None] * num,
             num_logprobs=[None] * num if (nl < 0).all() else [None if k < 0 else k for k in nl.tolist()],
         )
+        return sb, grammar_rows
 
     # ---- one step --------------------------------------------------------------------
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
@@ -402,6 +449,7 @@ class ModelRunner:
         """Queues the step's work on the device and returns without waiting for it. A decode
         whose input token was sampled by the previous launch (not yet collected) reads that
         token on the device."""
+        self._finish_deferred()
         self._update_states(so)
         if so.total_num_scheduled_tokens == 0:
             return StepHandle()
@@ -434,30 +482,53 @@ class ModelRunner:
             req_ids = ib.req_ids[srows].tolist()
             reqs = [self.requests[r] for r in req_ids]
             rows = logits if len(srows) == logits.shape[0] else logits[: len(srows)]  # sampled rows come first
-            sb = self._sampling_batch(reqs, srows)
-            h.tokens = sample(rows, sb, self.generator)
-            if sb.history_rows is not None:
-                ib.count_samples(sb.history_rows, h.tokens)
-            if any(k is not None for k in sb.num_logprobs):
-                lt = logprob_tensors(rows, h.tokens, sb.num_logprobs)
-                h.logprobs = lt.to_host() if lt is not None else None
-            if self.device.type == "cuda":
-                h.tokens_host = torch.empty(h.tokens.shape, dtype=h.tokens.dtype, pin_memory=True)
-                h.tokens_host.copy_(h.tokens, non_blocking=True)
+            sb, grammar_rows = self._sampling_batch(reqs, srows)
             h.states = reqs
             h.req_ids = req_ids
             h.rows = srows
             h.gens = ib.gen[srows]
-            self._last_tokens = h.tokens
+            h.grammar_rows = grammar_rows
             ib.last_sample[srows] = np.arange(len(srows))
-            self._uncollected = h
-        if self.device.type == "cuda" and (h.tokens is not None or h.prompt_logprobs):
+            if grammar_rows:
+                job = self._start_grammar_step([reqs[i].grammar for i in grammar_rows])  # type: ignore[misc]
+                if isinstance(job, Future):
+                    # sampled at the next launch or collect; the prompt logprobs' copies are
+                    # already queued, so they get their own event now
+                    h.pending = (rows, sb, job)
+                    self._deferred = h
+                    self._uncollected = h
+                    if self.device.type == "cuda" and h.prompt_logprobs:
+                        h.ready = torch.cuda.Event()
+                        h.ready.record()
+                    return h
+                sb.edits.bitmask = job.to(self.device, non_blocking=True)
+            self._sample(h, rows, sb)
+            return h
+        if self.device.type == "cuda" and h.prompt_logprobs:
+            h.ready = torch.cuda.Event()
+            h.ready.record()
+        return h
+
+    def _sample(self, h: StepHandle, logits: torch.Tensor, sb: SamplingBatch) -> None:
+        """Queues the sampling of launch `h` from its logits rows, the logprobs and the copies
+        `collect` reads, behind one event."""
+        ib = self.input_batch
+        h.tokens = sample(logits, sb, self.generator)
+        if sb.history_rows is not None:
+            ib.count_samples(sb.history_rows, h.tokens)
+        if any(k is not None for k in sb.num_logprobs):
+            lt = logprob_tensors(logits, h.tokens, sb.num_logprobs)
+            h.logprobs = lt.to_host() if lt is not None else None
+        if self.device.type == "cuda":
+            h.tokens_host = torch.empty(h.tokens.shape, dtype=h.tokens.dtype, pin_memory=True)
+            h.tokens_host.copy_(h.tokens, non_blocking=True)
             # everything `collect` reads comes back through pinned memory behind an event
             # recorded now: it then waits for this step only, not for the next one launched
             # after it on the stream
             h.ready = torch.cuda.Event()
             h.ready.record()
-        return h
+        self._last_tokens = h.tokens
+        self._uncollected = h
 
     def _run_stage(self, batch: ForwardBatch, n_tok: int) -> torch.Tensor | None:
         """This pipeline stage's layers: the logits [S', V] on the last stage, else None (the
@@ -480,6 +551,9 @@ class ModelRunner:
     def collect(self, h: StepHandle) -> ModelRunnerOutput:
         """Waits for a launched step and returns its tokens (and logprobs)."""
         out = ModelRunnerOutput()
+        if h.pending is not None:
+            assert h is self._deferred
+            self._finish_deferred()
         if h.ready is not None:
             h.ready.synchronize()
         for rid, lt in (h.prompt_logprobs or {}).items():
@@ -499,10 +573,10 @@ class ModelRunner:
             for rid, lp in zip(req_ids, logprob_lists(h.logprobs, len(tokens))):
                 if lp is not None:
                     out.logprobs[rid] = lp
-        if not h.grammar_accepted:
-            for r, t in zip(h.states or (), tokens):
-                if r.grammar is not None:
-                    r.grammar.accept(t)
+        if h.grammar_rows and not h.grammar_accepted:
+            assert h.states is not None
+            accept_tokens([h.states[i].grammar for i in h.grammar_rows], [tokens[i] for i in h.grammar_rows])  # type: ignore[misc]
+            h.grammar_accepted = True
         return out
 
     def _prompt_logprobs(self, logits: torch.Tensor, prompt_rows: dict[str, tuple[int, int]]) -> dict:
@@ -533,7 +607,9 @@ class StepHandle:
     gens: np.ndarray | None = None  # [S] those rows' `gen` at launch (a row since reused is not written back)
     logprobs: LogprobTensors | None = None  # of the sampled rows that asked (host copies on CUDA)
     prompt_logprobs: dict[str, LogprobTensors] | None = None  # per request with prompt_logprobs
-    grammar_accepted: bool = False  # its tokens are already in the matchers (read by the next launch)
+    grammar_rows: list[int] | None = None  # indices (into states) of the rows with a grammar
+    grammar_accepted: bool = False  # its tokens are in the matchers, or a grammar step owns them
+    pending: tuple[torch.Tensor, SamplingBatch, Future] | None = None  # logits rows, inputs, grammar step
 
 
 @dataclass(slots=True)

@@ -271,6 +271,42 @@ def check_sample(device, dtype, vocab, rows, temperature=0.8, seed=0):
     assert not torch.equal(other[~greedy], drawn), "the seed does not change the draw"
 
 
+def check_sample_bitmask(device, dtype, vocab, rows, seed=0):
+    """The fused sampler with a grammar bitmask: a constrained row (greedy or drawn) only ever
+    gives a token its bitmask row allows, and the greedy one the argmax among those; rows mapped
+    to -1 are untouched (the argmax / any token); two rows may share a bitmask row."""
+    from pagedllm.kernels.sampling_triton import sample_triton
+    from pagedllm.structured_output.matcher import bitmask_width, unpack_bitmask
+
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(rows, vocab, generator=gen) * 2
+    g = 3
+    bitmask = torch.randint(-2**31, 2**31 - 1, (g, bitmask_width(vocab)), generator=gen, dtype=torch.int64).to(torch.int32)
+    bitmask[0] = 0
+    bitmask[0, 1] = 1 << 5  # exactly one token: 37 (vocab > 37)
+    row_map = torch.tensor([(r % (g + 1)) - 1 for r in range(rows)], dtype=torch.int32)  # -1, 0, 1, 2, -1, ...
+    greedy = torch.arange(rows) % 2 == 0
+    temp = torch.full((rows,), 1.5)
+    seed_t = torch.tensor([77], dtype=torch.int64, device=device)
+    out = sample_triton(logits.to(device), temp.to(device), greedy.to(device), seed_t, bitmask.to(device),
+                        row_map.to(device)).cpu()
+    allowed = unpack_bitmask(bitmask, vocab)
+    for r in range(rows):
+        t, m = int(out[r]), int(row_map[r])
+        if m >= 0:
+            assert allowed[m, t], f"row {r}: token {t} is not allowed by bitmask row {m}"
+            if greedy[r]:
+                assert t == int(logits[r].masked_fill(~allowed[m], float("-inf")).argmax()), f"row {r}"
+        elif greedy[r]:
+            assert t == int(logits[r].argmax()), f"row {r}: an unconstrained greedy row moved"
+    assert (out[row_map == 0] == 37).all()
+
+
+@pytest.mark.parametrize("vocab,rows", [(100, 64), (49152, 16)])
+def test_sample_bitmask(vocab, rows):
+    check_sample_bitmask("cuda", torch.float32, vocab, rows)
+
+
 @pytest.mark.parametrize("vocab,rows", [(7, 20000), (3000, 5000), (151936, 64)])
 def test_sample(vocab, rows):
     if vocab > 10000:  # a real vocabulary: greedy and range checks only (too few draws per token)

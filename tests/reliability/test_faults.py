@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 
 import httpx
@@ -122,14 +123,20 @@ def test_dead_engine_health_503_and_exit_nonzero(tiny_llama, tmp_path):
         server.stop()
 
 
-@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async-scheduling"])
-def test_failure_inside_a_step_frees_every_block(tiny_llama, offline_llm, async_scheduling):
+@pytest.mark.parametrize("async_scheduling,grammar", [(False, False), (True, False), (True, True)],
+                         ids=["sync", "async-scheduling", "async-scheduling-grammar"])
+def test_failure_inside_a_step_frees_every_block(tiny_llama, offline_llm, async_scheduling, grammar, monkeypatch):
     """A fault deeper than the hook above: the executor fails while reading back a step that the
     scheduler has already planned (blocks allocated; with asynchronous scheduling the next step
-    already launched). In-process, with the executor's `collect` patched on this one engine."""
+    already launched; with a grammar on its own thread, that step's sampling still deferred).
+    In-process, with the executor's `collect` patched on this one engine."""
     from pagedllm import SamplingParams
     from pagedllm.config import EngineArgs
     from pagedllm.engine.async_engine import AsyncLLMEngine, RequestFailedError
+    from pagedllm.structured_output import StructuredOutputsParams
+
+    if grammar:
+        monkeypatch.setenv("PAGEDLLM_GRAMMAR_THREAD", "1")
 
     engine = AsyncLLMEngine.from_engine_args(EngineArgs(
         model=tiny_llama, max_model_len=256, kv_cache_memory="512KiB", async_scheduling=async_scheduling,
@@ -144,7 +151,8 @@ def test_failure_inside_a_step_frees_every_block(tiny_llama, offline_llm, async_
         return real_collect(handle)
 
     executor.collect = failing_collect
-    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=20)
+    so = StructuredOutputsParams(regex="[a-z ]{200,400}") if grammar else None
+    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=20, structured_outputs=so)
     prompts = [f"Request {i} is about to fail" for i in range(3)]
 
     async def run(tag: str) -> list:
@@ -161,8 +169,12 @@ def test_failure_inside_a_step_frees_every_block(tiny_llama, offline_llm, async_
 
     try:
         failed = asyncio.run(run("a"))
-        assert all(isinstance(r, RequestFailedError) for r in failed), failed
-        expected = greedy_reference(offline_llm, prompts, 20)
+        assert all(isinstance(r, RequestFailedError) for r in failed), [type(r) for r in failed]
+        if grammar:
+            expected = [o.outputs[0].text for o in offline_llm.generate(prompts, params, use_tqdm=False)]
+            assert all(re.fullmatch("[a-z ]+", t) for t in expected), expected
+        else:
+            expected = greedy_reference(offline_llm, prompts, 20)
         assert asyncio.run(run("b")) == expected  # the engine serves on, correctly
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:

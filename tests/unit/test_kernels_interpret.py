@@ -44,6 +44,7 @@ _CASES = {
     # the fused sampler: greedy rows, the softmax law over 300 draws of 6 tokens (the GPU test
     # draws 20000), -inf never drawn; each program is slow to interpret, so few rows
     "sample": ("check_sample", [6, 300], {}),
+    "sample_bitmask": ("check_sample_bitmask", [100, 12], {}),
     "backend_mixed": ("check_backend", [[1, 1, 6, 18], [9, 30, 6, 40], 2, 4, 2, 16, 16], {"pad_tokens": 2}),
     # sliding window (shorter and longer than the contexts) and logit soft cap (Gemma 2)
     "decode_window_split_k": ("check_decode", [[1, 70, 17], 4, 2, 16, 16], {"num_splits": 3, "sliding_window": 20}),
@@ -54,7 +55,7 @@ _CASES = {
 }
 _DOTLESS = {"rms_norm", "silu_and_mul", "gelu_tanh_and_mul", "rotary_gqa", "store_kv_bs16", "store_kv_bs32"}
 _DTYPES = ["float32", "float16", "bfloat16"]
-_FLOAT32_ONLY = {"sample"}  # logits are float32 whatever the model's dtype
+_FLOAT32_ONLY = {"sample", "sample_bitmask"}  # logits are float32 whatever the model's dtype
 
 _RUNNER = r"""
 import importlib.util, json, os, sys, traceback

@@ -120,6 +120,34 @@ def test_sampled_n_and_prefix_hits_and_async_match_sync(engines):
         _assert_free(llm)
 
 
+def test_grammar_thread_gives_the_same_tokens(engines, tiny_llama, monkeypatch):
+    """The grammar work on its own thread with the sampling deferred (CUDA's default; forced
+    here) gives the tokens of the inline path, through n > 1, constrained and unconstrained rows
+    in one batch, with and without run-ahead; every block comes back."""
+    from pagedllm.structured_output.matcher import GRAMMAR_TIMES
+
+    sync, _ = engines
+    monkeypatch.setenv("PAGEDLLM_GRAMMAR_THREAD", "1")
+    threaded = [LLM(tiny_llama, async_scheduling=a, kv_cache_memory="16MiB", max_model_len=256) for a in (False, True)]
+    assert all(t.llm_engine.executor.worker.runner.grammar_thread for t in threaded)
+    assert not sync.llm_engine.executor.worker.runner.grammar_thread
+    prompts = [[7, 8, 9, 10], [11, 12], [13, 14, 15], [16, 17]]
+    params = [SamplingParams(temperature=1.0, seed=5, n=3, max_tokens=60, structured_outputs=_so("json")),
+              SamplingParams(temperature=0, max_tokens=30, structured_outputs=_so("regex")),
+              SamplingParams(temperature=0, max_tokens=15, ignore_eos=True),
+              SamplingParams(temperature=0, max_tokens=40, logprobs=2, structured_outputs=_so("ebnf"))]
+    steps = GRAMMAR_TIMES["steps"]
+    want = _gen(sync, prompts, params)
+    inline_steps = GRAMMAR_TIMES["steps"] - steps
+    for t in threaded:
+        assert _gen(t, prompts, params) == want
+        _assert_free(t)
+    assert GRAMMAR_TIMES["steps"] - steps > 2 * inline_steps - 4 > 0  # both threaded engines did grammar steps
+    for kind, outs in zip(["json", "regex", None, "ebnf"], want):
+        for _, text, finish in outs:
+            assert kind is None or (finish == "stop" and _valid(kind, text)), (kind, text)
+
+
 @pytest.mark.parametrize("mode", ["recompute", pytest.param("swap", marks=pytest.mark.extended)])
 def test_grammar_survives_preemption(tiny_llama, mode):
     rng = random.Random(4)
