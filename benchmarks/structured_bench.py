@@ -12,7 +12,7 @@ also reports how many tokens were produced while a grammar was live.
 The GPU workload is Qwen3-0.6B's architecture with random weights (W1: 256 prompts of [100,
 1024] random ids, max_tokens in [100, 1024], temperature 0.6) and SmolLM2's tokenizer (a real
 one, so the grammar has JSON's characters to choose from); the vocabulary is cut to that
-tokenizer's 49,152 ids (`hf_overrides`), the only change to the model.
+tokenizer's 49,152 ids and its EOS id is the tokenizer's (`hf_overrides`), the only changes to the model.
 
 After each constrained run it prints what the grammar work cost per step (structured_output/
 matcher.py's GRAMMAR_TIMES): rows, the wait for the previous step's tokens, accepting them,
@@ -74,8 +74,13 @@ def build(args):
         max_tokens = [rng.randint(16, 128) for _ in prompts]
         temperature = 0.0
     else:
+        from transformers import AutoTokenizer
+
+        # the tokenizer's EOS, not Qwen3's (151645 is past the cut vocabulary: a grammar that
+        # ended would allow no token)
+        eos = AutoTokenizer.from_pretrained(args.tokenizer).eos_token_id
         llm = LLM(os.path.join(HERE, "configs", "qwen3-0.6b"), tokenizer=args.tokenizer, load_format="dummy",
-                  dtype="bfloat16", hf_overrides={"vocab_size": 49152}, max_model_len=4096)
+                  dtype="bfloat16", hf_overrides={"vocab_size": 49152, "eos_token_id": eos}, max_model_len=4096)
         n = args.num_prompts or 256
         prompts = [[rng.randint(0, 9999) for _ in range(rng.randint(100, 1024))] for _ in range(n)]
         max_tokens = [rng.randint(100, 1024) for _ in range(n)]

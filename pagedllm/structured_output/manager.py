@@ -50,9 +50,11 @@ class StructuredOutputManager:
         import xgrammar as xgr
 
         self.vocab_size = vocab_size
-        self.tokenizer_info = xgr.TokenizerInfo.from_huggingface(
-            tokenizer, vocab_size=vocab_size, stop_token_ids=sorted(eos_token_ids) or None
-        )
+        # an EOS id past the model's vocabulary (a config whose vocabulary was cut) can never be
+        # sampled: a grammar that ends there would allow no token at all
+        stops = sorted(t for t in eos_token_ids if t < vocab_size)
+        self.tokenizer_info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
+                                                                 stop_token_ids=stops or None)
         self.compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=max_threads)
         self._cache: OrderedDict[tuple, Any] = OrderedDict()
         self._lock = threading.Lock()

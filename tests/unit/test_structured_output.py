@@ -226,3 +226,21 @@ def test_logit_bias_allowed_tokens_and_bad_words(engines):
     assert out.prompt_token_ids == list(range(133, 140))
     for llm in engines:
         _assert_free(llm)
+
+
+def test_an_eos_past_the_vocabulary_is_not_the_grammar_end(engines):
+    """A config whose EOS id lies past the (cut) vocabulary: a finished grammar must still allow
+    a token (the tokenizer's own stop token), not none at all."""
+    import xgrammar as xgr
+
+    from pagedllm.structured_output.manager import StructuredOutputManager
+    from pagedllm.structured_output.matcher import RequestGrammar, fill_bitmask, new_matcher
+
+    sync, _ = engines
+    tok = sync.get_tokenizer()
+    vocab = sync.llm_engine.config.model_config.vocab_size
+    mgr = StructuredOutputManager(tok, vocab, frozenset([vocab + 5]), max_threads=1)
+    g = RequestGrammar(new_matcher(mgr.compile(SO(choice=["yes"]))), [])
+    assert g.matcher.accept_string("yes") and not g.terminated
+    allowed = unpack_bitmask(fill_bitmask([g], vocab, pin=False), vocab)[0]
+    assert allowed.sum() >= 1 and allowed[tok.eos_token_id], "the finished grammar allows no token"
