@@ -231,8 +231,6 @@ def test_logit_bias_allowed_tokens_and_bad_words(engines):
 def test_an_eos_past_the_vocabulary_is_not_the_grammar_end(engines):
     """A config whose EOS id lies past the (cut) vocabulary: a finished grammar must still allow
     a token (the tokenizer's own stop token), not none at all."""
-    import xgrammar as xgr
-
     from pagedllm.structured_output.manager import StructuredOutputManager
     from pagedllm.structured_output.matcher import RequestGrammar, fill_bitmask, new_matcher
 
