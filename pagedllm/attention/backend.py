@@ -65,6 +65,9 @@ class AttentionBackend(ABC):
     cached prefix, with GQA (num_q_heads a multiple of num_kv_heads)."""
 
     name: str = "abstract"
+    # True: `attend` runs a layer's attention over the cache alone, the step's K/V stored into
+    # it already (by a kernel that fuses the store into the work before attention)
+    attends_stored_kv: bool = False
 
     def build_metadata(self, batch: ForwardBatch, block_size: int) -> AttentionMetadata | None:
         """What every layer's `forward` of this step reads, derived once (None: nothing)."""
@@ -86,3 +89,18 @@ class AttentionBackend(ABC):
         logits_soft_cap: float | None = None,  # scores -> cap * tanh(scores / cap) before softmax
     ) -> torch.Tensor:  # [T, Hq, D]
         ...
+
+    def attend(
+        self,
+        q: torch.Tensor,  # [T, Hq, D]
+        k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D], this step's K/V stored already
+        v_cache: torch.Tensor,
+        batch: ForwardBatch,
+        scale: float,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
+        sliding_window: int | None = None,
+        logits_soft_cap: float | None = None,
+    ) -> torch.Tensor:  # [T, Hq, D]
+        """`forward` without its store (only where `attends_stored_kv`)."""
+        raise NotImplementedError(f"the {self.name} attention backend stores K/V itself: call forward")

@@ -1,4 +1,5 @@
-"""Triton attention backend (CUDA): stores the step's K/V with the store-KV kernel, then runs
+"""Triton attention backend (CUDA): stores the step's K/V with the store-KV kernel (or, through
+`attend`, finds them stored by the layer's fused norm/rotary/store kernel), then runs
 the decodes (the first `num_decodes` requests, one token each) through the split-K paged decode
 kernel and the prefill chunks through the varlen paged FlashAttention kernel. Must equal
 `TorchAttentionBackend`.
@@ -20,6 +21,7 @@ from pagedllm.kernels.attention_decode import decode_attention_triton
 
 class TritonAttentionBackend(AttentionBackend):
     name = "triton"
+    attends_stored_kv = True
 
     def forward(
         self,
@@ -36,6 +38,20 @@ class TritonAttentionBackend(AttentionBackend):
         logits_soft_cap: float | None = None,
     ) -> torch.Tensor:  # [T, Hq, D]
         store_kv_triton(k, v, k_cache, v_cache, batch.slot_mapping, k_scale, v_scale)
+        return self.attend(q, k_cache, v_cache, batch, scale, k_scale, v_scale, sliding_window, logits_soft_cap)
+
+    def attend(
+        self,
+        q: torch.Tensor,  # [T, Hq, D]
+        k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D], the step's K/V stored already
+        v_cache: torch.Tensor,
+        batch: ForwardBatch,
+        scale: float,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
+        sliding_window: int | None = None,
+        logits_soft_cap: float | None = None,
+    ) -> torch.Tensor:  # [T, Hq, D]
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         nd = batch.num_decodes
         num_reqs = batch.num_reqs

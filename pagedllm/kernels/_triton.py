@@ -1,10 +1,12 @@
-"""When to use the Triton kernels: a tensor on CUDA and an importable `triton`. Nothing here
-imports triton at module import, so `pagedllm.kernels` loads on a CPU machine without it."""
+"""When to use the Triton kernels: a tensor on CUDA and an importable `triton`; which opt-in
+fusions are on. Nothing here imports triton at module import, so `pagedllm.kernels` loads on a
+CPU machine without it."""
 
 from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 
 import torch
 
@@ -22,3 +24,11 @@ def use_triton(x: torch.Tensor) -> bool:
 
 def next_power_of_2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def fusion_enabled(option: str) -> bool:
+    """Whether an opt-in fused kernel path is on: PAGEDLLM_FUSED_<option>=1, read when a layer
+    is built. ROPE_KV: q/k norm + rotary + store-KV in one kernel (kernels/qkv_rope.py); SILU:
+    SiLU-and-mul in the FP8 gate_up product (kernels/fp8.py). Off by default until measured
+    faster on the GPU."""
+    return os.environ.get(f"PAGEDLLM_FUSED_{option}", "0") == "1"

@@ -10,6 +10,7 @@ from torch import nn
 from typing import Any
 
 from pagedllm.attention.backend import AttentionBackend, ForwardBatch
+from pagedllm.kernels.qkv_rope import qkv_norm_rope_store
 
 
 def layer_sliding_window(cfg: Any, layer_idx: int) -> int | None:
@@ -57,6 +58,25 @@ class Attention(nn.Module):
             o = self.backend.forward(q, k, v, self.k_cache, self.v_cache, batch, self.scale,
                                      self.k_scale, self.v_scale,
                                      sliding_window=self.sliding_window, logits_soft_cap=self.logits_soft_cap)
+        return o.reshape(o.shape[0], self.num_heads * self.head_dim)
+
+    def can_store_qkv(self, qkv: torch.Tensor) -> bool:
+        """Whether `forward_qkv` may run: a CUDA tensor and a backend that attends K/V stored by
+        someone else."""
+        return qkv.is_cuda and self.backend is not None and self.backend.attends_stored_kv
+
+    def forward_qkv(self, qkv: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
+                    sin_cache: torch.Tensor, q_norm_weight: torch.Tensor | None, k_norm_weight: torch.Tensor | None,
+                    eps: float, batch: ForwardBatch) -> torch.Tensor:  # fmt: skip
+        """`forward` from the qkv projection's output [T, (Hq + 2 Hkv) * D]: one kernel norms
+        (optionally) and rotates q and k and stores k and v; the backend then attends from the
+        cache. -> [T, Hq * D]"""
+        assert self.backend is not None and self.k_cache is not None and self.v_cache is not None
+        q = qkv_norm_rope_store(qkv, positions, cos_cache, sin_cache, self.k_cache, self.v_cache, batch.slot_mapping,
+                                self.num_heads, self.num_kv_heads, self.head_dim, q_norm_weight, k_norm_weight,
+                                eps, self.k_scale, self.v_scale)  # fmt: skip
+        o = self.backend.attend(q, self.k_cache, self.v_cache, batch, self.scale, self.k_scale, self.v_scale,
+                                self.sliding_window, self.logits_soft_cap)  # fmt: skip
         return o.reshape(o.shape[0], self.num_heads * self.head_dim)
 
 

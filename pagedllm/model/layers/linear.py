@@ -23,6 +23,7 @@ from torch import nn
 
 from pagedllm.distributed import SINGLE, ParallelState, check_tp_divides, kv_heads_per_rank
 from pagedllm.kernels import cpu_gemm
+from pagedllm.kernels.activation import silu_and_mul
 
 
 def _set_loader(param: nn.Parameter, loader) -> nn.Parameter:
@@ -94,6 +95,13 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
                 raise ValueError(f"output size {size} does not split over tp_size={ps.tp_size}")
         self.output_sizes = output_sizes
         super().__init__(in_features, sum(output_sizes), bias, ps)
+
+    def forward_silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up of a [gate | up] projection, [T, in] -> [T, out / (2 tp)]: fused into
+        the product where the quantization method has such a kernel (FP8), else the two ops."""
+        if self.quant_method is not None:
+            return self.quant_method.apply_silu_and_mul(self, x, None if self.skip_bias_add else self.bias)
+        return silu_and_mul(self.forward(x))
 
     def weight_loader(self, param: nn.Parameter, loaded, shard_id: int) -> None:
         tp = self.ps.tp_size

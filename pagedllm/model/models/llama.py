@@ -21,6 +21,7 @@ from torch import nn
 
 from pagedllm.attention.backend import ForwardBatch
 from pagedllm.distributed import SINGLE, ParallelState
+from pagedllm.kernels._triton import fusion_enabled
 from pagedllm.model.layers.activation import SiluAndMul
 from pagedllm.model.layers.attention import Attention, layer_sliding_window
 from pagedllm.model.layers.embedding import ParallelLMHead, VocabParallelEmbedding
@@ -68,6 +69,15 @@ class LlamaAttention(nn.Module):
         self.attn = Attention(self.num_heads, self.head_dim, self.num_kv_heads, self.head_dim**-0.5)
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
+        self.fuse_rope_kv_requested = fusion_enabled("ROPE_KV")
+
+    @property
+    def fuse_rope_kv(self) -> bool:
+        """PAGEDLLM_FUSED_ROPE_KV=1: [q/k norm +] rotary + store-KV in one kernel on the GPU, for
+        the plain rotary and RMSNorm only (no rotary, or Gemma 3's (1 + w) norm, which a
+        subclass sets after this class's __init__: the unfused path)."""
+        return (self.fuse_rope_kv_requested and type(self.rotary_emb) is RotaryEmbedding
+                and (not self.use_qk_norm or type(self.q_norm) is type(self.k_norm) is RMSNorm))
 
     def biases(self, cfg: Any) -> tuple[bool, bool]:
         """(q/k/v projections have a bias, o_proj has one)."""
@@ -85,6 +95,8 @@ class LlamaAttention(nn.Module):
     def forward(self, positions: torch.Tensor, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         # x: [T, H]
         qkv = self.qkv_proj(x)
+        if self.fuse_rope_kv and self.attn.can_store_qkv(qkv):
+            return self.o_proj(self.fused_attention(positions, qkv, batch))
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(-1, self.num_heads, self.head_dim)  # [T, Hq, D]
         k = k.reshape(-1, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
@@ -96,6 +108,17 @@ class LlamaAttention(nn.Module):
             q, k = self.rotary_emb(positions, q, k)
         return self.o_proj(self.attn(q, k, v, batch))
 
+    def fused_attention(self, positions: torch.Tensor, qkv: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        # qkv: [T, (Hq + 2 Hkv) * D] -> [T, Hq * D]
+        rope = self.rotary_emb
+        assert rope is not None
+        if self.use_qk_norm:
+            qw, kw, eps = self.q_norm.weight, self.k_norm.weight, self.q_norm.eps
+        else:
+            qw = kw = None
+            eps = 0.0
+        return self.attn.forward_qkv(qkv, positions, rope.cos_cache, rope.sin_cache, qw, kw, eps, batch)
+
 
 class LlamaMLP(nn.Module):
     def __init__(self, cfg: Any, ps: ParallelState):
@@ -105,8 +128,13 @@ class LlamaMLP(nn.Module):
         self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, [inter, inter], bias=bias, ps=ps)
         self.down_proj = RowParallelLinear(inter, cfg.hidden_size, bias=bias, ps=ps)
         self.act_fn = SiluAndMul()
+        # PAGEDLLM_FUSED_SILU=1: SiLU-and-mul inside the gate_up product where its quantization
+        # has such a kernel (FP8 at <= 16 rows on the GPU)
+        self.fuse_silu = fusion_enabled("SILU")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fuse_silu and type(self.act_fn) is SiluAndMul:
+            return self.down_proj(self.gate_up_proj.forward_silu_and_mul(x))
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
 

@@ -1,0 +1,352 @@
+"""The fused decode-step kernels against their torch references (CUDA; skipped without it):
+
+- q/k RMSNorm + rotary + store-KV from the qkv projection's output (kernels/qkv_rope_triton.py),
+  with and without the norm (Qwen3 / Llama), on 16-bit and FP8 caches with scales, padding
+  slots (-1) left alone; and against the unfused Triton kernels it replaces;
+- the FP8 gate_up projection with SiLU-and-mul in its epilogue (fp8_gemm_silu_and_mul_triton),
+  GEMV (1 row) and swap-AB (2-16 rows), per-channel and K-group scales, bias;
+- the engine with each option on (PAGEDLLM_FUSED_ROPE_KV=1, PAGEDLLM_FUSED_SILU=1): greedy tokens
+  of tiny models equal transformers' (float32) and the unfused path's (FP8 weights).
+
+The `check_*` functions take a device, so tests/unit/test_fused_interpret.py runs them on the
+CPU under Triton's interpreter.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_kernels import ELEMENTWISE_TOL, _close, _randn, _rope_cache  # noqa: E402
+
+from pagedllm.kernels.fp8 import FP8_DTYPE, fp8_linear_silu_and_mul_torch, quantize_fp8_torch  # noqa: E402
+from pagedllm.kernels.qkv_rope import qkv_norm_rope_store_torch  # noqa: E402
+
+HAS_CUDA = torch.cuda.is_available() and importlib.util.find_spec("triton") is not None
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA and triton")]
+
+_CACHE_DTYPES = {"auto": None, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+
+
+def _qkv_inputs(device, dtype, num_tokens, hq, hkv, head_dim, block_size, cache, seed):
+    g = torch.Generator().manual_seed(seed)
+    max_pos = 4096
+    cos, sin = (c.to(device) for c in _rope_cache(max_pos, head_dim))
+    pos = torch.randint(0, max_pos, (num_tokens,), generator=g).to(device)
+    qkv = _randn(num_tokens, (hq + 2 * hkv) * head_dim, dtype=dtype, device=device, gen=g)
+    num_blocks = math.ceil(num_tokens / block_size) * 2 + 1
+    slots = torch.randperm(num_blocks * block_size, generator=g)[:num_tokens]
+    slots[torch.rand(num_tokens, generator=g) < 0.2] = -1  # padding tokens are not stored
+    cache_dtype = _CACHE_DTYPES[cache] or dtype
+    kc = _randn(num_blocks, block_size, hkv, head_dim, dtype=torch.float32, device=device, gen=g).to(cache_dtype)
+    vc = _randn(num_blocks, block_size, hkv, head_dim, dtype=torch.float32, device=device, gen=g).to(cache_dtype)
+    qw = _randn(head_dim, dtype=dtype, device=device, gen=g) * 0.5 + 1
+    kw = _randn(head_dim, dtype=dtype, device=device, gen=g) * 0.5 + 1
+    return qkv, pos, cos, sin, kc, vc, slots.to(device), qw, kw
+
+
+def _cache_close(actual, expected, scale, what, act_dtype):
+    """16-bit caches: within the elementwise tolerance. FP8 caches: the 16-bit values before
+    the cast differ within that tolerance, which may move a stored value one FP8 step (2^-3
+    relative for e4m3, 2^-2 for e5m2, plus the subnormal step) or, near zero, a little more:
+    dequantized values within one step plus the 16-bit tolerance, and most bytes equal."""
+    if actual.dtype.itemsize == 1:
+        a, e = actual.float() * scale, expected.float() * scale
+        rel = 2**-3 if actual.dtype == torch.float8_e4m3fn else 2**-2
+        atol, rtol = ELEMENTWISE_TOL[act_dtype]
+        bound = e.abs() * (rel + rtol) + scale * 2**-9 + atol
+        assert bool(((a - e).abs() <= bound).all()), f"{what}: more than one FP8 step off"
+        same = (actual.view(torch.uint8) == expected.view(torch.uint8)).float().mean().item()
+        assert same >= 0.9, f"{what}: only {same:.3f} of the FP8 bytes equal the reference's"
+    else:
+        _close(actual, expected, ELEMENTWISE_TOL, what)
+
+
+def check_qkv_rope_store(device, dtype, num_tokens, hq, hkv, head_dim, block_size, qk_norm=False,
+                         cache="auto", k_scale=1.0, v_scale=1.0, block_h=None, seed=0):
+    from pagedllm.kernels.qkv_rope_triton import qkv_norm_rope_store_triton
+
+    qkv, pos, cos, sin, kc, vc, slots, qw, kw = _qkv_inputs(device, dtype, num_tokens, hq, hkv, head_dim,
+                                                            block_size, cache, seed)  # fmt: skip
+    norms = (qw, kw) if qk_norm else (None, None)
+    before = qkv.clone()
+    kc_ref, vc_ref = kc.clone(), vc.clone()
+    q = qkv_norm_rope_store_triton(qkv, pos, cos, sin, kc, vc, slots, hq, hkv, head_dim, *norms, 1e-6,
+                                   k_scale, v_scale, block_h=block_h)  # fmt: skip
+    q_ref = qkv_norm_rope_store_torch(qkv, pos, cos, sin, kc_ref, vc_ref, slots, hq, hkv, head_dim, *norms,
+                                      1e-6, k_scale, v_scale)  # fmt: skip
+    assert q.shape == (num_tokens, hq, head_dim) and q.is_contiguous()
+    _close(q, q_ref, ELEMENTWISE_TOL, "q")
+    _cache_close(kc, kc_ref, k_scale, "k cache", dtype)
+    _cache_close(vc, vc_ref, v_scale, "v cache", dtype)
+    assert torch.equal(qkv, before), "qkv must not be written"
+    # the slots of padding tokens and every other slot keep what they held
+    written = torch.zeros(kc.shape[0] * kc.shape[1], dtype=torch.bool, device=device)
+    written[slots[slots >= 0]] = True
+    flat = kc.view(-1, hkv, head_dim).view(torch.uint8) if kc.dtype.itemsize == 1 else kc.view(-1, hkv, head_dim)
+    flat_ref = kc_ref.view(-1, hkv, head_dim)
+    flat_ref = flat_ref.view(torch.uint8) if flat_ref.dtype.itemsize == 1 else flat_ref
+    assert torch.equal(flat[~written], flat_ref[~written]), "a slot nobody writes was changed"
+
+
+def check_qkv_rope_store_equals_unfused_triton(device, dtype, num_tokens, hq, hkv, head_dim, block_size,
+                                               qk_norm=False, cache="auto", k_scale=1.0, v_scale=1.0, seed=0):
+    """The fused kernel against the chain of Triton kernels the layer runs without it: bit-equal
+    without the norm, within the elementwise tolerance with it."""
+    from pagedllm.kernels.attention import store_kv_triton
+    from pagedllm.kernels.norm_triton import rms_norm_triton
+    from pagedllm.kernels.qkv_rope_triton import qkv_norm_rope_store_triton
+    from pagedllm.kernels.rotary_triton import apply_rotary_triton
+
+    qkv, pos, cos, sin, kc, vc, slots, qw, kw = _qkv_inputs(device, dtype, num_tokens, hq, hkv, head_dim,
+                                                            block_size, cache, seed)  # fmt: skip
+    kc_ref, vc_ref = kc.clone(), vc.clone()
+    q = qkv_norm_rope_store_triton(qkv, pos, cos, sin, kc, vc, slots, hq, hkv, head_dim,
+                                   *((qw, kw) if qk_norm else (None, None)), 1e-6, k_scale, v_scale)  # fmt: skip
+    qs, ks = hq * head_dim, hkv * head_dim
+    q0, k0, v0 = qkv.split([qs, ks, ks], dim=-1)
+    q0, k0, v0 = (t.reshape(num_tokens, -1, head_dim) for t in (q0, k0, v0))
+    if qk_norm:
+        q0, k0 = rms_norm_triton(q0, qw, 1e-6), rms_norm_triton(k0, kw, 1e-6)
+    q0, k0 = apply_rotary_triton(pos, q0, k0, cos, sin)
+    store_kv_triton(k0, v0, kc_ref, vc_ref, slots, k_scale, v_scale)
+    as_bytes = (lambda t: t.view(torch.uint8)) if kc.dtype.itemsize == 1 else (lambda t: t)
+    assert torch.equal(as_bytes(vc), as_bytes(vc_ref)), "v is stored as the store kernel does"
+    if not qk_norm:  # the same operations in the same order: the same bits
+        assert torch.equal(q, q0), "q differs from the rotary kernel's"
+        assert torch.equal(as_bytes(kc), as_bytes(kc_ref)), "k differs from the rotary + store kernels'"
+        return
+    # the norm's sum of squares is added in another order: an ulp here and there
+    _close(q, q0, ELEMENTWISE_TOL, "q vs the unfused kernels")
+    if kc.dtype.itemsize == 1:
+        _cache_close(kc, kc_ref, k_scale, "k cache vs the unfused kernels", dtype)
+    else:
+        _close(kc, kc_ref, ELEMENTWISE_TOL, "k cache vs the unfused kernels")
+
+
+def check_attention_layer_fused(device, dtype, arch, seed=0):
+    """A Llama / Qwen3 attention layer with PAGEDLLM_FUSED_ROPE_KV=1 against the same layer
+    unfused, on a batch of decodes, a prefill over a cached prefix and padding (slot -1): the
+    output and both caches. On the CPU the layer's own rule keeps the unfused path (no CUDA
+    tensor), so the check turns the fused one on there, where it runs the op's torch reference
+    (the kernel has its own checks above) and the Triton backend's `attend` under the
+    interpreter: what is checked there is the layer's wiring."""
+    import os
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    from conftest import tiny_config
+    from test_kernels import ATTENTION_TOL, make_batch
+
+    from pagedllm.attention.triton_backend import TritonAttentionBackend
+    from pagedllm.distributed import SINGLE
+    from pagedllm.model.models.llama import LlamaAttention
+    from pagedllm.model.models.qwen3 import Qwen3Attention
+
+    cfg = tiny_config(arch, heads=4, kv_heads=2, hidden=64, head_dim=16)
+    cls = Qwen3Attention if arch == "qwen3" else LlamaAttention
+    old = os.environ.get("PAGEDLLM_FUSED_ROPE_KV")
+    try:
+        os.environ["PAGEDLLM_FUSED_ROPE_KV"] = "1"
+        with torch.device(device):
+            fused = cls(cfg, SINGLE)
+        os.environ["PAGEDLLM_FUSED_ROPE_KV"] = "0"
+        with torch.device(device):
+            plain = cls(cfg, SINGLE)
+    finally:
+        if old is None:
+            os.environ.pop("PAGEDLLM_FUSED_ROPE_KV")
+        else:
+            os.environ["PAGEDLLM_FUSED_ROPE_KV"] = old
+    assert fused.fuse_rope_kv and not plain.fuse_rope_kv
+    g = torch.Generator().manual_seed(seed)
+    for p in fused.parameters():
+        p.data.copy_(torch.randn(p.shape, generator=g) * (0.2 if p.dim() > 1 else 1.0) + (p.dim() == 1))
+    plain.load_state_dict(fused.state_dict())
+    fused, plain = fused.to(device, dtype), plain.to(device, dtype)
+    block_size = 16
+    batch, num_blocks = make_batch([1, 1, 6], [9, 30, 20], 2, block_size, device, seed=seed, pad_tokens=2)
+    x = _randn(batch.num_tokens, cfg.hidden_size, dtype=dtype, device=device, gen=g)
+    caches = []
+    cache_shape = (num_blocks, block_size, 2, 16)
+    for layer in (fused, plain):  # both start from the same cached prefix
+        kc = _randn(*cache_shape, dtype=dtype, device=device, gen=torch.Generator().manual_seed(7))
+        vc = _randn(*cache_shape, dtype=dtype, device=device, gen=torch.Generator().manual_seed(8))
+        layer.attn.k_cache, layer.attn.v_cache = kc, vc
+        layer.attn.backend = TritonAttentionBackend()
+        caches.append((layer.attn.k_cache, layer.attn.v_cache))
+    if device == "cpu":
+        fused.attn.can_store_qkv = lambda qkv: True
+    else:
+        assert fused.attn.can_store_qkv(x)
+    out = fused(batch.positions, x, batch)
+    ref = plain(batch.positions, x, batch)
+    real = sum(batch.query_lens_cpu)  # the padding tokens' rows are left unwritten by attention
+    _close(out[:real], ref[:real], ATTENTION_TOL, f"{arch} attention output, fused vs unfused")
+    _close(caches[0][0], caches[1][0], ELEMENTWISE_TOL, "k cache")
+    assert torch.equal(caches[0][1], caches[1][1]), "v cache"
+
+
+def _fp8_weights(n, k, group_k, device, gen):
+    w = torch.randn(n, k, generator=gen) * 0.05
+    q, s = quantize_fp8_torch(w, group_k)
+    assert q.dtype == FP8_DTYPE
+    return q.to(device), s.to(device)
+
+
+GATED_TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (4e-3, 4e-3), torch.bfloat16: (3.2e-2, 3.2e-2)}
+
+
+def check_fp8_silu_gemm(device, dtype, m, n, k, group_k=None, bias=False, config=None, seed=0):
+    """silu(x @ gate.T) * (x @ up.T) for a [2n, k] FP8 gate_up weight in one kernel."""
+    from pagedllm.kernels.fp8_triton import fp8_gemm_silu_and_mul_triton
+
+    g = torch.Generator().manual_seed(seed)
+    q, s = _fp8_weights(2 * n, k, group_k, device, g)
+    x = torch.randn(m, k, generator=g).to(device=device, dtype=dtype)
+    b = (torch.randn(2 * n, generator=g) * 0.1).to(device=device, dtype=dtype) if bias else None
+    out = fp8_gemm_silu_and_mul_triton(x, q, s, b, config=config)
+    ref = fp8_linear_silu_and_mul_torch(x, q, s, b)
+    assert out.shape == (m, n) and out.dtype == dtype
+    atol, rtol = GATED_TOL[dtype]
+    torch.testing.assert_close(out, ref, atol=atol, rtol=rtol)
+    wide = torch.randn(m, k + 8, generator=g).to(device=device, dtype=dtype)  # a strided input
+    torch.testing.assert_close(fp8_gemm_silu_and_mul_triton(wide[:, :k], q, s, b, config=config),
+                               fp8_linear_silu_and_mul_torch(wide[:, :k], q, s, b), atol=atol, rtol=rtol)
+
+
+# ------------------------------------------------------------------------------- GPU tests
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("num_tokens,hq,hkv,head_dim,qk_norm", [
+    (1, 32, 8, 128, False),  # Llama-3.1-8B, batch 1
+    (256, 16, 8, 128, True),  # Qwen3-0.6B, 256 decodes
+    (77, 14, 2, 64, True),  # a head count no power of two
+    (5, 12, 4, 80, False),  # a head_dim no power of two
+])  # fmt: skip
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_qkv_rope_store(dtype, num_tokens, hq, hkv, head_dim, qk_norm, block_size):
+    check_qkv_rope_store("cuda", dtype, num_tokens, hq, hkv, head_dim, block_size, qk_norm)
+
+
+@pytest.mark.parametrize("cache,k_scale,v_scale", [("fp8_e4m3", 1.0, 1.0), ("fp8_e4m3", 0.05, 0.3),
+                                                    ("fp8_e5m2", 0.5, 2.0)])
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_qkv_rope_store_fp8_cache(cache, k_scale, v_scale, qk_norm):
+    check_qkv_rope_store("cuda", torch.bfloat16, 64, 32, 8, 128, 16, qk_norm, cache, k_scale, v_scale)
+
+
+@pytest.mark.parametrize("block_h", [1, 2, 8, 32])
+def test_qkv_rope_store_block_h(block_h):
+    check_qkv_rope_store("cuda", torch.bfloat16, 9, 32, 8, 128, 16, True, block_h=block_h)
+
+
+@pytest.mark.parametrize("cache", ["auto", "fp8_e4m3"])
+@pytest.mark.parametrize("qk_norm", [False, True])
+@pytest.mark.parametrize("num_tokens", [1, 256])
+def test_qkv_rope_store_equals_unfused_triton(cache, qk_norm, num_tokens):
+    check_qkv_rope_store_equals_unfused_triton("cuda", torch.bfloat16, num_tokens, 32, 8, 128, 16, qk_norm, cache,
+                                               0.1 if cache != "auto" else 1.0, 0.2 if cache != "auto" else 1.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_attention_layer_fused(dtype, arch):
+    check_attention_layer_fused("cuda", dtype, arch)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("m", [1, 2, 3, 8, 16])
+@pytest.mark.parametrize("group_k", [None, 128])
+def test_fp8_silu_gemm(dtype, m, group_k):
+    check_fp8_silu_gemm("cuda", dtype, m, 384, 512, group_k, bias=m == 3)
+    check_fp8_silu_gemm("cuda", dtype, m, 300, 520 if group_k is None else 640, group_k)  # ragged N, K
+
+
+@pytest.mark.parametrize("m", [1, 4, 16])
+def test_fp8_silu_gemm_llama_8b_shape(m):
+    check_fp8_silu_gemm("cuda", torch.bfloat16, m, 14336, 4096)
+
+
+def test_fp8_silu_gemm_gemv_bit_equal_to_unfused():
+    """At one row the gated GEMV sums each output row in the plain GEMV's order: its result is
+    bit for bit silu_and_mul of the plain kernel's."""
+    from pagedllm.kernels.activation_triton import silu_and_mul_triton
+    from pagedllm.kernels.fp8_triton import fp8_gemm_silu_and_mul_triton, fp8_gemm_triton
+
+    g = torch.Generator().manual_seed(5)
+    q, s = _fp8_weights(2 * 14336, 4096, None, "cuda", g)
+    x = torch.randn(1, 4096, generator=g).to(device="cuda", dtype=torch.bfloat16)
+    assert torch.equal(fp8_gemm_silu_and_mul_triton(x, q, s), silu_and_mul_triton(fp8_gemm_triton(x, q, s)))
+
+
+# ------------------------------------------------------------------------ the engine, on and off
+
+
+def _tiny(arch, tmp_path, tokenizer_dir):
+    from conftest import save_tiny_model, tiny_config
+
+    cfg = tiny_config(arch, heads=4, kv_heads=2, hidden=128, head_dim=32 if arch == "qwen3" else None)
+    return save_tiny_model(cfg, str(tmp_path), tokenizer_dir, seed=3)
+
+
+def _prompts():
+    import random
+
+    rng = random.Random(1)
+    return [[rng.randrange(3, 40000) for _ in range(n)] for n in (1, 7, 30, 64, 100, 5)]
+
+
+def _generate(path, monkeypatch, env, prompts, **kwargs):
+    from pagedllm import LLM, SamplingParams
+
+    for name in ("PAGEDLLM_FUSED_ROPE_KV", "PAGEDLLM_FUSED_SILU"):
+        monkeypatch.setenv(name, env.get(name, "0"))
+    args = dict(max_model_len=512, gpu_memory_utilization=0.3, max_num_seqs=16, max_num_batched_tokens=64,
+                block_size=16)
+    llm = LLM(path, **{**args, **kwargs})
+    sp = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    outs = [o.outputs[0].token_ids for o in llm.generate(prompts, sp, use_tqdm=False)]
+    del llm
+    torch.cuda.empty_cache()
+    return outs
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_e4m3"])
+def test_engine_fused_rope_kv_greedy(tmp_path, tokenizer_dir, monkeypatch, arch, kv_cache_dtype):
+    """float32 with the fused kernel on: the tokens of the unfused path, which equal
+    transformers' (tests/gpu/test_engine_gpu.py); with an FP8 cache, those of the unfused
+    FP8-cache path. CUDA graphs on (decodes) and prefill chunks both run the fused kernel."""
+    path = _tiny(arch, tmp_path, tokenizer_dir)
+    prompts = _prompts()
+    off = _generate(path, monkeypatch, {}, prompts, dtype="float32", kv_cache_dtype=kv_cache_dtype)
+    on = _generate(path, monkeypatch, {"PAGEDLLM_FUSED_ROPE_KV": "1"}, prompts, dtype="float32",
+                   kv_cache_dtype=kv_cache_dtype)
+    assert on == off
+    if kv_cache_dtype == "auto":
+        from transformers import AutoModelForCausalLM
+
+        hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda().eval()
+        for p, o in zip(prompts, on):
+            ids = torch.tensor([p], device="cuda")
+            ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=20, do_sample=False,
+                              eos_token_id=None, pad_token_id=0)[0, len(p):].tolist()
+            assert o == ref
+
+
+def test_engine_fused_silu_fp8_greedy(tmp_path, tokenizer_dir, monkeypatch):
+    """FP8 weights, bf16 activations, the gated gate_up product on: one request at a time (the
+    GEMV, whose gated result is bit-equal) gives the unfused path's tokens exactly."""
+    path = _tiny("llama", tmp_path, tokenizer_dir)
+    prompts = _prompts()[:3]
+    kw = dict(dtype="bfloat16", quantization="fp8", max_num_seqs=1)
+    off = _generate(path, monkeypatch, {}, prompts, **kw)
+    on = _generate(path, monkeypatch, {"PAGEDLLM_FUSED_SILU": "1"}, prompts, **kw)
+    assert on == off

@@ -1,0 +1,48 @@
+"""The opt-in fused paths (PAGEDLLM_FUSED_ROPE_KV, PAGEDLLM_FUSED_SILU) on the CPU: the layers
+take the flags, and the paths the CPU still runs with them on (the gate_up product followed by
+SiLU-and-mul through `forward_silu_and_mul`, plain and FP8; the unfused attention, which the
+fused kernel needs CUDA for) give the greedy tokens of the options off. The fused kernels
+themselves: tests/gpu/test_fused_gpu.py and, under the interpreter, tests/unit/test_fused_interpret.py."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import save_tiny_model, tiny_config
+
+from pagedllm import LLM, SamplingParams
+from pagedllm.distributed import SINGLE
+
+PROMPTS = [[5, 77, 300, 12, 9000, 41], list(range(100, 137))]
+
+
+def _tokens(path, quantization):
+    llm = LLM(path, dtype="float32", quantization=quantization, max_model_len=256, kv_cache_memory="16MiB")
+    sp = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, sp, use_tqdm=False)]
+
+
+def test_layers_read_the_flags(monkeypatch):
+    from pagedllm.model.models.gemma3 import Gemma3Attention
+    from pagedllm.model.models.llama import LlamaMLP
+    from pagedllm.model.models.qwen3 import Qwen3Attention
+
+    cfg = tiny_config("qwen3")
+    assert not Qwen3Attention(cfg, SINGLE).fuse_rope_kv and not LlamaMLP(cfg, SINGLE).fuse_silu
+    monkeypatch.setenv("PAGEDLLM_FUSED_ROPE_KV", "1")
+    monkeypatch.setenv("PAGEDLLM_FUSED_SILU", "1")
+    assert Qwen3Attention(cfg, SINGLE).fuse_rope_kv and LlamaMLP(cfg, SINGLE).fuse_silu
+    # Gemma 3's (1 + w) q/k norm is not the kernel's: it keeps the unfused path
+    from transformers import Gemma3TextConfig
+
+    gcfg = Gemma3TextConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                            head_dim=16, num_hidden_layers=2, vocab_size=1000)
+    assert not Gemma3Attention(gcfg, SINGLE, 0).fuse_rope_kv
+
+
+@pytest.mark.parametrize("quantization", [None, "fp8"])
+def test_options_on_keep_cpu_tokens(tmp_path, tokenizer_dir, monkeypatch, quantization):
+    path = save_tiny_model(tiny_config("qwen3", hidden=64, head_dim=16), str(tmp_path), tokenizer_dir, seed=2)
+    off = _tokens(path, quantization)
+    monkeypatch.setenv("PAGEDLLM_FUSED_ROPE_KV", "1")
+    monkeypatch.setenv("PAGEDLLM_FUSED_SILU", "1")
+    assert _tokens(path, quantization) == off
