@@ -101,7 +101,8 @@ def test_swap_kernel_compiles_for_sm90(block_n, split_k):
                  "out_ptr": "*bf16" if split_k == 1 else "*fp32", "M": "i32", "N": "i32", "K": "i32",
                  "K_SPLIT": "i32", "stride_xm": "i32", "stride_wn": "i32", "stride_sn": "i32", "stride_om": "i32"}
     constexprs = {"GROUP_K": 0, "HAS_BIAS": False, "EVEN_K": True, "SPLIT_K": split_k, "BLOCK_M": f.SWAP_BLOCK_M,
-                  "BLOCK_N": block_n, "BLOCK_K": 128, "FP16_OPERANDS": True, "FP16_MAX_": f.FP16_MAX}
+                  "BLOCK_N": block_n, "BLOCK_K": 128, "FP16_OPERANDS": True, "FP16_MAX_": f.FP16_MAX,
+                  "GATED": False}
     compiled = _compile_sm90(f._fp8_swap_kernel, signature, constexprs, num_warps=4, num_stages=3)
     ptx = compiled.asm["ptx"]
     assert "cvt.rn.f16x2.e4m3x2" in ptx and "cvt.f32.f16" not in ptx
