@@ -3,7 +3,7 @@ run them: in a CUDA graph of 32 layers, each with its own weights and KV cache (
 `graph_time`, us per layer). Checks each fused result against the unfused one first.
 
 - rope_kv: the attention block's work between the qkv projection and attention. Unfused: split,
-  [q_norm + k_norm (Qwen3; their strided inputs copied)], rotary, store-KV; fused: one kernel
+  [q_norm + k_norm (Qwen3)], rotary, store-KV, as the layers run them; fused: one kernel
   (kernels/qkv_rope_triton.py). Llama-3.1-8B (32/8 heads) at 1 and 16 rows, Qwen3-0.6B (16/8
   heads, q/k norm) at 1 and 256 rows; bf16 and FP8 e4m3 caches.
 - silu: the FP8 gate_up projection of Llama-3.1-8B (28672 x 4096) + SiLU-and-mul, against
@@ -101,9 +101,8 @@ def bench_rope_kv() -> dict:
 
 def bench_silu() -> dict:
     n, k = 28672, 4096
-    g = torch.Generator().manual_seed(0)
-    ws = [quantize_fp8_torch(torch.randn(n, k, generator=g) * 0.05) for _ in range(LAYERS)]
-    ws = [(q.cuda(), s.cuda()) for q, s in ws]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    ws = [quantize_fp8_torch(torch.randn(n, k, generator=g, device="cuda") * 0.05) for _ in range(LAYERS)]
     out = {}
     for m in SILU_ROWS:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)

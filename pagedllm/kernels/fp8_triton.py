@@ -383,9 +383,11 @@ def fp8_gemm_silu_and_mul_triton(
 ) -> torch.Tensor:  # [M, N] = silu(x @ gate.T) * (x @ up.T), in x's dtype
     """The gate_up projection and SiLU-and-mul in one kernel for few rows: each program computes
     a tile of gate rows and the matching up rows and writes only the activation (no [M, 2N]
-    round trip, no second kernel). The tile of default_config's is split in two (half gate,
-    half up), so a program reads as many weights as the plain product's. Equals
-    silu_and_mul(fp8_gemm_triton(...)) up to the sum order of the tensor-core tiles."""
+    round trip, no second kernel). The GEMV (1 row) keeps default_config's tile for each half,
+    so every row is summed in the plain kernel's order (a bit-equal result) and half as many
+    programs re-read x; the swap-AB kernel splits its tile in two (half gate, half up rows), so
+    a program reads as many weights as the plain one. Equals silu_and_mul(fp8_gemm_triton(...)),
+    up to the sum order of the tensor-core tiles."""
     m, k = x.shape
     n2 = weight.shape[0]
     assert n2 % 2 == 0 and m <= SWAP_BLOCK_M, "gated: an even number of weight rows and at most 16 rows of x"
@@ -401,7 +403,6 @@ def fp8_gemm_silu_and_mul_triton(
     kind, _, block_n, block_k, num_warps, num_stages, *_ = config or default_config(m, n2, k, group_k)
     assert group_k == 0 or group_k % block_k == 0, "BLOCK_K must divide the scale group"
     b = bias if bias is not None else weight_scale
-    block_n = max(block_n // 2, 1)
     if kind == "gemv":
         _fp8_gemv_kernel[(m, triton.cdiv(n, block_n))](
             x, weight, weight_scale, b, out, n, k,
@@ -410,7 +411,7 @@ def fp8_gemm_silu_and_mul_triton(
             BLOCK_N=block_n, BLOCK_K=block_k, GATED=True, num_warps=num_warps, num_stages=num_stages,
         )  # fmt: skip
     else:
-        _swap_gemm(x, weight, weight_scale, bias, out, group_k, max(block_n, 16), block_k, num_warps,
+        _swap_gemm(x, weight, weight_scale, bias, out, group_k, max(block_n // 2, 16), block_k, num_warps,
                    num_stages, 1, gated=True)  # fmt: skip
     return out
 

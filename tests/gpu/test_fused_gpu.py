@@ -274,16 +274,20 @@ def test_fp8_silu_gemm_llama_8b_shape(m):
     check_fp8_silu_gemm("cuda", torch.bfloat16, m, 14336, 4096)
 
 
-def test_fp8_silu_gemm_gemv_bit_equal_to_unfused():
-    """At one row the gated GEMV sums each output row in the plain GEMV's order: its result is
-    bit for bit silu_and_mul of the plain kernel's."""
+def check_fp8_silu_gemv_bit_equal(device, dtype, n, k, seed=5):
+    """At one row the gated GEMV sums each output row in the plain GEMV's order (the same tile
+    per half): its result is bit for bit silu_and_mul of the plain kernel's."""
     from pagedllm.kernels.activation_triton import silu_and_mul_triton
     from pagedllm.kernels.fp8_triton import fp8_gemm_silu_and_mul_triton, fp8_gemm_triton
 
-    g = torch.Generator().manual_seed(5)
-    q, s = _fp8_weights(2 * 14336, 4096, None, "cuda", g)
-    x = torch.randn(1, 4096, generator=g).to(device="cuda", dtype=torch.bfloat16)
+    g = torch.Generator().manual_seed(seed)
+    q, s = _fp8_weights(2 * n, k, None, device, g)
+    x = torch.randn(1, k, generator=g).to(device=device, dtype=dtype)
     assert torch.equal(fp8_gemm_silu_and_mul_triton(x, q, s), silu_and_mul_triton(fp8_gemm_triton(x, q, s)))
+
+
+def test_fp8_silu_gemv_bit_equal_to_unfused():
+    check_fp8_silu_gemv_bit_equal("cuda", torch.bfloat16, 14336, 4096)  # Llama-3.1-8B's gate_up
 
 
 # ------------------------------------------------------------------------ the engine, on and off

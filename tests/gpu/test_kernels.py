@@ -57,6 +57,16 @@ def check_rms_norm(device, dtype, num_tokens, hidden, seed=0):
     wide = _randn(2, num_tokens, hidden + 8, dtype=dtype, device=device, gen=g)
     xs = wide[..., :hidden]
     _close(rms_norm_triton(xs, w, 1e-6), rms_norm_torch(xs, w, 1e-6), ELEMENTWISE_TOL, "rms_norm strided")
+    # per-head norms of q heads sliced from a fused qkv row (Qwen3's q_norm): [T, H, D] whose
+    # token and head strides do not flatten; read in place
+    heads = 3
+    qkv = _randn(num_tokens, (heads + 2) * hidden, dtype=dtype, device=device, gen=g, scale=2.0)
+    q = qkv[:, : heads * hidden].view(num_tokens, heads, hidden)
+    before = qkv.clone()
+    out = rms_norm_triton(q, w, 1e-6)
+    assert out.shape == q.shape
+    _close(out, rms_norm_torch(q, w, 1e-6), ELEMENTWISE_TOL, "rms_norm of heads sliced from qkv")
+    assert torch.equal(qkv, before)
 
 
 def check_silu_and_mul(device, dtype, num_tokens, d, seed=0):

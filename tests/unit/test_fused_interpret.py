@@ -37,6 +37,7 @@ _CASES = {
     "silu_gemv": ("check_fp8_silu_gemm", [1, 24, 64], {"config": _GEMV}),
     "silu_gemv_groups_bias": ("check_fp8_silu_gemm", [1, 24, 96], {"group_k": 32, "bias": True, "config": _GEMV}),
     "silu_gemv_ragged": ("check_fp8_silu_gemm", [2, 20, 72], {"config": _GEMV}),
+    "silu_gemv_bit_equal": ("check_fp8_silu_gemv_bit_equal", [40, 64], {}),
     "silu_swap": ("check_fp8_silu_gemm", [3, 24, 64], {"config": _SWAP}),
     "silu_swap_groups_bias": ("check_fp8_silu_gemm", [5, 40, 96], {"group_k": 32, "bias": True, "config": _SWAP}),
 }
