@@ -55,6 +55,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--peer-latency-tokens", type=int, default=32)
     p.add_argument("--skip-peer", action="store_true")
     p.add_argument("--skip-kernels", action="store_true")
+    p.add_argument("--small-path-kernels", action="store_true",
+                   help="also time routing + experts per layer, grouped vs the small-batch path")
+    p.add_argument("--skip-latency", action="store_true", help="kernel timings only (no engine)")
     p.add_argument("--skip-w1", action="store_true", help="batch-1 latency only (and the peer's)")
     p.add_argument("--skip-peer-cb", action="store_true")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
@@ -123,6 +126,64 @@ def kernel_timings(cfg, log) -> list[dict]:
     return rows
 
 
+# tiles tried for the small-batch path at 1-2 tokens: (BLOCK_N, BLOCK_K, num_warps, num_stages)
+SMALL_TILES = [
+    {"gate_up": (16, 256, 4, 4), "down": (16, 256, 4, 4)},
+    {"gate_up": (32, 256, 4, 3), "down": (16, 128, 4, 6)},
+    {"gate_up": (64, 128, 4, 4), "down": (32, 256, 4, 4)},
+    {"gate_up": (32, 128, 8, 4), "down": (16, 512, 4, 3)},
+    {"gate_up": (16, 128, 4, 6), "down": (8, 512, 4, 2)},
+]
+
+
+def small_path_timings(cfg, log, tiles: bool = True) -> list[dict]:
+    """Routing + experts per layer at 1-4 tokens, each in a CUDA graph: the grouped path
+    (top-k kernel + alignment + gate/up + down + sum over k) against the small-batch path's two
+    kernels (tensor-core and FMA variants, default tiles, then SMALL_TILES at 1 and 2 tokens).
+    GB/s counts the distinct experts' weights once (what a perfect kernel reads)."""
+    from pagedllm.kernels.fused_moe_small_triton import fused_moe_small_triton
+    from pagedllm.kernels.fused_moe_triton import fused_experts_triton, topk_softmax_triton
+
+    e, h, i, k = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts_per_tok
+    renorm = bool(getattr(cfg, "norm_topk_prob", True))
+    g = torch.Generator(device="cuda").manual_seed(1)
+    w13 = torch.randn(e, 2 * i, h, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
+    w2 = torch.randn(e, h, i, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
+    load = torch.zeros(e, dtype=torch.int64, device="cuda")
+    per_expert_bytes = 3 * i * h * 2
+    rows = []
+    for t in (1, 2, 4):
+        x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16, generator=g)
+        logits = torch.randn(t, e, device="cuda", generator=g)
+        slots = torch.arange(t, device="cuda")
+        touched = int(torch.unique(topk_softmax_triton(logits, k, renorm)[1]).numel())
+
+        def grouped(x=x, logits=logits, slots=slots):
+            wts, ids = topk_softmax_triton(logits, k, renorm)
+            return fused_experts_triton(x, w13, w2, wts, ids, None, load, slots)
+
+        variants = [("grouped", None, grouped)]
+        for dot in (True, False):
+            for c in [None] + (SMALL_TILES if tiles and t <= 2 else []):
+                name = f"small {'dot' if dot else 'fma'}"
+                variants.append((name, c, lambda dot=dot, c=c, x=x, logits=logits, slots=slots: fused_moe_small_triton(
+                    x, logits, w13, w2, k, renorm, None, load, slots, dot=dot, config=c)))
+        ref = grouped().float()
+        for name, c, fn in variants:
+            try:
+                err = (fn().float() - ref).abs().max().item()
+                us = time_graph(fn)
+            except Exception as ex:  # noqa: BLE001 - a tile that does not compile is reported, not fatal
+                log(f"  moe T={t} {name} {c}: failed: {type(ex).__name__}: {ex}")
+                continue
+            gbps = touched * per_expert_bytes / us / 1e3
+            row = {"tokens": t, "path": name, "config": c or "default", "us": round(us, 1),
+                   "experts_read": touched, "weight_GB_per_s": round(gbps, 0), "max_abs_diff_vs_grouped": err}
+            rows.append(row)
+            log(f"  moe T={t} {name:<10} {str(c or 'default'):<58} {us:7.1f} us {gbps:6.0f} GB/s  |diff| {err:.2e}")
+    return rows
+
+
 # ---- 2. pagedllm --------------------------------------------------------------------------------
 def ours_latency(llm, args, vocab: int) -> dict:
     from pagedllm import SamplingParams
@@ -141,14 +202,18 @@ def ours_latency(llm, args, vocab: int) -> dict:
         return time.perf_counter() - t0, out
 
     timed(prompt(), SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
-    ttft, e2e = [], []
+    ttft, e2e, tokens = [], [], []
     for _ in range(args.latency_iters):
         t, _ = timed(prompt(), SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
         e, out = timed(prompt(), SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
         assert len(out.outputs[0].token_ids) == n
         ttft.append(t)
         e2e.append(e)
-    return latency.summarize("pagedllm LLM.generate", ttft, e2e, n, "W2 method, TTFT from a max_tokens=1 run")
+        tokens.append(list(out.outputs[0].token_ids))
+    lat = latency.summarize("pagedllm LLM.generate", ttft, e2e, n, "W2 method, TTFT from a max_tokens=1 run")
+    # greedy ids of the same seeded prompts and weights: two kernel paths can be compared by them
+    lat["token_ids"] = tokens
+    return lat
 
 
 def shortened(prompts, max_tokens, args):
@@ -217,6 +282,12 @@ def main(argv: list[str] | None = None) -> None:
     if cuda and not args.skip_kernels:
         log("1. experts alone (fused_experts_triton: align + gate/up with SiLU-and-mul + down with the routing weight + sum over k)")
         report["kernels"] = kernel_timings(cfg, log)
+    if cuda and args.small_path_kernels:
+        log("1b. routing + experts per layer: grouped path vs the small-batch path (fused_moe_small_triton)")
+        report["small_path_kernels"] = small_path_timings(cfg, log)
+    if args.skip_latency:
+        common.write_json(args.output_json, report)
+        return
 
     from pagedllm import LLM
 
@@ -226,7 +297,10 @@ def main(argv: list[str] | None = None) -> None:
     llm = LLM(args.model, tokenizer=tokenizer, load_format="dummy", dtype=args.dtype, seed=args.seed,
               max_model_len=4096, max_num_seqs=256, gpu_memory_utilization=args.gpu_memory_utilization,
               hf_overrides=TINY if args.tiny else {}, **({} if cuda else {"kv_cache_memory": "256MiB"}))
-    log(f"2. pagedllm ready in {time.perf_counter() - t0:.1f} s")
+    from pagedllm.kernels.fused_moe import small_path_options
+
+    report["small_path"] = dict(zip(("max_pairs", "dot"), small_path_options()))
+    log(f"2. pagedllm ready in {time.perf_counter() - t0:.1f} s (small-batch MoE path: {report['small_path']})")
     lat = ours_latency(llm, args, cfg.vocab_size)
     log(f"pagedllm batch 1: {lat['decode_ms_per_token']:.3f} ms/token (iters {lat['decode_ms_all_iters']}), "
         f"TTFT {lat['ttft_ms']:.1f} ms")

@@ -72,7 +72,8 @@ def test_fp8_kernel_under_interpreter(interpreter_results, key):
     assert error is None, f"{key} differs from its torch reference under TRITON_INTERPRET=1:\n{error}"
 
 
-def _compile_sm90(kernel, signature: dict, constexprs: dict, num_warps: int, num_stages: int):
+def _compile_sm90(kernel, signature: dict, constexprs: dict, num_warps: int, num_stages: int,
+                  aligned_ints: tuple[str, ...] = ("N", "K", "K_SPLIT", "stride_xm", "stride_wn", "stride_om")):
     """Compiles `kernel` for sm_90 on this (GPU-less) machine, with the 16-divisibility hints a
     real launch gets for aligned pointers and sizes (without them the loads are neither vectorized
     nor pipelined, so the PTX would not be what the device runs)."""
@@ -81,8 +82,7 @@ def _compile_sm90(kernel, signature: dict, constexprs: dict, num_warps: int, num
     from triton.compiler import ASTSource
 
     names = list(signature) + list(constexprs)
-    aligned = [n for n, t in signature.items()
-               if t.startswith("*") or n in ("N", "K", "K_SPLIT", "stride_xm", "stride_wn", "stride_om")]
+    aligned = [n for n, t in signature.items() if t.startswith("*") or n in aligned_ints]
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
     src = ASTSource(fn=kernel, signature={**signature, **dict.fromkeys(constexprs, "constexpr")},
                     constexprs=constexprs, attrs=attrs)

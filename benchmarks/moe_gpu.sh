@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The MoE small-batch path on the H200 in one call (< 4 minutes): the MoE kernel tests, batch-1
+# decode of Qwen3-30B-A3B (dummy bf16, benchmarks/moe_bench.py's W2 method) with the grouped path
+# (main's default), the small-batch path with tensor cores and with CUDA-core FMAs, and routing +
+# experts per layer of each path in CUDA graphs (1, 2, 4 tokens, a few tiles); a table last.
+# Logs and JSON to $OUT. The switch: PAGEDLLM_MOE_SMALL_PAIRS (pairs T*K served by the small path,
+# 0 = off) and PAGEDLLM_MOE_SMALL_DOT (1 tensor cores, 0 FMAs); see pagedllm/kernels/fused_moe.py.
+#   bash benchmarks/moe_gpu.sh            # from the repo root (/work/notes/gpu_moe.sh is a copy)
+set -uo pipefail
+[ -f benchmarks/moe_bench.py ] || { echo "run from the repo root"; exit 2; }
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+OUT=${OUT:-./moe-gpu-out}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+BUDGET=${BUDGET:-230}   # seconds; a step that could overrun it is skipped
+fits() { [ $((SECONDS + $1)) -le "$BUDGET" ] || { echo "skipped $2 (${SECONDS} s used)"; return 1; }; }
+
+fits 75 tests && { timeout 75 $PY -m pytest -q -x tests/gpu/test_fused_moe.py > "$OUT/tests.log" 2>&1
+  echo "tests rc=$? at ${SECONDS} s: $(tail -1 "$OUT/tests.log")"; grep -E "^FAILED|Error" "$OUT/tests.log" | head -5; }
+
+latency() {  # name max_pairs dot
+  fits 45 "latency $1" || return
+  PAGEDLLM_MOE_SMALL_PAIRS=$2 PAGEDLLM_MOE_SMALL_DOT=$3 timeout 45 $PY benchmarks/moe_bench.py --skip-w1 --skip-peer \
+    --skip-kernels --latency-iters 2 --output-json "$OUT/lat_$1.json" > "$OUT/lat_$1.log" 2>&1
+  echo "latency $1 rc=$? at ${SECONDS} s: $(grep -E 'batch 1:' "$OUT/lat_$1.log")"; grep -E "Error" "$OUT/lat_$1.log" | head -3
+}
+latency grouped 0 1
+latency small_dot 16 1
+fits 45 kernels && { timeout 45 $PY benchmarks/moe_bench.py --skip-kernels --small-path-kernels --skip-latency \
+    --output-json "$OUT/kernels.json" > "$OUT/kernels.log" 2>&1
+  echo "kernels rc=$? at ${SECONDS} s"; grep -E "failed|Error" "$OUT/kernels.log" | head -5; }
+latency small_fma 16 0
+
+$PY - "$OUT" <<'PYEOF'
+import json, os, sys
+out = sys.argv[1]
+def load(name):
+    p = os.path.join(out, name)
+    return json.load(open(p)) if os.path.exists(p) else None
+print("\n=== MoE small-batch path: Qwen3-30B-A3B dummy bf16, batch-1 decode (target <= 2.5 ms/token) ===")
+base = load("lat_grouped.json")
+print(f"{'variant':<12} {'ms/token':>9} {'iters':>18} {'greedy ids = grouped (prefix of 256, per iter)':>48}")
+for name in ("grouped", "small_dot", "small_fma"):
+    r = load(f"lat_{name}.json")
+    if not r:
+        print(f"{name:<12} {'(no result)':>9}"); continue
+    lat = r["ours_latency"]
+    same = "-"
+    if base and name != "grouped":
+        pre = []
+        for a, b in zip(base["ours_latency"]["token_ids"], lat["token_ids"]):
+            n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
+            pre.append(str(n))
+        same = " / ".join(pre)
+    print(f"{name:<12} {lat['decode_ms_per_token']:>9.3f} {str(lat['decode_ms_all_iters']):>18} {same:>48}")
+k = load("kernels.json")
+if k and k.get("small_path_kernels"):
+    print("\nrouting + experts per layer, us in a CUDA graph (GB/s of the distinct experts' weights)")
+    rows = k["small_path_kernels"]
+    for t in sorted({r["tokens"] for r in rows}):
+        line = [f"T={t}:"]
+        for path in ("grouped", "small dot", "small fma"):
+            rs = [r for r in rows if r["tokens"] == t and r["path"] == path]
+            if not rs:
+                continue
+            d = next((r for r in rs if r["config"] == "default"), None)
+            b = min(rs, key=lambda r: r["us"])
+            txt = f"{path} {d['us'] if d else '-'} ({d['weight_GB_per_s'] if d else '-'})"
+            if b is not d:
+                txt += f", best {b['us']} {b['config']}"
+            line.append(txt + f" |diff| {max(r['max_abs_diff_vs_grouped'] for r in rs):.1e}")
+        print("  ".join(line[:1]) + " " + "\n      ".join(line[1:]))
+PYEOF
