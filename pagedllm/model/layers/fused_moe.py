@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from pagedllm.distributed import SINGLE, ParallelState
+from pagedllm.kernels.few_rows import few_rows_linear, few_rows_max_rows
 from pagedllm.kernels.fused_moe import fused_moe, small_path_options
 from pagedllm.model.layers.linear import copy_checked
 
@@ -50,9 +51,12 @@ class Router(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(num_experts, hidden_size), requires_grad=False)
         self.mm_out_dtype = True  # cleared once if this torch lacks mm's out_dtype (decided before graph capture)
+        self.few_rows = few_rows_max_rows()  # as the linears: few rows through kernels/few_rows.py
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, H] -> logits [T, E] float32
+        if self.few_rows and x.is_cuda and x.shape[0] <= self.few_rows:
+            return few_rows_linear(x, self.weight, out_dtype=torch.float32)
         if x.is_cuda and x.dtype != torch.float32 and self.mm_out_dtype:
             try:
                 return torch.mm(x, self.weight.t(), out_dtype=torch.float32)
