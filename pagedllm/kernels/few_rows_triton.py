@@ -33,12 +33,13 @@ def _few_rows_kernel(
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + rk
         if EVEN_K:
-            w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None], other=0.0)
+            w_mask = n_mask[:, None]
             xt = tl.load(x_cols + kk[:, None], mask=m_mask[None, :], other=0.0)
         else:
             k_mask = kk < K
-            w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+            w_mask = n_mask[:, None] & k_mask[None, :]
             xt = tl.load(x_cols + kk[:, None], mask=m_mask[None, :] & k_mask[:, None], other=0.0)
+        w = tl.load(w_rows + kk[None, :], mask=w_mask, other=0.0)
         acc += tl.dot(w, xt.to(w.dtype), input_precision=DOT_PRECISION)
     if HAS_BIAS:
         acc = acc + tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[:, None]

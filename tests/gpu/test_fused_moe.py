@@ -60,18 +60,25 @@ def _inputs(device, dtype, num_tokens, hidden, inter, num_experts, top_k, seed, 
     return x, w13, w2, weights.to(device), ids
 
 
+def _second_rank_experts(w13, w2, ep_ranks: int):
+    """(w13, w2, expert_map) of the rank holding the second block of experts under expert
+    parallelism over ep_ranks ranks; the inputs and no map at ep_ranks 1."""
+    if ep_ranks == 1:
+        return w13, w2, None
+    num_experts = w13.shape[0]
+    local = num_experts // ep_ranks
+    expert_map = torch.full((num_experts,), -1, dtype=torch.int32, device=w13.device)
+    expert_map[local : 2 * local] = torch.arange(local, dtype=torch.int32, device=w13.device)
+    return w13[local : 2 * local].contiguous(), w2[local : 2 * local].contiguous(), expert_map
+
+
 def check_fused_experts(device, dtype, num_tokens, hidden, inter, num_experts, top_k, skew="uniform",
                         ties=False, ep_ranks=1, seed=0):
     from pagedllm.kernels.fused_moe import fused_experts_torch
     from pagedllm.kernels.fused_moe_triton import fused_experts_triton
 
     x, w13, w2, weights, ids = _inputs(device, dtype, num_tokens, hidden, inter, num_experts, top_k, seed, skew, ties)
-    expert_map = None
-    if ep_ranks > 1:  # this rank holds the second block of experts
-        local = num_experts // ep_ranks
-        expert_map = torch.full((num_experts,), -1, dtype=torch.int32, device=device)
-        expert_map[local : 2 * local] = torch.arange(local, dtype=torch.int32, device=device)
-        w13, w2 = w13[local : 2 * local].contiguous(), w2[local : 2 * local].contiguous()
+    w13, w2, expert_map = _second_rank_experts(w13, w2, ep_ranks)
     ref = fused_experts_torch(x, w13, w2, weights, ids, expert_map)
     if dtype == torch.float32 and num_tokens <= 64:
         dense = dense_reference(x.cpu(), w13.cpu(), w2.cpu(), weights.cpu(), ids.cpu(),
@@ -114,12 +121,7 @@ def check_fused_moe_small(device, dtype, num_tokens, hidden, inter, num_experts,
     g = torch.Generator().manual_seed(seed + 1)
     logits = _router_logits(num_tokens, num_experts, g, skew, ties).to(device)
     weights, ids = (topk_softmax_triton if ties else topk_softmax_torch)(logits, top_k, renormalize)
-    expert_map = None
-    if ep_ranks > 1:  # this rank holds the second block of experts
-        local = num_experts // ep_ranks
-        expert_map = torch.full((num_experts,), -1, dtype=torch.int32, device=device)
-        expert_map[local : 2 * local] = torch.arange(local, dtype=torch.int32, device=device)
-        w13, w2 = w13[local : 2 * local].contiguous(), w2[local : 2 * local].contiguous()
+    w13, w2, expert_map = _second_rank_experts(w13, w2, ep_ranks)
     ref = fused_experts_torch(x, w13, w2, weights, ids, expert_map)
     load = torch.zeros(num_experts, dtype=torch.int64, device=device)
     slots = torch.arange(num_tokens, device=device)
