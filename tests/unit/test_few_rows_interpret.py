@@ -3,6 +3,8 @@ interpreter cannot run bf16 `tl.dot`), its switch, and its sm_90 compilation."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from test_kernels_interpret import pytestmark, run_under_interpreter  # noqa: F401  (skips without triton)
 
@@ -46,7 +48,9 @@ def test_compiles_for_sm90(n, k):
     bn, bk, nw, ns = f.default_config(n, k)
     sig = {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "out_ptr": "*bf16", "M": "i32", "N": "i32",
            "K": "i32", "stride_xm": "i32", "stride_wn": "i32", "stride_om": "i32"}
-    consts = {"HAS_BIAS": False, "EVEN_K": True, "DOT_PRECISION": "tf32", "BLOCK_M": f.BLOCK_M, "BLOCK_N": bn,
+    consts = {"HAS_BIAS": False, "DOT_PRECISION": "tf32", "BLOCK_M": f.BLOCK_M, "BLOCK_N": bn,
               "BLOCK_K": bk}
-    ptx = _compile_sm90(f._few_rows_kernel, sig, consts, nw, ns)
-    assert "mma" in ptx.asm["ptx"] and "cp.async" in ptx.asm["ptx"]
+    ptx = _compile_sm90(f._few_rows_kernel, sig, consts, nw, ns).asm["ptx"]
+    assert "mma" in ptx and "cp.async" in ptx
+    # 16-byte weight loads (8 bf16 a copy), not element by element
+    assert re.search(r"cp\.async\.cg\.shared\.global \[[^\]]*\], \[[^\]]*\], 0x10", ptx)
