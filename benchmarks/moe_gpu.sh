@@ -19,7 +19,7 @@ PY=${PYTHON:-python3}
 BUDGET=${BUDGET:-230}   # seconds; a step that could overrun it is skipped
 fits() { [ $((SECONDS + $1)) -le "$BUDGET" ] || { echo "skipped $2 (${SECONDS} s used)"; return 1; }; }
 
-fits 65 tests && { timeout 65 $PY -m pytest -q -x tests/gpu/test_fused_moe.py tests/gpu/test_few_rows.py > "$OUT/tests.log" 2>&1
+fits 80 tests && { timeout 80 $PY -m pytest -q tests/gpu/test_fused_moe.py tests/gpu/test_few_rows.py > "$OUT/tests.log" 2>&1
   echo "tests rc=$? at ${SECONDS} s: $(tail -1 "$OUT/tests.log")"; grep -E "^FAILED|Error" "$OUT/tests.log" | head -5; }
 
 latency() {  # name small_pairs small_dot few_rows fused_rope_kv

@@ -117,7 +117,11 @@ def check_fused_moe_small(device, dtype, num_tokens, hidden, inter, num_experts,
     from pagedllm.kernels.fused_moe_small_triton import fused_moe_small_triton
     from pagedllm.kernels.fused_moe_triton import topk_softmax_triton
 
-    x, w13, w2, _, _ = _inputs(device, dtype, num_tokens, hidden, inter, num_experts, top_k, seed, "uniform")
+    # made on the device: Qwen3-30B-A3B's 128 experts are 400M values, minutes of CPU randn
+    gd = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(num_tokens, hidden, generator=gd, device=device).to(dtype)
+    w13 = (torch.randn(num_experts, 2 * inter, hidden, generator=gd, device=device) / hidden**0.5).to(dtype)
+    w2 = (torch.randn(num_experts, hidden, inter, generator=gd, device=device) / inter**0.5).to(dtype)
     g = torch.Generator().manual_seed(seed + 1)
     logits = _router_logits(num_tokens, num_experts, g, skew, ties).to(device)
     weights, ids = (topk_softmax_triton if ties else topk_softmax_torch)(logits, top_k, renormalize)
