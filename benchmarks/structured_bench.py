@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import random
+import statistics
 import sys
 import time
 
@@ -120,6 +121,9 @@ def main() -> None:
     for constrained in (False, True):
         llm.generate(prompts[:4], params(constrained)[:4], use_tqdm=False)
     runs: dict[str, list[float]] = {"unconstrained": [], "json_schema": []}
+    # tokens per second of this process's CPU time: on a shared CPU machine steadier than the
+    # wall clock (other processes' load stretches the wall time, less so the CPU time spent)
+    cpu_runs: dict[str, list[float]] = {"unconstrained": [], "json_schema": []}
     tokens: dict[str, int] = {}
     live = 0
     order = []
@@ -135,14 +139,15 @@ def main() -> None:
         name = "json_schema" if constrained else "unconstrained"
         before = dict(GRAMMAR_TIMES)
         common.sync()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         outs = llm.generate(prompts, params(constrained), use_tqdm=False)
         common.sync()
-        dt = time.perf_counter() - t0
+        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
         n = sum(len(c.token_ids) for o in outs for c in o.outputs)
         stops = sum(t in stop_ids for o in outs for c in o.outputs for t in c.token_ids)
         tokens[name] = n
         runs[name].append(n / dt)
+        cpu_runs[name].append(n / cpu)
         print(f"{name:14s} {n} tokens in {dt:.2f} s: {n / dt:.1f} tok/s; stop tokens {stops}", flush=True)
         steps = GRAMMAR_TIMES["steps"] - before["steps"]
         if steps:
@@ -162,7 +167,9 @@ def main() -> None:
                     valid += 1
                 except ValueError:
                     pass
-    med = {k: sorted(v)[len(v) // 2] for k, v in runs.items()}
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    # each U C (or C U) pair ran back to back: the median of the pairs' ratios
+    pairs = [c / u for u, c in zip(runs["unconstrained"], runs["json_schema"])]
     ratio = med["json_schema"] / med["unconstrained"]
     print(f"\nworkload {args.workload}: {len(prompts)} requests, {tokens['json_schema']} output tokens per run "
           f"({live} under a live grammar; {valid}/{len(prompts)} outputs begin with a complete JSON value)")
@@ -170,9 +177,18 @@ def main() -> None:
     print("|---|---|---|")
     for k, v in runs.items():
         print(f"| {k} | {med[k]:.1f} | {', '.join(f'{x:.1f}' for x in v)} |")
-    print(f"ratio json_schema / unconstrained: {ratio:.3f}")
+    cpu_med = {k: statistics.median(v) for k, v in cpu_runs.items()}
+    cpu_ratio = cpu_med["json_schema"] / cpu_med["unconstrained"]
+    print(f"| tok per CPU second | {cpu_med['unconstrained']:.1f} / {cpu_med['json_schema']:.1f} | "
+          f"{', '.join(f'{x:.1f}' for x in cpu_runs['unconstrained'])} / "
+          f"{', '.join(f'{x:.1f}' for x in cpu_runs['json_schema'])} |")
+    print(f"ratio json_schema / unconstrained: {ratio:.3f} (medians); pairs run back to back: "
+          f"{', '.join(f'{r:.3f}' for r in pairs)} (median {statistics.median(pairs):.3f}); "
+          f"per CPU second: {cpu_ratio:.3f}")
     common.write_json(args.output_json, {"machine": machine, "revision": common.source_revision(), "runs": runs,
-                                         "median": med, "ratio": ratio, "tokens": tokens, "live_tokens": live,
+                                         "median": med, "ratio": ratio, "pair_ratios": pairs,
+                                         "cpu_runs": cpu_runs, "cpu_ratio": cpu_ratio, "tokens": tokens,
+                                         "live_tokens": live,
                                          "grammar_ms_per_step": grammar,
                                          "env": {k: v for k, v in os.environ.items()
                                                  if k.startswith("PAGEDLLM_GRAMMAR")}})

@@ -6,6 +6,8 @@
   reads the blocks in place through the block table, one (request, kv head) pair per OpenMP
   work item, and keeps the softmax online per block.
 - `argmax`: greedy sampling's argmax over the vocabulary, vectorized (torch's is not).
+- `bitmask_fill_`: a grammar's packed bitmask applied to the logits in place (torch's
+  unpack + masked_fill + index_copy took ~10 ms a step for 19 rows of 49,152 on one core).
 
 The shared object is compiled on first use with the system's C compiler (`$CC`, else cc, gcc or
 clang; `-O3 -march=native -ffp-contract=fast -fopenmp`, no -ffast-math; under a second) into the
@@ -106,6 +108,8 @@ def _load():
     lib.paged_decode_attention_f32.argtypes = [p, i64, p, p, p, i64, p, p, i, i, i, i, i, f, i, f, i]
     lib.argmax_rows_f32.restype = None
     lib.argmax_rows_f32.argtypes = [p, i64, i64, i64, p, i]
+    lib.bitmask_fill_rows_f32.restype = None
+    lib.bitmask_fill_rows_f32.argtypes = [p, i64, i64, p, i64, p, i64, i]
     lib.add_rms_norm_f32.restype = None
     lib.add_rms_norm_f32.argtypes = [p, i64, p, i64, p, p, p, i64, i64, f, i]
     lib.rotary_f32.restype = None
@@ -169,6 +173,19 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty(x.shape[0], dtype=torch.int64)
     lib.argmax_rows_f32(x.data_ptr(), x.stride(0), x.shape[0], x.shape[1], out.data_ptr(), torch.get_num_threads())
     return out
+
+
+def bitmask_fill_(x: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> bool:
+    """x [S, V] float32: row rows[g] gets -inf at the tokens bitmask row g ([G, ceil(V / 32)]
+    int32) does not allow, in place. False where the kernel does not apply (nothing done)."""
+    lib = _load()
+    if (lib is None or not _rows_ok(x) or bitmask.device.type != "cpu" or bitmask.dtype != torch.int32
+            or not bitmask.is_contiguous() or bitmask.dim() != 2 or bitmask.shape[1] * 32 < x.shape[1]):
+        return False
+    rows = rows.to(torch.int64).contiguous()
+    lib.bitmask_fill_rows_f32(x.data_ptr(), x.stride(0), x.shape[1], bitmask.data_ptr(), bitmask.shape[1],
+                              rows.data_ptr(), rows.shape[0], torch.get_num_threads())
+    return True
 
 
 def _rows_ok(x: torch.Tensor) -> bool:

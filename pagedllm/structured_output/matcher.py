@@ -143,6 +143,12 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch
     """logits [S, V]; bitmask [G, W] int32 and rows [G] int64 on the logits' device. Returns new
     logits with the disallowed tokens of rows[g] at -inf (the input is left as it was: logprobs
     are reported from the raw logits)."""
+    from pagedllm.kernels import cpu_kernels
+
+    if logits.device.type == "cpu":
+        out = logits.clone()
+        if cpu_kernels.bitmask_fill_(out, bitmask, rows):
+            return out
     allowed = unpack_bitmask(bitmask, logits.shape[1])  # [G, V]
     sub = logits.index_select(0, rows).masked_fill(~allowed, float("-inf"))
     return logits.index_copy(0, rows, sub)

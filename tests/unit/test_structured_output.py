@@ -71,7 +71,14 @@ def _assert_free(llm):
     assert st.num_free_blocks == st.num_gpu_blocks and not llm.llm_engine.has_unfinished_requests()
 
 
-def test_bitmask_unpacks_to_the_reference():
+@pytest.mark.parametrize("path", ["c-kernel", "torch"])
+def test_bitmask_unpacks_to_the_reference(path, monkeypatch):
+    from pagedllm.kernels import cpu_kernels
+
+    if path == "torch":
+        monkeypatch.setattr(cpu_kernels, "bitmask_fill_", lambda *a: False)
+    else:
+        assert cpu_kernels.available(), "no C compiler: the CPU kernels are not built"
     g = torch.Generator().manual_seed(0)
     for vocab in (31, 32, 100, 1000):
         w = (vocab + 31) // 32

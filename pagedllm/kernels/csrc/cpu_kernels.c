@@ -155,6 +155,29 @@ void argmax_rows_f32(const float *x, int64_t row_stride, int64_t rows, int64_t c
     }
 }
 
+/* Structured outputs' grammar bitmask, in place: row rows[g] of x keeps the tokens that bitmask
+ * row g allows (bit b of word w allows token 32 w + b) and gets -inf elsewhere. A word of all
+ * ones (most of them inside a JSON string) costs one compare. */
+void bitmask_fill_rows_f32(float *x, int64_t row_stride, int64_t cols, const int32_t *bitmask, int64_t words,
+                           const int64_t *rows, int64_t g, int num_threads)
+{
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (g >= 8)
+    for (int64_t i = 0; i < g; ++i) {
+        float *xr = x + rows[i] * row_stride;
+        const int32_t *bm = bitmask + i * words;
+        for (int64_t w = 0; w < words; ++w) {
+            uint32_t bits = (uint32_t)bm[w];
+            if (bits == 0xffffffffu)
+                continue;
+            int64_t base = 32 * w;
+            int64_t n = cols - base < 32 ? cols - base : 32;
+            for (int64_t b = 0; b < n; ++b)
+                if (!((bits >> b) & 1u))
+                    xr[base + b] = -INFINITY;
+        }
+    }
+}
+
 /* RMSNorm of each row, optionally after adding the residual (HF Llama's order in float32:
  * r = x + residual; out = w * (r * (1 / sqrt(mean(r^2) + eps)))). With residual != NULL the
  * sum r is written to sum_out. x, residual: rows x_stride / res_stride apart; out, sum_out:
