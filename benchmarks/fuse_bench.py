@@ -90,8 +90,10 @@ def bench_rope_kv() -> dict:
                 kc2, vc2 = kc.clone(), vc.clone()
                 a = _unfused(pos, cos, sin, slots, qkv, kc, vc, w, hq, hkv, d, norm, ks, vs)
                 b = _fused(pos, cos, sin, slots, qkv, kc2, vc2, w, hq, hkv, d, norm, ks, vs)
-                torch.testing.assert_close(b, a, atol=2e-2, rtol=2e-2)
-                torch.testing.assert_close(kc2.float(), kc.float(), atol=0.15 if cache == "fp8" else 2e-2, rtol=0.13)
+                # sanity only (tests/gpu/test_fused_gpu.py checks them): a one-ulp norm difference
+                # moves an FP8 value near zero by a few steps
+                torch.testing.assert_close(b, a, atol=5e-2, rtol=2e-2)
+                torch.testing.assert_close(kc2.float() * ks, kc.float() * ks, atol=5e-2, rtol=0.13)
                 head, tail = (pos, cos, sin, slots), (hq, hkv, d, norm, ks, vs)
                 times = {label: graph_time(_over_layers(fn, head, layers, tail))
                          for label, fn in (("unfused", _unfused), ("fused", _fused))}  # fmt: skip
