@@ -14,6 +14,7 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 OUT=${OUT:-./fuse-gpu-out}
 mkdir -p "$OUT"
+rm -f "$OUT"/w2_*.json "$OUT"/fuse_bench.json  # no stale figures in the table
 PY=${PYTHON:-python3}
 T0=$SECONDS
 BUDGET=${BUDGET:-232}
@@ -21,7 +22,7 @@ left() { echo $((BUDGET - (SECONDS - T0))); }
 stamp() { echo "   [$((SECONDS - T0)) s]"; }
 
 echo "== 1. fused kernel tests"
-timeout 90 $PY -m pytest -q tests/gpu/test_fused_gpu.py -k "not engine" > "$OUT/tests_fused.log" 2>&1
+timeout 95 $PY -m pytest -q --durations=3 tests/gpu/test_fused_gpu.py -k "not engine" > "$OUT/tests_fused.log" 2>&1
 echo "fused kernel tests rc=$?: $(tail -1 "$OUT/tests_fused.log")"; stamp
 grep -E "^FAILED|^ERROR" "$OUT/tests_fused.log" | head -8
 
@@ -68,7 +69,7 @@ if os.path.exists(p):
     for kind, rows in r.items():
         for key, t in rows.items():
             print(f"  {kind:7s} {key:24s} {t['unfused']:7.2f} -> {t['fused']:7.2f}  "
-                  f"({(t['unfused'] - t['fused']) * 32 / 1000:+.3f} ms per 32 layers)")
+                  f"(saves {(t['unfused'] - t['fused']) * 32 / 1000:+.3f} ms per 32 layers)")
 print("\n=== W2 Llama-3.1-8B dummy, batch 1: decode ms/token (median; all iters) ===")
 base = {}
 for name in ("fp8_off", "fp8_on", "fp8_rope", "fp8_norm", "fp8_silu", "bf16_off", "bf16_rope"):
