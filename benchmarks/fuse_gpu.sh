@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The fused decode-step kernels (helper "fuse"; on main), on one H200, <= 4 minutes (time-guarded):
-#   1. correctness: tests/gpu/test_fused_gpu.py's kernel tests (fused rope/norm/store-KV and the
-#      gated FP8 gate_up product vs their torch references and the unfused Triton chain, layers)
+#   1. correctness: tests/gpu/test_fused_gpu.py's kernel tests (fused rope/norm/store-KV, the
+#      gated FP8 gate_up product, the norm-folded GEMV vs their torch references and the unfused
+#      Triton chain; layers), then one engine check (FP8, all options on: the same greedy tokens)
 #   2. W2 (Llama-3.1-8B dummy, batch 1, latency.py --peer none --iters 2): FP8 weights with all
 #      three options off / on (PAGEDLLM_FUSED_ROPE_KV, PAGEDLLM_FUSED_SILU, PAGEDLLM_FUSED_NORM)
 #   3. benchmarks/fuse_bench.py: us per layer, unfused vs fused, CUDA graphs of 32 layers
@@ -25,6 +26,10 @@ echo "== 1. fused kernel tests"
 timeout 95 $PY -m pytest -q --durations=3 tests/gpu/test_fused_gpu.py -k "not engine" > "$OUT/tests_fused.log" 2>&1
 echo "fused kernel tests rc=$?: $(tail -1 "$OUT/tests_fused.log")"; stamp
 grep -E "^FAILED|^ERROR" "$OUT/tests_fused.log" | head -8
+# one engine check before the timings: FP8 weights, every option on, greedy tokens = options off
+timeout 60 $PY -m pytest -q tests/gpu/test_fused_gpu.py -k "test_engine_fused_norm_fp8_greedy and llama" \
+  > "$OUT/tests_engine_first.log" 2>&1
+echo "engine check (FP8, all options on) rc=$?: $(tail -1 "$OUT/tests_engine_first.log")"; stamp
 
 w2() {  # name, bf16|fp8, ROPE_KV, SILU, NORM
   local extra=""; [ "$2" = fp8 ] && extra="--quantization fp8"
@@ -54,7 +59,8 @@ if [ "$(left)" -gt 25 ]; then
   echo "existing fp8 gemm tests rc=$? (124: out of time): $(tail -1 "$OUT/tests_fp8.log")"; stamp
 fi
 if [ "$(left)" -gt 25 ]; then
-  timeout $(( $(left) - 12 )) $PY -m pytest -q tests/gpu/test_fused_gpu.py -k engine > "$OUT/tests_engine.log" 2>&1
+  timeout $(( $(left) - 12 )) $PY -m pytest -q tests/gpu/test_fused_gpu.py -k "engine and not test_engine_fused_norm_fp8_greedy[llama]" \
+    > "$OUT/tests_engine.log" 2>&1
   echo "engine tests rc=$? (124: out of time): $(tail -1 "$OUT/tests_engine.log")"; stamp
   grep -E "^FAILED" "$OUT/tests_engine.log" | head -5
 fi
