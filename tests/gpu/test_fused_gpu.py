@@ -278,13 +278,12 @@ def check_fp8_silu_gemm(device, dtype, m, n, k, group_k=None, bias=False, config
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("num_tokens,hq,hkv,head_dim,qk_norm", [
-    (1, 32, 8, 128, False),  # Llama-3.1-8B, batch 1
-    (256, 16, 8, 128, True),  # Qwen3-0.6B, 256 decodes
-    (77, 14, 2, 64, True),  # a head count no power of two
-    (5, 12, 4, 80, False),  # a head_dim no power of two
+@pytest.mark.parametrize("num_tokens,hq,hkv,head_dim,qk_norm,block_size", [
+    (1, 32, 8, 128, False, 16),  # Llama-3.1-8B, batch 1
+    (256, 16, 8, 128, True, 16),  # Qwen3-0.6B, 256 decodes
+    (77, 14, 2, 64, True, 32),  # a head count no power of two, 32-token blocks
+    (5, 12, 4, 80, False, 16),  # a head_dim no power of two
 ])  # fmt: skip
-@pytest.mark.parametrize("block_size", [16, 32])
 def test_qkv_rope_store(dtype, num_tokens, hq, hkv, head_dim, qk_norm, block_size):
     check_qkv_rope_store("cuda", dtype, num_tokens, hq, hkv, head_dim, block_size, qk_norm)
 
@@ -316,7 +315,7 @@ def test_attention_layer_fused(dtype, arch):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("m", [1, 2, 3, 8, 16])
+@pytest.mark.parametrize("m", [1, 3, 16])
 @pytest.mark.parametrize("group_k", [None, 128])
 def test_fp8_silu_gemm(dtype, m, group_k):
     check_fp8_silu_gemm("cuda", dtype, m, 384, 512, group_k, bias=m == 3)
@@ -364,7 +363,7 @@ def check_fp8_norm_gemv(device, dtype, m, n, k, residual=True, gated=False, grou
     assert torch.equal(x, x_before)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize("gated", [False, True])
 def test_fp8_norm_gemv(dtype, residual, gated):
