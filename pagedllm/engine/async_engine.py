@@ -12,8 +12,9 @@ forward pass), and it imports no fastapi / uvicorn / prometheus.
     async for out in stream ◀─ call_soon_threadsafe ─  snapshot each output → its stream
     abort():    inbox ← AbortMessage ───────────────▶        stats → stat loggers (log line, Prometheus)
 
-Outputs are cumulative (the text and tokens so far), so a stream keeps only the newest one:
-a slow consumer skips intermediate states instead of queueing them.
+A stream of cumulative outputs (the text and tokens so far) keeps only the newest one, so a
+slow consumer skips intermediate states instead of queueing them; a stream of deltas (the
+server's, when it streams) keeps those not yet read and hands them over joined into one.
 
 Failure model: a request the engine rejects (ValueError from add_request) gets that ValueError;
 when `step()` raises, every in-flight request fails with RequestFailedError and is aborted, and
@@ -174,7 +175,8 @@ class AsyncLLMEngine:
     ) -> AsyncIterator[RequestOutput]:
         """Submit a request and return the async stream of its outputs, of the kind
         `sampling_params.output_kind` asks for (CUMULATIVE: a slow consumer gets the newest;
-        DELTA: every delta, in order); the last has `finished=True`. Must be called from a
+        DELTA: every delta, in order, those that arrived while the consumer was busy joined
+        into one); the last has `finished=True`. Must be called from a
         running event loop. With `final_only` (the same as output_kind FINAL_ONLY), the
         stream yields only the final output (less work per step for a caller that does not
         stream).

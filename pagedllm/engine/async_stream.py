@@ -62,8 +62,9 @@ class StreamState:
 
 class RequestStream:
     """The asyncio side of one request: holds the newest output (cumulative outputs: a newer
-    one replaces it) or every output not yet read (deltas), or an error, and wakes the
-    consumer. `put` / `fail` run on the stream's event loop only."""
+    one replaces it) or the outputs not yet read (deltas: a consumer that fell behind gets
+    them joined into one, as it would have got the newest cumulative one), or an error, and
+    wakes the consumer. `put` / `fail` run on the stream's event loop only."""
 
     __slots__ = ("request_id", "loop", "delta", "_pending", "_error", "_ready", "done")
 
@@ -91,11 +92,42 @@ class RequestStream:
     async def get(self) -> RequestOutput:
         while True:
             if self._pending:
-                return self._pending.popleft()
+                if len(self._pending) == 1 or not self.delta:
+                    return self._pending.popleft()
+                joined = join_deltas(list(self._pending))
+                self._pending.clear()
+                return joined
             if self._error is not None:
                 raise self._error
             self._ready.clear()
             await self._ready.wait()
+
+
+def join_deltas(deltas: list[RequestOutput]) -> RequestOutput:
+    """Consecutive DELTA outputs of one request as one: each sample's pieces concatenated (in
+    index order), the rest (finish, cumulative_logprob, metrics, ...) as the newest says.
+    Costs what the pieces hold, not what the request has produced so far."""
+    samples: dict[int, list[CompletionOutput]] = {}
+    prompt_logprobs = None
+    for d in deltas:
+        for c in d.outputs:
+            samples.setdefault(c.index, []).append(c)
+        if d.prompt_logprobs:
+            prompt_logprobs = (prompt_logprobs or []) + d.prompt_logprobs
+    outputs = []
+    for i in sorted(samples):
+        pieces = samples[i]
+        last = pieces[-1]
+        if len(pieces) > 1:
+            lps = [lp for c in pieces for lp in (c.logprobs or ())] if last.logprobs is not None else None
+            last = dataclasses.replace(
+                last,
+                text="".join(c.text for c in pieces),
+                token_ids=[t for c in pieces for t in c.token_ids],
+                logprobs=lps,
+            )
+        outputs.append(last)
+    return dataclasses.replace(deltas[-1], outputs=outputs, prompt_logprobs=prompt_logprobs)
 
 
 def abort_output(request_id: str, state: StreamState) -> RequestOutput:

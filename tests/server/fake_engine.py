@@ -1,6 +1,7 @@
 """A stand-in for LLMEngine with the same surface (add_request, abort_request, step, ...), for
 testing the AsyncLLMEngine and the HTTP layer without a model: every step gives each request
-one token, and the tokenizer maps a character to a token id and back."""
+one token, and the tokenizer maps a character to a token id and back. Outputs are cumulative,
+or of the new token only for `output_kind` DELTA, or only the final one for FINAL_ONLY."""
 
 from __future__ import annotations
 
@@ -90,6 +91,8 @@ class FakeEngine:
                 continue
             outs = []
             for i, toks in enumerate(samples):
+                if params.output_kind == RequestOutputKind.DELTA:
+                    toks = toks[-1:]  # only the new token
                 lps = None
                 if params.logprobs is not None:
                     lps = [{t: Logprob(-0.5, 1, self.tokenizer.decode([t])),

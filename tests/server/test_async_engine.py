@@ -261,3 +261,30 @@ def test_queue_limit_reads_max_num_seqs_from_the_engine():
         run(go())
     finally:
         engine.shutdown()
+
+
+def test_delta_stream_joins_what_a_slow_consumer_missed(engine, fake):
+    # DELTA: a consumer that falls behind gets the deltas queued meanwhile as one output (the
+    # pieces concatenated per sample), as a cumulative stream would give it the newest state
+    from pagedllm.sampling_params import RequestOutputKind
+
+    sp = SamplingParams(max_tokens=12, n=2, logprobs=1, output_kind=RequestOutputKind.DELTA)
+    full = run(collect(engine, [5], SamplingParams(max_tokens=12, n=2, logprobs=1), "cum"))[-1]
+
+    async def go():
+        outs = []
+        async for out in engine.generate([5], sp, "delta"):
+            outs.append(out)
+            await asyncio.sleep(0.02)  # several engine steps (1 ms each) go by
+        return outs
+
+    outs = run(go())
+    assert outs[-1].finished and not any(o.finished for o in outs[:-1])
+    assert len(outs) < 12  # joined: fewer outputs than tokens
+    for c in full.outputs:
+        pieces = [x for o in outs for x in o.outputs if x.index == c.index]
+        assert [t for x in pieces for t in x.token_ids] == c.token_ids
+        assert "".join(x.text for x in pieces) == c.text
+        assert [lp for x in pieces for lp in x.logprobs] == c.logprobs
+        assert [x.finish_reason for x in pieces] == [None] * (len(pieces) - 1) + ["length"]
+    assert engine.num_in_flight == 0

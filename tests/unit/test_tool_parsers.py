@@ -32,7 +32,7 @@ def test_whole_and_streamed(name):
     streamer = ToolCallStreamer("auto", "auto", parser)
     streamed, parts = "", {}
     for end in range(1, len(text) + 1):  # one character at a time
-        delta, deltas = streamer.update(text[:end], end == len(text))
+        delta, deltas = streamer.update(text[end - 1], end == len(text))
         streamed += delta
         for d in deltas:
             p = parts.setdefault(d.index, ["", ""])
@@ -48,7 +48,7 @@ def test_plain_text_stays_content(name):
     text = "No tools needed: the answer is 42."
     assert final_tool_calls("auto", "auto", parser, text) == (text, [])
     streamer = ToolCallStreamer("auto", "auto", parser)
-    out = "".join(streamer.update(text[:i], i == len(text))[0] for i in range(1, len(text) + 1))
+    out = "".join(streamer.update(text[i - 1], i == len(text))[0] for i in range(1, len(text) + 1))
     assert out == text
 
 

@@ -40,9 +40,9 @@ from pagedllm.entrypoints.openai.serving_engine import (
     SSE_DONE,
     ClientDisconnected,
     OpenAIServing,
+    TextDeltas,
     cancel_on_disconnect,
     prepend,
-    safe_text_end,
     sse,
     sse_error,
     to_api_error,
@@ -121,7 +121,7 @@ class OpenAIServingChat(OpenAIServing):
 
         request_id = random_id("chatcmpl")
         created = int(time.time())
-        stream = self.submit([ids], [params], request_id, req.priority, final_only=not req.stream)
+        stream = self.submit([ids], [params], request_id, req.priority)
         if req.stream:
             try:  # the first token may be a long prefill away: watch the client meanwhile
                 first = await cancel_on_disconnect(self.first_item(stream), raw_request)
@@ -271,10 +271,9 @@ class OpenAIServingChat(OpenAIServing):
         n = req.n
         streamers = [ToolCallStreamer(mode, choice, self.tool_parser) if mode else None for _ in range(n)]
         any_calls = [False] * n
-        num_cached = 0
         num_top = req.top_logprobs or 0
-        sent_chars = [0] * n
-        sent_tokens = [0] * n
+        texts = [TextDeltas() for _ in range(n)]
+        num_tokens = [0] * n  # generated so far, per choice
         finished = [False] * n
         opts = req.stream_options
         include_usage = bool(opts and opts.include_usage)
@@ -288,32 +287,31 @@ class OpenAIServingChat(OpenAIServing):
                 )
             )
 
-        last: RequestOutput | None = None
+        num_cached = 0
         try:
             for i in range(n):
                 yield chunk(ChatCompletionStreamChoice(index=i, delta=DeltaMessage(role="assistant", content="")))
+            # each output holds only what is new (DELTA), of the samples that have something new
             async for _, out in outputs:
+                num_cached = out.num_cached_tokens
+                for c in out.outputs:
+                    num_tokens[c.index] += len(c.token_ids)
                 for c in out.outputs:
                     i = c.index
                     if finished[i]:
                         continue
                     done = c.finish_reason is not None
-                    end = safe_text_end(c.text, done)
-                    delta = c.text[sent_chars[i]:end] if end > sent_chars[i] else ""
-                    new_ids = c.token_ids[sent_tokens[i]:]
+                    delta = texts[i].take(c.text, done)
+                    new_ids = c.token_ids
                     if not delta and not done and not (new_ids and req.logprobs):
                         continue
-                    logprobs = None
-                    if req.logprobs:
-                        steps = c.logprobs[sent_tokens[i]:] if c.logprobs is not None else None
-                        logprobs = self._logprobs(new_ids, steps, num_top)
-                    sent_chars[i] = max(sent_chars[i], end)
-                    sent_tokens[i] = len(c.token_ids)
+                    logprobs = self._logprobs(new_ids, c.logprobs, num_top) if req.logprobs else None
                     finished[i] = done
                     message = DeltaMessage(content=delta)
                     finish = c.finish_reason
-                    if streamers[i] is not None:
-                        content, calls = streamers[i].update(c.text[:sent_chars[i]], done)
+                    streamer = streamers[i]
+                    if streamer is not None:
+                        content, calls = streamer.update(delta, done)
                         message = DeltaMessage(content=content if content or not calls else None,
                                                tool_calls=calls or None)
                         any_calls[i] = any_calls[i] or bool(calls)
@@ -323,8 +321,7 @@ class OpenAIServingChat(OpenAIServing):
                             continue
                     usage = None
                     if continuous_usage:
-                        gen = sum(len(x.token_ids) for x in out.outputs)
-                        usage = self.usage(num_prompt_tokens, gen, out.num_cached_tokens)
+                        usage = self.usage(num_prompt_tokens, sum(num_tokens), num_cached)
                     yield chunk(
                         ChatCompletionStreamChoice(
                             index=i,
@@ -335,11 +332,8 @@ class OpenAIServingChat(OpenAIServing):
                         ),
                         usage,
                     )
-                last = out
             if include_usage:
-                gen = sum(len(x.token_ids) for x in last.outputs) if last is not None else 0
-                num_cached = last.num_cached_tokens if last is not None else 0
-                yield chunk(None, self.usage(num_prompt_tokens, gen, num_cached))
+                yield chunk(None, self.usage(num_prompt_tokens, sum(num_tokens), num_cached))
         except Exception as e:  # noqa: BLE001 - the status line is gone; report in the stream
             yield sse_error(e)
         finally:

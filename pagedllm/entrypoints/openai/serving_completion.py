@@ -31,9 +31,9 @@ from pagedllm.entrypoints.openai.serving_engine import (
     SSE_DONE,
     ClientDisconnected,
     OpenAIServing,
+    TextDeltas,
     cancel_on_disconnect,
     prepend,
-    safe_text_end,
     sse,
     sse_error,
     to_api_error,
@@ -75,8 +75,7 @@ class OpenAIServingCompletion(OpenAIServing):
             )
         request_id = random_id("cmpl")
         created = int(time.time())
-        stream = self.submit([ids for _, ids in prompts], params, request_id, req.priority,
-                             final_only=not req.stream)
+        stream = self.submit([ids for _, ids in prompts], params, request_id, req.priority)
         if req.stream:
             try:  # the first token may be a long prefill away: watch the client meanwhile
                 first = await cancel_on_disconnect(self.first_item(stream), raw_request)
@@ -209,41 +208,45 @@ class OpenAIServingCompletion(OpenAIServing):
     ) -> AsyncIterator[str]:
         n = req.n
         num_choices = len(prompts) * n
-        sent_chars = [0] * num_choices
-        sent_tokens = [0] * num_choices
+        texts = [TextDeltas() for _ in range(num_choices)]
         finished = [False] * num_choices
         started = [False] * num_choices
-        generated = [0] * num_choices
+        num_tokens = [0] * num_choices  # generated so far
+        generated = [0] * num_choices  # as of each choice's latest chunk (what usage counts)
         opts = req.stream_options
         include_usage = bool(opts and opts.include_usage)
         continuous_usage = include_usage and bool(opts and opts.continuous_usage_stats)
         num_prompt_tokens = sum(len(ids) for _, ids in prompts)
+        # echo with logprobs: each prompt's logprobs, which DELTA outputs carry only once
+        prompt_logprobs: list[list] = [[] for _ in prompts]
         try:
+            # each output holds only what is new (DELTA), of the samples that have something new
             async for p_idx, out in outputs:
+                if req.echo and out.prompt_logprobs:
+                    prompt_logprobs[p_idx].extend(out.prompt_logprobs)
                 for c in out.outputs:
                     i = p_idx * n + c.index
+                    num_tokens[i] += len(c.token_ids)
                     if finished[i]:
                         continue
                     done = c.finish_reason is not None
-                    end = safe_text_end(c.text, done)
-                    delta = c.text[sent_chars[i]:end] if end > sent_chars[i] else ""
-                    new_ids = c.token_ids[sent_tokens[i]:]
+                    sent = texts[i].sent
+                    delta = texts[i].take(c.text, done)
+                    new_ids = c.token_ids
                     if not delta and not done and not (new_ids and req.logprobs is not None):
                         continue
                     logprobs = None
                     if req.logprobs is not None:
                         logprobs = CompletionLogProbs()
                         if req.echo and not started[i]:
-                            self._add_logprobs(logprobs, prompts[p_idx][1], out.prompt_logprobs, req.logprobs, 0)
-                        steps = c.logprobs[sent_tokens[i]:] if c.logprobs is not None else None
-                        self._add_logprobs(logprobs, new_ids, steps, req.logprobs, sent_chars[i])
+                            self._add_logprobs(logprobs, prompts[p_idx][1], prompt_logprobs[p_idx] or None,
+                                               req.logprobs, 0)
+                        self._add_logprobs(logprobs, new_ids, c.logprobs, req.logprobs, sent)
                     if req.echo and not started[i]:
                         text, ids = prompts[p_idx]
                         delta = (await self._prompt_text(text, ids)) + delta
                     started[i] = True
-                    sent_chars[i] = max(sent_chars[i], end)
-                    sent_tokens[i] = len(c.token_ids)
-                    generated[i] = len(c.token_ids)
+                    generated[i] = num_tokens[i]
                     finished[i] = done
                     chunk = CompletionStreamResponse(
                         id=request_id,

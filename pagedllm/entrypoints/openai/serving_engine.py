@@ -33,7 +33,7 @@ from pagedllm.entrypoints.openai.protocol import (
     UsageInfo,
 )
 from pagedllm.outputs import Logprob
-from pagedllm.sampling_params import SamplingParams
+from pagedllm.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -319,6 +319,8 @@ class OpenAIServing:
         req: Any, *, max_tokens: int, logprobs: int | None, prompt_logprobs: int | None = None,
         structured_outputs: Any = None, skip_special_tokens: bool | None = None,
     ) -> SamplingParams:
+        """The request's SamplingParams; a streamed request asks for DELTA outputs (its chunks
+        are the deltas), any other for FINAL_ONLY (one output, nothing copied per step)."""
         # fields the request leaves unset take the model's generation_config.json defaults
         model_defaults = self._model_defaults()
 
@@ -350,6 +352,7 @@ class OpenAIServing:
                 allowed_token_ids=req.allowed_token_ids,
                 bad_words=req.bad_words,
                 structured_outputs=structured_outputs,
+                output_kind=RequestOutputKind.DELTA if req.stream else RequestOutputKind.FINAL_ONLY,
             )
         except ValueError as e:
             m = _FIELD_RE.match(str(e))
@@ -399,10 +402,9 @@ class OpenAIServing:
 
     def submit(
         self, prompts: list[list[int]], params: list[SamplingParams], request_id: str, priority: int,
-        final_only: bool = False,
     ) -> AsyncIterator[tuple[int, Any]]:
         """Start one engine request per prompt; the merged stream yields (prompt index, output),
-        only the final ones with `final_only` (for a response that is not streamed)."""
+        of the kind each one's `output_kind` asks for."""
         try:
             self.engine.check_capacity(len(prompts))
         except (QueueFullError, EngineDeadError) as e:
@@ -411,7 +413,7 @@ class OpenAIServing:
         try:
             for i, (ids, p) in enumerate(zip(prompts, params)):
                 streams.append(
-                    self.engine.generate(ids, p, f"{request_id}-{i}", priority=priority, final_only=final_only)
+                    self.engine.generate(ids, p, f"{request_id}-{i}", priority=priority)
                 )
         except Exception as e:  # noqa: BLE001
             self.engine.abort_nowait([f"{request_id}-{j}" for j in range(len(streams))])
@@ -440,12 +442,27 @@ async def prepend(first: T, rest: AsyncIterator[T]) -> AsyncIterator[T]:
         await rest.aclose()  # type: ignore[attr-defined]
 
 
-def safe_text_end(text: str, finished: bool) -> int:
-    """How much of a still-growing text can be streamed: not a trailing partial UTF-8 character
-    (U+FFFD). (The engine's text already holds back what could begin a stop string.)"""
-    if finished:
-        return len(text)
-    end = len(text)
-    while end > 0 and text[end - 1] == "\ufffd":
-        end -= 1
-    return max(end, 0)
+class TextDeltas:
+    """A streamed choice's text from the engine's deltas: what can go out now, holding back a
+    trailing partial UTF-8 character (U+FFFD) until more text or the end comes. (The engine's
+    text already holds back what could begin a stop string.) `sent` counts what went out."""
+
+    __slots__ = ("held", "sent")
+
+    def __init__(self) -> None:
+        self.held = ""
+        self.sent = 0
+
+    def take(self, text: str, finished: bool) -> str:
+        if self.held:
+            text = self.held + text
+        end = len(text)
+        if not finished:
+            while end > 0 and text[end - 1] == "\ufffd":
+                end -= 1
+        if end == len(text):
+            self.held = ""
+        else:
+            text, self.held = text[:end], text[end:]
+        self.sent += len(text)
+        return text

@@ -45,13 +45,14 @@ def final_tool_calls(mode: str, choice: str, parser: ToolParser | None, text: st
 
 
 class ToolCallStreamer:
-    """One choice's stream: `update(text, done)` -> (content delta, tool-call deltas)."""
+    """One choice's stream: `update(new text, done)` -> (content delta, tool-call deltas). Only
+    the modes that parse the whole output ("required", "auto") keep it."""
 
     def __init__(self, mode: str, choice: str, parser: ToolParser | None) -> None:
         self.mode, self.choice, self.parser = mode, choice, parser
+        self.text = ""  # required / auto: the output so far
         self.sent_content = 0
         self.num_calls = 0
-        self.sent_args = 0
 
     def _deltas(self, calls: list[ParsedToolCall]) -> list[DeltaToolCall]:
         out = []
@@ -61,19 +62,18 @@ class ToolCallStreamer:
             self.num_calls += 1
         return out
 
-    def update(self, text: str, done: bool) -> tuple[str, list[DeltaToolCall]]:
-        if self.mode == "named":
+    def update(self, new: str, done: bool) -> tuple[str, list[DeltaToolCall]]:
+        if self.mode == "named":  # the output is the arguments: passed on as they come
             deltas = []
             if self.num_calls == 0:
                 deltas = self._deltas([ParsedToolCall(self.choice[len("function:"):], "")])
-            new = text[self.sent_args:]
-            self.sent_args = len(text)
             if new:
                 deltas.append(DeltaToolCall(index=0, function=DeltaFunctionCall(arguments=new)))
             return "", deltas
+        self.text += new
         if self.mode == "required":
-            return ("", self._deltas(forced_tool_calls(self.choice, text))) if done else ("", [])
-        return self._auto(text, done)
+            return ("", self._deltas(forced_tool_calls(self.choice, self.text))) if done else ("", [])
+        return self._auto(self.text, done)
 
     def _auto(self, text: str, done: bool) -> tuple[str, list[Any]]:
         p = self.parser
