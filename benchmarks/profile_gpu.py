@@ -7,6 +7,7 @@ host; if they are close, the kernels are what to speed up.
 
     python3 benchmarks/profile_gpu.py --load w2            # Llama-3.1-8B, batch 1
     python3 benchmarks/profile_gpu.py --load w1            # Qwen3-0.6B, 256 requests
+    python3 benchmarks/profile_gpu.py --load w1 --output-kind delta   # as the server's streams
     python3 benchmarks/profile_gpu.py --load w1 --model benchmarks/configs/tiny-llama --dtype float32 \\
         --num-prompts 8 --steps 5                          # CPU smoke test
 """
@@ -40,11 +41,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--quantization", default=None, help="fp8: FP8 weights (quantized at load)")
     p.add_argument("--trace", default=None, help="write a Chrome trace of the window here")
+    p.add_argument("--output-kind", choices=("final", "delta", "cumulative"), default="final",
+                   help="the requests' RequestOutputKind: final (FINAL_ONLY, what LLM.generate and so W1 "
+                        "ask for; the default), delta (a streamed server request), cumulative "
+                        "(LLMEngine.add_request's default, which this profile used before 2026-12-03)")
     args = p.parse_args(argv)
 
     from pagedllm import SamplingParams
     from pagedllm.engine.llm_engine import LLMEngine, StepTiming
     from pagedllm.config import EngineArgs
+    from pagedllm.sampling_params import RequestOutputKind
+
+    kind = {"final": RequestOutputKind.FINAL_ONLY, "delta": RequestOutputKind.DELTA,
+            "cumulative": RequestOutputKind.CUMULATIVE}[args.output_kind]
 
     model = args.model or os.path.join(HERE, "configs", "qwen3-0.6b" if args.load == "w1" else "llama-3.1-8b")
     n = args.num_prompts or (256 if args.load == "w1" else 1)
@@ -61,8 +70,9 @@ def main(argv: list[str] | None = None) -> None:
     for i in range(n):
         plen = rng.randint(100, 1024) if args.load == "w1" else 128
         prompt = [rng.randrange(10000) for _ in range(plen)]
-        sp = (SamplingParams(temperature=0.6, max_tokens=1024, ignore_eos=True) if args.load == "w1"
-              else SamplingParams(temperature=0.0, max_tokens=args.skip_steps + args.steps + 16, ignore_eos=True))
+        sp = (SamplingParams(temperature=0.6, max_tokens=1024, ignore_eos=True, output_kind=kind) if args.load == "w1"
+              else SamplingParams(temperature=0.0, max_tokens=args.skip_steps + args.steps + 16, ignore_eos=True,
+                                  output_kind=kind))
         engine.add_request(str(i), prompt, sp)
     for _ in range(args.skip_steps):
         engine.step()
@@ -79,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
         wall = time.perf_counter() - t0
     running = len(engine.scheduler.running)
     print(f"{args.load}: {os.path.basename(model)} {args.dtype}, {running} requests running; window of "
-          f"{args.steps} steps after {args.skip_steps}")
+          f"{args.steps} steps after {args.skip_steps}; outputs {args.output_kind}")
     print(f"wall per step: {1e3 * wall / args.steps:.3f} ms; {engine.step_timing.summary()}")
     ev = prof.key_averages()
     dev_key = "self_device_time_total" if hasattr(ev[0], "self_device_time_total") else "self_cuda_time_total"

@@ -55,6 +55,7 @@ class Request:
         "block_hashes",
         "num_pending",
         "needs_history",
+        "stop_ids",
     )
 
     def __init__(
@@ -91,6 +92,8 @@ class Request:
         # histories on the device; nor does a grammar: its matcher lives in the runner.)
         sp = sampling_params
         self.needs_history = any(len(w) > 1 for w in sp.bad_words_token_ids)
+        # the token ids that can end it (checked on every token, so one set)
+        self.stop_ids = frozenset(sp.all_stop_token_ids if sp.ignore_eos else sp.all_stop_token_ids | eos_token_ids)
 
     @property
     def num_tokens(self) -> int:
@@ -114,10 +117,13 @@ class Request:
 
     def check_stop(self, max_model_len: int) -> RequestStatus | None:
         """Token-level stop conditions, after a new token was appended."""
-        if not self.output_token_ids:
+        out = self.output_token_ids
+        if not out:
             return None
+        last = out[-1]
+        if last not in self.stop_ids and len(out) < self.max_output_tokens and len(self.all_token_ids) < max_model_len:
+            return None  # the common case, decided without the details below
         sp = self.sampling_params
-        last = self.output_token_ids[-1]
         if self.num_output_tokens >= sp.min_tokens:
             if not sp.ignore_eos and last in self.eos_token_ids:
                 self.stop_reason = None

@@ -298,15 +298,16 @@ class Scheduler:
         sampled = runner_out.sampled_token_ids
         if self.pipeline_parallel:
             self.in_flight.difference_update(sched_out.num_scheduled_tokens)
+        requests, max_len = self.requests, self.config.max_model_len
         for rid in sched_out.num_scheduled_tokens:
-            req = self.requests.get(rid)
+            req = requests.get(rid)
             if req is None:
                 continue  # finished or aborted while the step ran
             token = sampled.get(rid)
             if token is not None:
                 req.num_pending -= 1
                 req.append_output_token(token)
-                status = req.check_stop(self.config.max_model_len)
+                status = req.check_stop(max_len)
                 if status is not None:
                     self.finish_requests(rid, status)
             results.append((req, token))

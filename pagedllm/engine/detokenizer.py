@@ -15,9 +15,9 @@ are held back from `visible_text`, so a stream never shows the start of a stop s
 token that follows another is emitted as its bare content, without the space the tokenizer's
 decoder may put before it (as vLLM does; True, the default, keeps the decoder's text).
 
-`deferred` (a request reported only when finished, without stop strings, whose text can come
-from one decode: spaces_between_special_tokens or skip_special_tokens set): `update` only
-keeps the ids and the text is decoded once, by the first `visible_text(finished=True)`.
+A request reported only when finished, without stop strings, whose text can come from one
+decode (`can_defer`: spaces_between_special_tokens or skip_special_tokens set), needs no
+detokenizer: the engine decodes its ids once, at the end (`decode_final`).
 """
 
 from __future__ import annotations
@@ -27,25 +27,32 @@ from typing import Any
 from pagedllm.sampling_params import SamplingParams
 
 
+def can_defer(params: SamplingParams) -> bool:
+    """Whether one decode of all the ids gives the text the incremental path would."""
+    return params.skip_special_tokens or params.spaces_between_special_tokens
+
+
+def decode_final(tokenizer: Any, params: SamplingParams, ids: list[int]) -> str:
+    return tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens)
+
+
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: Any, params: SamplingParams, deferred: bool = False):
+    def __init__(self, tokenizer: Any, params: SamplingParams):
         self.tokenizer = tokenizer
-        self._num_decoded = 0  # deferred: the ids that make up the text
         self.skip_special_tokens = params.skip_special_tokens
         self.stop = params.stop
         self.include_stop = params.include_stop_str_in_output
         self.max_stop_len = params.max_stop_len
-        self.token_ids: list[int] = []
+        self.token_ids: list[int] = []  # only without a DecodeStream (it keeps its own window)
         self.prefix_offset = 0
         self.read_offset = 0
         self.text = ""
         # id -> content of the added tokens, only where spaces between them are to be dropped
         self._added: dict[int, str] | None = None
         self._last_added = False
-        if not params.skip_special_tokens and not params.spaces_between_special_tokens:
+        if not can_defer(params):
             self._added = {i: t.content for i, t in tokenizer.added_tokens_decoder.items()}
-        self.deferred = deferred and self._added is None
-        backend = getattr(tokenizer, "_tokenizer", None) if not self.deferred else None
+        backend = getattr(tokenizer, "_tokenizer", None)
         self._stream = None
         if backend is not None:
             try:
@@ -61,19 +68,18 @@ class IncrementalDetokenizer:
 
     def update(self, token_id: int, detokenize: bool = True) -> str | None:
         """Adds one token; returns the stop string matched, if any."""
-        self.token_ids.append(token_id)
-        if self.deferred:
-            if detokenize:
-                self._num_decoded = len(self.token_ids)
-            return None
+        if self._stream is None:
+            self.token_ids.append(token_id)
         if not detokenize:
             return None
         if self._stream is not None:
-            delta = self._bare_added(token_id, self._stream.step(self._backend, token_id))
+            delta = self._stream.step(self._backend, token_id)
+            if self._added is not None:
+                delta = self._bare_added(token_id, delta)
             if not delta:
                 return None
-            self.text += delta
-            return self._check_stop(len(delta))
+            self._append(delta)
+            return self._check_stop(len(delta)) if self.stop else None
         ids = self.token_ids
         prefix_text = self._decode(ids[self.prefix_offset : self.read_offset])
         new_text = self._decode(ids[self.prefix_offset :])
@@ -81,8 +87,15 @@ class IncrementalDetokenizer:
             return None  # wait for the rest of a multi-byte character
         delta = self._bare_added(token_id, new_text[len(prefix_text) :]) or ""
         self.prefix_offset, self.read_offset = self.read_offset, len(ids)
-        self.text += delta
+        self._append(delta)
         return self._check_stop(len(delta))
+
+    def _append(self, delta: str) -> None:
+        # `self.text += delta` would copy the whole text on every token; a local that holds the
+        # only reference is grown in place by CPython (amortized O(len(delta)))
+        text, self.text = self.text, ""
+        text += delta
+        self.text = text
 
     def _bare_added(self, token_id: int, delta: str | None) -> str | None:
         if self._added is None:
@@ -108,12 +121,12 @@ class IncrementalDetokenizer:
         self.text = self.text[: i + len(s)] if self.include_stop else self.text[:i]
         return s
 
-    def visible_text(self, finished: bool) -> str:
-        if self.deferred:
-            if finished and self._num_decoded:
-                self.text = self._decode(self.token_ids[: self._num_decoded])
-                self._num_decoded = 0
-            return self.text
+    def visible_len(self, finished: bool) -> int:
+        """How much of `text` may be shown: all once finished, else all but what could still
+        turn out to begin a stop string."""
         if finished or self.max_stop_len <= 1 or self.include_stop:
-            return self.text
-        return self.text[: max(0, len(self.text) - (self.max_stop_len - 1))]
+            return len(self.text)
+        return max(0, len(self.text) - (self.max_stop_len - 1))
+
+    def visible_text(self, finished: bool) -> str:
+        return self.text[: self.visible_len(finished)]

@@ -24,19 +24,25 @@ from typing import Any
 
 from pagedllm.core.request import Request, RequestStatus
 from pagedllm.core.scheduler_output import ModelRunnerOutput
-from pagedllm.engine.detokenizer import IncrementalDetokenizer
+from pagedllm.engine.detokenizer import IncrementalDetokenizer, can_defer, decode_final
 from pagedllm.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput, TokenLogprobs
 from pagedllm.sampling_params import RequestOutputKind, SamplingParams
+
+_FINISHED = RequestStatus.FINISHED_STOPPED  # a status at least this is finished
+_FINAL_ONLY = RequestOutputKind.FINAL_ONLY
 
 
 @dataclass(slots=True)
 class _Sample:
     """One child sequence's output state."""
 
+    index: int
     request: Request
+    # None: no tokenizer, or (`deferred`) the text is decoded once at the end
     detok: IncrementalDetokenizer | None
     logprobs: list[dict[int, Logprob]] | None
     cum_logprob: float | None
+    deferred: bool = False
     sent_tokens: int = 0  # DELTA: what earlier outputs carried
     sent_text: int = 0
     reported_final: bool = False  # DELTA: its finish was reported
@@ -55,6 +61,7 @@ class RequestState:
     prompt_logprobs: list[dict[int, Logprob] | None] | None
     sent_prompt_logprobs: int = 0  # DELTA: prompt positions already reported
     num_finished: int = 0
+    final_only: bool = False
 
     @property
     def finished(self) -> bool:
@@ -80,14 +87,13 @@ class OutputProcessor:
     ) -> None:
         kind = params.output_kind
         samples = []
-        for child in children:
+        for i, child in enumerate(children):
             cp = child.sampling_params
             # FINAL_ONLY without stop strings needs no text before the end: decode it once then
-            deferred = kind == RequestOutputKind.FINAL_ONLY and not cp.stop
-            detok = IncrementalDetokenizer(self.tokenizer, cp, deferred) if self.tokenizer is not None else None
-            samples.append(
-                _Sample(child, detok, [] if cp.logprobs is not None else None, 0.0 if cp.logprobs is not None else None)
-            )
+            deferred = kind == _FINAL_ONLY and not cp.stop and can_defer(cp) and self.tokenizer is not None
+            detok = IncrementalDetokenizer(self.tokenizer, cp) if self.tokenizer is not None and not deferred else None
+            lps: list[dict[int, Logprob]] | None = [] if cp.logprobs is not None else None
+            samples.append(_Sample(i, child, detok, lps, 0.0 if lps is not None else None, deferred))
         state = RequestState(
             request_id,
             prompt,
@@ -96,6 +102,7 @@ class OutputProcessor:
             samples,
             RequestMetrics(arrival_time=arrival),
             [None] if params.prompt_logprobs is not None else None,
+            final_only=kind == _FINAL_ONLY,
         )
         self.requests[request_id] = state
         for s in samples:
@@ -115,48 +122,62 @@ class OutputProcessor:
         self, results: list[tuple[Request, int | None]], runner_out: ModelRunnerOutput, stop: Callable[[str], None]
     ) -> list[RequestOutput]:
         """The scheduler's (request, new token) pairs of one step -> the outputs due. `stop`
-        ends a child whose stop string appeared (the scheduler frees its blocks)."""
+        ends a child whose stop string appeared (the scheduler frees its blocks).
+
+        This runs once per request per step: a FINAL_ONLY request that is not finishing costs
+        a lookup, its timing and its counts (no output, no text), and nothing here copies what a
+        request has produced so far."""
         now = time.monotonic()
-        touched: dict[str, RequestState] = {}
+        child = self._child
+        lp_map = runner_out.logprobs
+        plp_map = runner_out.prompt_logprobs
+        due: dict[str, RequestState] = {}  # the requests with an output to make
+        num_generated = 0
         for req, token in results:
-            entry = self._child.get(req.request_id)
+            entry = child.get(req.request_id)
             if entry is None:
                 continue
             state, sample = entry
-            touched[state.request_id] = state
             m = state.metrics
             if m.first_scheduled_time is None:
                 m.first_scheduled_time = req.first_scheduled_time
                 m.time_in_queue = (req.first_scheduled_time or now) - m.arrival_time
                 self.prompt_tokens_total += len(state.prompt_token_ids)
-            plp = runner_out.prompt_logprobs.get(req.request_id)
-            if plp is not None and sample is state.samples[0] and state.prompt_logprobs is not None:
-                state.prompt_logprobs.extend(self.logprob_dicts(plp))
+            if plp_map and state.prompt_logprobs is not None and sample is state.samples[0]:
+                plp = plp_map.get(req.request_id)
+                if plp is not None:
+                    state.prompt_logprobs.extend(self.logprob_dicts(plp))
             if token is None:
+                if not state.final_only:
+                    due[state.request_id] = state
                 continue
-            self.generation_tokens_total += 1
+            num_generated += 1
             if m.first_token_time is None:
                 m.first_token_time = now
             m.last_token_time = now
             if sample.logprobs is not None:
-                lp = runner_out.logprobs.get(req.request_id)
+                lp = lp_map.get(req.request_id)
                 if lp is not None:
-                    sample.logprobs.append(self.logprob_dicts([lp])[0])  # type: ignore[arg-type,list-item]
+                    sample.logprobs.append(self.logprob_dicts([lp])[0])  # type: ignore[arg-type]
                     sample.cum_logprob += lp.logprob  # type: ignore[operator]
-            if sample.detok is not None:
+            detok = sample.detok
+            if detok is not None:
                 stopped_by_token = req.status == RequestStatus.FINISHED_STOPPED
-                detok = not stopped_by_token or req.sampling_params.include_stop_str_in_output
-                stop_str = sample.detok.update(token, detokenize=detok)
-                if stop_str is not None and not req.status.finished:
+                stop_str = detok.update(token, not stopped_by_token or req.sampling_params.include_stop_str_in_output)
+                if stop_str is not None and req.status < _FINISHED:
                     stop(req.request_id)
                     req.stop_reason = stop_str
-            if req.status.finished:
+            if req.status >= _FINISHED:
                 state.num_finished += 1
                 m.num_preemptions += req.num_preemptions
+                due[state.request_id] = state
+            elif not state.final_only:
+                due[state.request_id] = state
+        self.generation_tokens_total += num_generated
         outputs = []
-        for state in touched.values():
+        for state in due.values():
             fin = state.finished
-            if state.kind == RequestOutputKind.FINAL_ONLY and not fin:
+            if state.final_only and not fin:
                 continue
             out = self._output(state)
             if fin:
@@ -181,52 +202,87 @@ class OutputProcessor:
         return out
 
     def _output(self, state: RequestState) -> RequestOutput | None:
-        delta = state.kind == RequestOutputKind.DELTA
+        if state.kind == RequestOutputKind.DELTA:
+            return self._delta_output(state)
         copy = state.kind == RequestOutputKind.CUMULATIVE
         completions = []
-        for i, s in enumerate(state.samples):
+        for s in state.samples:
             child = s.request
-            fin = child.status.finished
-            text = s.detok.visible_text(fin) if s.detok is not None else ""
+            fin = child.status >= _FINISHED
             ids = child.output_token_ids
             lps = s.logprobs
-            if delta:
-                if s.reported_final or (len(ids) == s.sent_tokens and len(text) == s.sent_text and not fin):
-                    continue  # nothing new for this sample
-                text, ids = text[s.sent_text :], ids[s.sent_tokens :]
-                lps = lps[s.sent_tokens :] if lps is not None else None
-                s.sent_text += len(text)
-                s.sent_tokens += len(ids)
-                s.reported_final = fin
-            elif copy:
+            if s.detok is not None:
+                text = s.detok.visible_text(fin)
+            elif s.deferred and fin:
+                stopped_by_token = child.status == RequestStatus.FINISHED_STOPPED and ids
+                keep = ids[:-1] if stopped_by_token and not child.sampling_params.include_stop_str_in_output else ids
+                text = decode_final(self.tokenizer, child.sampling_params, keep)
+            else:
+                text = ""
+            if copy:
                 ids = list(ids)
                 lps = list(lps) if lps is not None else None
-            completions.append(
-                CompletionOutput(
-                    index=i,
-                    text=text,
-                    token_ids=ids,
-                    cumulative_logprob=s.cum_logprob,
-                    logprobs=lps,
-                    finish_reason=child.status.finish_reason if fin else None,
-                    stop_reason=child.stop_reason if fin else None,
-                )
-            )
+            completions.append(self._completion(s, text, ids, lps, fin))
+        plp = state.prompt_logprobs
+        if copy and plp is not None:
+            plp = list(plp)
+        return self._request_output(state, completions, plp)
+
+    def _delta_output(self, state: RequestState) -> RequestOutput | None:
+        """What is new since the previous output: O(new), whatever the length so far."""
+        completions = []
+        for s in state.samples:
+            if s.reported_final:
+                continue
+            child = s.request
+            fin = child.status >= _FINISHED
+            ids = child.output_token_ids
+            detok = s.detok
+            end = detok.visible_len(fin) if detok is not None else 0
+            num_new = len(ids) - s.sent_tokens
+            if not num_new and end == s.sent_text and not fin:
+                continue  # nothing new for this sample
+            text = detok.text[s.sent_text : end] if detok is not None and end > s.sent_text else ""
+            new_ids = ids[s.sent_tokens :] if num_new else []
+            lps = s.logprobs[s.sent_tokens :] if s.logprobs is not None else None
+            if end > s.sent_text:
+                s.sent_text = end
+            s.sent_tokens = len(ids)
+            s.reported_final = fin
+            completions.append(self._completion(s, text, new_ids, lps, fin))
         plp = state.prompt_logprobs
         if plp is not None:
-            if delta:
-                plp, state.sent_prompt_logprobs = plp[state.sent_prompt_logprobs :], len(plp)
-            elif copy:
-                plp = list(plp)
-        if delta and not completions and not plp:
+            plp, state.sent_prompt_logprobs = plp[state.sent_prompt_logprobs :], len(plp)
+        if not completions and not plp:
             return None
+        return self._request_output(state, completions, plp)
+
+    @staticmethod
+    def _completion(
+        s: _Sample, text: str, ids: list[int], lps: list[dict[int, Logprob]] | None, fin: bool
+    ) -> CompletionOutput:
+        child = s.request
+        return CompletionOutput(
+            s.index,
+            text,
+            ids,
+            s.cum_logprob,
+            lps,
+            child.status.finish_reason if fin else None,
+            child.stop_reason if fin else None,
+        )
+
+    @staticmethod
+    def _request_output(
+        state: RequestState, completions: list[CompletionOutput], plp: list[dict[int, Logprob] | None] | None
+    ) -> RequestOutput:
         return RequestOutput(
-            request_id=state.request_id,
-            prompt=state.prompt,
-            prompt_token_ids=state.prompt_token_ids,
-            prompt_logprobs=plp,
-            outputs=completions,
-            finished=state.finished,
-            metrics=state.metrics,
-            num_cached_tokens=max(state.samples[0].request.num_cached_tokens, 0),
+            state.request_id,
+            state.prompt,
+            state.prompt_token_ids,
+            plp,
+            completions,
+            state.num_finished == len(state.samples),
+            state.metrics,
+            max(state.samples[0].request.num_cached_tokens, 0),
         )

@@ -82,3 +82,36 @@ def test_generate_reports_final_outputs_only(llm):
 def test_output_kind_is_checked():
     with pytest.raises(ValueError, match="output_kind"):
         SamplingParams(output_kind=7)
+
+
+def test_final_only_text_leaves_out_the_stop_token(engine, llm):
+    # FINAL_ONLY without stop strings decodes the text once at the end, from the request's ids:
+    # a stop token ends the output but is not in its text (unless include_stop_str_in_output)
+    tok = llm.get_tokenizer()
+    probe = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, skip_special_tokens=False)
+    engine.add_request("probe", "one two three", probe)
+    ids = None
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            ids = out.outputs[0].token_ids
+    stop_id = ids[4]
+    for include in (False, True):
+        texts = {}
+        for kind in (RequestOutputKind.CUMULATIVE, RequestOutputKind.FINAL_ONLY):
+            sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, stop_token_ids=[stop_id],
+                                include_stop_str_in_output=include, skip_special_tokens=False, output_kind=kind)
+            seen = _run_one(engine, sp)
+            c = seen[-1].outputs[0]
+            assert c.finish_reason == "stop" and c.stop_reason == stop_id and c.token_ids[-1] == stop_id
+            texts[kind] = c.text
+        cut = ids[: ids.index(stop_id) + 1]
+        expected = tok.decode(cut if include else cut[:-1], skip_special_tokens=False)
+        assert texts[RequestOutputKind.FINAL_ONLY] == texts[RequestOutputKind.CUMULATIVE] == expected
+
+
+def _run_one(engine, sp: SamplingParams) -> list:
+    engine.add_request("one", "one two three", sp)
+    seen = []
+    while engine.has_unfinished_requests():
+        seen.extend(engine.step())
+    return seen
