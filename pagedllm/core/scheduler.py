@@ -182,26 +182,28 @@ class Scheduler:
         now = time.monotonic()  # first_scheduled_time, on the requests' clock
         preempted = False
 
-        # 1. running requests, oldest first
+        # 1. running requests, oldest first (this loop runs for every running request every
+        # step: properties are spelled out and nothing is allocated for a decode that needs no
+        # new block)
         i = 0
+        in_flight = self.in_flight
+        req_blocks = bm.req_blocks
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            if req.request_id in self.in_flight:
+            if in_flight and req.request_id in in_flight:
                 i += 1  # pipeline parallelism: in a batch still in flight
                 continue
+            num_with_pending = len(req.all_token_ids) + req.num_pending
             if req.num_pending and (
-                req.num_output_tokens + req.num_pending >= req.max_output_tokens
-                or req.num_tokens_with_pending >= max_len
+                len(req.output_token_ids) + req.num_pending >= req.max_output_tokens or num_with_pending >= max_len
             ):
                 i += 1  # its last token is in flight: it finishes when that arrives
                 continue
-            num_new = min(
-                req.num_tokens_with_pending - req.num_computed_tokens, budget, max_len - req.num_computed_tokens
-            )
+            num_new = min(num_with_pending - req.num_computed_tokens, budget, max_len - req.num_computed_tokens)
             if num_new <= 0:
                 i += 1
                 continue
-            old_len = len(bm.get_block_ids(req.request_id))
+            old_len = len(req_blocks.get(req.request_id, ()))
             scheduled = True
             while not bm.allocate_slots(req, num_new):
                 victim = self._pick_victim(i)
@@ -216,8 +218,9 @@ class Scheduler:
                     break
             if not scheduled:
                 continue
+            table = req_blocks[req.request_id]
             cached = CachedRequestData(
-                req.request_id, bm.get_block_ids(req.request_id)[old_len:], req.num_computed_tokens
+                req.request_id, table[old_len:] if len(table) > old_len else (), req.num_computed_tokens
             )
             if self.pipeline_parallel:
                 sent = self._num_tokens_sent[req.request_id]
@@ -279,12 +282,13 @@ class Scheduler:
     @staticmethod
     def _advance(req: Request, num_new: int, out: SchedulerOutput) -> None:
         out.num_scheduled_tokens[req.request_id] = num_new
-        if num_new == 1 and req.num_computed_tokens + 1 == req.num_tokens_with_pending:
+        num_with_pending = len(req.all_token_ids) + req.num_pending
+        if num_new == 1 and req.num_computed_tokens + 1 == num_with_pending:
             out.num_decodes += 1
         else:
             out.num_prefill_tokens += num_new
         req.num_computed_tokens += num_new
-        if req.num_computed_tokens == req.num_tokens_with_pending:
+        if req.num_computed_tokens == num_with_pending:
             req.num_pending += 1  # this step samples the next token
 
     def update_from_output(

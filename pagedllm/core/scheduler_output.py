@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pagedllm.outputs import TokenLogprobs
@@ -26,11 +27,11 @@ class CachedRequestData:
     """A request that was running last step: only what changed."""
 
     req_id: str
-    new_block_ids: list[int]
+    new_block_ids: Sequence[int]  # () when none (most steps of a decode): nothing allocated
     num_computed_tokens: int
     # pipeline parallelism only: tokens sampled since the request was last scheduled (the
     # last stage samples them; the other stages learn them here)
-    new_token_ids: list[int] = field(default_factory=list)
+    new_token_ids: Sequence[int] = ()
 
 
 @dataclass(slots=True)

@@ -27,6 +27,7 @@ whose `gen` is still the one it launched with.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -174,12 +175,12 @@ class InputBatch:
         self.gen[row] += 1
         self.free.append(row)
 
-    def add_blocks(self, row: int, block_ids: list[int]) -> None:
+    def add_blocks(self, row: int, block_ids: Sequence[int]) -> None:
         n = self.num_blocks[row]
         self.block_table[row, n : n + len(block_ids)] = block_ids
         self.num_blocks[row] = n + len(block_ids)
 
-    def add_tokens(self, row: int, token_ids: list[int]) -> None:
+    def add_tokens(self, row: int, token_ids: Sequence[int]) -> None:
         n = self.num_tokens[row]
         self.token_ids[row, n : n + len(token_ids)] = token_ids
         self.num_tokens[row] = n + len(token_ids)
