@@ -12,8 +12,9 @@
 # Flags (for a shorter session):
 #   --steps LIST           which of tests,profile,w1,w2 run (default: all four)
 #   --profile-kinds LIST   this tree's profile once per output kind (final,delta,cumulative:
-#                          profile_gpu.py --output-kind; default: once, its default); main's tree
-#                          runs its own profile once, as it is
+#                          profile_gpu.py --output-kind; default: once, its default, final); main's
+#                          tree runs its own profile once, as it is (before 2026-12-03: cumulative
+#                          outputs, so compare it with this tree's "cumulative")
 #   --budget S             seconds the whole call may take (default 480)
 set -uo pipefail
 STEPS=tests,profile,w1,w2
