@@ -1,6 +1,7 @@
 """Where a step's time goes on the GPU: runs the engine on a W1- or W2-like load and records a
 window of steps with torch.profiler, then prints the kernels by total device time, the device
-time per step, the wall time per step and the host phases (engine.step_timing).
+time per step, the wall time per step and the host phases (engine.step_timing), then the
+wall time and host phases of as many steps again without the profiler (which slows the host).
 
 If device busy time per step is well under the wall time per step, the engine is bound by its
 host; if they are close, the kernels are what to speed up.
@@ -91,6 +92,15 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{args.load}: {os.path.basename(model)} {args.dtype}, {running} requests running; window of "
           f"{args.steps} steps after {args.skip_steps}; outputs {args.output_kind}")
     print(f"wall per step: {1e3 * wall / args.steps:.3f} ms; {engine.step_timing.summary()}")
+    # the profiler records every host op, which slows the host phases above: the same number
+    # of steps again without it
+    engine.step_timing = StepTiming()
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        engine.step()
+    common.sync()
+    wall = time.perf_counter() - t0
+    print(f"without the profiler: wall per step: {1e3 * wall / args.steps:.3f} ms; {engine.step_timing.summary()}")
     ev = prof.key_averages()
     dev_key = "self_device_time_total" if hasattr(ev[0], "self_device_time_total") else "self_cuda_time_total"
     kernels = [e for e in ev if getattr(e, dev_key, 0) > 0]
