@@ -175,3 +175,38 @@ def test_chat_stream_equals_response(tiny_server, case):
         if body.get("logprobs"):
             entries = [e for c in mine if c["logprobs"] for e in c["logprobs"]["content"]]
             assert entries == ref["logprobs"]["content"]
+
+
+def test_text_chunk_frames_are_pydantics_bytes():
+    # the plain chunk's frame cut from a template equals the model dumped by pydantic, for
+    # texts with quotes, backslashes, control and non-ASCII characters
+    import random
+
+    from pagedllm.entrypoints.openai.protocol import (
+        ChatCompletionStreamChoice,
+        ChatCompletionStreamResponse,
+        CompletionResponseChoice,
+        CompletionStreamResponse,
+        DeltaMessage,
+    )
+    from pagedllm.entrypoints.openai.serving_engine import TextChunks, sse
+
+    def chat(i, text):
+        return ChatCompletionStreamResponse(id="chatcmpl-1f", created=1764700000, model='ti"ny',
+                                            choices=[ChatCompletionStreamChoice(index=i, delta=DeltaMessage(content=text))])
+
+    def cmpl(i, text):
+        return CompletionStreamResponse(id="cmpl-2e", created=1764700000, model="tiny",
+                                        choices=[CompletionResponseChoice(index=i, text=text)])
+
+    rng = random.Random(0)
+    alphabet = ['"', "\\", "\n", "\t", "\x00", "\x1f", "\x7f", "\u2028", "é", "中", "🤖", "\ufffd", "/", "<", "a", " "]
+    for make in (chat, cmpl):
+        chunks = TextChunks(make)
+        for _ in range(300):
+            text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 12)))
+            i = rng.randrange(0, 40)
+            assert chunks.frame(i, text) == sse(make(i, text))
+    # placeholders that are not found exactly once: no template (the models are used)
+    assert TextChunks(lambda i, text: CompletionStreamResponse(
+        id="cmpl-918273645", created=1, model="m", choices=[CompletionResponseChoice(index=i, text=text)])).frame(0, "x") is None

@@ -40,6 +40,7 @@ from pagedllm.entrypoints.openai.serving_engine import (
     SSE_DONE,
     ClientDisconnected,
     OpenAIServing,
+    TextChunks,
     TextDeltas,
     cancel_on_disconnect,
     prepend,
@@ -287,6 +288,10 @@ class OpenAIServingChat(OpenAIServing):
                 )
             )
 
+        plain = TextChunks(lambda i, text: ChatCompletionStreamResponse(
+            id=request_id, created=created, model=model_name,
+            choices=[ChatCompletionStreamChoice(index=i, delta=DeltaMessage(content=text))]))
+
         num_cached = 0
         try:
             for i in range(n):
@@ -307,9 +312,14 @@ class OpenAIServingChat(OpenAIServing):
                         continue
                     logprobs = self._logprobs(new_ids, c.logprobs, num_top) if req.logprobs else None
                     finished[i] = done
+                    streamer = streamers[i]
+                    if not done and logprobs is None and streamer is None and not continuous_usage:
+                        frame = plain.frame(i, delta)
+                        if frame is not None:
+                            yield frame
+                            continue
                     message = DeltaMessage(content=delta)
                     finish = c.finish_reason
-                    streamer = streamers[i]
                     if streamer is not None:
                         content, calls = streamer.update(delta, done)
                         message = DeltaMessage(content=content if content or not calls else None,

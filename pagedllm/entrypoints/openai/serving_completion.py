@@ -31,6 +31,7 @@ from pagedllm.entrypoints.openai.serving_engine import (
     SSE_DONE,
     ClientDisconnected,
     OpenAIServing,
+    TextChunks,
     TextDeltas,
     cancel_on_disconnect,
     prepend,
@@ -219,6 +220,8 @@ class OpenAIServingCompletion(OpenAIServing):
         num_prompt_tokens = sum(len(ids) for _, ids in prompts)
         # echo with logprobs: each prompt's logprobs, which DELTA outputs carry only once
         prompt_logprobs: list[list] = [[] for _ in prompts]
+        plain = TextChunks(lambda i, text: CompletionStreamResponse(
+            id=request_id, created=created, model=model_name, choices=[CompletionResponseChoice(index=i, text=text)]))
         try:
             # each output holds only what is new (DELTA), of the samples that have something new
             async for p_idx, out in outputs:
@@ -248,6 +251,11 @@ class OpenAIServingCompletion(OpenAIServing):
                     started[i] = True
                     generated[i] = num_tokens[i]
                     finished[i] = done
+                    if not done and logprobs is None and not continuous_usage:
+                        frame = plain.frame(i, delta)
+                        if frame is not None:
+                            yield frame
+                            continue
                     chunk = CompletionStreamResponse(
                         id=request_id,
                         created=created,
