@@ -93,11 +93,25 @@ def test_server_dp2_serves_64_concurrent_requests_and_survives_a_dead_replica(pa
 
         texts = asyncio.run(burst(64))
         assert texts == [ref[i % 4] for i in range(64)]
+
         text = requests.get(server.url + "/metrics", timeout=10).text
         for i in (0, 1):
             assert metric(text, "pagedllm:dp_generation_tokens_total", i) > 0
             assert metric(text, "pagedllm:dp_replica_up", i) == 1
         assert sum(metric(text, "pagedllm:dp_generation_tokens_total", i) for i in (0, 1)) == 64 * 8
+
+        async def streamed(n: int) -> list[str]:
+            # DELTA outputs cross the replicas' pipes: the joined chunks are the same text
+            async with openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0,
+                                          timeout=120) as client:
+                async def one(i: int) -> str:
+                    stream = await client.completions.create(model="tiny", prompt=prompts[i % 4], max_tokens=8,
+                                                             temperature=0.0, stream=True)
+                    return "".join([c.choices[0].text async for c in stream])
+
+                return await asyncio.gather(*[one(i) for i in range(n)])
+
+        assert asyncio.run(streamed(8)) == [ref[i % 4] for i in range(8)]
 
         os.kill(replicas[1], signal.SIGKILL)
         time.sleep(0.5)
