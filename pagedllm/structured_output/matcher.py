@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -26,11 +25,6 @@ logger = logging.getLogger(__name__)
 
 _BATCH_FILL_MIN_ROWS = 8  # below this, one fill call per row beats the batch fill's thread handoff
 _batch_filler: Any = None  # one xgrammar BatchGrammarMatcher (its thread pool) per process; ~0.1 ms to build
-# "batch": one BatchGrammarMatcher call with grammar_threads() threads; "pool": the rows split
-# over grammar_threads() Python threads, one single-threaded batch call each
-FILL_MODE = os.environ.get("PAGEDLLM_GRAMMAR_FILL", "batch")
-_fill_pool: ThreadPoolExecutor | None = None
-_chunk_fillers: list[Any] = []
 # Seconds spent, summed over steps, by `grammar_step` (wait for the previous step's tokens,
 # accept them, fill the masks) and by the engine thread waiting for it (`join`): cheap
 # counters (a few clock reads a step) that benchmarks/structured_bench.py prints.
@@ -79,38 +73,16 @@ def fill_bitmask(grammars: list[RequestGrammar], vocab_size: int, pin: bool) -> 
     bitmask = torch.full((len(grammars), bitmask_width(vocab_size)), -1, dtype=torch.int32, pin_memory=pin)
     live = [i for i, g in enumerate(grammars) if not g.terminated]
     if len(live) >= _BATCH_FILL_MIN_ROWS:
-        threads = grammar_threads()
-        if threads > 1 and FILL_MODE == "pool":
-            _pool_fill([grammars[i].matcher for i in live], live, bitmask, threads)
-        else:
-            global _batch_filler
-            if _batch_filler is None:
-                _batch_filler = xgr.BatchGrammarMatcher(max_threads=threads)
-            _batch_filler.batch_fill_next_token_bitmask([grammars[i].matcher for i in live], bitmask, indices=live)
+        global _batch_filler
+        if _batch_filler is None:
+            _batch_filler = xgr.BatchGrammarMatcher(max_threads=grammar_threads())
+        _batch_filler.batch_fill_next_token_bitmask(
+            [grammars[i].matcher for i in live], bitmask, indices=live
+        )
     else:
         for i in live:
             grammars[i].matcher.fill_next_token_bitmask(bitmask, i)
     return bitmask
-
-
-def _pool_fill(matchers: list[Any], rows: list[int], bitmask: torch.Tensor, threads: int) -> None:
-    """The fill split into `threads` interleaved chunks, each one single-threaded batch call on a
-    Python thread of its own (xgrammar releases the GIL inside the call)."""
-    import xgrammar as xgr
-
-    global _fill_pool, _chunk_fillers
-    if _fill_pool is None:
-        _fill_pool = ThreadPoolExecutor(threads, thread_name_prefix="pagedllm-grammar-fill")
-        _chunk_fillers = [xgr.BatchGrammarMatcher(max_threads=1) for _ in range(threads)]
-    n = min(threads, len(rows))
-
-    def fill(k: int) -> None:
-        _chunk_fillers[k].batch_fill_next_token_bitmask(matchers[k::n], bitmask, indices=rows[k::n])
-
-    futures = [_fill_pool.submit(fill, k) for k in range(1, n)]
-    fill(0)  # the calling thread takes the first chunk
-    for f in futures:
-        f.result()
 
 
 def accept_tokens(grammars: list[RequestGrammar], tokens: list[int]) -> None:

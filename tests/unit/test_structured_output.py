@@ -249,26 +249,3 @@ def test_an_eos_past_the_vocabulary_is_not_the_grammar_end(engines):
     assert g.matcher.accept_string("yes") and not g.terminated
     allowed = unpack_bitmask(fill_bitmask([g], vocab, pin=False), vocab)[0]
     assert allowed.sum() >= 1 and allowed[tok.eos_token_id], "the finished grammar allows no token"
-
-
-def test_pool_fill_equals_the_batch_fill(engines, monkeypatch):
-    """The fill split over Python threads (PAGEDLLM_GRAMMAR_FILL=pool) writes the masks the one
-    batch call writes, row for row, including rows left out (ended grammars)."""
-    from pagedllm.structured_output import matcher as m
-    from pagedllm.structured_output.manager import StructuredOutputManager
-
-    sync, _ = engines
-    tok = sync.get_tokenizer()
-    vocab = sync.llm_engine.config.model_config.vocab_size
-    mgr = StructuredOutputManager(tok, vocab, frozenset([tok.eos_token_id]), max_threads=1)
-    compiled = [mgr.compile(_so(k)) for k in KINDS]
-    grammars = [m.RequestGrammar(m.new_matcher(compiled[i % len(KINDS)]), []) for i in range(23)]
-    for i, g in enumerate(grammars[::3]):
-        g.matcher.accept_string(["{", "1", "b", "(", "say", "{"][i % 6])
-    grammars[5].failed = True  # an ended grammar: its row stays all ones
-    monkeypatch.setenv("PAGEDLLM_GRAMMAR_THREADS", "3")
-    monkeypatch.setattr(m, "FILL_MODE", "batch")
-    want = m.fill_bitmask(grammars, vocab, pin=False)
-    monkeypatch.setattr(m, "FILL_MODE", "pool")
-    got = m.fill_bitmask(grammars, vocab, pin=False)
-    assert torch.equal(got, want) and (want[5] == -1).all() and not (want[0] == -1).all()
