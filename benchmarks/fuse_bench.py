@@ -8,8 +8,6 @@ run them: in a CUDA graph of 32 layers, each with its own weights and KV cache (
   heads, q/k norm) at 1 and 256 rows; bf16 and FP8 e4m3 caches.
 - silu: the FP8 gate_up projection of Llama-3.1-8B (28672 x 4096) + SiLU-and-mul, against
   the product with SiLU-and-mul in its epilogue, at 1-16 rows.
-- norm: residual add + RMSNorm + the FP8 qkv / gate_up (+ SiLU-and-mul) GEMV at one row,
-  against the norm folded into the GEMV.
 
     PYTHONPATH=. python benchmarks/fuse_bench.py        # with $OUT set: $OUT/fuse_bench.json
 """
@@ -124,42 +122,8 @@ def bench_silu() -> dict:
     return out
 
 
-def bench_norm() -> dict:
-    """Residual add + RMSNorm + the FP8 qkv (6144 x 4096) / gate_up (28672 x 4096, + SiLU-and-mul)
-    GEMV at one row: the two (three) kernels against the folded one."""
-    from pagedllm.kernels.fp8 import fp8_rms_norm_linear_torch
-    from pagedllm.kernels.fp8_triton import fp8_rms_norm_gemm_triton
-    from pagedllm.kernels.norm_triton import fused_add_rms_norm_triton
-
-    k = 4096
-    g = torch.Generator(device="cuda").manual_seed(1)
-    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16, generator=g)
-    r = torch.randn(1, k, device="cuda", dtype=torch.bfloat16, generator=g)
-    nw = torch.rand(k, device="cuda", dtype=torch.bfloat16, generator=g) + 0.5
-    out = {}
-    for name, n, gated in (("qkv", 6144, False), ("gate_up", 28672, True)):
-        ws = [quantize_fp8_torch(torch.randn(n, k, generator=g, device="cuda") * 0.05) for _ in range(LAYERS)]
-        q, s = ws[0]
-        a = fp8_rms_norm_gemm_triton(x, r, nw, 1e-6, q, s, None, gated)[0]
-        torch.testing.assert_close(a, fp8_rms_norm_linear_torch(x, r, nw, 1e-6, q, s, None, gated)[0],
-                                   atol=3e-2, rtol=3e-2)  # fmt: skip
-
-        def unfused(q, s, gated=gated):
-            h, _ = fused_add_rms_norm_triton(x, r, nw, 1e-6)
-            return silu_and_mul_triton(fp8_gemm_triton(h, q, s)) if gated else fp8_gemm_triton(h, q, s)
-
-        times = {"unfused": graph_time(_over_layers(unfused, (), ws, ())),
-                 "fused": graph_time(_over_layers(lambda q, s, gated=gated: fp8_rms_norm_gemm_triton(
-                     x, r, nw, 1e-6, q, s, None, gated), (), ws, ()))}  # fmt: skip
-        out[f"{name}:1"] = times
-        print(f"norm {name} rows 1: unfused {times['unfused']:6.2f} us, fused {times['fused']:6.2f} us per layer",
-              flush=True)
-        del ws
-    return out
-
-
 def main() -> None:
-    results = {"rope_kv": bench_rope_kv(), "silu": bench_silu(), "norm": bench_norm()}
+    results = {"rope_kv": bench_rope_kv(), "silu": bench_silu()}
     print("\n=== fused kernels, us per layer (CUDA graph of 32 layers) ===")
     print(f"{'case':34s} {'unfused':>8s} {'fused':>8s} {'saved x32 layers (ms)':>22s}")
     for kind, rows in results.items():

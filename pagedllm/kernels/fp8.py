@@ -18,8 +18,7 @@ Two products:
   only for per-channel scales (G = 1).
 `fp8_linear` picks by row count (SCALED_MM_MIN_ROWS, from the measured crossover).
 `fp8_linear_silu_and_mul` is a merged gate_up projection followed by SiLU-and-mul, one Triton
-kernel for few rows (the activation computed in the product's epilogue); `fp8_rms_norm_linear`
-folds the residual add + RMSNorm before a product into its prologue (one row).
+kernel for few rows (the activation computed in the product's epilogue).
 """
 
 from __future__ import annotations
@@ -137,39 +136,3 @@ def fp8_linear_silu_and_mul(x: torch.Tensor, weight: torch.Tensor, weight_scale:
         if x.shape[0] <= SWAP_BLOCK_M:
             return fp8_gemm_silu_and_mul_triton(x, weight, weight_scale, bias)
     return silu_and_mul(fp8_linear(x, weight, weight_scale, bias))
-
-
-def fp8_rms_norm_linear_torch(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
-                              weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None = None,
-                              gated: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """(fp8_linear(rms_norm(x + residual)) [SiLU-and-mul when gated], x + residual): the
-    references of the chain."""
-    from pagedllm.kernels.activation import silu_and_mul_torch
-    from pagedllm.kernels.norm import fused_add_rms_norm_torch, rms_norm_torch
-
-    if residual is None:
-        h, residual = rms_norm_torch(x, norm_weight, eps), x
-    else:
-        h, residual = fused_add_rms_norm_torch(x, residual, norm_weight, eps)
-    y = fp8_linear_torch(h, weight, weight_scale, bias)
-    return (silu_and_mul_torch(y) if gated else y), residual
-
-
-def fp8_rms_norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
-                        weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None = None,
-                        gated: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """As the reference; on CUDA at one row (the batch-1 GEMV) one Triton kernel, otherwise the
-    dispatchers of each op."""
-    from pagedllm.kernels.norm import fused_add_rms_norm, rms_norm
-
-    if use_triton(x) and x.shape[0] == 1 and norm_weight.dtype == x.dtype:
-        from pagedllm.kernels.fp8_triton import fp8_rms_norm_gemm_triton
-
-        return fp8_rms_norm_gemm_triton(x, residual, norm_weight, eps, weight, weight_scale, bias, gated)
-    if residual is None:
-        h, residual = rms_norm(x, norm_weight, eps), x
-    else:
-        h, residual = fused_add_rms_norm(x, residual, norm_weight, eps)
-    if gated:
-        return fp8_linear_silu_and_mul(h, weight, weight_scale, bias), residual
-    return fp8_linear(h, weight, weight_scale, bias), residual

@@ -77,20 +77,6 @@ def _silu_and_mul(gate, up, dtype: tl.constexpr):
 
 
 @triton.jit
-def _gemv_finish(acc, acc_up, s_ptr, b_ptr, out_row, rn, n_mask, N, stride_sn,
-                 GROUP_K: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr):  # fmt: skip
-    """The GEMV's epilogue: row sums of acc [BLOCK_N, BLOCK_K] -> scale, bias -> out_row[rn];
-    GATED: silu(those) * the same of acc_up (the up rows, N further)."""
-    rn64 = rn.to(tl.int64)
-    y = _epilogue(tl.sum(acc, axis=1), s_ptr + rn64 * stride_sn, b_ptr + rn, n_mask, GROUP_K, HAS_BIAS)
-    if GATED:
-        up = _epilogue(tl.sum(acc_up, axis=1), s_ptr + (rn64 + N) * stride_sn, b_ptr + N + rn, n_mask,
-                       GROUP_K, HAS_BIAS)  # fmt: skip
-        y = _silu_and_mul(y, up, out_row.dtype.element_ty)
-    tl.store(out_row + rn, y.to(out_row.dtype.element_ty), mask=n_mask)
-
-
-@triton.jit
 def _fp8_gemv_kernel(
     x_ptr,  # [M, K] activations (16- or 32-bit)
     w_ptr,  # [N, K] float8 e4m3
@@ -112,7 +98,8 @@ def _fp8_gemv_kernel(
     w_rows = w_ptr + rn64[:, None] * stride_wn
     x_row = x_ptr + m * stride_xm
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    acc_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)  # GATED only (else never read)
+    if GATED:
+        acc_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + rk
         if EVEN_K:
@@ -131,8 +118,12 @@ def _fp8_gemv_kernel(
             else:
                 wu = tl.load(up_rows + kk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
             acc_up += _gemv_tile(wu, xf, s_ptr + (rn64 + N) * stride_sn, n_mask, k0, GROUP_K)
-    _gemv_finish(acc, acc_up, s_ptr, b_ptr, out_ptr + m * stride_om, rn, n_mask, N, stride_sn,
-                 GROUP_K, HAS_BIAS, GATED)  # fmt: skip
+    y = _epilogue(tl.sum(acc, axis=1), s_ptr + rn64 * stride_sn, b_ptr + rn, n_mask, GROUP_K, HAS_BIAS)
+    if GATED:
+        up = _epilogue(tl.sum(acc_up, axis=1), s_ptr + (rn64 + N) * stride_sn, b_ptr + N + rn, n_mask,
+                       GROUP_K, HAS_BIAS)  # fmt: skip
+        y = _silu_and_mul(y, up, out_ptr.dtype.element_ty)
+    tl.store(out_ptr + m * stride_om + rn, y.to(out_ptr.dtype.element_ty), mask=n_mask)
 
 
 @triton.jit
@@ -423,109 +414,6 @@ def fp8_gemm_silu_and_mul_triton(
         _swap_gemm(x, weight, weight_scale, bias, out, group_k, max(block_n // 2, 16), block_k, num_warps,
                    num_stages, 1, gated=True)  # fmt: skip
     return out
-
-
-@triton.jit
-def _add_rows(x_row, r_row, kk, k_mask, HAS_RESIDUAL: tl.constexpr):
-    """A K tile of x (+ residual, the sum rounded to x's dtype as fused_add_rms_norm does)."""
-    h = tl.load(x_row + kk, mask=k_mask, other=0.0)
-    if HAS_RESIDUAL:
-        h = (h.to(tl.float32) + tl.load(r_row + kk, mask=k_mask, other=0.0).to(tl.float32)).to(h.dtype)
-    return h
-
-
-@triton.jit
-def _fp8_gemv_norm_kernel(
-    x_ptr,  # [M, K] the layer input not yet added to the residual stream
-    r_ptr,  # [M, K] residual in (read when HAS_RESIDUAL)
-    res_out_ptr,  # [M, K] x + residual out (written by the first column of programs)
-    nw_ptr,  # [K] the RMSNorm weight
-    w_ptr, s_ptr, b_ptr, out_ptr,  # as _fp8_gemv_kernel's
-    N, K, eps,
-    stride_xm, stride_rm, stride_resm, stride_wn, stride_sn, stride_om,
-    GROUP_K: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, GATED: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
-    """_fp8_gemv_kernel of rms_norm(x + residual) * nw: a first pass over the row sums the
-    squares of h = x + residual (and the first column of programs writes h out), the second
-    normalizes each tile as the RMSNorm kernel rounds it and runs the GEMV on it."""
-    m = tl.program_id(0).to(tl.int64)
-    pid_n = tl.program_id(1)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = rn < N
-    rn64 = rn.to(tl.int64)
-    rk = tl.arange(0, BLOCK_K)
-    x_row = x_ptr + m * stride_xm
-    r_row = r_ptr + m * stride_rm
-    sq = tl.zeros([BLOCK_K], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        kk = k0 + rk
-        k_mask = kk < K
-        h = _add_rows(x_row, r_row, kk, k_mask, HAS_RESIDUAL)
-        if HAS_RESIDUAL:
-            if pid_n == 0:
-                tl.store(res_out_ptr + m * stride_resm + kk, h, mask=k_mask)
-        hf = h.to(tl.float32)
-        sq += hf * hf
-    rstd = tl.rsqrt(tl.sum(sq, axis=0) / K + eps)
-    w_rows = w_ptr + rn64[:, None] * stride_wn
-    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    acc_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)  # GATED only (else never read)
-    for k0 in range(0, K, BLOCK_K):
-        kk = k0 + rk
-        k_mask = kk < K
-        h = _add_rows(x_row, r_row, kk, k_mask, HAS_RESIDUAL)
-        y = (h.to(tl.float32) * rstd).to(h.dtype).to(tl.float32)
-        nw = tl.load(nw_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
-        xf = (nw * y).to(h.dtype).to(tl.float32)[None, :]
-        w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-        acc += _gemv_tile(w, xf, s_ptr + rn64 * stride_sn, n_mask, k0, GROUP_K)
-        if GATED:
-            wu = tl.load(w_rows + N * stride_wn + kk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-            acc_up += _gemv_tile(wu, xf, s_ptr + (rn64 + N) * stride_sn, n_mask, k0, GROUP_K)
-    _gemv_finish(acc, acc_up, s_ptr, b_ptr, out_ptr + m * stride_om, rn, n_mask, N, stride_sn,
-                 GROUP_K, HAS_BIAS, GATED)  # fmt: skip
-
-
-def fp8_rms_norm_gemm_triton(
-    x: torch.Tensor,  # [M, K] the layer input (few rows: the batch-1 GEMV)
-    residual: torch.Tensor | None,  # [M, K] the residual stream (None: x is the stream)
-    norm_weight: torch.Tensor,  # [K]
-    eps: float,
-    weight: torch.Tensor,  # [N, K] float8_e4m3fn ([2N', K] = [gate | up] when gated)
-    weight_scale: torch.Tensor,  # [N, G] float32
-    bias: torch.Tensor | None = None,
-    gated: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(fp8 product of rms_norm(x + residual) [then SiLU-and-mul when gated], x + residual) in
-    one kernel: the RMSNorm folded into the GEMV's prologue (each program normalizes the row it
-    reads anyway). Tiles as default_config's GEMV at one row. Equals the unfused chain up to the
-    sum order of the norm's squares."""
-    m, k = x.shape
-    n2 = weight.shape[0]
-    assert weight.shape[1] == k and weight.stride(1) == 1 and weight_scale.shape[0] == n2
-    if x.stride(-1) != 1:
-        x = x.contiguous()
-    g = weight_scale.shape[1]
-    group_k = 0 if g == 1 else -(-k // g)
-    n = n2 // 2 if gated else n2
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    if residual is None:
-        r, res_out = x, x
-    else:
-        r = residual if residual.stride(-1) == 1 else residual.contiguous()
-        res_out = torch.empty_like(x)
-    if m == 0:
-        return out, res_out
-    _, _, block_n, block_k, num_warps, num_stages, *_ = default_config(1, n2, k, group_k)
-    b = bias if bias is not None else weight_scale
-    _fp8_gemv_norm_kernel[(m, triton.cdiv(n, block_n))](
-        x, r, res_out, norm_weight, weight, weight_scale, b, out, n, k, eps,
-        x.stride(0), r.stride(0), res_out.stride(0), weight.stride(0), weight_scale.stride(0), out.stride(0),
-        GROUP_K=group_k, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, GATED=gated,
-        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
-    )  # fmt: skip
-    return out, res_out
 
 
 @triton.jit

@@ -5,9 +5,7 @@
   slots (-1) left alone; and against the unfused Triton kernels it replaces;
 - the FP8 gate_up projection with SiLU-and-mul in its epilogue (fp8_gemm_silu_and_mul_triton),
   GEMV (1 row) and swap-AB (2-16 rows), per-channel and K-group scales, bias;
-- the residual add + RMSNorm folded into the FP8 GEMV (fp8_rms_norm_gemm_triton), plain and
-  gated, and a decoder layer's `forward_folded` against its `forward`;
-- the engine with the options on (PAGEDLLM_FUSED_ROPE_KV, _SILU, _NORM): greedy tokens of tiny
+- the engine with the options on (PAGEDLLM_FUSED_ROPE_KV, _SILU): greedy tokens of tiny
   float32 models equal the unfused path's (and transformers' for ROPE_KV).
 
 The `check_*` functions take a device, so tests/unit/test_fused_interpret.py runs them on the
@@ -203,49 +201,6 @@ def check_attention_layer_fused(device, dtype, arch, seed=0):
     assert torch.equal(caches[0][1], caches[1][1]), "v cache"
 
 
-def check_decoder_layer_folded(device, dtype, arch, seed=0):
-    """One decoder layer with FP8 linears, one decode token (the batch-1 GEMV): `forward_folded`
-    (input_layernorm folded into qkv_proj, post_attention_layernorm into gate_up_proj with its
-    SiLU-and-mul, all options on) against `forward`, from the first layer (no residual yet) and
-    from a later one. On the CPU the FP8 method falls back to the unfused ops (the layer's
-    wiring is what is checked there); on CUDA the folded kernels run."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    from conftest import tiny_config
-    from test_kernels import make_batch
-
-    from pagedllm.attention.triton_backend import TritonAttentionBackend
-    from pagedllm.distributed import SINGLE
-    from pagedllm.model.layers.quantization.fp8 import Fp8Config, Fp8LinearMethod
-    from pagedllm.model.models.llama import LlamaDecoderLayer
-    from pagedllm.model.models.qwen3 import Qwen3DecoderLayer
-
-    cfg = tiny_config(arch, heads=4, kv_heads=2, hidden=64, head_dim=16)
-    with torch.device(device):
-        layer = (Qwen3DecoderLayer if arch == "qwen3" else LlamaDecoderLayer)(cfg, SINGLE)
-    g = torch.Generator().manual_seed(seed)
-    for p in layer.parameters():
-        p.data.copy_(torch.randn(p.shape, generator=g) * (0.2 if p.dim() > 1 else 0.3) + (p.dim() == 1))
-    layer = layer.to(device, dtype)
-    for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
-        lin.quant_method = Fp8LinearMethod(Fp8Config())
-        lin.quant_method.process_weights_after_loading(lin)
-    assert layer.folds_norms()
-    batch, num_blocks = make_batch([1], [20], 1, 16, device, seed=seed)
-    attn = layer.self_attn.attn
-    attn.backend = TritonAttentionBackend()
-    x = _randn(1, cfg.hidden_size, dtype=dtype, device=device, gen=g)
-    for residual in (None, _randn(1, cfg.hidden_size, dtype=dtype, device=device, gen=g)):
-        results = []
-        for run in (layer.forward_folded, layer.forward):
-            attn.k_cache, attn.v_cache = (_randn(num_blocks, 16, 2, 16, dtype=dtype, device=device,
-                                                 gen=torch.Generator().manual_seed(i)) for i in (7, 8))
-            results.append((*run(batch.positions, x, residual, batch), attn.k_cache))
-        (out, res, kc), (ref, ref_res, ref_kc) = results
-        _close(out, ref, LAYER_TOL, f"{arch} layer output, folded vs not (residual {residual is not None})")
-        _close(res, ref_res, LAYER_TOL, "the residual stream")
-        _close(kc, ref_kc, LAYER_TOL, "k cache")
-
-
 def _fp8_weights(n, k, group_k, device, gen):
     w = torch.randn(n, k, generator=gen) * 0.05
     q, s = quantize_fp8_torch(w, group_k)
@@ -339,49 +294,6 @@ def check_fp8_silu_gemv_bit_equal(device, dtype, n, k, seed=5):
     assert torch.equal(fp8_gemm_silu_and_mul_triton(x, q, s), silu_and_mul_triton(fp8_gemm_triton(x, q, s)))
 
 
-def check_fp8_norm_gemv(device, dtype, m, n, k, residual=True, gated=False, group_k=None, bias=False, seed=0):
-    """The residual add + RMSNorm folded into the FP8 GEMV (then SiLU-and-mul when gated) against
-    the chain of references; the new residual stream exactly."""
-    from pagedllm.kernels.fp8 import fp8_rms_norm_linear_torch
-    from pagedllm.kernels.fp8_triton import fp8_rms_norm_gemm_triton
-
-    g = torch.Generator().manual_seed(seed)
-    q, s = _fp8_weights(2 * n if gated else n, k, group_k, device, g)
-    x = _randn(m, k, dtype=dtype, device=device, gen=g, scale=2.0)
-    r = _randn(m, k, dtype=dtype, device=device, gen=g) if residual else None
-    nw = _randn(k, dtype=dtype, device=device, gen=g) * 0.3 + 1
-    b = _randn(q.shape[0], dtype=dtype, device=device, gen=g, scale=0.1) if bias else None
-    x_before = x.clone()
-    out, res = fp8_rms_norm_gemm_triton(x, r, nw, 1e-6, q, s, b, gated)
-    ref, ref_res = fp8_rms_norm_linear_torch(x, r, nw, 1e-6, q, s, b, gated)
-    assert out.shape == ref.shape and out.dtype == dtype
-    atol, rtol = GATED_TOL[dtype]
-    torch.testing.assert_close(out, ref, atol=atol, rtol=rtol)
-    if device == "cuda":  # the interpreter rounds float32 -> bf16 toward zero
-        assert torch.equal(res, ref_res), "the residual stream x + residual"
-    _close(res, ref_res, ELEMENTWISE_TOL, "the residual stream x + residual")
-    assert torch.equal(x, x_before)
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("residual", [False, True])
-@pytest.mark.parametrize("gated", [False, True])
-def test_fp8_norm_gemv(dtype, residual, gated):
-    check_fp8_norm_gemv("cuda", dtype, 1, 384, 512, residual, gated)
-    check_fp8_norm_gemv("cuda", dtype, 1, 300, 640, residual, gated, group_k=128, bias=True)
-
-
-@pytest.mark.parametrize("n,k,gated", [(6144, 4096, False), (14336, 4096, True)])  # Llama-3.1-8B's qkv, gate_up
-def test_fp8_norm_gemv_llama_8b_shapes(n, k, gated):
-    check_fp8_norm_gemv("cuda", torch.bfloat16, 1, n, k, True, gated)
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_decoder_layer_folded(dtype, arch):
-    check_decoder_layer_folded("cuda", dtype, arch)
-
-
 def test_fp8_silu_gemv_bit_equal_to_unfused():
     check_fp8_silu_gemv_bit_equal("cuda", torch.bfloat16, 14336, 4096)  # Llama-3.1-8B's gate_up
 
@@ -406,7 +318,7 @@ def _prompts():
 def _generate(path, monkeypatch, env, prompts, **kwargs):
     from pagedllm import LLM, SamplingParams
 
-    for name in ("PAGEDLLM_FUSED_ROPE_KV", "PAGEDLLM_FUSED_SILU", "PAGEDLLM_FUSED_NORM"):
+    for name in ("PAGEDLLM_FUSED_ROPE_KV", "PAGEDLLM_FUSED_SILU"):
         monkeypatch.setenv(name, env.get(name, "0"))
     args = dict(max_model_len=512, gpu_memory_utilization=0.3, max_num_seqs=16, max_num_batched_tokens=64,
                 block_size=16)
@@ -439,19 +351,6 @@ def test_engine_fused_rope_kv_greedy(tmp_path, tokenizer_dir, monkeypatch, arch,
             ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=20, do_sample=False,
                               eos_token_id=None, pad_token_id=0)[0, len(p):].tolist()
             assert o == ref
-
-
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_engine_fused_norm_fp8_greedy(tmp_path, tokenizer_dir, monkeypatch, arch):
-    """FP8 weights, float32 activations, every option on (the norms folded into the qkv and
-    gate_up GEMVs, one request at a time): the unfused path's tokens."""
-    path = _tiny(arch, tmp_path, tokenizer_dir)
-    prompts = _prompts()[:3]
-    kw = dict(dtype="float32", quantization="fp8", max_num_seqs=1)
-    off = _generate(path, monkeypatch, {}, prompts, **kw)
-    on = _generate(path, monkeypatch, {"PAGEDLLM_FUSED_NORM": "1", "PAGEDLLM_FUSED_ROPE_KV": "1",
-                                       "PAGEDLLM_FUSED_SILU": "1"}, prompts, **kw)
-    assert on == off
 
 
 def test_engine_fused_silu_fp8_greedy(tmp_path, tokenizer_dir, monkeypatch):

@@ -34,17 +34,10 @@ _CASES = {
     # kernels' dots, which the interpreter cannot run in 16 bits)
     "layer_llama": ("check_attention_layer_fused", ["llama"], {}),
     "layer_qwen3": ("check_attention_layer_fused", ["qwen3"], {}),
-    "decoder_folded_llama": ("check_decoder_layer_folded", ["llama"], {}),
-    "decoder_folded_qwen3": ("check_decoder_layer_folded", ["qwen3"], {}),
     "silu_gemv": ("check_fp8_silu_gemm", [1, 24, 64], {"config": _GEMV}),
     "silu_gemv_groups_bias": ("check_fp8_silu_gemm", [1, 24, 96], {"group_k": 32, "bias": True, "config": _GEMV}),
     "silu_gemv_ragged": ("check_fp8_silu_gemm", [2, 20, 72], {"config": _GEMV}),
     "silu_gemv_bit_equal": ("check_fp8_silu_gemv_bit_equal", [40, 64], {}),
-    "norm_gemv": ("check_fp8_norm_gemv", [1, 24, 64], {}),
-    "norm_gemv_no_residual": ("check_fp8_norm_gemv", [1, 24, 64], {"residual": False}),
-    "norm_gemv_gated_groups_bias": ("check_fp8_norm_gemv", [1, 20, 96],
-                                    {"gated": True, "group_k": 32, "bias": True}),
-    "norm_gemv_two_rows_ragged": ("check_fp8_norm_gemv", [2, 24, 72], {"gated": True}),
     "silu_swap": ("check_fp8_silu_gemm", [3, 24, 64], {"config": _SWAP}),
     "silu_swap_groups_bias": ("check_fp8_silu_gemm", [5, 40, 96], {"group_k": 32, "bias": True, "config": _SWAP}),
 }
@@ -53,7 +46,7 @@ _DTYPES = ["float32", "float16", "bfloat16"]
 
 def _keys():
     for name in _CASES:
-        for dt in ["float32"] if name.startswith(("layer_", "decoder_")) else _DTYPES:
+        for dt in ["float32"] if name.startswith("layer_") else _DTYPES:
             yield f"{name}:{dt}"
 
 
@@ -115,17 +108,3 @@ def test_gemv_kernel_compiles_for_sm90(gated):
     ptx = _compile_sm90(f._fp8_gemv_kernel, signature, constexprs, num_warps=4, num_stages=2).asm["ptx"]
     assert "cvt.rn.f16x2.e4m3x2" in ptx
     assert ("ex2.approx" in ptx) == gated
-
-
-@pytest.mark.parametrize("gated", [False, True])
-def test_norm_gemv_kernel_compiles_for_sm90(gated):
-    from pagedllm.kernels import fp8_triton as f
-
-    signature = {"x_ptr": "*bf16", "r_ptr": "*bf16", "res_out_ptr": "*bf16", "nw_ptr": "*bf16", **_FP8_SIG,
-                 "N": "i32", "K": "i32", "eps": "fp32"}
-    signature.update(dict.fromkeys(["stride_xm", "stride_rm", "stride_resm", "stride_wn", "stride_sn", "stride_om"],
-                                   "i32"))
-    constexprs = {"GROUP_K": 0, "HAS_BIAS": False, "HAS_RESIDUAL": True, "GATED": gated, "BLOCK_N": 16,
-                  "BLOCK_K": 256}
-    ptx = _compile_sm90(f._fp8_gemv_norm_kernel, signature, constexprs, num_warps=4, num_stages=2).asm["ptx"]
-    assert "cvt.rn.f16x2.e4m3x2" in ptx and "rsqrt.approx" in ptx

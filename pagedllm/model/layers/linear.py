@@ -25,7 +25,6 @@ from pagedllm.distributed import SINGLE, ParallelState, check_tp_divides, kv_hea
 from pagedllm.kernels import cpu_gemm
 from pagedllm.kernels.activation import silu_and_mul
 from pagedllm.kernels.few_rows import few_rows_linear, few_rows_max_rows
-from pagedllm.kernels.norm import fused_add_rms_norm, rms_norm
 
 
 def _set_loader(param: nn.Parameter, loader) -> nn.Parameter:
@@ -90,18 +89,6 @@ class ColumnParallelLinear(nn.Module):
         if self.few_rows and x.is_cuda and x.shape[0] <= self.few_rows:
             return few_rows_linear(x, self.weight, bias)
         return cpu_gemm.linear(x, self.weight, bias, self.packed_weight)
-
-    def forward_normed(self, x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
-                       silu: bool = False) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-        """(forward(rms_norm(x + residual)) [SiLU-and-mul'd: a [gate | up] layer], x + residual),
-        the norm folded into the product where the quantization method has such a kernel (FP8,
-        one row on the GPU)."""
-        bias = None if self.skip_bias_add else self.bias
-        if self.quant_method is not None:
-            return self.quant_method.apply_normed(self, x, residual, norm_weight, eps, bias, silu)
-        h, residual = (rms_norm(x, norm_weight, eps), x) if residual is None else \
-            fused_add_rms_norm(x, residual, norm_weight, eps)
-        return (silu_and_mul(self.forward(h)) if silu else self.forward(h)), residual
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):

@@ -50,7 +50,6 @@ class LlamaAttention(nn.Module):
     qkv_bias_default = False
     use_qk_norm = False
     rotary_interleaved = False  # rotary pairs (2i, 2i + 1) (GPT-J / GLM) instead of (i, i + r/2)
-    fuse_rope_kv_requested = False  # PAGEDLLM_FUSED_ROPE_KV, read in __init__
 
     def __init__(self, cfg: Any, ps: ParallelState):
         super().__init__()
@@ -95,10 +94,7 @@ class LlamaAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         # x: [T, H]
-        return self.forward_from_qkv(positions, self.qkv_proj(x), batch)
-
-    def forward_from_qkv(self, positions: torch.Tensor, qkv: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        # qkv: [T, (Hq + 2 Hkv) * D] -> [T, H]
+        qkv = self.qkv_proj(x)
         if self.fuse_rope_kv and self.attn.can_store_qkv(qkv):
             return self.o_proj(self.fused_attention(positions, qkv, batch))
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -125,8 +121,6 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    fuse_silu = False  # PAGEDLLM_FUSED_SILU, read in __init__
-
     def __init__(self, cfg: Any, ps: ParallelState):
         super().__init__()
         inter = cfg.intermediate_size
@@ -148,7 +142,6 @@ class LlamaDecoderLayer(nn.Module):
     attention_cls = LlamaAttention
     mlp_cls: type[nn.Module] = LlamaMLP
     norm_cls: type[nn.Module] = RMSNorm  # built as norm_cls(hidden_size, eps)
-    fuse_norms = False  # PAGEDLLM_FUSED_NORM, read in __init__
 
     def __init__(self, cfg: Any, ps: ParallelState):
         super().__init__()
@@ -156,7 +149,6 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = self.mlp_cls(cfg, ps)
         self.input_layernorm = self.norm_cls(cfg.hidden_size, norm_eps(cfg))
         self.post_attention_layernorm = self.norm_cls(cfg.hidden_size, norm_eps(cfg))
-        self.fuse_norms = fusion_enabled("NORM")
 
     def norm_input(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """(input_layernorm(x + residual), x + residual): x + residual is the layer's input, the
@@ -166,30 +158,10 @@ class LlamaDecoderLayer(nn.Module):
         return self.input_layernorm(x, residual)
 
     def forward(self, positions, x, residual, batch):
-        if self.fuse_norms and x.is_cuda and self.folds_norms():
-            return self.forward_folded(positions, x, residual, batch)
         x, residual = self.norm_input(x, residual)
         x = self.self_attn(positions, x, batch)
         x, residual = self.post_attention_layernorm(x, residual)
         return self.run_mlp(x, batch), residual
-
-    def folds_norms(self) -> bool:
-        """PAGEDLLM_FUSED_NORM=1: whether this layer is the plain Llama one (RMSNorms, Llama's
-        attention and gated-SiLU MLP), whose two norms may fold into the qkv and gate_up products."""
-        return (type(self.input_layernorm) is type(self.post_attention_layernorm) is RMSNorm
-                and type(self.self_attn).forward is LlamaAttention.forward and type(self.mlp) is LlamaMLP
-                and type(self).run_mlp is LlamaDecoderLayer.run_mlp
-                and type(self).norm_input is LlamaDecoderLayer.norm_input)
-
-    def forward_folded(self, positions, x, residual, batch):
-        """`forward` with input_layernorm folded into qkv_proj and post_attention_layernorm into
-        gate_up_proj (with its SiLU-and-mul): where the linears' quantization has the kernel (FP8,
-        one row), two kernels fewer per layer; elsewhere the same ops as `forward`."""
-        n1, n2, attn, mlp = self.input_layernorm, self.post_attention_layernorm, self.self_attn, self.mlp
-        qkv, residual = attn.qkv_proj.forward_normed(x, residual, n1.weight, n1.eps)
-        x = attn.forward_from_qkv(positions, qkv, batch)
-        h, residual = mlp.gate_up_proj.forward_normed(x, residual, n2.weight, n2.eps, silu=True)
-        return mlp.down_proj(h), residual
 
     def run_mlp(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         return self.mlp(x)

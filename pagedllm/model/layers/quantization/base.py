@@ -43,19 +43,6 @@ class LinearMethod(ABC):
 
         return silu_and_mul(self.apply(layer, x, bias))
 
-    def apply_normed(self, layer: nn.Module, x: torch.Tensor, residual: torch.Tensor | None,
-                     norm_weight: torch.Tensor, eps: float, bias: torch.Tensor | None,
-                     silu: bool = False) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-        """(the product of rms_norm(x + residual) [SiLU-and-mul'd], x + residual): a layer
-        whose input RMSNorm may fold into its product. A method with such a kernel overrides."""
-        from pagedllm.kernels.norm import fused_add_rms_norm, rms_norm
-
-        if residual is None:
-            h, residual = rms_norm(x, norm_weight, eps), x
-        else:
-            h, residual = fused_add_rms_norm(x, residual, norm_weight, eps)
-        return (self.apply_silu_and_mul(layer, h, bias) if silu else self.apply(layer, h, bias)), residual
-
     def describe(self) -> str:
         return type(self).__name__
 
