@@ -1,13 +1,11 @@
-"""The fused decode-step kernels against the chains they replace, on CUDA, timed as decode steps
+"""The fused decode-step kernel against the chain it replaces, on CUDA, timed as decode steps
 run them: in a CUDA graph of 32 layers, each with its own weights and KV cache (fp8_bench.py's
-`graph_time`, us per layer). Checks each fused result against the unfused one first.
+`graph_time`, us per layer). Checks the fused result against the unfused one first.
 
 - rope_kv: the attention block's work between the qkv projection and attention. Unfused: split,
   [q_norm + k_norm (Qwen3)], rotary, store-KV, as the layers run them; fused: one kernel
   (kernels/qkv_rope_triton.py). Llama-3.1-8B (32/8 heads) at 1 and 16 rows, Qwen3-0.6B (16/8
   heads, q/k norm) at 1 and 256 rows; bf16 and FP8 e4m3 caches.
-- silu: the FP8 gate_up projection of Llama-3.1-8B (28672 x 4096) + SiLU-and-mul, against
-  the product with SiLU-and-mul in its epilogue, at 1-16 rows.
 
     PYTHONPATH=. python benchmarks/fuse_bench.py        # with $OUT set: $OUT/fuse_bench.json
 """
@@ -25,17 +23,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fp8_bench import LAYERS, graph_time  # noqa: E402
 
-from pagedllm.kernels.activation_triton import silu_and_mul_triton  # noqa: E402
 from pagedllm.kernels.attention import store_kv_triton  # noqa: E402
-from pagedllm.kernels.fp8 import quantize_fp8_torch  # noqa: E402
-from pagedllm.kernels.fp8_triton import fp8_gemm_silu_and_mul_triton, fp8_gemm_triton  # noqa: E402
 from pagedllm.kernels.norm_triton import rms_norm_triton  # noqa: E402
 from pagedllm.kernels.qkv_rope_triton import qkv_norm_rope_store_triton  # noqa: E402
 from pagedllm.kernels.rotary_triton import apply_rotary_triton  # noqa: E402
 
 # name -> (q heads, kv heads, head_dim, q/k norm, rows)
 ROPE_MODELS = {"llama-8b": (32, 8, 128, False, (1, 16)), "qwen3-0.6b": (16, 8, 128, True, (1, 256))}
-SILU_ROWS = (1, 2, 4, 8, 16)
 BLOCK_SIZE = 16
 
 
@@ -101,30 +95,9 @@ def bench_rope_kv() -> dict:
     return out
 
 
-def bench_silu() -> dict:
-    n, k = 28672, 4096
-    g = torch.Generator(device="cuda").manual_seed(0)
-    ws = [quantize_fp8_torch(torch.randn(n, k, generator=g, device="cuda") * 0.05) for _ in range(LAYERS)]
-    out = {}
-    for m in SILU_ROWS:
-        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        q, s = ws[0]
-        fused = fp8_gemm_silu_and_mul_triton(x, q, s)
-        torch.testing.assert_close(fused, silu_and_mul_triton(fp8_gemm_triton(x, q, s)), atol=3e-2, rtol=3e-2)
-        times = {
-            "unfused": graph_time(_over_layers(lambda x, q, s: silu_and_mul_triton(fp8_gemm_triton(x, q, s)),
-                                               (x,), ws, ())),
-            "fused": graph_time(_over_layers(fp8_gemm_silu_and_mul_triton, (x,), ws, ())),
-        }
-        out[f"gate_up:{m}"] = times
-        print(f"silu gate_up 28672x4096 rows {m:2d}: unfused {times['unfused']:6.2f} us, "
-              f"fused {times['fused']:6.2f} us per layer", flush=True)
-    return out
-
-
 def main() -> None:
-    results = {"rope_kv": bench_rope_kv(), "silu": bench_silu()}
-    print("\n=== fused kernels, us per layer (CUDA graph of 32 layers) ===")
+    results = {"rope_kv": bench_rope_kv()}
+    print("\n=== fused kernel, us per layer (CUDA graph of 32 layers) ===")
     print(f"{'case':34s} {'unfused':>8s} {'fused':>8s} {'saved x32 layers (ms)':>22s}")
     for kind, rows in results.items():
         for key, t in rows.items():

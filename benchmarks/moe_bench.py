@@ -54,8 +54,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--peer-latency-tokens", type=int, default=32)
     p.add_argument("--skip-peer", action="store_true")
     p.add_argument("--skip-kernels", action="store_true")
-    p.add_argument("--small-path-kernels", action="store_true",
-                   help="also time routing + experts per layer, grouped vs the small-batch path")
     p.add_argument("--skip-latency", action="store_true", help="kernel timings only (no engine)")
     p.add_argument("--skip-w1", action="store_true", help="batch-1 latency only (and the peer's)")
     p.add_argument("--skip-peer-cb", action="store_true")
@@ -122,121 +120,6 @@ def kernel_timings(cfg, log) -> list[dict]:
                    "weight_GB_per_s": round(gbps, 0)}
             rows.append(row)
             log(f"  experts T={t:>3} {str(c or 'default'):<80} {us:8.1f} us  {touched:>3} experts read  {gbps:7.0f} GB/s")
-    return rows
-
-
-# tiles tried for the small-batch path at 1-2 tokens: (BLOCK_N, BLOCK_K, num_warps, num_stages)
-SMALL_TILES = [
-    {"gate_up": (16, 256, 4, 4), "down": (16, 256, 4, 4)},
-    {"gate_up": (32, 256, 4, 3), "down": (16, 128, 4, 6)},
-    {"gate_up": (64, 128, 4, 4), "down": (32, 256, 4, 4)},
-    {"gate_up": (32, 128, 8, 4), "down": (16, 512, 4, 3)},
-    {"gate_up": (16, 128, 4, 6), "down": (8, 512, 4, 2)},
-]
-
-
-def time_layers(fns, replays: int = 20) -> float:
-    """Device microseconds per call of a stack of calls (one per layer, each on its own weights,
-    so that L2 does not serve the next layer's weights) captured in one CUDA graph: the graph's
-    launch cost is shared by the layers as in a decode step."""
-    def run():
-        for fn in fns:
-            fn()
-    return time_graph(run, replays) / len(fns)
-
-
-def small_path_timings(cfg, log, tiles: bool = True, layers: int = 8) -> list[dict]:
-    """Routing + experts of `layers` layers (own experts, own routing) at 1-4 tokens in one
-    CUDA graph, us per layer: the grouped path (top-k kernel + alignment + gate/up + down + sum
-    over k) against the small-batch path's two kernels (tensor-core and FMA variants, default
-    tiles, then SMALL_TILES at 1 and 2 tokens). GB/s counts each layer's distinct experts once."""
-    from pagedllm.kernels.fused_moe_small_triton import fused_moe_small_triton
-    from pagedllm.kernels.fused_moe_triton import fused_experts_triton, topk_softmax_triton
-
-    e, h, i, k = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts_per_tok
-    renorm = bool(getattr(cfg, "norm_topk_prob", True))
-    g = torch.Generator(device="cuda").manual_seed(1)
-    w13 = [torch.randn(e, 2 * i, h, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02 for _ in range(layers)]
-    w2 = [torch.randn(e, h, i, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02 for _ in range(layers)]
-    load = torch.zeros(e, dtype=torch.int64, device="cuda")
-    per_expert_bytes = 3 * i * h * 2
-    rows = []
-    for t in (1, 2, 4):
-        x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16, generator=g)
-        logits = [torch.randn(t, e, device="cuda", generator=g) for _ in range(layers)]
-        slots = torch.arange(t, device="cuda")
-        touched = sum(int(torch.unique(topk_softmax_triton(lg, k, renorm)[1]).numel()) for lg in logits) / layers
-
-        def grouped(j, x=x, logits=logits, slots=slots):
-            wts, ids = topk_softmax_triton(logits[j], k, renorm)
-            return fused_experts_triton(x, w13[j], w2[j], wts, ids, None, load, slots)
-
-        def small(j, dot, c, x=x, logits=logits, slots=slots):
-            return fused_moe_small_triton(x, logits[j], w13[j], w2[j], k, renorm, None, load, slots, dot=dot, config=c)
-
-        variants = [("grouped", None, grouped)]
-        for dot in (True, False):
-            for c in [None] + (SMALL_TILES if tiles and t <= 2 else []):
-                variants.append((f"small {'dot' if dot else 'fma'}", c,
-                                 lambda j, dot=dot, c=c, small=small: small(j, dot, c)))
-        ref = grouped(0).float()
-        for name, c, fn in variants:
-            try:
-                err = (fn(0).float() - ref).abs().max().item()
-                us = time_layers([lambda j=j, fn=fn: fn(j) for j in range(layers)])
-            except Exception as ex:  # noqa: BLE001 - a tile that does not compile is reported, not fatal
-                log(f"  moe T={t} {name} {c}: failed: {type(ex).__name__}: {ex}")
-                continue
-            gbps = touched * per_expert_bytes / us / 1e3
-            row = {"tokens": t, "path": name, "config": c or "default", "us": round(us, 1),
-                   "experts_read": touched, "weight_GB_per_s": round(gbps, 0), "max_abs_diff_vs_grouped": err}
-            rows.append(row)
-            log(f"  moe T={t} {name:<10} {str(c or 'default'):<58} {us:7.1f} us {gbps:6.0f} GB/s  |diff| {err:.2e}")
-    return rows
-
-
-# (BLOCK_N, BLOCK_K, num_warps, num_stages) tried for the few-rows kernel
-FEW_ROWS_TILES = [(16, 256, 4, 4), (32, 128, 4, 4), (16, 512, 4, 3), (32, 256, 4, 3), (64, 128, 4, 4),
-                  (8, 512, 4, 4), (16, 128, 4, 6)]
-
-
-def dense_timings(cfg, log, layers: int = 16) -> list[dict]:
-    """The attention projections and the router at 1 row, `layers` of them (own weights) in one
-    CUDA graph, us per layer: cuBLAS (F.linear; the router's mm with float32 output, as
-    model/layers/fused_moe.py's Router) against kernels/few_rows_triton.py at its default and
-    FEW_ROWS_TILES."""
-    from pagedllm.kernels.few_rows_triton import few_rows_linear_triton
-
-    h, d = cfg.hidden_size, getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
-    shapes = {"qkv": (q + 2 * kv, h, None), "o": (h, q, None), "router": (cfg.num_experts, h, torch.float32)}
-    g = torch.Generator(device="cuda").manual_seed(2)
-    rows = []
-    for name, (n, k, out_dtype) in shapes.items():
-        ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02 for _ in range(layers)]
-        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16, generator=g)
-        if out_dtype is None:
-            def cublas(w, x=x):
-                return torch.nn.functional.linear(x, w)
-        else:
-            def cublas(w, x=x):
-                return torch.mm(x, w.t(), out_dtype=torch.float32)
-        ref = cublas(ws[0]).float()
-        variants = [("cublas", None, cublas)] + [
-            ("few_rows", c, lambda w, c=c, x=x, od=out_dtype: few_rows_linear_triton(x, w, None, od, c))
-            for c in [None] + FEW_ROWS_TILES]
-        for path, c, fn in variants:
-            try:
-                err = (fn(ws[0]).float() - ref).abs().max().item()
-                us = time_layers([lambda w=w, fn=fn: fn(w) for w in ws])
-            except Exception as ex:  # noqa: BLE001
-                log(f"  {name} {path} {c}: failed: {type(ex).__name__}: {ex}")
-                continue
-            gbps = n * k * 2 / us / 1e3
-            rows.append({"proj": name, "path": path, "config": c or "default", "us": round(us, 2),
-                         "GB_per_s": round(gbps, 0), "max_abs_diff_vs_cublas": err})
-            log(f"  {name:<6} [{n}x{k}] {path:<8} {str(c or 'default'):<20} {us:7.2f} us {gbps:6.0f} GB/s  "
-                f"|diff| {err:.2e}")
     return rows
 
 
@@ -338,11 +221,6 @@ def main(argv: list[str] | None = None) -> None:
     if cuda and not args.skip_kernels:
         log("1. experts alone (fused_experts_triton: align + gate/up with SiLU-and-mul + down with the routing weight + sum over k)")
         report["kernels"] = kernel_timings(cfg, log)
-    if cuda and args.small_path_kernels:
-        log("1b. routing + experts per layer: grouped path vs the small-batch path (fused_moe_small_triton)")
-        report["small_path_kernels"] = small_path_timings(cfg, log)
-        log("1c. attention projections and router at 1 row: cuBLAS vs kernels/few_rows_triton.py")
-        report["dense_kernels"] = dense_timings(cfg, log)
     if args.skip_latency:
         common.write_json(args.output_json, report)
         return
@@ -355,10 +233,7 @@ def main(argv: list[str] | None = None) -> None:
     llm = LLM(args.model, tokenizer=tokenizer, load_format="dummy", dtype=args.dtype, seed=args.seed,
               max_model_len=4096, max_num_seqs=256, gpu_memory_utilization=args.gpu_memory_utilization,
               hf_overrides=TINY if args.tiny else {}, **({} if cuda else {"kv_cache_memory": "256MiB"}))
-    from pagedllm.kernels.fused_moe import small_path_options
-
-    report["small_path"] = dict(zip(("max_pairs", "dot"), small_path_options()))
-    log(f"2. pagedllm ready in {time.perf_counter() - t0:.1f} s (small-batch MoE path: {report['small_path']})")
+    log(f"2. pagedllm ready in {time.perf_counter() - t0:.1f} s")
     lat = ours_latency(llm, args, cfg.vocab_size)
     log(f"pagedllm batch 1: {lat['decode_ms_per_token']:.3f} ms/token (iters {lat['decode_ms_all_iters']}), "
         f"TTFT {lat['ttft_ms']:.1f} ms")

@@ -28,7 +28,6 @@ def next_power_of_2(n: int) -> int:
 
 def fusion_enabled(option: str) -> bool:
     """Whether an opt-in fused kernel path is on: PAGEDLLM_FUSED_<option>=1, read when a layer
-    is built. ROPE_KV: q/k norm + rotary + store-KV in one kernel (kernels/qkv_rope.py); SILU:
-    SiLU-and-mul in the FP8 gate_up product (kernels/fp8.py). Off by default until measured
-    faster on the GPU."""
+    is built. ROPE_KV: q/k norm + rotary + store-KV in one kernel (kernels/qkv_rope.py). Off by
+    default."""
     return os.environ.get(f"PAGEDLLM_FUSED_{option}", "0") == "1"

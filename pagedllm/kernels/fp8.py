@@ -17,8 +17,6 @@ Two products:
   (dynamic scales), FP8 tensor cores. Wins once the product is compute-bound (many rows);
   only for per-channel scales (G = 1).
 `fp8_linear` picks by row count (SCALED_MM_MIN_ROWS, from the measured crossover).
-`fp8_linear_silu_and_mul` is a merged gate_up projection followed by SiLU-and-mul, one Triton
-kernel for few rows (the activation computed in the product's epilogue).
 """
 
 from __future__ import annotations
@@ -113,26 +111,3 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
         # reference up to float32 summation order)
         return torch.nn.functional.linear(x, dequantize_fp8_torch(weight, weight_scale, x.dtype), bias)
     return fp8_linear_torch(x, weight, weight_scale, bias)
-
-
-def fp8_linear_silu_and_mul_torch(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
-                                  bias: torch.Tensor | None = None) -> torch.Tensor:
-    """silu(x @ gate.T) * (x @ up.T) for weight [2N, K] = [gate | up] rows: the W8A16 reference
-    rounded to x's dtype, then SiLU-and-mul (the unfused chain)."""
-    from pagedllm.kernels.activation import silu_and_mul_torch
-
-    return silu_and_mul_torch(fp8_linear_torch(x, weight, weight_scale, bias))
-
-
-def fp8_linear_silu_and_mul(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
-                            bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [M, K] -> [M, N] = silu_and_mul(fp8_linear(x, weight [2N, K], ...)). On CUDA with at
-    most SWAP_BLOCK_M rows: the fused Triton kernel; otherwise the two ops."""
-    from pagedllm.kernels.activation import silu_and_mul
-
-    if use_triton(x):
-        from pagedllm.kernels.fp8_triton import SWAP_BLOCK_M, fp8_gemm_silu_and_mul_triton
-
-        if x.shape[0] <= SWAP_BLOCK_M:
-            return fp8_gemm_silu_and_mul_triton(x, weight, weight_scale, bias)
-    return silu_and_mul(fp8_linear(x, weight, weight_scale, bias))

@@ -40,43 +40,6 @@ SWAP_BLOCK_M = 16
 
 
 @triton.jit
-def _gemv_tile(w, xf, s_rows, n_mask, k0, GROUP_K: tl.constexpr):
-    """One K tile of the GEMV: w [BLOCK_N, BLOCK_K] (FP8) times x [1, BLOCK_K] (float32), by its
-    K group's scale when GROUP_K > 0 (s_rows: the rows' scale pointers)."""
-    prod = w.to(tl.float32) * xf
-    if GROUP_K > 0:
-        prod = prod * tl.load(s_rows + k0 // GROUP_K, mask=n_mask, other=0.0)[:, None]
-    return prod
-
-
-@triton.jit
-def _epilogue(y, s_rows, b_ptrs, n_mask, GROUP_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-              COLUMNS: tl.constexpr = False):  # fmt: skip
-    """Sums y of the output rows n (float32: [BLOCK_N], or [BLOCK_N, BLOCK_M] with COLUMNS) ->
-    times the row's scale (G = 1), plus its bias."""
-    if GROUP_K == 0:
-        s = tl.load(s_rows, mask=n_mask, other=0.0)
-        if COLUMNS:
-            s = s[:, None]
-        y = y * s
-    if HAS_BIAS:
-        b = tl.load(b_ptrs, mask=n_mask, other=0.0).to(tl.float32)
-        if COLUMNS:
-            b = b[:, None]
-        y = y + b
-    return y
-
-
-@triton.jit
-def _silu_and_mul(gate, up, dtype: tl.constexpr):
-    """silu(gate) * up as the unfused chain rounds it (activation_triton.py): the projection's
-    outputs rounded to `dtype`, silu rounded to `dtype`, the product in float32."""
-    g = gate.to(dtype).to(tl.float32)
-    act = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
-    return act * up.to(dtype).to(tl.float32)
-
-
-@triton.jit
 def _fp8_gemv_kernel(
     x_ptr,  # [M, K] activations (16- or 32-bit)
     w_ptr,  # [N, K] float8 e4m3
@@ -88,7 +51,6 @@ def _fp8_gemv_kernel(
     GROUP_K: tl.constexpr,  # 0: one scale per row (G = 1); else the K width of a scale group
     HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GATED: tl.constexpr = False,  # weight [2N, K] = [gate | up]: out = silu(x @ gate.T) * (x @ up.T)
 ):  # fmt: skip
     m = tl.program_id(0).to(tl.int64)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -98,8 +60,6 @@ def _fp8_gemv_kernel(
     w_rows = w_ptr + rn64[:, None] * stride_wn
     x_row = x_ptr + m * stride_xm
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    if GATED:
-        acc_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + rk
         if EVEN_K:
@@ -109,20 +69,16 @@ def _fp8_gemv_kernel(
             k_mask = kk < K
             x = tl.load(x_row + kk, mask=k_mask, other=0.0)
             w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-        xf = x.to(tl.float32)[None, :]
-        acc += _gemv_tile(w, xf, s_ptr + rn64 * stride_sn, n_mask, k0, GROUP_K)
-        if GATED:  # the up row of each gate row: N rows further
-            up_rows = w_rows + N * stride_wn
-            if EVEN_K:
-                wu = tl.load(up_rows + kk[None, :], mask=n_mask[:, None], other=0.0)
-            else:
-                wu = tl.load(up_rows + kk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-            acc_up += _gemv_tile(wu, xf, s_ptr + (rn64 + N) * stride_sn, n_mask, k0, GROUP_K)
-    y = _epilogue(tl.sum(acc, axis=1), s_ptr + rn64 * stride_sn, b_ptr + rn, n_mask, GROUP_K, HAS_BIAS)
-    if GATED:
-        up = _epilogue(tl.sum(acc_up, axis=1), s_ptr + (rn64 + N) * stride_sn, b_ptr + N + rn, n_mask,
-                       GROUP_K, HAS_BIAS)  # fmt: skip
-        y = _silu_and_mul(y, up, out_ptr.dtype.element_ty)
+        prod = w.to(tl.float32) * x.to(tl.float32)[None, :]
+        if GROUP_K > 0:
+            s = tl.load(s_ptr + rn64 * stride_sn + k0 // GROUP_K, mask=n_mask, other=0.0)
+            prod = prod * s[:, None]
+        acc += prod
+    y = tl.sum(acc, axis=1)
+    if GROUP_K == 0:
+        y = y * tl.load(s_ptr + rn64 * stride_sn, mask=n_mask, other=0.0)
+    if HAS_BIAS:
+        y = y + tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + m * stride_om + rn, y.to(out_ptr.dtype.element_ty), mask=n_mask)
 
 
@@ -175,20 +131,6 @@ FP16_MAX = 65504.0
 
 
 @triton.jit
-def _swap_tile(w, xt, s_rows, n_mask, k0, GROUP_K: tl.constexpr, FP16_OPERANDS: tl.constexpr):
-    """One K tile of the swap-AB product: W tile [BLOCK_N, BLOCK_K] (FP8) @ x.T tile [BLOCK_K,
-    BLOCK_M] (fp16 or float32 operands already) -> [BLOCK_N, BLOCK_M], by its K group's scale
-    when GROUP_K > 0."""
-    if FP16_OPERANDS:
-        part = tl.dot(w.to(tl.float16), xt)
-    else:
-        part = tl.dot(w.to(tl.float32), xt, input_precision="ieee")
-    if GROUP_K > 0:
-        part = part * tl.load(s_rows + k0 // GROUP_K, mask=n_mask, other=0.0)[:, None]
-    return part
-
-
-@triton.jit
 def _fp8_swap_kernel(
     x_ptr,  # [M, K] activations, M <= BLOCK_M
     w_ptr,  # [N, K] float8 e4m3
@@ -201,7 +143,6 @@ def _fp8_swap_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     FP16_OPERANDS: tl.constexpr,  # 16-bit x: fp16 MMA operands; float32 x: float32 ones
     FP16_MAX_: tl.constexpr,
-    GATED: tl.constexpr = False,  # weight [2N, K] = [gate | up], out = silu(gate part) * up part (SPLIT_K 1)
 ):  # fmt: skip
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -214,34 +155,34 @@ def _fp8_swap_kernel(
     w_rows = w_ptr + rn64[:, None] * stride_wn  # [BLOCK_N, 1]
     x_cols = x_ptr + rm.to(tl.int64)[None, :] * stride_xm  # [1, BLOCK_M]: x.T's columns
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    if GATED:
-        acc_up = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     k_start = pid_k * K_SPLIT
     for k0 in range(k_start, k_start + K_SPLIT, BLOCK_K):
         kk = k0 + rk
         if EVEN_K:
-            w_mask = n_mask[:, None]
+            w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None], other=0.0)
             xt = tl.load(x_cols + kk[:, None], mask=m_mask[None, :], other=0.0)
         else:
             k_mask = kk < K
-            w_mask = n_mask[:, None] & k_mask[None, :]
+            w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
             xt = tl.load(x_cols + kk[:, None], mask=m_mask[None, :] & k_mask[:, None], other=0.0)
         if FP16_OPERANDS:
+            w = w.to(tl.float16)
             if xt.dtype != tl.float16:
                 xt = tl.clamp(xt.to(tl.float32), -FP16_MAX_, FP16_MAX_).to(tl.float16)
+            part = tl.dot(w, xt)
         else:
-            xt = xt.to(tl.float32)
-        w = tl.load(w_rows + kk[None, :], mask=w_mask, other=0.0)
-        acc += _swap_tile(w, xt, s_ptr + rn64 * stride_sn, n_mask, k0, GROUP_K, FP16_OPERANDS)
-        if GATED:  # the up row of each gate row: N rows further
-            wu = tl.load(w_rows + N * stride_wn + kk[None, :], mask=w_mask, other=0.0)
-            acc_up += _swap_tile(wu, xt, s_ptr + (rn64 + N) * stride_sn, n_mask, k0, GROUP_K, FP16_OPERANDS)
+            part = tl.dot(w.to(tl.float32), xt.to(tl.float32), input_precision="ieee")
+        if GROUP_K > 0:
+            s = tl.load(s_ptr + rn64 * stride_sn + k0 // GROUP_K, mask=n_mask, other=0.0)
+            acc += part * s[:, None]
+        else:
+            acc += part
     out_mask = n_mask[:, None] & m_mask[None, :]
     if SPLIT_K == 1:
-        acc = _epilogue(acc, s_ptr + rn64 * stride_sn, b_ptr + rn, n_mask, GROUP_K, HAS_BIAS, True)
-        if GATED:
-            up = _epilogue(acc_up, s_ptr + (rn64 + N) * stride_sn, b_ptr + N + rn, n_mask, GROUP_K, HAS_BIAS, True)
-            acc = _silu_and_mul(acc, up, out_ptr.dtype.element_ty)
+        if GROUP_K == 0:
+            acc = acc * tl.load(s_ptr + rn64 * stride_sn, mask=n_mask, other=0.0)[:, None]
+        if HAS_BIAS:
+            acc = acc + tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[:, None]
         out = out_ptr + rm[None, :] * stride_om + rn[:, None]
         tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
     else:
@@ -303,12 +244,11 @@ def default_config(m: int, n: int, k: int, group_k: int) -> tuple:
 
 
 def _swap_gemm(x, weight, weight_scale, bias, out, group_k: int, block_n: int, block_k: int,
-               num_warps: int, num_stages: int, split_k: int, gated: bool = False) -> None:
+               num_warps: int, num_stages: int, split_k: int) -> None:
     """The swap-AB kernel for m <= SWAP_BLOCK_M rows into `out` [m, n] (split-K through a float32
-    workspace and the reduce kernel when split_k > 1; gated: n = the weight's rows / 2, no split)."""
+    workspace and the reduce kernel when split_k > 1)."""
     m, k = x.shape
-    n = out.shape[1]
-    assert not gated or split_k == 1, "the gated product has no split-K"
+    n = weight.shape[0]
     assert m <= SWAP_BLOCK_M, f"the swap-AB kernel takes at most {SWAP_BLOCK_M} rows"
     k_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
     split_k = triton.cdiv(k, k_split)  # no empty split
@@ -319,7 +259,7 @@ def _swap_gemm(x, weight, weight_scale, bias, out, group_k: int, block_n: int, b
         x.stride(0), weight.stride(0), weight_scale.stride(0), out.stride(0),
         GROUP_K=group_k, HAS_BIAS=bias is not None, EVEN_K=k_split * split_k == k, SPLIT_K=split_k,
         BLOCK_M=SWAP_BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k,
-        FP16_OPERANDS=x.dtype != torch.float32, FP16_MAX_=FP16_MAX, GATED=gated,
+        FP16_OPERANDS=x.dtype != torch.float32, FP16_MAX_=FP16_MAX,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     if split_k > 1:
@@ -371,48 +311,6 @@ def fp8_gemm_triton(
             DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
             num_warps=num_warps, num_stages=num_stages,
         )  # fmt: skip
-    return out
-
-
-def fp8_gemm_silu_and_mul_triton(
-    x: torch.Tensor,  # [M, K], M <= SWAP_BLOCK_M
-    weight: torch.Tensor,  # [2N, K] float8_e4m3fn = [gate | up] rows (a merged gate_up projection)
-    weight_scale: torch.Tensor,  # [2N, G] float32
-    bias: torch.Tensor | None = None,  # [2N]
-    config: tuple | None = None,  # as default_config's, for the [2N, K] product; split-K ignored
-) -> torch.Tensor:  # [M, N] = silu(x @ gate.T) * (x @ up.T), in x's dtype
-    """The gate_up projection and SiLU-and-mul in one kernel for few rows: each program computes
-    a tile of gate rows and the matching up rows and writes only the activation (no [M, 2N]
-    round trip, no second kernel). The GEMV (1 row) keeps default_config's tile for each half,
-    so every row is summed in the plain kernel's order (a bit-equal result) and half as many
-    programs re-read x; the swap-AB kernel splits its tile in two (half gate, half up rows), so
-    a program reads as many weights as the plain one. Equals silu_and_mul(fp8_gemm_triton(...)),
-    up to the sum order of the tensor-core tiles."""
-    m, k = x.shape
-    n2 = weight.shape[0]
-    assert n2 % 2 == 0 and m <= SWAP_BLOCK_M, "gated: an even number of weight rows and at most 16 rows of x"
-    assert weight.shape[1] == k and weight.stride(1) == 1 and weight_scale.shape[0] == n2
-    if x.stride(-1) != 1:
-        x = x.contiguous()
-    g = weight_scale.shape[1]
-    group_k = 0 if g == 1 else -(-k // g)
-    n = n2 // 2
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    if m == 0:
-        return out
-    kind, _, block_n, block_k, num_warps, num_stages, *_ = config or default_config(m, n2, k, group_k)
-    assert group_k == 0 or group_k % block_k == 0, "BLOCK_K must divide the scale group"
-    b = bias if bias is not None else weight_scale
-    if kind == "gemv":
-        _fp8_gemv_kernel[(m, triton.cdiv(n, block_n))](
-            x, weight, weight_scale, b, out, n, k,
-            x.stride(0), weight.stride(0), weight_scale.stride(0), out.stride(0),
-            GROUP_K=group_k, HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0,
-            BLOCK_N=block_n, BLOCK_K=block_k, GATED=True, num_warps=num_warps, num_stages=num_stages,
-        )  # fmt: skip
-    else:
-        _swap_gemm(x, weight, weight_scale, bias, out, group_k, max(block_n // 2, 16), block_k, num_warps,
-                   num_stages, 1, gated=True)  # fmt: skip
     return out
 
 

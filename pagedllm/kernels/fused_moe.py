@@ -23,8 +23,6 @@ the owning rank through the all-reduce).
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 
@@ -157,40 +155,3 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
     if expert_load is not None:
         count_expert_load(expert_load, topk_ids, slot_mapping)
     return fused_experts_torch(x, w13, w2, topk_weights, topk_ids, expert_map)
-
-
-# ---- routing and experts in one call ----------------------------------------------------------
-SMALL_PAIRS_ENV = "PAGEDLLM_MOE_SMALL_PAIRS"
-SMALL_DOT_ENV = "PAGEDLLM_MOE_SMALL_DOT"
-
-
-def small_path_options(environ=os.environ) -> tuple[int, bool]:
-    """(most pairs T * K served by the small-batch path, tensor cores or CUDA-core FMAs there),
-    from PAGEDLLM_MOE_SMALL_PAIRS (default 0: off, until the H200 A/B says otherwise) and
-    PAGEDLLM_MOE_SMALL_DOT (default 1). Read once, when a layer is built."""
-    raw = environ.get(SMALL_PAIRS_ENV, "0").strip()
-    try:
-        max_pairs = int(raw)
-    except ValueError:
-        raise ValueError(f"{SMALL_PAIRS_ENV}={raw!r}: expected an integer number of (token, expert) pairs") from None
-    if max_pairs < 0:
-        raise ValueError(f"{SMALL_PAIRS_ENV}={max_pairs}: must be >= 0 (0 turns the small-batch path off)")
-    dot = environ.get(SMALL_DOT_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
-    return max_pairs, dot
-
-
-def fused_moe(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, top_k: int,
-              renormalize: bool, expert_map: torch.Tensor | None = None, expert_load: torch.Tensor | None = None,
-              slot_mapping: torch.Tensor | None = None, small_max_pairs: int = 0,
-              small_dot: bool = True) -> torch.Tensor:
-    """Routing then the experts: [T, H]. On CUDA, up to `small_max_pairs` (token, expert) pairs
-    take the two-kernel small-batch path (fused_moe_small_triton.py); otherwise topk_softmax and
-    fused_experts. The choice depends only on shapes, so a CUDA graph captures one path."""
-    if use_triton(x) and x.shape[0] * top_k <= small_max_pairs:
-        from pagedllm.kernels.fused_moe_small_triton import MAX_TOP_K, fused_moe_small_triton
-
-        if top_k <= MAX_TOP_K:
-            return fused_moe_small_triton(x, router_logits, w13, w2, top_k, renormalize, expert_map, expert_load,
-                                          slot_mapping, dot=small_dot)
-    topk_weights, topk_ids = topk_softmax(router_logits, top_k, renormalize)
-    return fused_experts(x, w13, w2, topk_weights, topk_ids, expert_map, expert_load, slot_mapping)

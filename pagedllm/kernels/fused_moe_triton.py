@@ -1,8 +1,7 @@
 """Triton kernels of the MoE layer; each must equal its torch reference in fused_moe.py.
 
 - `_topk_softmax_kernel`: one program per token: softmax over the experts in float32, top-k by
-  repeated max (the lowest expert id wins a tie), optional renormalization (`_topk_row`, which
-  the small-batch path of fused_moe_small_triton.py calls too).
+  repeated max (the lowest expert id wins a tie), optional renormalization.
 - `_moe_align_kernel`: one program: counts the pairs per expert (atomics: a pair's rank inside
   its expert is the counter's old value, so the order inside an expert's run varies between
   runs, which no output depends on: every row of a tile is computed alone), pads each run to
@@ -31,12 +30,18 @@ _ALIGN_TRITON_MAX_PAIRS = 4096
 
 
 @triton.jit
-def _topk_row(logits_ptr, row, stride_l, num_experts, TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr,
-              BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
-    """(weights [BLOCK_K] float32, global ids [BLOCK_K] int64) of one token's top-k: softmax over
-    the experts in float32, top-k by repeated max (the lowest expert id wins a tie), optionally
-    renormalized. Entries from TOP_K on are 0. The small-batch path calls it too, so both paths
-    choose the same experts."""
+def _topk_softmax_kernel(
+    logits_ptr,  # [T, E]
+    weights_ptr,  # [T, K] float32
+    ids_ptr,  # [T, K] int64
+    stride_l,
+    num_experts,
+    TOP_K: tl.constexpr,
+    RENORMALIZE: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_E)
     valid = offs < num_experts
     x = tl.load(logits_ptr + row * stride_l + offs, mask=valid, other=-float("inf")).to(tl.float32)
@@ -54,24 +59,6 @@ def _topk_row(logits_ptr, row, stride_l, num_experts, TOP_K: tl.constexpr, RENOR
         p = tl.where(offs == i, -2.0, p)
     if RENORMALIZE:
         w = w / tl.sum(tl.where(koffs < TOP_K, w, 0.0), axis=0)
-    return w, ids
-
-
-@triton.jit
-def _topk_softmax_kernel(
-    logits_ptr,  # [T, E]
-    weights_ptr,  # [T, K] float32
-    ids_ptr,  # [T, K] int64
-    stride_l,
-    num_experts,
-    TOP_K: tl.constexpr,
-    RENORMALIZE: tl.constexpr,
-    BLOCK_E: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
-    row = tl.program_id(0).to(tl.int64)
-    w, ids = _topk_row(logits_ptr, row, stride_l, num_experts, TOP_K, RENORMALIZE, BLOCK_E, BLOCK_K)
-    koffs = tl.arange(0, BLOCK_K)
     tl.store(weights_ptr + row * TOP_K + koffs, w, mask=koffs < TOP_K)
     tl.store(ids_ptr + row * TOP_K + koffs, ids, mask=koffs < TOP_K)
 

@@ -3,10 +3,8 @@
 - q/k RMSNorm + rotary + store-KV from the qkv projection's output (kernels/qkv_rope_triton.py),
   with and without the norm (Qwen3 / Llama), on 16-bit and FP8 caches with scales, padding
   slots (-1) left alone; and against the unfused Triton kernels it replaces;
-- the FP8 gate_up projection with SiLU-and-mul in its epilogue (fp8_gemm_silu_and_mul_triton),
-  GEMV (1 row) and swap-AB (2-16 rows), per-channel and K-group scales, bias;
-- the engine with the options on (PAGEDLLM_FUSED_ROPE_KV, _SILU): greedy tokens of tiny
-  float32 models equal the unfused path's (and transformers' for ROPE_KV).
+- the engine with the option on (PAGEDLLM_FUSED_ROPE_KV): greedy tokens of tiny float32 models
+  equal the unfused path's and transformers'.
 
 The `check_*` functions take a device, so tests/unit/test_fused_interpret.py runs them on the
 CPU under Triton's interpreter.
@@ -25,7 +23,6 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_kernels import ELEMENTWISE_TOL, _close, _randn, _rope_cache  # noqa: E402
 
-from pagedllm.kernels.fp8 import FP8_DTYPE, fp8_linear_silu_and_mul_torch, quantize_fp8_torch  # noqa: E402
 from pagedllm.kernels.qkv_rope import qkv_norm_rope_store_torch  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available() and importlib.util.find_spec("triton") is not None
@@ -201,34 +198,6 @@ def check_attention_layer_fused(device, dtype, arch, seed=0):
     assert torch.equal(caches[0][1], caches[1][1]), "v cache"
 
 
-def _fp8_weights(n, k, group_k, device, gen):
-    w = torch.randn(n, k, generator=gen) * 0.05
-    q, s = quantize_fp8_torch(w, group_k)
-    assert q.dtype == FP8_DTYPE
-    return q.to(device), s.to(device)
-
-
-GATED_TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (4e-3, 4e-3), torch.bfloat16: (3.2e-2, 3.2e-2)}
-
-
-def check_fp8_silu_gemm(device, dtype, m, n, k, group_k=None, bias=False, config=None, seed=0):
-    """silu(x @ gate.T) * (x @ up.T) for a [2n, k] FP8 gate_up weight in one kernel."""
-    from pagedllm.kernels.fp8_triton import fp8_gemm_silu_and_mul_triton
-
-    g = torch.Generator().manual_seed(seed)
-    q, s = _fp8_weights(2 * n, k, group_k, device, g)
-    x = torch.randn(m, k, generator=g).to(device=device, dtype=dtype)
-    b = (torch.randn(2 * n, generator=g) * 0.1).to(device=device, dtype=dtype) if bias else None
-    out = fp8_gemm_silu_and_mul_triton(x, q, s, b, config=config)
-    ref = fp8_linear_silu_and_mul_torch(x, q, s, b)
-    assert out.shape == (m, n) and out.dtype == dtype
-    atol, rtol = GATED_TOL[dtype]
-    torch.testing.assert_close(out, ref, atol=atol, rtol=rtol)
-    wide = torch.randn(m, k + 8, generator=g).to(device=device, dtype=dtype)  # a strided input
-    torch.testing.assert_close(fp8_gemm_silu_and_mul_triton(wide[:, :k], q, s, b, config=config),
-                               fp8_linear_silu_and_mul_torch(wide[:, :k], q, s, b), atol=atol, rtol=rtol)
-
-
 # ------------------------------------------------------------------------------- GPU tests
 
 
@@ -269,35 +238,6 @@ def test_attention_layer_fused(dtype, arch):
     check_attention_layer_fused("cuda", dtype, arch)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("m", [1, 3, 16])
-@pytest.mark.parametrize("group_k", [None, 128])
-def test_fp8_silu_gemm(dtype, m, group_k):
-    check_fp8_silu_gemm("cuda", dtype, m, 384, 512, group_k, bias=m == 3)
-    check_fp8_silu_gemm("cuda", dtype, m, 300, 520 if group_k is None else 640, group_k)  # ragged N, K
-
-
-@pytest.mark.parametrize("m", [1, 4, 16])
-def test_fp8_silu_gemm_llama_8b_shape(m):
-    check_fp8_silu_gemm("cuda", torch.bfloat16, m, 14336, 4096)
-
-
-def check_fp8_silu_gemv_bit_equal(device, dtype, n, k, seed=5):
-    """At one row the gated GEMV sums each output row in the plain GEMV's order (the same tile
-    per half): its result is bit for bit silu_and_mul of the plain kernel's."""
-    from pagedllm.kernels.activation_triton import silu_and_mul_triton
-    from pagedllm.kernels.fp8_triton import fp8_gemm_silu_and_mul_triton, fp8_gemm_triton
-
-    g = torch.Generator().manual_seed(seed)
-    q, s = _fp8_weights(2 * n, k, None, device, g)
-    x = torch.randn(1, k, generator=g).to(device=device, dtype=dtype)
-    assert torch.equal(fp8_gemm_silu_and_mul_triton(x, q, s), silu_and_mul_triton(fp8_gemm_triton(x, q, s)))
-
-
-def test_fp8_silu_gemv_bit_equal_to_unfused():
-    check_fp8_silu_gemv_bit_equal("cuda", torch.bfloat16, 14336, 4096)  # Llama-3.1-8B's gate_up
-
-
 # ------------------------------------------------------------------------ the engine, on and off
 
 
@@ -318,8 +258,7 @@ def _prompts():
 def _generate(path, monkeypatch, env, prompts, **kwargs):
     from pagedllm import LLM, SamplingParams
 
-    for name in ("PAGEDLLM_FUSED_ROPE_KV", "PAGEDLLM_FUSED_SILU"):
-        monkeypatch.setenv(name, env.get(name, "0"))
+    monkeypatch.setenv("PAGEDLLM_FUSED_ROPE_KV", env.get("PAGEDLLM_FUSED_ROPE_KV", "0"))
     args = dict(max_model_len=512, gpu_memory_utilization=0.3, max_num_seqs=16, max_num_batched_tokens=64,
                 block_size=16)
     llm = LLM(path, **{**args, **kwargs})
@@ -351,14 +290,3 @@ def test_engine_fused_rope_kv_greedy(tmp_path, tokenizer_dir, monkeypatch, arch,
             ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=20, do_sample=False,
                               eos_token_id=None, pad_token_id=0)[0, len(p):].tolist()
             assert o == ref
-
-
-def test_engine_fused_silu_fp8_greedy(tmp_path, tokenizer_dir, monkeypatch):
-    """FP8 weights, float32 activations, the gated gate_up product on (the GEMV for decodes, the
-    swap-AB kernel for prompts of up to 16 tokens): the unfused path's tokens."""
-    path = _tiny("llama", tmp_path, tokenizer_dir)
-    prompts = _prompts()[:3]
-    kw = dict(dtype="float32", quantization="fp8", max_num_seqs=1)
-    off = _generate(path, monkeypatch, {}, prompts, **kw)
-    on = _generate(path, monkeypatch, {"PAGEDLLM_FUSED_SILU": "1"}, prompts, **kw)
-    assert on == off

@@ -94,50 +94,6 @@ def check_fused_experts(device, dtype, num_tokens, hidden, inter, num_experts, t
     assert torch.equal(load.cpu(), expected_load), "expert load counters"
 
 
-def _router_logits(num_tokens: int, num_experts: int, gen: torch.Generator, skew: str, ties: bool) -> torch.Tensor:
-    """float32 logits [T, E], distinct unless `ties` (pairs of equal logits compete for the last
-    places); skew as _routing ("hot": 3 experts most tokens pick, so tokens share experts)."""
-    logits = torch.stack([torch.randperm(num_experts, generator=gen) for _ in range(num_tokens)]).float()
-    logits = logits * (4.0 / num_experts) - 2.0
-    if skew == "hot":
-        logits[:, :3] += 4.0 * (torch.rand(num_tokens, 1, generator=gen) < 0.8)
-    if skew == "one-empty":
-        logits[:, 1] = -10.0
-    if ties:
-        logits[:, 1::2] = logits[:, 0::2]
-    return logits
-
-
-def check_fused_moe_small(device, dtype, num_tokens, hidden, inter, num_experts, top_k, renormalize=True, dot=True,
-                          skew="uniform", ties=False, ep_ranks=1, seed=0, config=None):
-    """The small-batch path (routing + experts in two kernels) against topk_softmax_torch +
-    fused_experts_torch; under ties, against the experts topk_softmax_triton chose (torch.topk may
-    take the other twin), which the small path must choose too (one top-k helper)."""
-    from pagedllm.kernels.fused_moe import fused_experts_torch, topk_softmax_torch
-    from pagedllm.kernels.fused_moe_small_triton import fused_moe_small_triton
-    from pagedllm.kernels.fused_moe_triton import topk_softmax_triton
-
-    # made on the device: Qwen3-30B-A3B's 128 experts are 400M values, minutes of CPU randn
-    gd = torch.Generator(device=device).manual_seed(seed)
-    x = torch.randn(num_tokens, hidden, generator=gd, device=device).to(dtype)
-    w13 = (torch.randn(num_experts, 2 * inter, hidden, generator=gd, device=device) / hidden**0.5).to(dtype)
-    w2 = (torch.randn(num_experts, hidden, inter, generator=gd, device=device) / inter**0.5).to(dtype)
-    g = torch.Generator().manual_seed(seed + 1)
-    logits = _router_logits(num_tokens, num_experts, g, skew, ties).to(device)
-    weights, ids = (topk_softmax_triton if ties else topk_softmax_torch)(logits, top_k, renormalize)
-    w13, w2, expert_map = _second_rank_experts(w13, w2, ep_ranks)
-    ref = fused_experts_torch(x, w13, w2, weights, ids, expert_map)
-    load = torch.zeros(num_experts, dtype=torch.int64, device=device)
-    slots = torch.arange(num_tokens, device=device)
-    slots[1::2] = -1  # padding rows: computed, not counted in the load
-    got = fused_moe_small_triton(x, logits, w13, w2, top_k, renormalize, expert_map, load, slots, dot=dot,
-                                 config=config)
-    atol, rtol = TOL[dtype]
-    torch.testing.assert_close(got.float(), ref.float(), atol=atol, rtol=rtol)
-    expected_load = torch.bincount(ids.cpu()[slots.cpu() >= 0].reshape(-1), minlength=num_experts)
-    assert torch.equal(load.cpu(), expected_load), "expert load counters"
-
-
 def check_align(device, ids_dtype, num_tokens, num_experts, top_k, block_m, skew="hot", ep_ranks=1, seed=0):
     """Both alignments: each pair once, in a block of its own expert; padding elsewhere.
     ids_dtype: of the top-k ids (torch.topk gives int64; int32 ids work too)."""
@@ -215,41 +171,3 @@ def test_align(args, ep_ranks):
 def test_topk_softmax(ties, renormalize):
     check_topk_softmax("cuda", torch.bfloat16, 37, 128, 8, renormalize, ties)
     check_topk_softmax("cuda", torch.float32, 5, 60, 4, renormalize, ties)
-
-
-@pytest.mark.parametrize("dot", [True, False])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("case", [
-    # Qwen3-30B-A3B's experts at 1 and 2 tokens (2 tokens sharing hot experts), Mixtral's top-2,
-    # ties without renormalization, shapes off the tiles (masked N and K)
-    dict(num_tokens=1, hidden=2048, inter=768, num_experts=128, top_k=8),
-    dict(num_tokens=2, hidden=2048, inter=768, num_experts=128, top_k=8, skew="hot"),
-    dict(num_tokens=3, hidden=512, inter=256, num_experts=8, top_k=2, renormalize=False),
-    dict(num_tokens=4, hidden=200, inter=72, num_experts=16, top_k=4, ties=True, renormalize=False),
-    dict(num_tokens=2, hidden=256, inter=128, num_experts=16, top_k=4, skew="one-empty", ep_ranks=2),
-])
-def test_fused_moe_small(dot, dtype, case):
-    check_fused_moe_small("cuda", dtype, dot=dot, **case)
-
-
-@pytest.mark.parametrize("config", [
-    {"gate_up": (16, 256, 4, 4), "down": (32, 128, 4, 4)},
-    {"gate_up": (64, 64, 4, 5), "down": (64, 128, 8, 3)},
-])
-def test_fused_moe_small_tiles(config):
-    check_fused_moe_small("cuda", torch.bfloat16, 2, 2048, 768, 128, 8, skew="hot", config=config)
-    check_fused_moe_small("cuda", torch.bfloat16, 1, 2048, 768, 128, 8, dot=False, config=config)
-
-
-def test_fused_moe_dispatch():
-    """fused_moe takes the small-batch path up to small_max_pairs pairs and the grouped one
-    beyond; both give the experts' output (3 tokens x 8 = 24 pairs > 16: grouped)."""
-    from pagedllm.kernels.fused_moe import fused_experts_torch, fused_moe, topk_softmax_torch
-
-    for num_tokens in (1, 2, 3):
-        x, w13, w2, _, _ = _inputs("cuda", torch.bfloat16, num_tokens, 512, 256, 64, 8, 0, "uniform")
-        logits = _router_logits(num_tokens, 64, torch.Generator().manual_seed(num_tokens), "uniform", False).cuda()
-        ref = fused_experts_torch(x, w13, w2, *topk_softmax_torch(logits, 8, True))
-        for small_max_pairs in (0, 16):
-            got = fused_moe(x, logits, w13, w2, 8, True, small_max_pairs=small_max_pairs)
-            torch.testing.assert_close(got.float(), ref.float(), atol=3e-2, rtol=2e-2)

@@ -1,8 +1,7 @@
-"""The opt-in fused paths (PAGEDLLM_FUSED_ROPE_KV, PAGEDLLM_FUSED_SILU) on the CPU: the layers
-take the flags, and the paths the CPU still runs with them on (the gate_up product followed by
-SiLU-and-mul through `forward_silu_and_mul`, plain and FP8; the unfused attention, which the
-fused kernel needs CUDA for) give the greedy tokens of the options off. The fused kernels
-themselves: tests/gpu/test_fused_gpu.py and, under the interpreter, tests/unit/test_fused_interpret.py."""
+"""The opt-in fused path (PAGEDLLM_FUSED_ROPE_KV) on the CPU: the attention layers take the flag,
+and with it on the CPU keeps the unfused attention (the fused kernel needs CUDA), plain and FP8,
+with the greedy tokens of the option off. The fused kernel itself: tests/gpu/test_fused_gpu.py
+and, under the interpreter, tests/unit/test_fused_interpret.py."""
 
 from __future__ import annotations
 
@@ -23,14 +22,12 @@ def _tokens(path, quantization):
 
 def test_layers_read_the_flags(monkeypatch):
     from pagedllm.model.models.gemma3 import Gemma3Attention
-    from pagedllm.model.models.llama import LlamaMLP
     from pagedllm.model.models.qwen3 import Qwen3Attention
 
     cfg = tiny_config("qwen3")
-    assert not Qwen3Attention(cfg, SINGLE).fuse_rope_kv and not LlamaMLP(cfg, SINGLE).fuse_silu
+    assert not Qwen3Attention(cfg, SINGLE).fuse_rope_kv
     monkeypatch.setenv("PAGEDLLM_FUSED_ROPE_KV", "1")
-    monkeypatch.setenv("PAGEDLLM_FUSED_SILU", "1")
-    assert Qwen3Attention(cfg, SINGLE).fuse_rope_kv and LlamaMLP(cfg, SINGLE).fuse_silu
+    assert Qwen3Attention(cfg, SINGLE).fuse_rope_kv
     # Gemma 3's (1 + w) q/k norm is not the kernel's: it keeps the unfused path
     from transformers import Gemma3TextConfig
 
@@ -44,5 +41,4 @@ def test_options_on_keep_cpu_tokens(tmp_path, tokenizer_dir, monkeypatch, quanti
     path = save_tiny_model(tiny_config("qwen3", hidden=64, head_dim=16), str(tmp_path), tokenizer_dir, seed=2)
     off = _tokens(path, quantization)
     monkeypatch.setenv("PAGEDLLM_FUSED_ROPE_KV", "1")
-    monkeypatch.setenv("PAGEDLLM_FUSED_SILU", "1")
     assert _tokens(path, quantization) == off

@@ -72,8 +72,7 @@ def test_fp8_kernel_under_interpreter(interpreter_results, key):
     assert error is None, f"{key} differs from its torch reference under TRITON_INTERPRET=1:\n{error}"
 
 
-def _compile_sm90(kernel, signature: dict, constexprs: dict, num_warps: int, num_stages: int,
-                  aligned_ints: tuple[str, ...] = ("N", "K", "K_SPLIT", "stride_xm", "stride_wn", "stride_om")):
+def _compile_sm90(kernel, signature: dict, constexprs: dict, num_warps: int, num_stages: int):
     """Compiles `kernel` for sm_90 on this (GPU-less) machine, with the 16-divisibility hints a
     real launch gets for aligned pointers and sizes (without them the loads are neither vectorized
     nor pipelined, so the PTX would not be what the device runs)."""
@@ -82,7 +81,8 @@ def _compile_sm90(kernel, signature: dict, constexprs: dict, num_warps: int, num
     from triton.compiler import ASTSource
 
     names = list(signature) + list(constexprs)
-    aligned = [n for n, t in signature.items() if t.startswith("*") or n in aligned_ints]
+    aligned = [n for n, t in signature.items()
+               if t.startswith("*") or n in ("N", "K", "K_SPLIT", "stride_xm", "stride_wn", "stride_om")]
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
     src = ASTSource(fn=kernel, signature={**signature, **dict.fromkeys(constexprs, "constexpr")},
                     constexprs=constexprs, attrs=attrs)
@@ -101,10 +101,20 @@ def test_swap_kernel_compiles_for_sm90(block_n, split_k):
                  "out_ptr": "*bf16" if split_k == 1 else "*fp32", "M": "i32", "N": "i32", "K": "i32",
                  "K_SPLIT": "i32", "stride_xm": "i32", "stride_wn": "i32", "stride_sn": "i32", "stride_om": "i32"}
     constexprs = {"GROUP_K": 0, "HAS_BIAS": False, "EVEN_K": True, "SPLIT_K": split_k, "BLOCK_M": f.SWAP_BLOCK_M,
-                  "BLOCK_N": block_n, "BLOCK_K": 128, "FP16_OPERANDS": True, "FP16_MAX_": f.FP16_MAX,
-                  "GATED": False}
+                  "BLOCK_N": block_n, "BLOCK_K": 128, "FP16_OPERANDS": True, "FP16_MAX_": f.FP16_MAX}
     compiled = _compile_sm90(f._fp8_swap_kernel, signature, constexprs, num_warps=4, num_stages=3)
     ptx = compiled.asm["ptx"]
     assert "cvt.rn.f16x2.e4m3x2" in ptx and "cvt.f32.f16" not in ptx
     assert "wgmma.mma_async" in ptx
     assert "cp.async" in ptx
+
+
+def test_gemv_kernel_compiles_for_sm90():
+    """The one-row GEMV compiles for the H200 and converts e4m3 -> fp16 two values at a time."""
+    from pagedllm.kernels import fp8_triton as f
+
+    signature = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "b_ptr": "*fp32", "out_ptr": "*bf16",
+                 "N": "i32", "K": "i32", "stride_xm": "i32", "stride_wn": "i32", "stride_sn": "i32", "stride_om": "i32"}
+    constexprs = {"GROUP_K": 0, "HAS_BIAS": False, "EVEN_K": True, "BLOCK_N": 8, "BLOCK_K": 256}
+    ptx = _compile_sm90(f._fp8_gemv_kernel, signature, constexprs, num_warps=4, num_stages=2).asm["ptx"]
+    assert "cvt.rn.f16x2.e4m3x2" in ptx

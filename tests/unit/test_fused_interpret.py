@@ -1,10 +1,8 @@
-"""The fused decode-step kernels (tests/gpu/test_fused_gpu.py's checks) on the CPU through
-Triton's interpreter, at tiny shapes, against their torch references: q/k RMSNorm + rotary +
+"""The fused decode-step kernel (tests/gpu/test_fused_gpu.py's checks) on the CPU through
+Triton's interpreter, at tiny shapes, against its torch reference: q/k RMSNorm + rotary +
 store-KV (with and without the norm, an odd half width, 16-bit and FP8 caches, padding slots;
-and against the unfused Triton kernels), and the FP8 gate_up product with SiLU-and-mul in its
-epilogue (GEMV and swap-AB, K-group scales, bias). Then both compile for sm_90 here, so the GPU
-run meets no compile error: the gated swap-AB kernel still on wgmma with paired e4m3 -> fp16
-conversions."""
+and against the unfused Triton kernels). Then it compiles for sm_90 here, so the GPU run meets
+no compile error."""
 
 from __future__ import annotations
 
@@ -16,8 +14,6 @@ from test_kernels_interpret import run_under_interpreter
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 
-_GEMV = ["gemv", 1, 8, 32, 4, 1]
-_SWAP = ["swap", 16, 32, 32, 4, 1]
 _CASES = {
     "rope_store": ("check_qkv_rope_store", [5, 4, 2, 16, 16], {}),
     "norm_rope_store": ("check_qkv_rope_store", [5, 4, 2, 16, 16], {"qk_norm": True}),
@@ -34,12 +30,6 @@ _CASES = {
     # kernels' dots, which the interpreter cannot run in 16 bits)
     "layer_llama": ("check_attention_layer_fused", ["llama"], {}),
     "layer_qwen3": ("check_attention_layer_fused", ["qwen3"], {}),
-    "silu_gemv": ("check_fp8_silu_gemm", [1, 24, 64], {"config": _GEMV}),
-    "silu_gemv_groups_bias": ("check_fp8_silu_gemm", [1, 24, 96], {"group_k": 32, "bias": True, "config": _GEMV}),
-    "silu_gemv_ragged": ("check_fp8_silu_gemm", [2, 20, 72], {"config": _GEMV}),
-    "silu_gemv_bit_equal": ("check_fp8_silu_gemv_bit_equal", [40, 64], {}),
-    "silu_swap": ("check_fp8_silu_gemm", [3, 24, 64], {"config": _SWAP}),
-    "silu_swap_groups_bias": ("check_fp8_silu_gemm", [5, 40, 96], {"group_k": 32, "bias": True, "config": _SWAP}),
 }
 _DTYPES = ["float32", "float16", "bfloat16"]
 
@@ -80,31 +70,3 @@ def test_qkv_rope_store_compiles_for_sm90(cache, has_norm):
     assert "st.global" in ptx
     if cache == "*fp8e4nv":
         assert "cvt.rn.satfinite.e4m3x2" in ptx  # two values per conversion into the cache
-
-
-_FP8_SIG = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "b_ptr": "*fp32", "out_ptr": "*bf16"}
-
-
-@pytest.mark.parametrize("block_n", [32, 64])
-def test_gated_swap_kernel_compiles_for_sm90(block_n):
-    from pagedllm.kernels import fp8_triton as f
-
-    signature = dict(_FP8_SIG, M="i32", N="i32", K="i32", K_SPLIT="i32", stride_xm="i32", stride_wn="i32",
-                     stride_sn="i32", stride_om="i32")
-    constexprs = {"GROUP_K": 0, "HAS_BIAS": False, "EVEN_K": True, "SPLIT_K": 1, "BLOCK_M": f.SWAP_BLOCK_M,
-                  "BLOCK_N": block_n, "BLOCK_K": 128, "FP16_OPERANDS": True, "FP16_MAX_": f.FP16_MAX, "GATED": True}
-    ptx = _compile_sm90(f._fp8_swap_kernel, signature, constexprs, num_warps=4, num_stages=3).asm["ptx"]
-    assert "cvt.rn.f16x2.e4m3x2" in ptx and "cvt.f32.f16" not in ptx
-    assert "mma" in ptx and "cp.async" in ptx
-    assert "ex2.approx" in ptx  # the SiLU in the epilogue
-
-
-@pytest.mark.parametrize("gated", [False, True])
-def test_gemv_kernel_compiles_for_sm90(gated):
-    from pagedllm.kernels import fp8_triton as f
-
-    signature = dict(_FP8_SIG, N="i32", K="i32", stride_xm="i32", stride_wn="i32", stride_sn="i32", stride_om="i32")
-    constexprs = {"GROUP_K": 0, "HAS_BIAS": False, "EVEN_K": True, "BLOCK_N": 8, "BLOCK_K": 256, "GATED": gated}
-    ptx = _compile_sm90(f._fp8_gemv_kernel, signature, constexprs, num_warps=4, num_stages=2).asm["ptx"]
-    assert "cvt.rn.f16x2.e4m3x2" in ptx
-    assert ("ex2.approx" in ptx) == gated

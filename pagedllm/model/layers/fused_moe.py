@@ -29,8 +29,7 @@ import torch
 from torch import nn
 
 from pagedllm.distributed import SINGLE, ParallelState
-from pagedllm.kernels.few_rows import few_rows_linear, few_rows_max_rows
-from pagedllm.kernels.fused_moe import fused_moe, small_path_options
+from pagedllm.kernels.fused_moe import fused_experts, topk_softmax
 from pagedllm.model.layers.linear import copy_checked
 
 # checkpoint projection name -> (our parameter, shard)
@@ -51,12 +50,9 @@ class Router(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(num_experts, hidden_size), requires_grad=False)
         self.mm_out_dtype = True  # cleared once if this torch lacks mm's out_dtype (decided before graph capture)
-        self.few_rows = few_rows_max_rows()  # as the linears: few rows through kernels/few_rows.py
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, H] -> logits [T, E] float32
-        if self.few_rows and x.is_cuda and x.shape[0] <= self.few_rows:
-            return few_rows_linear(x, self.weight, out_dtype=torch.float32)
         if x.is_cuda and x.dtype != torch.float32 and self.mm_out_dtype:
             try:
                 return torch.mm(x, self.weight.t(), out_dtype=torch.float32)
@@ -101,8 +97,6 @@ class FusedMoE(nn.Module):
         self.w2_weight = nn.Parameter(torch.empty(e, hidden_size, i), requires_grad=False)  # [E, H, I]
         # tokens routed to each (global) expert since the last reset, summed on the device
         self.expert_load = torch.zeros(num_experts, dtype=torch.int64)
-        # the small-batch path's switch (kernels/fused_moe.py), fixed before any graph capture
-        self.small_max_pairs, self.small_dot = small_path_options()
 
     # ---- loading ---------------------------------------------------------------------
     def _local(self, expert_id: int) -> int | None:
@@ -147,11 +141,12 @@ class FusedMoE(nn.Module):
     # ---- compute ---------------------------------------------------------------------
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor, slot_mapping: torch.Tensor | None = None) -> torch.Tensor:
         # x: [T, H], router_logits: [T, E] float32 -> partial output [T, H]
+        topk_weights, topk_ids = topk_softmax(router_logits, self.top_k, self.renormalize)
         emap = self.expert_map
         if emap is not None and emap.device != x.device:
             emap = self.expert_map = emap.to(x.device)
-        return fused_moe(x, router_logits, self.w13_weight, self.w2_weight, self.top_k, self.renormalize, emap,
-                         self.expert_load, slot_mapping, self.small_max_pairs, self.small_dot)
+        return fused_experts(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids, emap,
+                             self.expert_load, slot_mapping)
 
 
 class SparseMoeBlock(nn.Module):

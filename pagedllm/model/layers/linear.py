@@ -23,8 +23,6 @@ from torch import nn
 
 from pagedllm.distributed import SINGLE, ParallelState, check_tp_divides, kv_heads_per_rank
 from pagedllm.kernels import cpu_gemm
-from pagedllm.kernels.activation import silu_and_mul
-from pagedllm.kernels.few_rows import few_rows_linear, few_rows_max_rows
 
 
 def _set_loader(param: nn.Parameter, loader) -> nn.Parameter:
@@ -57,7 +55,6 @@ class ColumnParallelLinear(nn.Module):
     packed_weight: cpu_gemm.PackedWeight | None = None
     # a quantized layout and product (model/layers/quantization), given at load; None: plain
     quant_method = None
-    few_rows = 0
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False, ps: ParallelState = SINGLE,
                  skip_bias_add: bool = False):
@@ -74,8 +71,6 @@ class ColumnParallelLinear(nn.Module):
             _set_loader(nn.Parameter(torch.empty(self.out_per_rank), requires_grad=False), self.weight_loader)
             if bias else None
         )
-        # products of at most this many rows on CUDA go to kernels/few_rows.py (0: off)
-        self.few_rows = few_rows_max_rows()
 
     def weight_loader(self, param: nn.Parameter, loaded, shard_id=None) -> None:
         n = self.out_per_rank
@@ -86,8 +81,6 @@ class ColumnParallelLinear(nn.Module):
         bias = None if self.skip_bias_add else self.bias
         if self.quant_method is not None:
             return self.quant_method.apply(self, x, bias)
-        if self.few_rows and x.is_cuda and x.shape[0] <= self.few_rows:
-            return few_rows_linear(x, self.weight, bias)
         return cpu_gemm.linear(x, self.weight, bias, self.packed_weight)
 
 
@@ -101,13 +94,6 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
                 raise ValueError(f"output size {size} does not split over tp_size={ps.tp_size}")
         self.output_sizes = output_sizes
         super().__init__(in_features, sum(output_sizes), bias, ps)
-
-    def forward_silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
-        """silu(gate) * up of a [gate | up] projection, [T, in] -> [T, out / (2 tp)]: fused into
-        the product where the quantization method has such a kernel (FP8), else the two ops."""
-        if self.quant_method is not None:
-            return self.quant_method.apply_silu_and_mul(self, x, None if self.skip_bias_add else self.bias)
-        return silu_and_mul(self.forward(x))
 
     def weight_loader(self, param: nn.Parameter, loaded, shard_id: int) -> None:
         tp = self.ps.tp_size
@@ -143,7 +129,6 @@ class QKVParallelLinear(ColumnParallelLinear):
 class RowParallelLinear(nn.Module):
     packed_weight: cpu_gemm.PackedWeight | None = None
     quant_method = None
-    few_rows = 0
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False, ps: ParallelState = SINGLE):
         super().__init__()
@@ -157,7 +142,6 @@ class RowParallelLinear(nn.Module):
             _set_loader(nn.Parameter(torch.empty(out_features), requires_grad=False), default_weight_loader)
             if bias else None
         )
-        self.few_rows = few_rows_max_rows()
 
     def weight_loader(self, param: nn.Parameter, loaded, shard_id=None) -> None:
         n = self.in_per_rank
@@ -167,8 +151,6 @@ class RowParallelLinear(nn.Module):
         # x: [T, in / tp] -> partial sums [T, out] -> all-reduced [T, out]
         if self.quant_method is not None:
             y = self.quant_method.apply(self, x, None)
-        elif self.few_rows and x.is_cuda and x.shape[0] <= self.few_rows:
-            y = few_rows_linear(x, self.weight)
         else:
             y = cpu_gemm.linear(x, self.weight, None, self.packed_weight)
         y = self.ps.all_reduce(y)

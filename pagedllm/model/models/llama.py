@@ -128,13 +128,8 @@ class LlamaMLP(nn.Module):
         self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, [inter, inter], bias=bias, ps=ps)
         self.down_proj = RowParallelLinear(inter, cfg.hidden_size, bias=bias, ps=ps)
         self.act_fn = SiluAndMul()
-        # PAGEDLLM_FUSED_SILU=1: SiLU-and-mul inside the gate_up product where its quantization
-        # has such a kernel (FP8 at <= 16 rows on the GPU)
-        self.fuse_silu = fusion_enabled("SILU")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fuse_silu and type(self.act_fn) is SiluAndMul:
-            return self.down_proj(self.gate_up_proj.forward_silu_and_mul(x))
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
 

@@ -36,13 +36,6 @@ class LinearMethod(ABC):
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x [T, in_per_rank] -> [T, out_per_rank] (before any all-reduce)."""
 
-    def apply_silu_and_mul(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """silu(gate) * up of a [gate | up] layer's product: x [T, in] -> [T, out_per_rank / 2].
-        A method with a kernel that does both in one overrides this."""
-        from pagedllm.kernels.activation import silu_and_mul
-
-        return silu_and_mul(self.apply(layer, x, bias))
-
     def describe(self) -> str:
         return type(self).__name__
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from pagedllm.kernels.fp8 import FP8_DTYPE, fp8_linear, fp8_linear_silu_and_mul, quantize_fp8_torch
+from pagedllm.kernels.fp8 import FP8_DTYPE, fp8_linear, quantize_fp8_torch
 from pagedllm.model.layers.linear import RowParallelLinear, materialize
 from pagedllm.model.layers.quantization.base import LinearMethod, QuantizationConfig, _is_ignored
 
@@ -176,9 +176,6 @@ class Fp8LinearMethod(LinearMethod):
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return fp8_linear(x, layer.weight, layer.weight_scale, bias)
-
-    def apply_silu_and_mul(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return fp8_linear_silu_and_mul(x, layer.weight, layer.weight_scale, bias)
 
     def describe(self) -> str:
         return self.config.describe()
