@@ -168,7 +168,7 @@ class SamplingParams:
         return max((len(s) for s in self.stop), default=0)
 
     def clone(self, **changes: object) -> "SamplingParams":
-        from dataclasses import fields, replace
+        from dataclasses import fields
 
         filled = ("all_stop_token_ids", "bad_words_token_ids")
         kwargs = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in filled}

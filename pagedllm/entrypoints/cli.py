@@ -17,7 +17,7 @@ from pagedllm.entrypoints.engine_cli import (
     ArgumentParser,
     HelpFormatter,
     add_engine_args,
-    engine_args_from_namespace,
+    engine_args_from_namespace,  # noqa: F401  (re-exported: callers and tests import it from here)
     non_negative_float,
     non_negative_int,
     package_version,

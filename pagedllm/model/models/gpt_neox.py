@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-import torch
-
 from pagedllm.distributed import SINGLE, ParallelState
 from pagedllm.kernels.layernorm import layer_norm
 from pagedllm.model.layers.gelu_mlp import GeluMLP

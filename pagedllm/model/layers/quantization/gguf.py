@@ -189,7 +189,7 @@ class GGUFLinearMethod(LinearMethod):
             return
         parts = sorted(self._parts, key=lambda p: p[0])
         self._parts = None
-        rows, k = self._rows, self.k
+        rows = self._rows
         groups: list[tuple[int, str, list]] = []  # (first row, type, tensors) of consecutive rows
         covered = 0
         for offset, src in parts:
