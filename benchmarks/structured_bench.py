@@ -18,7 +18,8 @@ After each constrained run it prints what the grammar work cost per step (struct
 matcher.py's GRAMMAR_TIMES): rows, the wait for the previous step's tokens, accepting them,
 filling the masks (on the grammar thread on CUDA) and the engine thread's wait for it (join).
 PAGEDLLM_GRAMMAR_THREAD=0 runs the grammar work inline, PAGEDLLM_GRAMMAR_THREADS=N sets the
-fill's threads. An output that completed its JSON early is then held to the grammar's end
+fill's threads, PAGEDLLM_GRAMMAR_PROCS=N the grammar worker processes (0: matchers in the engine).
+An output that completed its JSON early is then held to the grammar's end
 (only the stop tokens) for one token, which ignore_eos keeps: so the constrained outputs hold
 more stop tokens than the unconstrained ones (counted as `stop tokens`).
 """
@@ -152,10 +153,11 @@ def main() -> None:
         steps = GRAMMAR_TIMES["steps"] - before["steps"]
         if steps:
             grammar = {k: (GRAMMAR_TIMES[k] - before[k]) / steps * (1 if k == "rows" else 1e3)
-                       for k in ("rows", "wait_prev", "accept", "fill", "join")}
+                       for k in ("rows", "wait_prev", "accept", "fill", "worker_fill", "join")}
             print(f"  grammar steps {steps}: per step {grammar['rows']:.0f} rows, "
                   f"wait prev {grammar['wait_prev']:.2f} ms, "
-                  f"accept {grammar['accept']:.2f} ms, fill {grammar['fill']:.2f} ms, engine thread's join "
+                  f"accept {grammar['accept']:.2f} ms, fill {grammar['fill']:.2f} ms (in the slowest worker "
+                  f"process {grammar['worker_fill']:.2f} ms), engine thread's join "
                   f"{grammar['join']:.2f} ms", flush=True)
         if constrained:
             texts = [o.outputs[0].text for o in outs]

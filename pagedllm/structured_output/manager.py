@@ -46,15 +46,20 @@ def looks_like_lark(grammar: str) -> bool:
 class StructuredOutputManager:
     """One per engine (and per worker process that needs to compile for itself)."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: frozenset[int], max_threads: int = 8):
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: frozenset[int], max_threads: int = 8,
+                 tokenizer_info: Any = None):
+        """`tokenizer_info`: an xgrammar TokenizerInfo to use as it is (a grammar worker process
+        gets its engine's); else one is built from `tokenizer` and the EOS ids."""
         import xgrammar as xgr
 
         self.vocab_size = vocab_size
-        # an EOS id past the model's vocabulary (a config whose vocabulary was cut) can never be
-        # sampled: a grammar that ends there would allow no token at all
-        stops = sorted(t for t in eos_token_ids if t < vocab_size)
-        self.tokenizer_info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
-                                                                 stop_token_ids=stops or None)
+        if tokenizer_info is None:
+            # an EOS id past the model's vocabulary (a config whose vocabulary was cut) can never
+            # be sampled: a grammar that ends there would allow no token at all
+            stops = sorted(t for t in eos_token_ids if t < vocab_size)
+            tokenizer_info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
+                                                                stop_token_ids=stops or None)
+        self.tokenizer_info = tokenizer_info
         self.compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=max_threads)
         self._cache: OrderedDict[tuple, Any] = OrderedDict()
         self._lock = threading.Lock()

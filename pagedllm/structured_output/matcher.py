@@ -28,7 +28,8 @@ _batch_filler: Any = None  # one xgrammar BatchGrammarMatcher (its thread pool) 
 # Seconds spent, summed over steps, by `grammar_step` (wait for the previous step's tokens,
 # accept them, fill the masks) and by the engine thread waiting for it (`join`): cheap
 # counters (a few clock reads a step) that benchmarks/structured_bench.py prints.
-GRAMMAR_TIMES = {"steps": 0, "rows": 0, "wait_prev": 0.0, "accept": 0.0, "fill": 0.0, "join": 0.0}
+# With a GrammarPool, "fill" is the whole round trip and "worker_fill" the slowest worker's own time.
+GRAMMAR_TIMES = {"steps": 0, "rows": 0, "wait_prev": 0.0, "accept": 0.0, "fill": 0.0, "join": 0.0, "worker_fill": 0.0}
 
 
 def grammar_threads() -> int:
@@ -68,21 +69,27 @@ def bitmask_width(vocab_size: int) -> int:
 def fill_bitmask(grammars: list[RequestGrammar], vocab_size: int, pin: bool) -> torch.Tensor:
     """[G, ceil(V / 32)] int32 on the host: row g allows what grammars[g] allows next (all tokens
     once its grammar has ended)."""
+    bitmask = torch.full((len(grammars), bitmask_width(vocab_size)), -1, dtype=torch.int32, pin_memory=pin)
+    fill_rows(bitmask, grammars, list(range(len(grammars))))
+    return bitmask
+
+
+def fill_rows(bitmask: torch.Tensor, grammars: list[RequestGrammar], rows: list[int]) -> None:
+    """Row rows[i] of `bitmask` [R, W] (all -1 on entry) gets what grammars[i] allows next (left
+    all -1 once its grammar has ended)."""
     import xgrammar as xgr
 
-    bitmask = torch.full((len(grammars), bitmask_width(vocab_size)), -1, dtype=torch.int32, pin_memory=pin)
     live = [i for i, g in enumerate(grammars) if not g.terminated]
     if len(live) >= _BATCH_FILL_MIN_ROWS:
         global _batch_filler
         if _batch_filler is None:
             _batch_filler = xgr.BatchGrammarMatcher(max_threads=grammar_threads())
         _batch_filler.batch_fill_next_token_bitmask(
-            [grammars[i].matcher for i in live], bitmask, indices=live
+            [grammars[i].matcher for i in live], bitmask, indices=[rows[i] for i in live]
         )
     else:
         for i in live:
-            grammars[i].matcher.fill_next_token_bitmask(bitmask, i)
-    return bitmask
+            grammars[i].matcher.fill_next_token_bitmask(bitmask, rows[i])
 
 
 def accept_tokens(grammars: list[RequestGrammar], tokens: list[int]) -> None:
@@ -107,11 +114,34 @@ def accept_tokens(grammars: list[RequestGrammar], tokens: list[int]) -> None:
             g.failed = True
 
 
-def grammar_step(prev_ready: Any, prev_tokens: torch.Tensor | None, prev_rows: list[int],
-                 prev_grammars: list[RequestGrammar], grammars: list[RequestGrammar], vocab_size: int,
-                 pin: bool) -> torch.Tensor:
+class LocalGrammars:
+    """The matchers in this process (the default on the CPU); structured_output/pool.py's
+    GrammarPool has the same methods with the matchers in worker processes."""
+
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+
+    def new(self, so: Any, compiled: Any, output_token_ids: list[int]) -> RequestGrammar:
+        return RequestGrammar(new_matcher(compiled), output_token_ids)
+
+    def release(self, g: RequestGrammar) -> None:
+        pass
+
+    def accept(self, grammars: list[RequestGrammar], tokens: list[int]) -> None:
+        accept_tokens(grammars, tokens)
+
+    def fill(self, grammars: list[RequestGrammar], pin: bool) -> torch.Tensor:
+        return fill_bitmask(grammars, self.vocab_size, pin)
+
+    def close(self) -> None:
+        pass
+
+
+def grammar_step(backend: Any, prev_ready: Any, prev_tokens: torch.Tensor | None, prev_rows: list[int],
+                 prev_grammars: list, grammars: list, pin: bool) -> torch.Tensor:
     """One step's grammar work: wait for the previous launch's tokens (`prev_ready`, a CUDA event,
-    or None), feed its rows `prev_rows` to `prev_grammars`, then fill the masks of `grammars`."""
+    or None), feed its rows `prev_rows` to `prev_grammars`, then fill the masks of `grammars`
+    (through `backend`: LocalGrammars or a GrammarPool)."""
     t0 = time.perf_counter()
     if prev_ready is not None:
         prev_ready.synchronize()
@@ -119,9 +149,9 @@ def grammar_step(prev_ready: Any, prev_tokens: torch.Tensor | None, prev_rows: l
     if prev_grammars:
         assert prev_tokens is not None
         tokens = prev_tokens[prev_rows].tolist() if len(prev_rows) < len(prev_tokens) else prev_tokens.tolist()
-        accept_tokens(prev_grammars, tokens)
+        backend.accept(prev_grammars, tokens)
     t2 = time.perf_counter()
-    bitmask = fill_bitmask(grammars, vocab_size, pin)
+    bitmask = backend.fill(grammars, pin)
     t3 = time.perf_counter()
     gt = GRAMMAR_TIMES
     gt["steps"] += 1

@@ -62,7 +62,7 @@ from pagedllm.model.sampler import (
     sample,
 )
 from pagedllm.sampling_params import SamplingParams
-from pagedllm.structured_output.matcher import GRAMMAR_TIMES, RequestGrammar, accept_tokens, grammar_step, new_matcher
+from pagedllm.structured_output.matcher import GRAMMAR_TIMES, LocalGrammars, grammar_step
 from pagedllm.worker.input_batch import (
     FREQUENCY,
     GREEDY,
@@ -97,7 +97,7 @@ class CachedRequestState:
     sampling_params: SamplingParams
     generator: torch.Generator | None
     eos_token_ids: frozenset[int]
-    grammar: RequestGrammar | None = None  # structured outputs: the matcher of its output
+    grammar: Any = None  # structured outputs: its matcher (a RequestGrammar, or a GrammarPool's RemoteGrammar)
 
     @property
     def token_ids(self) -> list[int]:
@@ -145,6 +145,7 @@ class ModelRunner:
         self._last_tokens: torch.Tensor | None = None  # [S] tokens of the latest launch that sampled
         self._uncollected: StepHandle | None = None  # the latest launch, until collected
         self._structured: Any = None  # StructuredOutputManager, only where grammars arrive uncompiled
+        self._grammars: Any = None  # LocalGrammars or a GrammarPool (worker processes), at the first grammar
         # a step's grammar work on a thread of its own (CUDA; PAGEDLLM_GRAMMAR_THREAD=1 / 0 forces it)
         env = os.environ.get("PAGEDLLM_GRAMMAR_THREAD")
         self.grammar_thread = device.type == "cuda" if env is None else env == "1"
@@ -159,10 +160,14 @@ class ModelRunner:
             gone = self.requests.pop(rid, None)
             if gone is not None:
                 ib.remove(gone.row)
+                if gone.grammar is not None:
+                    self._grammars.release(gone.grammar)
         for new in so.scheduled_new_reqs:
             old = self.requests.pop(new.req_id, None)  # resumed after preemption: a fresh row
             if old is not None:
                 ib.remove(old.row)
+                if old.grammar is not None:
+                    self._grammars.release(old.grammar)
             sp = new.sampling_params
             gen = old.generator if old is not None else None
             if gen is None and sp.seed is not None:
@@ -196,7 +201,7 @@ class ModelRunner:
             if c.new_token_ids:  # pipeline parallelism: sampled by the last stage
                 ib.add_tokens(row, c.new_token_ids)
 
-    def _new_grammar(self, st: CachedRequestState) -> RequestGrammar:
+    def _new_grammar(self, st: CachedRequestState) -> Any:
         so = st.sampling_params.structured_outputs
         assert so is not None
         compiled = so.compiled
@@ -209,22 +214,32 @@ class ModelRunner:
                 tok = load_tokenizer(mc.model, mc.tokenizer, mc.gguf_file)
                 self._structured = StructuredOutputManager(tok, self.vocab_size, st.eos_token_ids)
             compiled = self._structured.compile(so)
-        return RequestGrammar(new_matcher(compiled), st.token_ids[st.num_prompt_tokens :])
+        if self._grammars is None:
+            from pagedllm.structured_output.pool import GrammarPool, default_num_procs
 
-    def _start_grammar_step(self, grammars: list[RequestGrammar]) -> Future | torch.Tensor:
+            procs = default_num_procs(self.device.type)
+            if procs:
+                self._grammars = GrammarPool(compiled.tokenizer_info.serialize_json(), self.vocab_size,
+                                             self.config.scheduler_config.max_num_seqs, procs)
+                logger.info("structured outputs: grammar matchers in %d worker processes", procs)
+            else:
+                self._grammars = LocalGrammars(self.vocab_size)
+        return self._grammars.new(so, compiled, st.token_ids[st.num_prompt_tokens :])
+
+    def _start_grammar_step(self, grammars: list) -> Future | torch.Tensor:
         """This step's grammar work (see the module docstring): the bitmask [G, W] of `grammars`,
         or, with the grammar thread, the future of it. The uncollected launch's tokens are
         accepted by this work, not by its `collect`."""
         prev = self._uncollected
         ready, tokens, rows = None, None, []
-        prev_grammars: list[RequestGrammar] = []
+        prev_grammars: list = []
         if prev is not None and prev.grammar_rows and not prev.grammar_accepted:
             assert prev.tokens is not None and prev.states is not None
             prev.grammar_accepted = True
             ready, rows = prev.ready, prev.grammar_rows
             tokens = prev.tokens_host if prev.tokens_host is not None else prev.tokens
             prev_grammars = [prev.states[i].grammar for i in rows]  # type: ignore[misc]
-        args = (ready, tokens, rows, prev_grammars, grammars, self.vocab_size, self.pin)
+        args = (self._grammars, ready, tokens, rows, prev_grammars, grammars, self.pin)
         if not self.grammar_thread:
             return grammar_step(*args)
         if self._grammar_pool is None:
@@ -575,7 +590,7 @@ class ModelRunner:
                     out.logprobs[rid] = lp
         if h.grammar_rows and not h.grammar_accepted:
             assert h.states is not None
-            accept_tokens([h.states[i].grammar for i in h.grammar_rows], [tokens[i] for i in h.grammar_rows])  # type: ignore[misc]
+            self._grammars.accept([h.states[i].grammar for i in h.grammar_rows], [tokens[i] for i in h.grammar_rows])
             h.grammar_accepted = True
         return out
 

@@ -155,6 +155,45 @@ def test_grammar_thread_gives_the_same_tokens(engines, tiny_llama, monkeypatch):
             assert kind is None or (finish == "stop" and _valid(kind, text)), (kind, text)
 
 
+def test_grammar_pool_gives_the_same_tokens(engines, tiny_llama, monkeypatch):
+    """The matchers in two worker processes (structured_output/pool.py; CUDA's default on hosts
+    with 8+ cores, forced here), inline and on the grammar thread, with run-ahead: the tokens of
+    the in-process matchers, through n > 1 and requests finishing while their last step is in
+    flight; every block comes back, and the workers exit with their engine."""
+    import gc
+
+    from pagedllm.structured_output.pool import GrammarPool
+
+    sync, _ = engines
+    monkeypatch.setenv("PAGEDLLM_GRAMMAR_PROCS", "2")
+    prompts = [[7, 8, 9, 10], [11, 12], [13, 14, 15], [16, 17]]
+    params = [SamplingParams(temperature=1.0, seed=5, n=3, max_tokens=60, structured_outputs=_so("json")),
+              SamplingParams(temperature=0, max_tokens=30, structured_outputs=_so("regex")),
+              SamplingParams(temperature=0, max_tokens=15, ignore_eos=True),
+              SamplingParams(temperature=0, max_tokens=40, logprobs=2, structured_outputs=_so("ebnf"))]
+    want = _gen(sync, prompts, params)
+    procs = []
+    for thread in ("0", "1"):
+        monkeypatch.setenv("PAGEDLLM_GRAMMAR_THREAD", thread)
+        llm = LLM(tiny_llama, async_scheduling=True, kv_cache_memory="16MiB", max_model_len=256)
+        assert _gen(llm, prompts, params) == want
+        runner = llm.llm_engine.executor.worker.runner
+        pool = runner._grammars
+        assert isinstance(pool, GrammarPool) and pool.num_procs == 2
+        # the workers hold the matchers of the requests the runner still knows (the last ones to
+        # finish stay until the next step tells it), and none once an unconstrained batch has run
+        assert sum(pool._live) == sum(st.grammar is not None for st in runner.requests.values()) > 0
+        llm.generate([[5, 6]], SamplingParams(max_tokens=3), use_tqdm=False)
+        assert sum(pool._live) == 0
+        _assert_free(llm)
+        procs += pool._procs
+        del llm, pool, runner
+    gc.collect()
+    for p in procs:
+        p.join(10)
+        assert not p.is_alive()
+
+
 @pytest.mark.parametrize("mode", ["recompute", pytest.param("swap", marks=pytest.mark.extended)])
 def test_grammar_survives_preemption(tiny_llama, mode):
     rng = random.Random(4)
