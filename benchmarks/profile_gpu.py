@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
         plen = rng.randint(100, 1024) if args.load == "w1" else 128
         prompt = [rng.randrange(10000) for _ in range(plen)]
         sp = (SamplingParams(temperature=0.6, max_tokens=1024, ignore_eos=True, output_kind=kind) if args.load == "w1"
-              else SamplingParams(temperature=0.0, max_tokens=args.skip_steps + args.steps + 16, ignore_eos=True,
+              else SamplingParams(temperature=0.0, max_tokens=args.skip_steps + 2 * args.steps + 16, ignore_eos=True,
                                   output_kind=kind))
         engine.add_request(str(i), prompt, sp)
     for _ in range(args.skip_steps):
@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> None:
           f"{args.steps} steps after {args.skip_steps}; outputs {args.output_kind}")
     print(f"wall per step: {1e3 * wall / args.steps:.3f} ms; {engine.step_timing.summary()}")
     # the profiler records every host op, which slows the host phases above: the same number
-    # of steps again without it
+    # of steps again without it (w2's request lasts through both windows: before 2026-12-03 it
+    # ended 16 steps into this one, and the empty steps after made this figure too small)
     engine.step_timing = StepTiming()
     t0 = time.perf_counter()
     for _ in range(args.steps):
