@@ -18,7 +18,9 @@ worker compiles its grammar from the request's spec (xgrammar's compiler, cached
 ~20 ms once per distinct grammar per worker, while the engine compiled it already to validate
 it) and builds the matcher from the output so far, so preemption needs nothing else. Messages to
 one worker are applied in order, so an accept queued by `collect` lands before the next fill.
-A worker exits when its pipe closes (the engine exited or died).
+The workers are plain subprocesses (`python -c`, so a user's script is never imported in them),
+connected over a Unix socket; the bitmask is a file in /dev/shm that each maps shared. A worker
+exits when its connection closes (the engine exited or died).
 
 PAGEDLLM_GRAMMAR_PROCS=N sets the count (0: matchers in the engine process, as on the CPU);
 the default on CUDA is min(4, cores // 4) on hosts with at least 8 cores, else 0.
@@ -28,6 +30,8 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
 import threading
 import time
 import weakref
@@ -64,46 +68,71 @@ class RemoteGrammar:
 
 class GrammarPool:
     def __init__(self, tokenizer_info_json: str, vocab_size: int, max_rows: int, num_procs: int) -> None:
-        import torch.multiprocessing as tmp
+        import tempfile
+        from multiprocessing.connection import Listener
 
         assert num_procs >= 1
-        ctx = tmp.get_context("spawn")
         self.vocab_size = vocab_size
         self.max_rows = max_rows
-        self.bitmask = torch.full((max_rows, bitmask_width(vocab_size)), -1, dtype=torch.int32).share_memory_()
+        width = bitmask_width(vocab_size)
+        # the shared bitmask: a file in /dev/shm (memory), mapped shared here and in each worker;
+        # removed once the workers have mapped it (the mappings outlive the name)
+        fd, self._shm_path = tempfile.mkstemp(prefix="pagedllm-grammar-",
+                                              dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        os.ftruncate(fd, max_rows * width * 4)
+        os.close(fd)
+        self.bitmask = torch.from_file(self._shm_path, shared=True, size=max_rows * width,
+                                       dtype=torch.int32).view(max_rows, width)
+        self.bitmask.fill_(-1)
         cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         pin = len(cores) >= 2 * num_procs + 2  # room left for the engine's own threads
-        self._conns = []
+        # Plain subprocesses, not multiprocessing's spawn: spawn imports the parent's __main__ in
+        # each child, which re-runs a user's script that builds its LLM at top level.
+        authkey = os.urandom(16)
+        self._listener = Listener(family="AF_UNIX", backlog=num_procs, authkey=authkey)
+        self._tokenizer_info_json = tokenizer_info_json
         self._procs = []
         for w in range(num_procs):
-            parent, child = ctx.Pipe()
-            core = cores[-1 - w] if pin else None
-            proc = ctx.Process(target=_worker_main, args=(child, tokenizer_info_json, vocab_size, self.bitmask, core),
-                               name=f"pagedllm-grammar-{w}", daemon=False)
-            proc.start()
-            child.close()
-            self._conns.append(parent)
-            self._procs.append(proc)
+            core = cores[-1 - w] if pin else -1
+            env = dict(os.environ, PAGEDLLM_GRAMMAR_WORKER=f"{w} {core} {self._shm_path} {max_rows} {vocab_size}",
+                       PAGEDLLM_GRAMMAR_AUTHKEY=authkey.hex(), PAGEDLLM_GRAMMAR_ADDRESS=str(self._listener.address),
+                       OMP_NUM_THREADS="1")
+            self._procs.append(subprocess.Popen(
+                [sys.executable, "-c", "from pagedllm.structured_output.pool import _worker_entry; _worker_entry()"],
+                env=env, stdin=subprocess.DEVNULL))
+        self._conns: list[Any] = [None] * num_procs
         self._ops: list[list[tuple]] = [[] for _ in range(num_procs)]
         self._live = [0] * num_procs
         self._next_gid = 0
         self._lock = threading.Lock()  # the engine thread queues while a grammar thread flushes
         self._started = False
-        self._finalizer = weakref.finalize(self, _shutdown, self._conns, self._procs)
+        self._finalizer = weakref.finalize(self, _shutdown, self._conns, self._procs, self._listener, self._shm_path)
 
     @property
     def num_procs(self) -> int:
         return len(self._conns)
 
     def _wait_started(self) -> None:
+        """Accepts the workers' connections and hands each the tokenizer (at the first fill)."""
         if self._started:
             return
+        import select
+
+        for _ in self._procs:
+            # Listener.accept has no timeout: wait on its socket, so a worker that died is an error
+            r, _, _ = select.select([self._listener._listener._socket], [], [], 120)  # type: ignore[attr-defined]
+            if not r:
+                codes = [p.poll() for p in self._procs]
+                raise RuntimeError(f"grammar workers did not start within 120 s (exit codes {codes})")
+            conn = self._listener.accept()
+            self._conns[conn.recv()] = conn
+        for c in self._conns:
+            c.send(self._tokenizer_info_json)
         for w, c in enumerate(self._conns):
-            if not c.poll(120):
-                raise RuntimeError(f"grammar worker {w} did not start within 120 s")
             msg = c.recv()
             if msg != "ready":
                 raise RuntimeError(f"grammar worker {w} failed to start: {msg}")
+        _remove(self._shm_path)
         self._started = True
 
     # ---- engine thread -------------------------------------------------------------------
@@ -167,17 +196,47 @@ class GrammarPool:
         self._finalizer()
 
 
-def _shutdown(conns: list, procs: list) -> None:
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _shutdown(conns: list, procs: list, listener: Any, shm_path: str) -> None:
     for c in conns:
+        if c is None:
+            continue
         try:
             c.send(None)
             c.close()
         except (OSError, BrokenPipeError):
             pass
+    listener.close()  # a worker still connecting gets an error and exits
     for p in procs:
-        p.join(5)
-        if p.is_alive():
+        try:
+            p.wait(5)
+        except subprocess.TimeoutExpired:
             p.kill()
+            p.wait()
+    _remove(shm_path)
+
+
+def _worker_entry() -> None:
+    """A grammar worker's process (started by GrammarPool with its facts in the environment)."""
+    from multiprocessing.connection import Client
+
+    w, core, shm_path, rows, vocab = os.environ.pop("PAGEDLLM_GRAMMAR_WORKER").split()
+    width = bitmask_width(int(vocab))
+    bitmask = torch.from_file(shm_path, shared=True, size=int(rows) * width, dtype=torch.int32).view(int(rows), width)
+    conn = Client(os.environ.pop("PAGEDLLM_GRAMMAR_ADDRESS"), family="AF_UNIX",
+                  authkey=bytes.fromhex(os.environ.pop("PAGEDLLM_GRAMMAR_AUTHKEY")))
+    conn.send(int(w))
+    try:
+        info_json = conn.recv()
+    except (EOFError, OSError):
+        return
+    _worker_main(conn, info_json, int(vocab), bitmask, None if core == "-1" else int(core))
 
 
 def _worker_main(conn: Any, tokenizer_info_json: str, vocab_size: int, bitmask: torch.Tensor,

@@ -6,6 +6,7 @@ same tokens with and without run-ahead; a grammar that does not compile fails al
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 
@@ -190,8 +191,32 @@ def test_grammar_pool_gives_the_same_tokens(engines, tiny_llama, monkeypatch):
         del llm, pool, runner
     gc.collect()
     for p in procs:
-        p.join(10)
-        assert not p.is_alive()
+        assert p.wait(10) == 0
+
+
+def test_grammar_pool_in_a_script_without_a_main_guard(tiny_llama, tmp_path):
+    """A user's script that builds its LLM at top level (no `if __name__ == "__main__"`): the
+    grammar workers must not run it again (multiprocessing's spawn would import it in each)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import os\n"
+        "print('top level', os.getpid(), flush=True)\n"
+        "from pagedllm import LLM, SamplingParams\n"
+        "from pagedllm.structured_output.params import StructuredOutputsParams as SO\n"
+        f"llm = LLM({tiny_llama!r}, kv_cache_memory='16MiB', max_model_len=128)\n"
+        "out = llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=20,\n"
+        "                   structured_outputs=SO(regex='(yes|no)')), use_tqdm=False)\n"
+        "print('text', repr(out[0].outputs[0].text), flush=True)\n"
+    )
+    env = dict(os.environ, PAGEDLLM_GRAMMAR_PROCS="2")
+    res = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = res.stdout.splitlines()
+    assert sum(line.startswith("top level") for line in lines) == 1, res.stdout
+    assert [line for line in lines if line.startswith("text")] in (["text 'yes'"], ["text 'no'"]), res.stdout
 
 
 @pytest.mark.parametrize("mode", ["recompute", pytest.param("swap", marks=pytest.mark.extended)])
