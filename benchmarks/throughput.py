@@ -121,7 +121,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="time each engine N times in a row and keep its fastest run (noise on a shared "
                         "machine only adds time); the prefix cache is reset between runs")
     p.add_argument("--interleave", type=int, default=0, metavar="ROUNDS",
-                   help="alternate pagedllm and the first static-batch peer, ROUNDS times each (the order "
+                   help="alternate pagedllm and the first static-batch peer (llama.cpp when --peer llama-cpp "
+                        "is the only peer), ROUNDS times each (the order "
                         "flips every round), both models loaded at once, so a machine whose speed drifts "
                         "slows both alike; reports each round's ratio and their median")
     p.add_argument("--output-json", default=None)
@@ -262,22 +263,41 @@ def _pct(x: float | None) -> str:
     return "?" if x is None else f"{100 * x:.0f}%"
 
 
-def run_interleaved(args, llm, model: str, device: str, prompts, max_tokens, warmup_prompts) -> None:
-    """pagedllm and transformers static batches (the first --peer-batch-size) in alternation,
-    one timed run each per round, both warmed up first; the order flips every round."""
+def run_interleaved(args, llm, model: str, device: str, prompts, max_tokens, warmup_prompts, threads: int) -> None:
+    """pagedllm and one peer in alternation, one timed run each per round, both warmed up first;
+    the order flips every round. The peer: llama.cpp on the same .gguf when --peer llama-cpp is
+    the only peer, else transformers static batches (the first --peer-batch-size)."""
     import statistics
 
     from pagedllm import SamplingParams
 
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
-    peer_model = (common.hf_model_from_gguf(model, dtype, device) if args.workload == "w4"
-                  else common.hf_model_from_config(model, dtype, device, args.seed))
-    bs = args.peer_batch_sizes[0]
     params = [SamplingParams(temperature=args.temperature, max_tokens=m, ignore_eos=True) for m in max_tokens]
     llm.generate(warmup_prompts, SamplingParams(temperature=args.temperature, max_tokens=4, ignore_eos=True),
                  use_tqdm=False)
-    common.run_hf_static(peer_model, warmup_prompts, [4] * len(warmup_prompts), len(warmup_prompts), args.temperature)
     useful = sum(max_tokens)
+    peer_model = None
+    if args.peers == {"llama-cpp"}:
+        from llama_cpp_peer import run_llama_cpp
+
+        if not model.endswith(".gguf"):
+            raise SystemExit("--peer llama-cpp runs W4 (a .gguf model)")
+        label = f"llama.cpp ({threads} threads, sequential)"
+
+        def peer() -> float:
+            common.wait_for_quiet(args.wait_quiet)
+            return run_llama_cpp(model, prompts, max_tokens, threads, warmup_prompts).seconds
+    else:
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
+        peer_model = (common.hf_model_from_gguf(model, dtype, device) if args.workload == "w4"
+                      else common.hf_model_from_config(model, dtype, device, args.seed))
+        bs = args.peer_batch_sizes[0]
+        label = f"static batch {bs}"
+        common.run_hf_static(peer_model, warmup_prompts, [4] * len(warmup_prompts), len(warmup_prompts),
+                             args.temperature)
+
+        def peer() -> float:
+            common.wait_for_quiet(args.wait_quiet)
+            return common.run_hf_static(peer_model, prompts, max_tokens, bs, args.temperature).seconds
 
     def ours() -> float:
         _reset_prefix_cache(llm)
@@ -288,10 +308,6 @@ def run_interleaved(args, llm, model: str, device: str, prompts, max_tokens, war
             raise RuntimeError("pagedllm produced the wrong number of tokens")
         return watch.seconds
 
-    def peer() -> float:
-        common.wait_for_quiet(args.wait_quiet)
-        return common.run_hf_static(peer_model, prompts, max_tokens, bs, args.temperature).seconds
-
     rounds = []
     for i in range(args.interleave):
         first, second = (ours, peer) if i % 2 == 0 else (peer, ours)
@@ -299,21 +315,21 @@ def run_interleaved(args, llm, model: str, device: str, prompts, max_tokens, war
         t_ours, t_peer = (a, b) if first is ours else (b, a)
         rounds.append({"pagedllm_s": t_ours, "peer_s": t_peer, "ratio": t_peer / t_ours,
                        "order": "pagedllm first" if first is ours else "peer first"})
-        print(f"  round {i + 1}: pagedllm {t_ours:.2f} s ({useful / t_ours:.1f} tok/s), static batch {bs} "
+        print(f"  round {i + 1}: pagedllm {t_ours:.2f} s ({useful / t_ours:.1f} tok/s), {label} "
               f"{t_peer:.2f} s ({useful / t_peer:.1f} tok/s): {t_peer / t_ours:.2f}x ({rounds[-1]['order']})",
               flush=True)
     med_ours = statistics.median(r["pagedllm_s"] for r in rounds)
     med_peer = statistics.median(r["peer_s"] for r in rounds)
     med_ratio = statistics.median(r["ratio"] for r in rounds)
     print(f"\ninterleaved, {len(rounds)} rounds: median pagedllm {med_ours:.2f} s ({useful / med_ours:.1f} tok/s), "
-          f"median static batch {bs} {med_peer:.2f} s ({useful / med_peer:.1f} tok/s); median of the "
+          f"median {label} {med_peer:.2f} s ({useful / med_peer:.1f} tok/s); median of the "
           f"rounds' ratios {med_ratio:.2f}x, ratio of the medians {med_peer / med_ours:.2f}x")
     machine = common.machine_info()
     common.print_machine_line(machine)
     common.write_json(args.output_json, {
         "workload": args.workload, "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
         "args": {k: v for k, v in vars(args).items() if k != "peers"}, "machine": machine,
-        "peer": f"hf generate, static batch {bs}", "useful_tokens": useful, "rounds": rounds,
+        "peer": label, "useful_tokens": useful, "rounds": rounds,
         "median_ratio": med_ratio, "ratio_of_medians": med_peer / med_ours,
     })
     del peer_model
@@ -389,7 +405,7 @@ def main(argv: list[str] | None = None) -> None:
         tmp.cleanup()
         return
     if args.interleave:
-        run_interleaved(args, llm, model, device, prompts, max_tokens, warmup_prompts)
+        run_interleaved(args, llm, model, device, prompts, max_tokens, warmup_prompts, threads)
         tmp.cleanup()
         return
     ours, our_tokens = run_ours(llm, prompts, max_tokens, args.temperature, warmup_prompts, args.profile,
