@@ -61,7 +61,6 @@ def default_num_procs(device_type: str) -> int:
 class RemoteGrammar:
     """A request's matcher, held by worker `worker` under id `gid`."""
 
-    pool: GrammarPool
     worker: int
     gid: int
 
@@ -144,7 +143,7 @@ class GrammarPool:
             gid = self._next_gid
             self._next_gid += 1
             self._ops[w].append((_NEW, gid, so, list(output_token_ids)))
-        return RemoteGrammar(self, w, gid)
+        return RemoteGrammar(w, gid)
 
     def release(self, g: RemoteGrammar) -> None:
         with self._lock:
