@@ -219,8 +219,12 @@ class ModelRunner:
 
             procs = default_num_procs(self.device.type)
             if procs:
-                self._grammars = GrammarPool(compiled.tokenizer_info.serialize_json(), self.vocab_size,
-                                             self.config.scheduler_config.max_num_seqs, procs)
+                self._grammars = GrammarPool(
+                    compiled.tokenizer_info.serialize_json(),
+                    self.vocab_size,
+                    self.config.scheduler_config.max_num_seqs,
+                    procs,
+                )
                 logger.info("structured outputs: grammar matchers in %d worker processes", procs)
             else:
                 self._grammars = LocalGrammars(self.vocab_size)
