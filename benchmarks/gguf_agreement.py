@@ -2,7 +2,10 @@
 CPU default) with the same file dequantized to float32 (quantization=none): both read the same
 English text (Python's own documentation, pydoc_data.topics, cut into chunks), and at every
 position each predicts its most likely next token; the figure is the share of positions where
-the two agree.
+the two agree. Beside it, an approximate KL(float32 || ours) per position over the float32
+path's top 20 tokens (a token outside ours' top 20 takes ours' 20th logprob; the tail past 20
+is left out). PAGEDLLM_GGUF_INT8=0 measures the float-activation kernel instead of the default
+int8 one (Q4_0 / Q4_1 / Q8_0), which the prompts' prefill runs too.
 
     python benchmarks/gguf_agreement.py --tokens 4000
 """
@@ -10,6 +13,7 @@ the two agree.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 
@@ -25,11 +29,21 @@ def english_chunks(tokenizer, total: int, chunk: int) -> list[list[int]]:
     return [ids[i:i + chunk] for i in range(0, len(ids), chunk) if len(ids[i:i + chunk]) > 1]
 
 
-def top1(llm, chunks: list[list[int]]) -> list[list[int]]:
+TOP = 20
+
+
+def top_logprobs(llm, chunks: list[list[int]]) -> list[list[dict[int, float]]]:
+    """Per chunk, per position after the first: {token: logprob} of the TOP most likely (and
+    the text's own token)."""
     from pagedllm import SamplingParams
 
-    outs = llm.generate(chunks, SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=1), use_tqdm=False)
-    return [[max(d.items(), key=lambda kv: kv[1].logprob)[0] for d in o.prompt_logprobs[1:]] for o in outs]
+    outs = llm.generate(chunks, SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=TOP), use_tqdm=False)
+    return [[{t: lp.logprob for t, lp in d.items()} for d in o.prompt_logprobs[1:]] for o in outs]
+
+
+def kl_top(ref: dict[int, float], ours: dict[int, float]) -> float:
+    floor = min(ours.values())
+    return sum(math.exp(lp) * (lp - ours.get(t, floor)) for t, lp in ref.items())
 
 
 def main() -> None:
@@ -47,17 +61,22 @@ def main() -> None:
     kw = dict(kv_cache_memory="256MiB", max_model_len=max(args.chunk + 8, 512))
     quantized = LLM(model, **kw)
     chunks = english_chunks(quantized.get_tokenizer(), args.tokens, args.chunk)
-    ours = top1(quantized, chunks)
+    ours = top_logprobs(quantized, chunks)
     weights = quantized.llm_engine.executor.worker.precision["weights"]
     del quantized
     common.release_memory()
-    ref = top1(LLM(model, quantization="none", **kw), chunks)
-    positions = sum(len(a) for a in ours)
-    same = sum(x == y for a, b in zip(ours, ref) for x, y in zip(a, b))
-    print(f"{os.path.basename(model)}: {weights} vs float32 (dequantized): top-1 agreement "
-          f"{same}/{positions} = {100 * same / positions:.2f}% over {len(chunks)} chunks of <= {args.chunk} tokens")
+    ref = top_logprobs(LLM(model, quantization="none", **kw), chunks)
+    pairs = [(r, o) for a, b in zip(ref, ours) for r, o in zip(a, b)]
+    positions = len(pairs)
+    same = sum(max(r, key=r.get) == max(o, key=o.get) for r, o in pairs)
+    kl = sum(kl_top(r, o) for r, o in pairs) / positions
+    int8 = os.environ.get("PAGEDLLM_GGUF_INT8", "1")
+    print(f"{os.path.basename(model)}: {weights} (PAGEDLLM_GGUF_INT8={int8}) vs float32 (dequantized): top-1 "
+          f"agreement {same}/{positions} = {100 * same / positions:.2f}%, mean KL (top {TOP}) {kl:.5f} nats, "
+          f"over {len(chunks)} chunks of <= {args.chunk} tokens")
     common.print_machine_line(common.machine_info())
-    common.write_json(args.output_json, {"model": model, "weights": weights, "positions": positions, "agree": same})
+    common.write_json(args.output_json, {"model": model, "weights": weights, "int8": int8, "positions": positions,
+                                         "agree": same, "kl_top": kl})
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """GGUF blocks through the parallel linears' own weight loaders (quantization/gguf.py): a fused
 qkv layer whose parts are of different types (as K-quant files mix Q4_K and Q6_K) becomes one
 segment per type run; a row-parallel shard on whole blocks stays quantized, one that splits a
-block is dequantized; every product equals dequantize-then-matmul."""
+block is dequantized; every product equals dequantize-then-matmul (of the activations as the
+int8 product quantizes them, for Q4_0 / Q4_1 / Q8_0)."""
 
 import numpy as np
 import pytest
@@ -19,6 +20,13 @@ pytestmark = pytest.mark.skipif(not gguf_kernels.available(), reason="no C compi
 
 def gguf_tensor(qtype: str, rows: int, k: int, seed: int) -> GGUFTensor:
     return GGUFTensor(f"t{seed}", qtype, random_blocks(qtype, rows, k, seed).numpy(), k)
+
+
+def int8_activations(x: torch.Tensor) -> torch.Tensor:
+    """x as the default product (two-pass int8) sees it: its codes times their block scales."""
+    q, r, d, _ = gguf_kernels.kernels().quantize_activations(x, passes=2)
+    codes = 254 * q.double() + r.double()
+    return (codes.reshape(x.shape[0], -1, 32) * d.double()[..., None]).reshape(x.shape).float()
 
 
 def quantized(layer) -> GGUFLinearMethod:
@@ -55,7 +63,8 @@ def test_row_parallel_shards_keep_whole_blocks_or_dequantize():
     method.process_weights_after_loading(layer)
     assert method.segments == [(0, out, "Q4_1")]
     x = torch.randn(5, 32)
-    torch.testing.assert_close(method.apply(layer, x, None), F.linear(x, ref[:, 64:]), rtol=1e-4, atol=2e-3)
+    torch.testing.assert_close(method.apply(layer, x, None), F.linear(int8_activations(x), ref[:, 64:]), rtol=1e-4,
+                               atol=1e-5)
     # tp=2: 48 columns a rank split the second block: that shard is dequantized
     layer = RowParallelLinear(96, out, ps=ParallelState(tp_rank=1, tp_size=2))
     method = quantized(layer)
