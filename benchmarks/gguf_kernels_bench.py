@@ -58,7 +58,7 @@ def main() -> None:
             packed = cpu_gemm.PackedWeight(wf) if cpu_gemm.available() else None
             for m in [int(r) for r in args.rows.split(",")]:
                 x = torch.randn(m, k)
-                int8 = " ".join(f"{median_ms(lambda: kern.matmul(x, w, qtype, k, int8=p)):9.3f}"
+                int8 = " ".join(f"{median_ms(lambda p=p, x=x, w=w, q=qtype, k=k: kern.matmul(x, w, q, k, int8=p)):9.3f}"
                                 if qtype in gguf_kernels.INT8_TYPES else f"{'-':>9}" for p in (1, 2))
                 ours = median_ms(lambda: kern.matmul(x, w, qtype, k, int8=0))
                 f32 = median_ms(lambda: cpu_gemm.linear(x, wf, None, packed if m <= cpu_gemm.MAX_PACKED_ROWS else None))

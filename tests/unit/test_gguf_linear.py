@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from pagedllm.distributed import ParallelState
 from pagedllm.kernels import gguf_kernels
 from pagedllm.model.layers.linear import QKVParallelLinear, RowParallelLinear
-from pagedllm.model.layers.quantization.gguf import PREFILL_ROWS, GGUFLinearMethod, GGUFTensor
+from pagedllm.model.layers.quantization.gguf import INT8_PREFILL_ROWS, PREFILL_ROWS, GGUFLinearMethod, GGUFTensor
 from test_gguf_kernels import random_blocks
 
 pytestmark = pytest.mark.skipif(not gguf_kernels.available(), reason="no C compiler for the GGUF kernels")
@@ -73,6 +73,25 @@ def test_row_parallel_shards_keep_whole_blocks_or_dequantize():
     assert method.segments == [(0, out, "F32")]
     x = torch.randn(5, 48)
     torch.testing.assert_close(method.apply(layer, x, None), F.linear(x, ref[:, 48:]), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [5, PREFILL_ROWS + 5, INT8_PREFILL_ROWS + 5])
+def test_q4_1_products_by_row_count(rows):
+    """Up to INT8_PREFILL_ROWS rows a Q4_1 layer runs the (two-pass) int8 product, past it
+    dequantize + MKL on the float32 activations (PAGEDLLM_GGUF_INT8 unset)."""
+    k, out = 256, 48
+    layer = RowParallelLinear(k, out)
+    method = quantized(layer)
+    t = gguf_tensor("Q4_1", out, k, 7)
+    layer.weight.weight_loader(layer.weight, t)
+    method.process_weights_after_loading(layer)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+    y = method.apply(layer, x, None)
+    if gguf_kernels.int8_mode() == 2 and rows <= INT8_PREFILL_ROWS:
+        torch.testing.assert_close(y, F.linear(int8_activations(x), t.load()), rtol=1e-4, atol=1e-5)
+        assert not torch.equal(y, F.linear(x, t.load()))
+    else:
+        torch.testing.assert_close(y, F.linear(x, t.load()), rtol=1e-4, atol=1e-4)
 
 
 def test_rows_not_loaded_are_an_error():

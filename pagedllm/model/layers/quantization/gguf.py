@@ -3,11 +3,10 @@ model on the CPU; `quantization="none"` dequantizes them to float32 at load inst
 
 The linears, the embedding and the LM head keep the file's blocks (Q4_0, Q4_1, Q8_0, Q4_K,
 Q5_K, Q6_K; kernels/gguf_kernels.py) as uint8 parameters [rows, row_bytes]. Q4_0, Q4_1 and
-Q8_0 multiply through the int8-activation C kernel at every row count (the activations
-quantized to int8 in blocks of 32 per call, integer dot products: faster than float32 MKL at
-decode and prefill sizes alike, benchmarks/RESULTS.md; two passes by default, see
-kernels/gguf_kernels.py); `PAGEDLLM_GGUF_INT8=0` keeps them
-float32 like the K-quants, which multiply through the float-activation C kernel up to
+Q8_0 multiply through the int8-activation C kernel up to INT8_PREFILL_ROWS rows (the
+activations quantized to int8 in blocks of 32 per call, two passes by default, integer dot
+products; see kernels/gguf_kernels.py and benchmarks/RESULTS.md); `PAGEDLLM_GGUF_INT8=0` keeps
+them float32 like the K-quants, which multiply through the float-activation C kernel up to
 PREFILL_ROWS rows; from there (prefill) the weight is dequantized for the call and multiplied by
 MKL (faster for many rows, and the dequantize is small beside the product). The embedding
 looks its rows up by dequantizing just them; a tied LM head (SmolLM2) multiplies by the same
@@ -37,9 +36,11 @@ from pagedllm.model.layers.quantization.base import LinearMethod, QuantizationCo
 
 logger = logging.getLogger(__name__)
 
-# float-activation products of more rows than this dequantize the weight and use MKL
-# (benchmarks/RESULTS.md); the int8 ones have no such limit
+# products of more rows than this dequantize the weight and use MKL (benchmarks/RESULTS.md):
+# float-activation ones, and int8 ones (Q4_0 / Q4_1 / Q8_0; even with MKL at 512 rows, slower
+# at 2048)
 PREFILL_ROWS = 64
+INT8_PREFILL_ROWS = 512
 
 
 class GGUFTensor:
@@ -237,7 +238,8 @@ class GGUFLinearMethod(LinearMethod):
     def _product(self, x: torch.Tensor, w: torch.Tensor, qtype: str, out: torch.Tensor | None) -> torch.Tensor:
         if qtype == "F32":
             y = cpu_gemm.linear(x, w, None, None)
-        elif x.shape[0] > PREFILL_ROWS and not (qtype in gguf_kernels.INT8_TYPES and gguf_kernels.int8_mode()):
+        elif x.shape[0] > (INT8_PREFILL_ROWS if qtype in gguf_kernels.INT8_TYPES and gguf_kernels.int8_mode()
+                           else PREFILL_ROWS):
             y = F.linear(x, gguf_kernels.kernels().dequantize(w, qtype, self.k))
         else:
             return gguf_kernels.kernels().matmul(x, w, qtype, self.k, out=out)
