@@ -5,7 +5,9 @@ position each predicts its most likely next token; the figure is the share of po
 the two agree. Beside it, an approximate KL(float32 || ours) per position over the float32
 path's top 20 tokens (a token outside ours' top 20 takes ours' 20th logprob; the tail past 20
 is left out). PAGEDLLM_GGUF_INT8=0 measures the float-activation kernel instead of the default
-int8 one (Q4_0 / Q4_1 / Q8_0), which the prompts' prefill runs too.
+int8 one (Q4_0 / Q4_1 / Q8_0). The prompts' prefill is what is measured, so the layers' row
+limits (past which a product dequantizes the weight and uses MKL) are lifted here: every
+product runs the kernel a decode step runs (--mkl-prefill keeps the engine's limits).
 
     python benchmarks/gguf_agreement.py --tokens 4000
 """
@@ -51,12 +53,18 @@ def main() -> None:
     p.add_argument("--model", default=None, help="a .gguf file (default: the embedded SmolLM2)")
     p.add_argument("--tokens", type=int, default=4000)
     p.add_argument("--chunk", type=int, default=500, help="tokens per prompt")
+    p.add_argument("--mkl-prefill", action="store_true",
+                   help="keep the engine's row limits (prefill products through dequantize + MKL)")
     p.add_argument("--output-json", default=None)
     args = p.parse_args()
     common.set_threads(None)
     from pagedllm import LLM
     from pagedllm.config import default_model_path
 
+    if not args.mkl_prefill:
+        from pagedllm.model.layers.quantization import gguf
+
+        gguf.PREFILL_ROWS = gguf.INT8_PREFILL_ROWS = 1 << 30
     model = args.model or default_model_path()
     kw = dict(kv_cache_memory="256MiB", max_model_len=max(args.chunk + 8, 512))
     quantized = LLM(model, **kw)
@@ -73,10 +81,12 @@ def main() -> None:
     int8 = os.environ.get("PAGEDLLM_GGUF_INT8", "1")
     print(f"{os.path.basename(model)}: {weights} (PAGEDLLM_GGUF_INT8={int8}) vs float32 (dequantized): top-1 "
           f"agreement {same}/{positions} = {100 * same / positions:.2f}%, mean KL (top {TOP}) {kl:.5f} nats, "
-          f"over {len(chunks)} chunks of <= {args.chunk} tokens")
+          f"over {len(chunks)} chunks of <= {args.chunk} tokens"
+          f"{' (prefill through MKL past the row limits)' if args.mkl_prefill else ' (every product in the kernel)'}")
     common.print_machine_line(common.machine_info())
     common.write_json(args.output_json, {"model": model, "weights": weights, "int8": int8, "positions": positions,
-                                         "agree": same, "kl_top": kl})
+                                         "agree": same, "kl_top": kl,
+                                         "mkl_prefill": args.mkl_prefill})
 
 
 if __name__ == "__main__":
