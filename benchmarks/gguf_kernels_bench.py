@@ -50,7 +50,8 @@ def main() -> None:
 
     kern = gguf_kernels.kernels()
     print(f"{threads} threads; median ms of 20 calls")
-    print(f"{'type':5} {'N x K':>11} {'rows':>5} {'int8':>9} {'int8x2':>9} {'gguf f32':>9} {'float32':>9} {'deq+linear':>11}")
+    cols = ("int8", "int8x2", "gguf f32", "float32")
+    print(f"{'type':5} {'N x K':>11} {'rows':>5} " + " ".join(f"{c:>9}" for c in cols) + f" {'deq+linear':>11}")
     for qtype in args.types.split(","):
         for n, k in SHAPES:
             w = random_blocks(qtype, n, k)

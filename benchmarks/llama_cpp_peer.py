@@ -7,7 +7,10 @@ the requests as JSON on stdin and writes the result as JSON on stdout):
 
     python3 -m venv ~/.venvs/llama-cpp && ~/.venvs/llama-cpp/bin/pip install llama-cpp-python==0.3.36
 
-`PAGEDLLM_LLAMA_CPP_PYTHON` names another interpreter. Parallel sequences are not run: the
+`PAGEDLLM_LLAMA_CPP_PYTHON` names another interpreter. `PAGEDLLM_LLAMA_CPP_EXTRA_BUFTS=0` loads
+the model without llama.cpp's extra buffer types (its repacked / AMX weight layouts;
+`use_extra_bufts` of the model params, llama.cpp's --no-repack): 0.3.36's wheel segfaults in its
+first eval with them on an AVX512-VNNI + AMX Xeon (benchmarks/RESULTS.md). Parallel sequences are not run: the
 high-level `Llama` API decodes one sequence per context (the low-level batch API would need a
 sampling loop of our own).
 """
@@ -27,6 +30,18 @@ def _serve() -> None:
     from llama_cpp import Llama
 
     req = json.load(sys.stdin)
+    if not req.get("extra_bufts", True):
+        import llama_cpp
+        import llama_cpp.llama
+
+        defaults = llama_cpp.llama_model_default_params
+
+        def params():
+            p = defaults()
+            p.use_extra_bufts = False
+            return p
+
+        llama_cpp.llama.llama_cpp.llama_model_default_params = params
     llm = Llama(model_path=req["model"], n_ctx=req["n_ctx"], n_threads=req["threads"], n_batch=512, verbose=False,
                 seed=0)
 
@@ -56,13 +71,16 @@ def run_llama_cpp(model: str, prompts: list[list[int]], max_tokens: list[int], t
         raise RuntimeError(f"no llama-cpp-python interpreter at {python} (see benchmarks/llama_cpp_peer.py)")
     n_ctx = max(len(p) + n for p, n in zip(prompts, max_tokens)) + 8
     req = {"model": model, "prompts": prompts, "max_tokens": max_tokens, "threads": threads, "n_ctx": n_ctx,
-           "warmup": warmup_prompts}
+           "warmup": warmup_prompts,
+           "extra_bufts": os.environ.get("PAGEDLLM_LLAMA_CPP_EXTRA_BUFTS", "1") not in ("0", "false", "no", "off")}
     res = subprocess.run([python, os.path.abspath(__file__)], input=json.dumps(req), capture_output=True, text=True,
                          timeout=3600, check=False)
     if res.returncode != 0:
         raise RuntimeError(f"llama-cpp-python failed: {res.stderr.strip()[-2000:]}")
     out = json.loads(res.stdout)
-    return common.PeerResult(f"llama.cpp (llama-cpp-python, sequential, {threads} threads)", out["seconds"],
+    bufts = "" if req["extra_bufts"] else ", no extra bufts"
+    name = f"llama.cpp (llama-cpp-python, sequential, {threads} threads{bufts})"
+    return common.PeerResult(name, out["seconds"],
                              sum(max_tokens), sum(max_tokens), out["outputs"], cpu_seconds=out["cpu_seconds"])
 
 
