@@ -10,7 +10,14 @@ the requests as JSON on stdin and writes the result as JSON on stdout):
 `PAGEDLLM_LLAMA_CPP_PYTHON` names another interpreter. `PAGEDLLM_LLAMA_CPP_EXTRA_BUFTS=0` loads
 the model without llama.cpp's extra buffer types (its repacked / AMX weight layouts;
 `use_extra_bufts` of the model params, llama.cpp's --no-repack): 0.3.36's wheel segfaults in its
-first eval with them on an AVX512-VNNI + AMX Xeon (benchmarks/RESULTS.md). Parallel sequences are not run: the
+first eval with them on an AVX512-VNNI + AMX Xeon (benchmarks/RESULTS.md). The 2026-12-03 16:04
+figures used a build without AMX instead, which runs with the default buffers:
+
+    CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+      -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX_VNNI=ON" \
+      ~/.venvs/llama-cpp/bin/pip install --force-reinstall --no-deps --no-cache-dir llama-cpp-python==0.3.36
+
+Parallel sequences are not run: the
 high-level `Llama` API decodes one sequence per context (the low-level batch API would need a
 sampling loop of our own).
 """
