@@ -133,9 +133,6 @@ class LocalGrammars:
     def fill(self, grammars: list[RequestGrammar], pin: bool) -> torch.Tensor:
         return fill_bitmask(grammars, self.vocab_size, pin)
 
-    def close(self) -> None:
-        pass
-
 
 def grammar_step(backend: Any, prev_ready: Any, prev_tokens: torch.Tensor | None, prev_rows: list[int],
                  prev_grammars: list, grammars: list, pin: bool) -> torch.Tensor:

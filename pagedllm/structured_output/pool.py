@@ -71,7 +71,6 @@ class GrammarPool:
         from multiprocessing.connection import Listener
 
         assert num_procs >= 1
-        self.vocab_size = vocab_size
         self.max_rows = max_rows
         width = bitmask_width(vocab_size)
         # the shared bitmask: a file in /dev/shm (memory), mapped shared here and in each worker;
@@ -190,10 +189,6 @@ class GrammarPool:
         out = torch.empty((len(grammars), self.bitmask.shape[1]), dtype=torch.int32, pin_memory=pin)
         out.copy_(self.bitmask[: len(grammars)])
         return out
-
-    def close(self) -> None:
-        self._finalizer()
-
 
 def _remove(path: str) -> None:
     try:
