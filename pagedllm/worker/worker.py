@@ -102,7 +102,14 @@ class Worker:
             log_param_counts(type(self.model), mc.hf_config, self._tag())
         from pagedllm.model.layers.quantization import precision_summary
 
-        self.precision = precision_summary(mc.dtype, mc.quantization, config.cache_config.cache_dtype, config.device)
+        head = getattr(self.model, "lm_head", None)
+        self.precision = precision_summary(
+            mc.dtype,
+            mc.quantization,
+            config.cache_config.cache_dtype,
+            config.device,
+            lm_head_quantized=getattr(head, "quant_method", None) is not None,
+        )
         logger.info("%sprecision: %s", self._tag(), ", ".join(f"{k} {v}" for k, v in self.precision.items()))
         self.backend = get_attention_backend(config.attention_backend, config.device)
         self.runner = ModelRunner(config, self.model, self.backend, self.device, ps)
@@ -214,8 +221,15 @@ class Worker:
 
             sc = self.config.scheduler_config
             assert self.runner.buffers is not None
+            from pagedllm.worker.weight_prefetch import WeightPrefetcher
+
             graphs = DecodeGraphs(
-                self.model, self.runner.buffers, min(sc.max_num_seqs, 512), mc.max_model_len, mc.vocab_size
+                self.model,
+                self.runner.buffers,
+                min(sc.max_num_seqs, 512),
+                mc.max_model_len,
+                mc.vocab_size,
+                WeightPrefetcher.create(self.model, self.device),
             )
             t1 = time.time()
             logger.info(

@@ -125,14 +125,33 @@ def fp8_checkpoint(request, plain, tmp_path_factory) -> tuple[str, str]:
 
 
 def test_online_fp8_equals_hf_on_dequantized_weights(plain, tmp_path):
+    # online FP8 quantizes the linears and the untied LM head (one scale per vocabulary row)
     sd = load_file(os.path.join(plain, "model.safetensors"))
-    ref = {n: (dequantize_fp8_torch(*quantize_fp8_torch(w), torch.float32) if _is_linear(n) else w)
+    ref = {n: (dequantize_fp8_torch(*quantize_fp8_torch(w), torch.float32)
+               if _is_linear(n) or n == "lm_head.weight" else w)
            for n, w in sd.items()}
     shutil.copytree(plain, tmp_path / "ref")
     save_file(ref, str(tmp_path / "ref" / "model.safetensors"))
     expected = hf_greedy(str(tmp_path / "ref"), PROMPTS)
-    assert ours(plain, quantization="fp8") == expected
+    llm = LLM(plain, kv_cache_memory="16MiB", max_model_len=256, quantization="fp8")
+    worker = llm.llm_engine.executor.worker
+    head = worker.model.lm_head
+    assert head.weight.dtype == torch.float8_e4m3fn and head.weight_scale.shape == (head.weight.shape[0], 1)
+    assert worker.model.model.embed_tokens.weight.dtype == torch.float32  # the row lookup stays
+    assert worker.precision["lm_head"].startswith("fp8")
+    assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)] == expected
     assert ours(plain) != expected, "the quantization should change this model's greedy tokens"
+
+
+def test_online_fp8_keeps_a_tied_head_unquantized(tmp_path, tokenizer_dir):
+    cfg = tiny_config("llama", hidden=256, heads=4, kv_heads=2, layers=2, initializer_range=0.05, tie=True)
+    path = save_tiny_model(cfg, str(tmp_path / "tied"), tokenizer_dir, seed=3)
+    worker = LLM(path, kv_cache_memory="16MiB", max_model_len=256, quantization="fp8").llm_engine.executor.worker
+    model = worker.model
+    assert model.model.layers[0].mlp.down_proj.weight.dtype == torch.float8_e4m3fn
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert model.lm_head.weight.dtype == torch.float32 and model.lm_head.quant_method is None
+    assert worker.precision["lm_head"] == "float32"
 
 
 def test_fp8_checkpoint_equals_hf_on_dequantized_weights(fp8_checkpoint):

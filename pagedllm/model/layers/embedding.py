@@ -67,6 +67,12 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     packed_weight: cpu_gemm.PackedWeight | None = None
 
+    def __init__(self, vocab_size: int, hidden_size: int, ps: ParallelState = SINGLE, tied: bool = False):
+        super().__init__(vocab_size, hidden_size, ps)
+        # the checkpoint ties the head to the embedding (also on a pipeline stage that holds
+        # only the head, which then loads the embedding's rows)
+        self.tied = tied
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [S, H] -> local logits [S, per_rank] -> gathered [S, tp * per_rank] -> [S, vocab]
         if self.quant_method is not None:

@@ -216,7 +216,7 @@ class LlamaForCausalLM(nn.Module):
         self.model = self.build_model(cfg, ps)
         self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
         if ps.is_last_stage:
-            self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, ps)
+            self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, ps, tied=self.tie_word_embeddings)
             if self.tie_word_embeddings and ps.is_first_stage:
                 self.lm_head.weight = self.model.embed_tokens.weight
 

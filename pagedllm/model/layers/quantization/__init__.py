@@ -101,9 +101,10 @@ def get_quantization_config(quantization: str | None, hf_config: Any, load_forma
 
 
 def precision_summary(model_dtype: str, quantization: QuantizationConfig | None, cache_dtype: str,
-                      device: str) -> dict[str, str]:
+                      device: str, lm_head_quantized: bool = False) -> dict[str, str]:
     """What each part runs in, for the startup plan and /metrics: weights of the linears,
-    activations, KV cache, embedding / LM head."""
+    activations, KV cache, embedding / LM head (`lm_head_quantized`: the built model's head has
+    a quantization method of its own)."""
     from pagedllm.kernels.fp8 import SCALED_MM_MIN_ROWS
 
     activations = model_dtype
@@ -114,5 +115,6 @@ def precision_summary(model_dtype: str, quantization: QuantizationConfig | None,
         "activations": activations,
         "kv_cache": model_dtype if cache_dtype == "auto" else cache_dtype,
         "lm_head": (f"gguf {quantization.head_type}" if quantization is not None and quantization.name == "gguf"
-                    else model_dtype),
+                    else "fp8 e4m3 (per-row scales, online)" if lm_head_quantized and quantization is not None
+                    and quantization.name == "fp8" else model_dtype),
     }

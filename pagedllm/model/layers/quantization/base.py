@@ -6,7 +6,8 @@ parameters it creates, with their weight loaders, so a rank loads only its shard
 Layers are chosen at load, not in the model code: `quantize_model` walks a built model and gives
 every column- and row-parallel linear the method its config picks (None keeps it unquantized:
 an ignored layer). Models know nothing of quantization; the embedding and LM head stay in the
-model's dtype unless the config gives them a method too (GGUF). Any format (fp8.py, gguf.py,
+model's dtype unless the config gives them a method too (GGUF; FP8's online quantization for
+an untied LM head). Any format (fp8.py, gguf.py,
 wna16.py for GPTQ / AWQ / compressed-tensors integer weights) is one config class and one method
 class in this package.
 """
@@ -87,16 +88,16 @@ def quantize_model(model: nn.Module, config: QuantizationConfig) -> int:
     from pagedllm.model.layers.embedding import VocabParallelEmbedding
 
     count = 0
-    owners: dict[int, LinearMethod] = {}  # id of a (tied) vocabulary weight -> its method
+    owners: dict[int, LinearMethod | None] = {}  # id of a (tied) vocabulary weight -> its method
     for prefix, module in model.named_modules():
         if isinstance(module, VocabParallelEmbedding):
-            owner = owners.get(id(module.weight))
-            if owner is not None:  # a tied LM head: takes the embedding's weight and method
-                owner.tie(module)
+            if id(module.weight) in owners:  # a tied LM head: the embedding's weight and method
+                owner = owners[id(module.weight)]
+                if owner is not None:
+                    owner.tie(module)
                 continue
             method = config.get_embedding_method(module, prefix)
-            if method is not None:
-                owners[id(module.weight)] = method
+            owners[id(module.weight)] = method
         elif isinstance(module, (ColumnParallelLinear, RowParallelLinear)):
             method = config.get_linear_method(module, prefix)
         else:
