@@ -26,6 +26,7 @@ from pagedllm.kernels.fp8 import _scaled_mm, fp8_linear, fp8_linear_torch, quant
 from pagedllm.kernels.fp8_triton import default_config, fp8_gemm_triton  # noqa: E402
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+EXTRA_SHAPES = {"lm_head": (128256, 4096)}  # once a step, not per layer: left out of the sums
 ROWS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 LAYERS = 32
 
@@ -55,6 +56,9 @@ def sweep(m: int, full: bool) -> list[tuple]:
     if m == 1:
         cfgs += [("gemv", 1, bn, bk, w, 2) for bn in (2, 4, 8, 16) for bk in (256, 512, 1024, 2048)
                  for w in (4, 8) if 2048 <= bn * bk <= 16 * 1024]
+        # the unrolled GEMV: UNROLL tiles in flight, a [BLOCK_N] accumulator
+        cfgs += [("gemv_unrolled", 1, bn, bk, w, 1, u) for bn in (4, 8, 16, 32) for bk in (256, 512, 1024)
+                 for u in (2, 4) for w in (4, 8) if 4096 <= bn * bk * u <= 32 * 1024 and bk * u <= 4096]
     elif m <= 3:
         cfgs += [("gemv", 1, bn, bk, w, 3) for bn in (4, 8, 16) for bk in (256, 512) for w in (4, 8)]
     elif m > 16:
@@ -87,7 +91,8 @@ def graph_time(fn, reps: int = 20, rounds: int = 5) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, nargs="*", default=ROWS)
-    ap.add_argument("--shapes", nargs="*", default=list(SHAPES))
+    ap.add_argument("--shapes", nargs="*", default=list(SHAPES), choices=[*SHAPES, *EXTRA_SHAPES])
+    ap.add_argument("--kinds", nargs="*", default=None, help="sweep only these kernel kinds (e.g. gemv_unrolled)")
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--full-sweep", action="store_true", help="also sweep the pipeline depth")
     args = ap.parse_args()
@@ -95,7 +100,7 @@ def main() -> None:
     g = torch.Generator(device=dev).manual_seed(0)
     results: dict[str, dict] = {}
     for name in args.shapes:
-        n, k = SHAPES[name]
+        n, k = {**SHAPES, **EXTRA_SHAPES}[name]
         ws = [torch.randn(n, k, device=dev, generator=g, dtype=torch.bfloat16) * 0.02 for _ in range(LAYERS)]
         qs = [quantize_fp8_torch(w) for w in ws]
         for m in args.rows:
@@ -104,7 +109,10 @@ def main() -> None:
             row: dict = {"bf16": graph_time(lambda: [torch.nn.functional.linear(x, w) for w in ws]),
                          "scaled_mm": graph_time(lambda: [_scaled_mm(x, q, s, None) for q, s in qs]),
                          "dispatch": graph_time(lambda: [fp8_linear(x, q, s) for q, s in qs])}
-            cfgs = [old_config(m), default_config(m, n, k, 0)] + ([] if args.no_sweep else sweep(m, args.full_sweep))
+            swept = [] if args.no_sweep else [c for c in sweep(m, args.full_sweep)
+                                              if (args.kinds is None or c[0] in args.kinds)
+                                              and (c[0] != "gemv_unrolled" or k % (c[3] * c[6]) == 0)]
+            cfgs = [old_config(m), default_config(m, n, k, 0)] + swept
             best = None
             timed = []
             for i, cfg in enumerate(cfgs):
@@ -127,7 +135,7 @@ def main() -> None:
                   f"old {row['old']:6.1f}  default {row['triton_default']:6.1f} ({gbs:5.0f} GB/s) "
                   f"{row['default_cfg']}  fp8_linear {row['dispatch']:6.1f}  best {row['triton_best']:6.1f} "
                   f"{row['best_cfg']}", flush=True)
-            for kind in ("gemv", "swap", "dot"):
+            for kind in ("gemv", "gemv_unrolled", "swap", "dot"):
                 top = sorted(tc for tc in timed[2:] if tc[1][0] == kind)[:3]
                 if top:
                     print(f"    top {kind}: " + "  ".join(f"{t:.1f} {c[2:]}" for t, c in top))

@@ -47,10 +47,16 @@ def main() -> None:
     p.add_argument("--quantization", default=None)
     p.add_argument("--budgets", type=float, nargs="+", default=[0, 24], help="MB asked into L2 per layer")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--prefetch-block", type=int, default=None,
+                   help="bulk requests per program of the prefetch kernel (default: l2_prefetch.BLOCK)")
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=256)
     p.add_argument("--output-json", default=None)
     args = p.parse_args()
+    if args.prefetch_block:
+        from pagedllm.kernels import l2_prefetch
+
+        l2_prefetch.BLOCK = args.prefetch_block
     from transformers import AutoConfig
 
     from pagedllm import LLM, SamplingParams

@@ -7,6 +7,7 @@
 #
 #   bash benchmarks/w3_gpu.sh [NUM_PROMPTS] [RATES...]      # default: 200 prompts at 4 16 inf
 #   MODEL=benchmarks/configs/tiny-llama PYTHON=.venv/bin/python bash benchmarks/w3_gpu.sh 8 inf   # CPU smoke
+#   SERVER_ARGS="--quantization fp8 --kv-cache-dtype fp8" bash benchmarks/w3_gpu.sh 200 inf        # FP8
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-./w3-gpu-out}
@@ -26,7 +27,7 @@ print(common.synthetic_tokenizer(cfg.vocab_size, common.first_eos(cfg), tempfile
 PY
 )
 $PY -m pagedllm.entrypoints.openai_api_server --model "$MODEL" --load-format dummy --tokenizer "$TOK" \
-    --max-model-len 4096 --host 127.0.0.1 --port 8000 > "$OUT/server.log" 2>&1 &
+    --max-model-len 4096 --host 127.0.0.1 --port 8000 ${SERVER_ARGS:-} > "$OUT/server.log" 2>&1 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null || true' EXIT
 for _ in $(seq 1 300); do

@@ -83,6 +83,46 @@ def _fp8_gemv_kernel(
 
 
 @triton.jit
+def _fp8_gemv_unrolled_kernel(
+    x_ptr,  # [M, K] activations (16- or 32-bit)
+    w_ptr,  # [N, K] float8 e4m3
+    s_ptr,  # [N, G] float32
+    b_ptr,  # [N] bias (read when HAS_BIAS)
+    out_ptr,  # [M, N]
+    N, K,
+    stride_xm, stride_wn, stride_sn, stride_om,
+    GROUP_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
+):  # fmt: skip
+    # The GEMV with more weight bytes in flight per thread: each iteration loads UNROLL tiles
+    # [BLOCK_N, BLOCK_K] before using any, and folds each tile's products into a [BLOCK_N]
+    # accumulator at once (so the registers a tile needs do not grow the accumulator).
+    # K must be a multiple of BLOCK_K * UNROLL (the dispatcher checks).
+    m = tl.program_id(0).to(tl.int64)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = rn < N
+    rn64 = rn.to(tl.int64)
+    rk = tl.arange(0, BLOCK_K)
+    w_rows = w_ptr + rn64[:, None] * stride_wn
+    x_row = x_ptr + m * stride_xm
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K * UNROLL):
+        for u in tl.static_range(UNROLL):
+            kk = k0 + u * BLOCK_K + rk
+            w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None], other=0.0)
+            x = tl.load(x_row + kk)
+            part = tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
+            if GROUP_K > 0:
+                part = part * tl.load(s_ptr + rn64 * stride_sn + (k0 + u * BLOCK_K) // GROUP_K, mask=n_mask, other=0.0)
+            acc += part
+    if GROUP_K == 0:
+        acc = acc * tl.load(s_ptr + rn64 * stride_sn, mask=n_mask, other=0.0)
+    if HAS_BIAS:
+        acc = acc + tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + m * stride_om + rn, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
+
+
+@triton.jit
 def _fp8_gemm_kernel(
     x_ptr,  # [M, K]
     w_ptr,  # [N, K] float8 e4m3
@@ -298,6 +338,15 @@ def fp8_gemm_triton(
             x.stride(0), weight.stride(0), weight_scale.stride(0), out.stride(0),
             GROUP_K=group_k, HAS_BIAS=bias is not None, EVEN_K=even_k,
             BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
+        )  # fmt: skip
+    elif kind == "gemv_unrolled":
+        unroll = split_k  # the config's last field
+        assert k % (block_k * unroll) == 0, "the unrolled GEMV wants K a multiple of BLOCK_K * UNROLL"
+        _fp8_gemv_unrolled_kernel[(m, triton.cdiv(n, block_n))](
+            x, weight, weight_scale, b, out, n, k,
+            x.stride(0), weight.stride(0), weight_scale.stride(0), out.stride(0),
+            GROUP_K=group_k, HAS_BIAS=bias is not None,
+            BLOCK_N=block_n, BLOCK_K=block_k, UNROLL=unroll, num_warps=num_warps, num_stages=num_stages,
         )  # fmt: skip
     elif kind == "swap":
         _swap_gemm(x, weight, weight_scale, bias, out, group_k, block_n, block_k, num_warps, num_stages,

@@ -102,6 +102,22 @@ def test_fp8_swap_ab(dtype, m, group_k, config):
     check_fp8_gemm("cuda", dtype, m, 300, 520 if group_k is None else 640, group_k, config=config)
 
 
+UNROLLED_CONFIGS = [("gemv_unrolled", 1, 8, 256, 4, 1, 2), ("gemv_unrolled", 1, 16, 128, 8, 1, 4),
+                    ("gemv_unrolled", 1, 4, 512, 4, 1, 2)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("m", [1, 3])
+@pytest.mark.parametrize("group_k", [None, 128])
+@pytest.mark.parametrize("config", UNROLLED_CONFIGS, ids=lambda c: "x".join(map(str, c[2:])))
+def test_fp8_gemv_unrolled(dtype, m, group_k, config):
+    """The unrolled GEMV (K a multiple of BLOCK_K * UNROLL; ragged N), bias on one case."""
+    if group_k is not None:
+        config = config[:3] + (min(config[3], group_k),) + config[4:]
+    check_fp8_gemm("cuda", dtype, m, 384, 1024, group_k, bias=m == 3, config=config)
+    check_fp8_gemm("cuda", dtype, m, 300, 2048, group_k, config=config)
+
+
 def check_fp16_saturation(device, dtype, config):
     """bfloat16 activations beyond fp16's range are saturated at +-65504 (the swap-AB kernel's
     fp16 operands), not turned into inf: the output equals the reference on the clamped row."""

@@ -16,6 +16,7 @@ from test_kernels_interpret import run_under_interpreter
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 
 _GEMV = ["gemv", 1, 8, 32, 4, 1]
+_GEMV_UNROLLED = ["gemv_unrolled", 1, 8, 32, 4, 1, 2]
 _DOT = ["dot", 16, 16, 32, 4, 1]
 _SWAP = ["swap", 16, 16, 32, 4, 1]
 _SWAP_SPLIT = ["swap", 16, 16, 32, 4, 1, 3]
@@ -25,6 +26,9 @@ _CASES = {
     "gemv_channel": ("check_fp8_gemm", [1, 40, 72], {"config": _GEMV}),
     "gemv_rows_bias": ("check_fp8_gemm", [3, 40, 64], {"bias": True, "config": _GEMV}),
     "gemv_groups": ("check_fp8_gemm", [2, 24, 96], {"group_k": 32, "config": _GEMV}),
+    "gemv_unrolled_channel": ("check_fp8_gemm", [1, 40, 128], {"config": _GEMV_UNROLLED}),
+    "gemv_unrolled_rows_bias_groups": ("check_fp8_gemm", [2, 24, 192], {"group_k": 32, "bias": True,
+                                                                         "config": _GEMV_UNROLLED}),
     "dot_channel": ("check_fp8_gemm", [17, 40, 72], {"config": _DOT}),
     "dot_groups_bias": ("check_fp8_gemm", [20, 24, 96], {"group_k": 32, "bias": True, "config": _DOT}),
     "swap_channel": ("check_fp8_gemm", [1, 40, 72], {"config": _SWAP}),
