@@ -3,8 +3,7 @@
 # (benchmarks/fp8_bench.py), then W2 (Llama-3.1-8B, batch 1) with bf16 and FP8 weights and W1
 # (Qwen3-0.6B, 256 requests) with a bf16 and an FP8 KV cache, side by side; `table` prints the
 # W2 figures and the kernel sums of what ran. Logs and JSON to $OUT.
-#   bash benchmarks/fp8_gpu.sh [tests] [l2tests] [bench] [w2] [prefetch] [w1] [profile] [table]
-#   (default: tests bench w2 w1 table); prefetch: W2 with L2-prefetch budgets (PREFETCH_BUDGETS, MB)
+#   bash benchmarks/fp8_gpu.sh [tests] [bench] [w2] [w1] [profile] [table]   # default: all but profile
 # Environment: BENCH_ARGS (fp8_bench.py's, e.g. "--rows 1 2 4 8 16 --no-sweep"), W2_ITERS (3).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -26,13 +25,6 @@ for step in $STEPS; do
     w1) for kv in auto fp8; do
           $PY benchmarks/throughput.py --workload w1 --peer none --kv-cache-dtype $kv --output-json "$OUT/w1_$kv.json" > "$OUT/w1_$kv.log" 2>&1
           echo "W1 kv=$kv: $(grep -iE 'tok/s' "$OUT/w1_$kv.log" | tail -2 | tr '\n' ' ')"; grep -E "KV cache plan|Error" "$OUT/w1_$kv.log" | head -2
-        done ;;
-    l2tests) $PY -m pytest -q -x tests/gpu/test_l2_prefetch_gpu.py > "$OUT/l2tests.log" 2>&1; echo "l2 tests rc=$?"; tail -4 "$OUT/l2tests.log" ;;
-    prefetch) for q in fp8 bf16; do
-          extra=""; [ $q = fp8 ] && extra="--quantization fp8"
-          $PY benchmarks/prefetch_bench.py $extra --budgets ${PREFETCH_BUDGETS:-0 16 24 40} --rounds "${W2_ITERS:-3}" \
-            --output-json "$OUT/prefetch_$q.json" > "$OUT/prefetch_$q.log" 2>&1
-          echo "prefetch $q rc=$?"; sed -n '/^W2 /,$p' "$OUT/prefetch_$q.log"; grep -E "Error|error" "$OUT/prefetch_$q.log" | head -3
         done ;;
     profile) $PY benchmarks/profile_gpu.py --load w2 --quantization fp8 --top 14 > "$OUT/profile_w2_fp8.log" 2>&1
              echo "profile rc=$?"; sed -n '/^w2:/,/^CUDA runtime/p' "$OUT/profile_w2_fp8.log" | cut -c1-120 ;;

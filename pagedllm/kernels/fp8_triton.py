@@ -2,11 +2,14 @@
 
 - `fp8_gemm_triton`: W8A16 product x [M, K] @ dequant(weight [N, K] e4m3, weight_scale [N, G]).T.
   The weights are read once, as FP8, and dequantized in registers; activations stay 16-bit.
-  Three kernels by row count (`default_config`, from the H200 sweep of benchmarks/fp8_bench.py):
+  Four kernels by row count and shape (`default_config`, from the H200 sweeps of benchmarks/fp8_bench.py):
     "gemv": no tensor cores; one program per (row, BLOCK_N outputs) with the row index varying
       fastest, so the programs of one weight tile run together and the tile is read from HBM
       once (L2 serves the other rows). Each program keeps a [BLOCK_N, BLOCK_K] float32 partial
       and reduces it once at the end. Every weight goes e4m3 -> f16 -> f32 on CUDA cores.
+    "gemv_unrolled" (one row, wide N): the GEMV loading UNROLL tiles before using any and
+      folding each into a [BLOCK_N] accumulator at once, so more weight bytes are in flight
+      per thread without a larger accumulator (Triton does not pipeline a loop without a dot).
     "swap" (1-16 rows): tensor cores with the operands swapped (out.T = W @ x.T):
 
           acc [BLOCK_N, 16] += W tile [BLOCK_N, BLOCK_K] (e4m3 -> fp16) @ x.T tile [BLOCK_K, 16]
@@ -257,8 +260,9 @@ def default_config(m: int, n: int, k: int, group_k: int) -> tuple:
 
     - 1 row: the CUDA-core GEMV, 32 weights per thread and tile. A 4 x 1024 tile for N <= 4096
       (o 7.8 -> 6.9 us, down 21.1 -> 17.1 against the earlier 8 x 512), 16 x 512 with 8 warps for
-      mid-size N (qkv 9.1), 16 x 256 with 4 warps for the wide gate_up (35.4 -> 32.3). The
-      swap-AB kernel is slower at one row (qkv 11.7, gate_up 34.7, down 22.9).
+      mid-size N (qkv 9.1). Wide N (gate_up, an LM head): the unrolled GEMV, two 32 x 256 tiles
+      in flight with 4 warps (gate_up 32.4 -> 29.9 us; it loses on the other shapes: o 7.4,
+      down 19.0). The swap-AB kernel is slower at one row (qkv 11.7, gate_up 34.7, down 22.9).
     - 2-16 rows: the swap-AB kernel (qkv ~11.8 us against 14.2-15.7 before, down 23.5 against
       34-37, gate_up 36.3 against 42-55), 128-wide weight tiles for wide N, else 64-wide with
       split-K 4; except 2 rows of a small square product, where the GEMV's 16 x 512 tile won
@@ -273,7 +277,11 @@ def default_config(m: int, n: int, k: int, group_k: int) -> tuple:
     if m == 1:
         if n <= 4096:
             return ("gemv", 1, 4, bk(1024), 4, 2)
-        return ("gemv", 1, 16, bk(256), 4, 2) if n >= 16384 else ("gemv", 1, 16, bk(512), 8, 2)
+        if n >= 16384:
+            if k % (2 * bk(256)) == 0:
+                return ("gemv_unrolled", 1, 32, bk(256), 4, 1, 2)
+            return ("gemv", 1, 16, bk(256), 4, 2)
+        return ("gemv", 1, 16, bk(512), 8, 2)
     if m == 2 and n <= 4096 and k <= 4096:
         return ("gemv", 1, 16, bk(512), 8, 2)
     if m <= SWAP_BLOCK_M:

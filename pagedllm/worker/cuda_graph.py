@@ -12,7 +12,6 @@ The attention grid depends only on the batch size and the `max_seq_len` bound, w
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from typing import Any
@@ -21,7 +20,6 @@ import torch
 
 from pagedllm.attention.backend import ForwardBatch
 from pagedllm.worker.input_batch import StepBuffers, aligned, int32_offsets
-from pagedllm.worker.weight_prefetch import WeightPrefetcher
 
 logger = logging.getLogger(__name__)
 
@@ -35,18 +33,8 @@ def batch_size_ladder(max_bs: int) -> list[int]:
 
 
 class DecodeGraphs:
-    def __init__(
-        self,
-        model: Any,
-        buffers: StepBuffers,
-        max_bs: int,
-        max_model_len: int,
-        vocab_size: int,
-        prefetcher: WeightPrefetcher | None = None,
-    ):
+    def __init__(self, model: Any, buffers: StepBuffers, max_bs: int, max_model_len: int, vocab_size: int):
         self.model = model
-        # weights asked into L2 during the attention of the small batches' graphs (weight_prefetch.py)
-        self.prefetcher = prefetcher
         self.buffers = buffers
         self.device = buffers.ints.device
         self.max_bs = max_bs
@@ -113,9 +101,8 @@ class DecodeGraphs:
         )
 
     def _forward(self, batch: ForwardBatch, bs: int) -> None:
-        with self.prefetcher.around(bs) if self.prefetcher is not None else contextlib.nullcontext():
-            hidden = self.model(batch.input_ids, batch.positions, batch)
-            self.logits[:bs] = self.model.compute_logits(hidden).float()
+        hidden = self.model(batch.input_ids, batch.positions, batch)
+        self.logits[:bs] = self.model.compute_logits(hidden).float()
 
     def can_run(self, num_reqs: int, num_tokens: int, num_decodes: int) -> bool:
         return num_decodes == num_reqs == num_tokens and num_reqs <= self.max_bs

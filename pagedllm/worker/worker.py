@@ -221,15 +221,8 @@ class Worker:
 
             sc = self.config.scheduler_config
             assert self.runner.buffers is not None
-            from pagedllm.worker.weight_prefetch import WeightPrefetcher
-
             graphs = DecodeGraphs(
-                self.model,
-                self.runner.buffers,
-                min(sc.max_num_seqs, 512),
-                mc.max_model_len,
-                mc.vocab_size,
-                WeightPrefetcher.create(self.model, self.device),
+                self.model, self.runner.buffers, min(sc.max_num_seqs, 512), mc.max_model_len, mc.vocab_size
             )
             t1 = time.time()
             logger.info(

@@ -118,6 +118,18 @@ def test_fp8_gemv_unrolled(dtype, m, group_k, config):
     check_fp8_gemm("cuda", dtype, m, 300, 2048, group_k, config=config)
 
 
+@pytest.mark.parametrize("group_k", [None, 128])
+def test_fp8_gemv_wide_default(group_k):
+    """One row of a wide product takes the unrolled GEMV by default; a K it cannot tile the plain one."""
+    from pagedllm.kernels.fp8_triton import default_config
+
+    assert default_config(1, 16400, 1024, group_k or 0)[0] == "gemv_unrolled"
+    assert default_config(1, 16400, 1000, 0)[0] == "gemv"
+    check_fp8_gemm("cuda", torch.bfloat16, 1, 16400, 1024, group_k)
+    if group_k is None:
+        check_fp8_gemm("cuda", torch.bfloat16, 1, 16400, 1000)
+
+
 def check_fp16_saturation(device, dtype, config):
     """bfloat16 activations beyond fp16's range are saturated at +-65504 (the swap-AB kernel's
     fp16 operands), not turned into inf: the output equals the reference on the clamped row."""
