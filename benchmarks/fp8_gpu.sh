@@ -36,7 +36,7 @@ bench = os.path.join(out, "fp8_bench.json")
 if os.path.exists(bench):
     r = json.load(open(bench))
     rows = sorted({int(key.split(":")[1]) for key in r})
-    shapes = sorted({key.split(":")[0] for key in r}, key=["qkv", "o", "gate_up", "down"].index)
+    shapes = sorted({key.split(":")[0] for key in r}, key=["qkv", "o", "gate_up", "down", "lm_head"].index)
     print(f"linears, us per layer (CUDA graph of 32 layers): bf16 / old FP8 kernel / fp8_linear now")
     print(f"{'rows':>4} " + " ".join(f"{s:>20}" for s in shapes) + f" {'sum x32 ms (bf16/old/now)':>28}")
     for m in rows:

@@ -41,6 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--quantization", default=None, help="fp8: FP8 weights (quantized at load)")
+    p.add_argument("--kv-cache-dtype", default="auto", help="auto | fp8")
     p.add_argument("--trace", default=None, help="write a Chrome trace of the window here")
     p.add_argument("--output-kind", choices=("final", "delta", "cumulative"), default="final",
                    help="the requests' RequestOutputKind: final (FINAL_ONLY, what LLM.generate and so W1 "
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     engine = LLMEngine.from_engine_args(EngineArgs(
         model=model, tokenizer=tok, load_format="dummy", dtype=args.dtype,
         max_model_len=4096 if args.load == "w1" else 2048, enforce_eager=args.enforce_eager, seed=0,
-        quantization=args.quantization))
+        quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype))
     rng = random.Random(0)
     for i in range(n):
         plen = rng.randint(100, 1024) if args.load == "w1" else 128

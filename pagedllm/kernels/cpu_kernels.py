@@ -50,6 +50,13 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
+def cpu_has(*features: str) -> bool:
+    """Whether this CPU reports every one of `features` (/proc/cpuinfo flag names, e.g.
+    "avx_vnni"): a build that adds an -m flag past -march=native runs only where this holds."""
+    flags = set(_cpu_flags().split())
+    return all(f in flags for f in features)
+
+
 def _compiler() -> str | None:
     for cc in (os.environ.get("CC"), "cc", "gcc", "clang"):
         if cc and shutil.which(cc):

@@ -56,6 +56,9 @@ INT8_TYPES = frozenset({"Q4_0", "Q4_1", "Q8_0"})
 # one (no AVX-512, no AVX-VNNI: VPMADDUBSW), AVX2 with AVX-VNNI, and the scalar C one below
 AVX2_FLAGS = ("-mno-avx512f", "-mno-avxvnni")
 AVX2_VNNI_FLAGS = ("-mno-avx512f", "-mavxvnni")
+# the CPU flag that build needs to run (-mavxvnni goes past -march=native: without the feature
+# its VPDPBUSD is an illegal instruction)
+AVX2_VNNI_CPU_FLAG = "avx_vnni"
 
 # what a build without AVX2 / AVX-512 (the scalar C paths) adds to the usual flags
 SCALAR_FLAGS = ("-mno-avx512f", "-mno-avx2", "-mno-fma", "-mno-f16c")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from pagedllm.kernels import gguf_kernels
+from pagedllm.kernels import cpu_kernels, gguf_kernels
 
 pytestmark = pytest.mark.skipif(not gguf_kernels.available(), reason="no C compiler for the GGUF kernels")
 
@@ -36,6 +36,8 @@ _BUILDS = {"default": (), "avx2-vnni": gguf_kernels.AVX2_VNNI_FLAGS, "avx2": ggu
 
 @pytest.fixture(scope="module", params=list(_BUILDS))
 def kern(request):
+    if request.param == "avx2-vnni" and not cpu_kernels.cpu_has(gguf_kernels.AVX2_VNNI_CPU_FLAG):
+        pytest.skip("this CPU has no AVX-VNNI: the build's VPDPBUSD would be an illegal instruction")
     return gguf_kernels.kernels() if request.param == "default" else gguf_kernels.GGUFKernels(_BUILDS[request.param])
 
 
