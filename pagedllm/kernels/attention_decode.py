@@ -15,6 +15,7 @@ window's keys [seq_len - W, seq_len); a soft-capped one caps each score (see _at
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import triton
@@ -169,6 +170,34 @@ def decode_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sm
     return max(1, min(want, cap, MAX_SPLITS))
 
 
+# (BLOCK_N, num_warps, num_stages) of the decode kernel by the cache's bytes per element. H200,
+# benchmarks/decode_sweep.py at W1's shape (256 requests, Qwen3-0.6B heads; RESULTS.md, ninth
+# session): FP8 128/4/3 255.6 us vs 64/4/2 291.8 (a tile of 64 FP8 keys moves too few bytes per
+# iteration; the FP8 kernel is bound by its per-element work, not by HBM), and W1 with an FP8
+# cache 26,113 vs 23,435 tok/s. bf16: 64/4/3 was 1.3% faster in the sweep (302.6 vs 306.5 us) but
+# not in W1 (alternated: 22,478 / 22,703 tok/s with 64/4/2, 21,670 with 64/4/3), so it stays.
+# float32 (the CPU interpreter's tests) keeps 32 keys.
+DECODE_CONFIGS = {2: (64, 4, 2), 1: (128, 4, 3), 4: (32, 4, 2)}
+
+
+@functools.cache
+def decode_config(cache_itemsize: int) -> tuple[int, int, int]:
+    """The decode kernel's tiles for a cache of `cache_itemsize` bytes per element;
+    PAGEDLLM_DECODE_CONFIG="block_n,warps,stages" overrides it (benchmarks/decode_sweep.py
+    picks candidates; read once per process)."""
+    raw = os.environ.get("PAGEDLLM_DECODE_CONFIG", "").strip()
+    if raw:
+        parts = raw.split(",")
+        if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
+            parts = []
+        block_n, warps, stages = (int(p) for p in parts) if parts else (0, 0, 0)
+        if block_n < 16 or block_n & (block_n - 1) or warps < 1 or stages < 1:
+            raise ValueError(f"PAGEDLLM_DECODE_CONFIG must be 'block_n,warps,stages' (block_n a power of 2 "
+                             f">= 16), got {raw!r}")
+        return block_n, warps, stages
+    return DECODE_CONFIGS[cache_itemsize]
+
+
 def decode_attention_triton(
     q: torch.Tensor,  # [B, Hq, D], row i = the query token of request i
     k_cache: torch.Tensor,  # [N, bs, Hkv, D]
@@ -180,6 +209,8 @@ def decode_attention_triton(
     max_seq_len: int,  # upper bound of seq_lens; picks the split count only
     num_splits: int | None = None,  # None: decode_num_splits(...)
     block_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
     k_scale: float = 1.0,  # the cache's scales: real K/V = stored * scale
     v_scale: float = 1.0,
     sliding_window: int | None = None,  # attend to the last sliding_window keys only
@@ -196,8 +227,10 @@ def decode_attention_triton(
         num_sms = _num_sms(q.device.index or 0) if q.is_cuda else 1
         span = max_seq_len if sliding_window is None else min(max_seq_len, sliding_window)
         num_splits = decode_num_splits(b, hkv, span, num_sms)
-    if block_n is None:
-        block_n = 64 if q.dtype != torch.float32 else 32
+    cfg = decode_config(4 if q.dtype == torch.float32 else k_cache.element_size())
+    block_n = block_n or cfg[0]
+    num_warps = num_warps or cfg[1]
+    num_stages = num_stages or cfg[2]
     block_d = next_power_of_2(d)
     if num_splits > 1:
         part_out = torch.empty((b, hq, num_splits, d), dtype=torch.float32, device=q.device)
@@ -217,7 +250,7 @@ def decode_attention_triton(
         BLOCK_G=max(16, next_power_of_2(group)), BLOCK_N=block_n, BLOCK_D=block_d,
         SPLIT=num_splits > 1, DOT_PRECISION=_dot_precision(q.dtype),
         Q_AS_FP16=dot_dtype_fp16(q.dtype, k_cache.dtype), **switches,
-        num_warps=4, num_stages=2,
+        num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     if num_splits > 1:
         _decode_reduce_kernel[(b, hq)](
