@@ -11,7 +11,7 @@ Under asynchronous scheduling a decode's input token may be the previous launch'
 yet read back: it is copied on the device. Penalties and `min_tokens` read nothing in flight
 (the histories count every launched sample on the device; the output length is known).
 
-Structured outputs: each constrained request has a grammar matcher here (a fresh one, fed the
+Structured outputs (worker/grammar_step.py): each constrained request has a grammar matcher (a fresh one, fed the
 request's output so far, whenever the request arrives in full: at its start and after a
 preemption). A step's grammar work (`matcher.grammar_step`) feeds the matchers the tokens of the
 launch not yet collected (asynchronous scheduling: it waits for that step only, which ran before
@@ -37,11 +37,7 @@ batches in flight at once, so the tokens it sampled reach every stage as
 
 from __future__ import annotations
 
-import logging
-import os
-import sys
-import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,7 +58,7 @@ from pagedllm.model.sampler import (
     sample,
 )
 from pagedllm.sampling_params import SamplingParams
-from pagedllm.structured_output.matcher import GRAMMAR_TIMES, LocalGrammars, grammar_step
+from pagedllm.worker.grammar_step import GrammarSteps
 from pagedllm.worker.input_batch import (
     FREQUENCY,
     GREEDY,
@@ -77,13 +73,6 @@ from pagedllm.worker.input_batch import (
     aligned,
     int32_offsets,
 )
-
-logger = logging.getLogger(__name__)
-
-# While a grammar step runs on its thread, the interpreter hands the GIL over every 0.5 ms
-# (Python's default is 5 ms): the engine thread and the grammar thread's Python parts then
-# wait at most that long for each other.
-GRAMMAR_SWITCH_INTERVAL = 0.0005
 
 
 @dataclass(slots=True)
@@ -144,14 +133,8 @@ class ModelRunner:
         self.graphs: Any = None  # DecodeGraphs over self.buffers, set by the worker on CUDA unless enforce_eager
         self._last_tokens: torch.Tensor | None = None  # [S] tokens of the latest launch that sampled
         self._uncollected: StepHandle | None = None  # the latest launch, until collected
-        self._structured: Any = None  # StructuredOutputManager, only where grammars arrive uncompiled
-        self._grammars: Any = None  # LocalGrammars or a GrammarPool (worker processes), at the first grammar
-        # a step's grammar work on a thread of its own (CUDA; PAGEDLLM_GRAMMAR_THREAD=1 / 0 forces it)
-        env = os.environ.get("PAGEDLLM_GRAMMAR_THREAD")
-        self.grammar_thread = device.type == "cuda" if env is None else env == "1"
-        self._grammar_pool: ThreadPoolExecutor | None = None
+        self.grammars = GrammarSteps(config, self.vocab_size, device, self.pin)  # structured outputs
         self._deferred: StepHandle | None = None  # the launch whose sampling waits for its grammar step
-        self._switch_interval: float | None = None  # the interpreter's, while a grammar step runs
 
     # ---- request state ---------------------------------------------------------------
     def _update_states(self, so: SchedulerOutput) -> None:
@@ -161,13 +144,13 @@ class ModelRunner:
             if gone is not None:
                 ib.remove(gone.row)
                 if gone.grammar is not None:
-                    self._grammars.release(gone.grammar)
+                    self.grammars.release(gone.grammar)
         for new in so.scheduled_new_reqs:
             old = self.requests.pop(new.req_id, None)  # resumed after preemption: a fresh row
             if old is not None:
                 ib.remove(old.row)
                 if old.grammar is not None:
-                    self._grammars.release(old.grammar)
+                    self.grammars.release(old.grammar)
             sp = new.sampling_params
             gen = old.generator if old is not None else None
             if gen is None and sp.seed is not None:
@@ -187,8 +170,9 @@ class ModelRunner:
             st = self.requests[new.req_id] = CachedRequestState(
                 new.req_id, row, ib, new.num_prompt_tokens, sp, gen, new.eos_token_ids
             )
-            if new.sampling_params.structured_outputs is not None and self.ps.is_last_stage:
-                st.grammar = self._new_grammar(st)  # (only the last pipeline stage samples)
+            if sp.structured_outputs is not None and self.ps.is_last_stage:  # (the last stage samples)
+                st.grammar = self.grammars.new(sp.structured_outputs, st.token_ids[st.num_prompt_tokens :],
+                                               st.eos_token_ids)  # fmt: skip
         cached = so.scheduled_cached_reqs
         if not cached:
             return
@@ -201,58 +185,6 @@ class ModelRunner:
             if c.new_token_ids:  # pipeline parallelism: sampled by the last stage
                 ib.add_tokens(row, c.new_token_ids)
 
-    def _new_grammar(self, st: CachedRequestState) -> Any:
-        so = st.sampling_params.structured_outputs
-        assert so is not None
-        compiled = so.compiled
-        if compiled is None:  # a worker in another process than the engine: compile here
-            if self._structured is None:
-                from pagedllm.model.loader import load_tokenizer
-                from pagedllm.structured_output.manager import StructuredOutputManager
-
-                mc = self.config.model_config
-                tok = load_tokenizer(mc.model, mc.tokenizer, mc.gguf_file)
-                self._structured = StructuredOutputManager(tok, self.vocab_size, st.eos_token_ids)
-            compiled = self._structured.compile(so)
-        if self._grammars is None:
-            from pagedllm.structured_output.pool import GrammarPool, default_num_procs
-
-            procs = default_num_procs(self.device.type)
-            if procs:
-                self._grammars = GrammarPool(
-                    compiled.tokenizer_info.serialize_json(),
-                    self.vocab_size,
-                    self.config.scheduler_config.max_num_seqs,
-                    procs,
-                )
-                logger.info("structured outputs: grammar matchers in %d worker processes", procs)
-            else:
-                self._grammars = LocalGrammars(self.vocab_size)
-        return self._grammars.new(so, compiled, st.token_ids[st.num_prompt_tokens :])
-
-    def _start_grammar_step(self, grammars: list) -> Future | torch.Tensor:
-        """This step's grammar work (see the module docstring): the bitmask [G, W] of `grammars`,
-        or, with the grammar thread, the future of it. The uncollected launch's tokens are
-        accepted by this work, not by its `collect`."""
-        prev = self._uncollected
-        ready, tokens, rows = None, None, []
-        prev_grammars: list = []
-        if prev is not None and prev.grammar_rows and not prev.grammar_accepted:
-            assert prev.tokens is not None and prev.states is not None
-            prev.grammar_accepted = True
-            ready, rows = prev.ready, prev.grammar_rows
-            tokens = prev.tokens_host if prev.tokens_host is not None else prev.tokens
-            prev_grammars = [prev.states[i].grammar for i in rows]  # type: ignore[misc]
-        args = (self._grammars, ready, tokens, rows, prev_grammars, grammars, self.pin)
-        if not self.grammar_thread:
-            return grammar_step(*args)
-        if self._grammar_pool is None:
-            self._grammar_pool = ThreadPoolExecutor(1, thread_name_prefix="pagedllm-grammar")
-        if self._switch_interval is None:
-            self._switch_interval = sys.getswitchinterval()
-            sys.setswitchinterval(GRAMMAR_SWITCH_INTERVAL)
-        return self._grammar_pool.submit(grammar_step, *args)
-
     def _finish_deferred(self) -> None:
         """Queues the sampling of the launch that waited for its grammar step (joined here)."""
         h = self._deferred
@@ -262,13 +194,7 @@ class ModelRunner:
         assert h.pending is not None
         logits, sb, job = h.pending
         h.pending = None
-        t0 = time.perf_counter()
-        bitmask = job.result()
-        GRAMMAR_TIMES["join"] += time.perf_counter() - t0
-        if self._switch_interval is not None:
-            sys.setswitchinterval(self._switch_interval)
-            self._switch_interval = None
-        sb.edits.bitmask = bitmask.to(self.device, non_blocking=True)
+        sb.edits.bitmask = self.grammars.join(job).to(self.device, non_blocking=True)
         self._sample(h, logits, sb)
 
     # ---- inputs ----------------------------------------------------------------------
@@ -509,7 +435,7 @@ class ModelRunner:
             h.grammar_rows = grammar_rows
             ib.last_sample[srows] = np.arange(len(srows))
             if grammar_rows:
-                job = self._start_grammar_step([reqs[i].grammar for i in grammar_rows])  # type: ignore[misc]
+                job = self.grammars.start(self._uncollected, [reqs[i].grammar for i in grammar_rows])
                 if isinstance(job, Future):
                     # sampled at the next launch or collect; the prompt logprobs' copies are
                     # already queued, so they get their own event now
@@ -594,7 +520,9 @@ class ModelRunner:
                     out.logprobs[rid] = lp
         if h.grammar_rows and not h.grammar_accepted:
             assert h.states is not None
-            self._grammars.accept([h.states[i].grammar for i in h.grammar_rows], [tokens[i] for i in h.grammar_rows])
+            self.grammars.matchers.accept(
+                [h.states[i].grammar for i in h.grammar_rows], [tokens[i] for i in h.grammar_rows]
+            )
             h.grammar_accepted = True
         return out
 

@@ -137,8 +137,8 @@ def test_grammar_thread_gives_the_same_tokens(engines, tiny_llama, monkeypatch):
     sync, _ = engines
     monkeypatch.setenv("PAGEDLLM_GRAMMAR_THREAD", "1")
     threaded = [LLM(tiny_llama, async_scheduling=a, kv_cache_memory="16MiB", max_model_len=256) for a in (False, True)]
-    assert all(t.llm_engine.executor.worker.runner.grammar_thread for t in threaded)
-    assert not sync.llm_engine.executor.worker.runner.grammar_thread
+    assert all(t.llm_engine.executor.worker.runner.grammars.thread for t in threaded)
+    assert not sync.llm_engine.executor.worker.runner.grammars.thread
     prompts = [[7, 8, 9, 10], [11, 12], [13, 14, 15], [16, 17]]
     params = [SamplingParams(temperature=1.0, seed=5, n=3, max_tokens=60, structured_outputs=_so("json")),
               SamplingParams(temperature=0, max_tokens=30, structured_outputs=_so("regex")),
@@ -179,7 +179,7 @@ def test_grammar_pool_gives_the_same_tokens(engines, tiny_llama, monkeypatch):
         llm = LLM(tiny_llama, async_scheduling=True, kv_cache_memory="16MiB", max_model_len=256)
         assert _gen(llm, prompts, params) == want
         runner = llm.llm_engine.executor.worker.runner
-        pool = runner._grammars
+        pool = runner.grammars.matchers
         assert isinstance(pool, GrammarPool) and pool.num_procs == 2
         # the workers hold the matchers of the requests the runner still knows (the last ones to
         # finish stay until the next step tells it), and none once an unconstrained batch has run
