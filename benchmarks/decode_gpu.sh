@@ -30,7 +30,7 @@ w1() {  # name kv config
 }
 for step in $STEPS; do
     case $step in
-        sweep) timeout 200 $PY benchmarks/decode_sweep.py --out "$OUT/best.json" > "$OUT/sweep.log" 2>&1
+        sweep) timeout 300 $PY benchmarks/decode_sweep.py --out "$OUT/best.json" > "$OUT/sweep.log" 2>&1
                echo "sweep rc=$? ($(( $(date +%s) - T0 )) s)" ;;
         w1) w1 bf16_default auto ""
             B=$(best bf16); [ -n "$B" ] && w1 bf16_best auto "$B"

@@ -1,5 +1,6 @@
-"""The paged decode kernel's tiles at W1's shape, bf16 and FP8 caches (issues 13 and 14): each
-(BLOCK_N, num_warps, num_stages) checked against the torch reference and timed with
+"""The paged decode kernels' tiles at W1's shape, bf16 and FP8 caches (issues 13 and 14): each
+(kind, BLOCK_N, num_warps, num_stages) -- kind "mma" the tensor-core kernel, "fma" the CUDA-core
+one -- checked against the torch reference and timed with
 triton.testing.do_bench (median). Qwen3-0.6B's attention (16 query heads, 8 kv heads, head_dim
 128), block size 16, 256 requests with W1's context lengths (100-1024 prompt + up to 1024
 generated: uniform 100-2048 here) and with 1,024 each; the split count is the engine's
@@ -8,7 +9,7 @@ generated: uniform 100-2048 here) and with 1,024 each; the split count is the en
     python benchmarks/decode_sweep.py [--out best.json]
 
 Prints one line per config and, last, the best per cache dtype beside the default; --out writes
-{"bf16": "block_n,warps,stages", "fp8": ...} for PAGEDLLM_DECODE_CONFIG.
+{"bf16": "kind,block_n,warps,stages", "fp8": ...} for PAGEDLLM_DECODE_CONFIG.
 """
 
 from __future__ import annotations
@@ -70,20 +71,23 @@ def main() -> None:
             out = torch.empty_like(q)
             kv_bytes = 2 * sum(seq_lens) * HKV * HD * kc.element_size()
             results = {}
-            for bn, w, st in itertools.product((64, 128, 256), (4, 8), (2, 3, 4)):
-                def run(bn=bn, w=w, st=st):
+            configs = [("mma", *c) for c in itertools.product((64, 128, 256), (4, 8), (2, 3, 4))]
+            configs += [("fma", *c) for c in itertools.product((16, 32, 64), (4, 8), (1, 2, 3))]
+            for kind, bn, w, st in configs:
+                def run(kind=kind, bn=bn, w=w, st=st):
                     return decode_attention_triton(q, kc, vc, batch.block_tables, batch.seq_lens, out, HD**-0.5,
                                                    max_seq_len=args.graph_max_seq_len, block_n=bn, num_warps=w,
-                                                   num_stages=st, k_scale=k_scale, v_scale=v_scale)  # fmt: skip
+                                                   num_stages=st, kind=kind, k_scale=k_scale,
+                                                   v_scale=v_scale)  # fmt: skip
                 try:
                     err = (run().float() - ref.float()).abs().max().item()
                     ms = triton.testing.do_bench(run, warmup=10, rep=50, return_mode="median")
                 except Exception as exc:  # out of shared memory / registers
-                    print(f"{cache} {load} bn={bn} w={w} st={st}: {type(exc).__name__}", flush=True)
+                    print(f"{cache} {load} {kind} bn={bn} w={w} st={st}: {type(exc).__name__}", flush=True)
                     continue
                 ok = err < 0.05
-                results[(bn, w, st)] = ms if ok else float("inf")
-                print(f"{cache} {load:7s} bn={bn:<3} w={w} st={st}: {ms * 1e3:8.1f} us {kv_bytes / ms / 1e9:6.2f} TB/s"
+                results[(kind, bn, w, st)] = ms if ok else float("inf")
+                print(f"{cache} {load:7s} {kind} bn={bn:<3} w={w} st={st}: {ms * 1e3:8.1f} us {kv_bytes / ms / 1e9:6.2f} TB/s"
                       f" err {err:.1e}{'' if ok else '  WRONG'}", flush=True)  # fmt: skip
             cfg = min(results, key=results.get)
             table.append((cache, load, default, results.get(default, float("nan")), cfg, results[cfg], kv_bytes))

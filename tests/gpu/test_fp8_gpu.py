@@ -20,7 +20,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_kernels import ATTENTION_TOL, _attention_inputs, make_batch  # noqa: E402
 
-from pagedllm.attention.torch_backend import TorchAttentionBackend  # noqa: E402
+from pagedllm.attention.torch_backend import TorchAttentionBackend, paged_attention_torch  # noqa: E402
 from pagedllm.kernels.fp8 import (  # noqa: E402
     FP8_DTYPE,
     dequantize_fp8_torch,
@@ -243,6 +243,25 @@ def check_fp8_backend(device, dtype, query_lens, seq_lens, num_decodes, hq, hkv,
     torch.testing.assert_close(out, ref, atol=atol, rtol=rtol)
 
 
+def check_fp8_decode(device, dtype, seq_lens, hq, hkv, head_dim, block_size, cache="fp8_e4m3", k_scale=1.0,
+                     v_scale=1.0, kind=None, num_splits=None, seed=0):
+    """The decode kernel of `kind` (mma / fma) on an FP8 cache against the torch reference over
+    the dequantized cache in float32."""
+    from pagedllm.kernels.attention_decode import decode_attention_triton
+
+    b = len(seq_lens)
+    batch, num_blocks = make_batch([1] * b, seq_lens, b, block_size, device, seed)
+    q, _, _, kc, vc = _fp8_inputs(batch, num_blocks, block_size, hq, hkv, head_dim, dtype, device, seed,
+                                  CACHE_DTYPES[cache], k_scale, v_scale)  # fmt: skip
+    out = torch.full_like(q, float("nan"))
+    decode_attention_triton(q, kc, vc, batch.block_tables, batch.seq_lens, out, head_dim**-0.5,
+                            max_seq_len=batch.max_seq_len, num_splits=num_splits, kind=kind, k_scale=k_scale,
+                            v_scale=v_scale)  # fmt: skip
+    ref = paged_attention_torch(q.float(), kc.float() * k_scale, vc.float() * v_scale, batch, head_dim**-0.5)
+    atol, rtol = ATTENTION_TOL[dtype]
+    torch.testing.assert_close(out.float(), ref, atol=atol, rtol=rtol)
+
+
 MIXED = dict(query_lens=[1, 1, 1, 300, 64, 7], seq_lens=[5, 129, 3000, 300, 1064, 519], num_decodes=3)
 
 
@@ -260,3 +279,13 @@ def test_fp8_backend_mixed_batch(dtype, cache, scales):
 def test_fp8_reference_semantics(cache):
     check_fp8_reference("cuda", torch.bfloat16, **MIXED, hq=32, hkv=8, head_dim=128, block_size=16, cache=cache,
                         k_scale=0.5, v_scale=2.0)
+
+
+@pytest.mark.parametrize("kind", ["mma", "fma"])
+@pytest.mark.parametrize("cache", sorted(CACHE_DTYPES))
+@pytest.mark.parametrize("hq,hkv", [(16, 8), (32, 8), (12, 4), (32, 4)])
+def test_fp8_decode_kinds(kind, cache, hq, hkv):
+    seq_lens = [1, 17, 250, 64, 1000, 33, 2048]
+    for splits in (None, 1, 4):
+        check_fp8_decode("cuda", torch.bfloat16, seq_lens, hq, hkv, 128, 16, cache=cache, k_scale=0.05, v_scale=0.3,
+                         kind=kind, num_splits=splits)

@@ -187,9 +187,9 @@ def check_store_kv(device, dtype, num_tokens, hkv, head_dim, block_size, seed=0)
 
 
 def check_decode(device, dtype, seq_lens, hq, hkv, head_dim, block_size, num_splits=None, seed=0,
-                 sliding_window=None, logits_soft_cap=None):
-    """Decode kernel alone (num_splits None: the heuristic for the batch's max_seq_len), with a
-    sliding window and a logit soft cap when given."""
+                 sliding_window=None, logits_soft_cap=None, kind=None):
+    """Decode kernel alone (num_splits None: the heuristic for the batch's max_seq_len; kind
+    "mma" / "fma" / None: the default), with a sliding window and a logit soft cap when given."""
     opts = dict(sliding_window=sliding_window, logits_soft_cap=logits_soft_cap)
     from pagedllm.kernels.attention_decode import decode_attention_triton
 
@@ -199,10 +199,10 @@ def check_decode(device, dtype, seq_lens, hq, hkv, head_dim, block_size, num_spl
     out = torch.empty_like(q)
     decode_attention_triton(
         q, k_cache, v_cache, batch.block_tables, batch.seq_lens, out, head_dim**-0.5,
-        max_seq_len=batch.max_seq_len, num_splits=num_splits, **opts,
+        max_seq_len=batch.max_seq_len, num_splits=num_splits, kind=kind, **opts,
     )  # fmt: skip
     ref = paged_attention_torch(q, k_cache, v_cache, batch, head_dim**-0.5, **opts)
-    _close(out, ref, ATTENTION_TOL, f"decode splits={num_splits} {opts}")
+    _close(out, ref, ATTENTION_TOL, f"decode kind={kind} splits={num_splits} {opts}")
 
 
 def check_prefill(device, dtype, query_lens, seq_lens, hq, hkv, head_dim, block_size, config=None, seed=0,
@@ -365,6 +365,16 @@ def test_decode(dtype, block_size, hq, hkv, head_dim):
     check_decode("cuda", dtype, seq_lens, hq, hkv, head_dim, block_size, num_splits=1)
     check_decode("cuda", dtype, seq_lens, hq, hkv, head_dim, block_size, num_splits=5)
     check_decode("cuda", dtype, seq_lens, hq, hkv, head_dim, block_size)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hq,hkv,head_dim", [(8, 8, 64), (16, 8, 128), (12, 4, 80), (32, 8, 128), (32, 4, 128)])
+def test_decode_fma(dtype, hq, hkv, head_dim):
+    # the CUDA-core kernel (groups of 1-4; the group of 8 falls back to the tensor-core one)
+    seq_lens = [1, 17, 250, 64, 1000, 33]
+    check_decode("cuda", dtype, seq_lens, hq, hkv, head_dim, 16, num_splits=1, kind="fma")
+    check_decode("cuda", dtype, seq_lens, hq, hkv, head_dim, 16, num_splits=5, kind="fma")
+    check_decode("cuda", dtype, seq_lens, hq, hkv, head_dim, 16, kind="fma", sliding_window=100, logits_soft_cap=30.0)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

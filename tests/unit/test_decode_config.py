@@ -1,5 +1,5 @@
-"""The decode kernel's tile table and its PAGEDLLM_DECODE_CONFIG override (benchmarks/decode_gpu.sh
-sets it to compare tiles in the engine)."""
+"""The decode kernel's config table and its PAGEDLLM_DECODE_CONFIG override (benchmarks/decode_gpu.sh
+sets it to compare kernels and tiles in the engine)."""
 
 import pytest
 
@@ -15,18 +15,20 @@ def _fresh_cache():
 
 def test_defaults_by_cache_bytes(monkeypatch):
     monkeypatch.delenv("PAGEDLLM_DECODE_CONFIG", raising=False)
-    assert attention_decode.decode_config(1) == (128, 4, 3)  # FP8 caches: 128 keys a tile
-    assert attention_decode.decode_config(2) == (64, 4, 2)
-    assert attention_decode.decode_config(4) == (32, 4, 2)
+    assert attention_decode.decode_config(1) == ("mma", 128, 4, 3)  # FP8 caches: 128 keys a tile
+    assert attention_decode.decode_config(2) == ("mma", 64, 4, 2)
+    assert attention_decode.decode_config(4) == ("mma", 32, 4, 2)
 
 
-def test_override(monkeypatch):
-    monkeypatch.setenv("PAGEDLLM_DECODE_CONFIG", "256,8,4")
-    assert attention_decode.decode_config(1) == (256, 8, 4)
-    assert attention_decode.decode_config(2) == (256, 8, 4)
+@pytest.mark.parametrize("raw,want", [("256,8,4", ("mma", 256, 8, 4)), ("fma,32,4,2", ("fma", 32, 4, 2)),
+                                      (" mma, 64, 4, 3", ("mma", 64, 4, 3))])
+def test_override(monkeypatch, raw, want):
+    monkeypatch.setenv("PAGEDLLM_DECODE_CONFIG", raw)
+    assert attention_decode.decode_config(1) == want
+    assert attention_decode.decode_config(2) == want
 
 
-@pytest.mark.parametrize("raw", ["64,4", "48,4,2", "a,b,c", "8,4,2"])
+@pytest.mark.parametrize("raw", ["64,4", "48,4,2", "a,b,c", "8,4,2", "fma,32,4", "dot,32,4,2", "64,0,2"])
 def test_bad_override_names_the_variable(monkeypatch, raw):
     monkeypatch.setenv("PAGEDLLM_DECODE_CONFIG", raw)
     with pytest.raises(ValueError, match="PAGEDLLM_DECODE_CONFIG"):

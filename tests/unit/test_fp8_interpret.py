@@ -42,6 +42,14 @@ _CASES = {
     "kv_e4m3_split_k": ("check_fp8_backend", [], dict(_MIXED, cache="fp8_e4m3", num_splits=3)),
     "kv_e5m2": ("check_fp8_backend", [], dict(_MIXED, cache="fp8_e5m2", k_scale=0.5, v_scale=2.0)),
     "kv_reference_semantics": ("check_fp8_reference", [], dict(_MIXED, cache="fp8_e4m3", k_scale=0.5, v_scale=2.0)),
+    # the decode kernels alone on FP8 caches (seq_lens, hq, hkv, head_dim, block_size)
+    "decode_mma_e4m3": ("check_fp8_decode", [[1, 40, 9, 70], 4, 2, 16, 16], {"k_scale": 0.05, "v_scale": 0.3,
+                                                                          "kind": "mma", "num_splits": 2}),
+    "decode_fma_e4m3": ("check_fp8_decode", [[1, 40, 9, 70], 4, 2, 16, 16], {"k_scale": 0.05, "v_scale": 0.3,
+                                                                          "kind": "fma"}),
+    "decode_fma_e5m2_group4_split_k": ("check_fp8_decode", [[1, 40, 9, 70], 8, 2, 16, 16],
+                                       {"cache": "fp8_e5m2", "k_scale": 0.5, "v_scale": 2.0, "kind": "fma",
+                                        "num_splits": 3}),
 }
 _DTYPES = ["float32", "float16"]
 
@@ -51,7 +59,7 @@ def _keys():
         if name == "swap_fp16_saturation":
             yield f"{name}:bfloat16"
             continue
-        for dt in _DTYPES + (["bfloat16"] if name.startswith("swap") else []):
+        for dt in _DTYPES + (["bfloat16"] if name.startswith(("swap", "decode_fma")) else []):
             yield f"{name}:{dt}"
 
 

@@ -48,12 +48,18 @@ _CASES = {
     "backend_mixed": ("check_backend", [[1, 1, 6, 18], [9, 30, 6, 40], 2, 4, 2, 16, 16], {"pad_tokens": 2}),
     # sliding window (shorter and longer than the contexts) and logit soft cap (Gemma 2)
     "decode_window_split_k": ("check_decode", [[1, 70, 17], 4, 2, 16, 16], {"num_splits": 3, "sliding_window": 20}),
+    # the CUDA-core decode kernel: groups of 2 and 3, split-K, window + soft cap
+    "decode_fma_one_split": ("check_decode", [[1, 70, 17], 4, 2, 16, 16], {"num_splits": 1, "kind": "fma"}),
+    "decode_fma_split_k_group3": ("check_decode", [[1, 70, 17], 6, 2, 16, 16], {"num_splits": 3, "kind": "fma"}),
+    "decode_fma_window_softcap": ("check_decode", [[1, 70, 17], 8, 2, 16, 16],
+                                  {"num_splits": 2, "kind": "fma", "sliding_window": 20, "logits_soft_cap": 2.0}),
     "prefill_window_cached_prefix": ("check_prefill", [[5, 20, 1], [5, 37, 20], 4, 2, 16, 16],
                                      {"config": (16, 16, 1, 1), "sliding_window": 7}),
     "backend_window_softcap": ("check_backend", [[1, 1, 6, 18], [9, 30, 6, 40], 2, 4, 2, 16, 16],
                                {"sliding_window": 12, "logits_soft_cap": 2.0}),
 }
-_DOTLESS = {"rms_norm", "silu_and_mul", "gelu_tanh_and_mul", "rotary_gqa", "store_kv_bs16", "store_kv_bs32"}
+_DOTLESS = {"rms_norm", "silu_and_mul", "gelu_tanh_and_mul", "rotary_gqa", "store_kv_bs16", "store_kv_bs32",
+            "decode_fma_one_split", "decode_fma_split_k_group3", "decode_fma_window_softcap"}
 _DTYPES = ["float32", "float16", "bfloat16"]
 _FLOAT32_ONLY = {"sample", "sample_bitmask"}  # logits are float32 whatever the model's dtype
 
