@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import torch
 
-from pagedllm.outputs import TokenLogprobs
 from pagedllm.kernels import cpu_kernels
 from pagedllm.kernels._triton import use_triton
 from pagedllm.model.logits_processors import LogitsEdits, apply_logits_edits
+from pagedllm.outputs import TokenLogprobs
 
 
 @dataclass(slots=True)
@@ -87,7 +87,7 @@ class LogprobTensors:
     top_lp: torch.Tensor  # [R, k] the k most likely tokens' logprobs (k = max of num)
     top_ids: torch.Tensor  # [R, k]
 
-    def to_host(self) -> "LogprobTensors":
+    def to_host(self) -> LogprobTensors:
         """Copies on CUDA into pinned memory without waiting (valid once the stream got there);
         on the CPU the same object."""
         if self.chosen.device.type != "cuda":
@@ -136,13 +136,20 @@ def compute_logprobs(logits: torch.Tensor, sampled: torch.Tensor, num: list[int 
 
 
 def sample(logits: torch.Tensor, sb: SamplingBatch, default_gen: torch.Generator | None) -> torch.Tensor:
-    """logits: [S, V] float32 -> token ids [S] int64."""
+    """logits: [S, V] (float32, or the LM head's 16-bit dtype) -> token ids [S] int64. The fused
+    kernel and a greedy argmax read 16-bit logits as they are (the same values, one read of half
+    the bytes); every other path works on a float32 copy."""
     raw = logits
-    if sb.repetition is not None or sb.frequency is not None or sb.presence is not None:
-        logits = apply_penalties(logits, sb)
+    penalties = sb.repetition is not None or sb.frequency is not None or sb.presence is not None
     fused = (sb.top_k is None and sb.top_p is None and sb.min_p is None and use_triton(logits)
              and all(g is None for g in sb.generators) and logits.numel() < 2**31)
     mask_in_kernel = fused and sb.edits.bitmask is not None
+    e = sb.edits
+    torch_edits = bool(e.bias or e.allowed or e.banned) or (e.bitmask is not None and not mask_in_kernel)
+    if logits.dtype != torch.float32 and (penalties or torch_edits or not (fused or sb.all_greedy)):
+        logits = logits.float()
+    if penalties:
+        logits = apply_penalties(logits, sb)
     if sb.edits:
         logits = apply_logits_edits(logits, sb.edits, lambda v, dtype: host_to_device(v, dtype, raw.device),
                                     bitmask=not mask_in_kernel)

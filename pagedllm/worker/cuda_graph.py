@@ -41,8 +41,9 @@ class DecodeGraphs:
         self.max_model_len = max_model_len
         self.max_blocks = buffers.block_tables.shape[1]
         self.sizes = batch_size_ladder(max_bs)
-        # the graph runs the LM head too: logits of every row, in float32
-        self.logits = torch.zeros(max_bs, vocab_size, dtype=torch.float32, device=buffers.ints.device)
+        # the graph runs the LM head too: logits of every row, in the head's dtype (the sampler
+        # converts where it needs float32); made by the first (uncaptured) forward pass
+        self.logits: torch.Tensor | None = None
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.pool: Any = None
 
@@ -102,7 +103,10 @@ class DecodeGraphs:
 
     def _forward(self, batch: ForwardBatch, bs: int) -> None:
         hidden = self.model(batch.input_ids, batch.positions, batch)
-        self.logits[:bs] = self.model.compute_logits(hidden).float()
+        logits = self.model.compute_logits(hidden)
+        if self.logits is None:
+            self.logits = torch.empty((self.max_bs, logits.shape[1]), dtype=logits.dtype, device=self.device)
+        self.logits[:bs] = logits
 
     def can_run(self, num_reqs: int, num_tokens: int, num_decodes: int) -> bool:
         return num_decodes == num_reqs == num_tokens and num_reqs <= self.max_bs
@@ -111,4 +115,5 @@ class DecodeGraphs:
         """Replays the graph of the padded size; the runner has laid out the step in the
         buffers for that size."""
         self.graphs[self.padded_size(num_reqs)].replay()
-        return self.logits[:num_reqs]  # [n, vocab] float32; row i is token i
+        assert self.logits is not None
+        return self.logits[:num_reqs]  # [n, vocab]; row i is token i

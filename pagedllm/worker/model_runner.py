@@ -416,7 +416,7 @@ class ModelRunner:
                 return StepHandle()
         else:
             hidden = self.model(batch.input_ids, batch.positions, batch)
-            logits = self.model.compute_logits(hidden[batch.logits_indices]).float()  # [S', V]
+            logits = self.model.compute_logits(hidden[batch.logits_indices])  # [S', V] (the head's dtype)
         h = StepHandle()
         if si.prompt_rows:
             # queued now, before the next launch can overwrite a CUDA graph's output buffer
@@ -490,7 +490,7 @@ class ModelRunner:
         if not ps.is_last_stage:
             ps.send_to_next_stage(list(out))
             return None
-        return self.model.compute_logits(out[batch.logits_indices]).float()
+        return self.model.compute_logits(out[batch.logits_indices])
 
     @torch.inference_mode()
     def collect(self, h: StepHandle) -> ModelRunnerOutput:

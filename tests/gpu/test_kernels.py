@@ -247,13 +247,15 @@ def check_sample(device, dtype, vocab, rows, temperature=0.8, seed=0):
     """The fused sampler (Gumbel-max): greedy rows give the argmax; rows drawn at a temperature
     follow softmax(x / T) (every row holds the same logits, so the rows are the draws; each
     token's frequency within 5 standard errors); a token at -inf is never drawn; the draw
-    is the same for the same seed and changes with it."""
+    is the same for the same seed and changes with it. `dtype`: the logits' (float32, or a 16-bit
+    LM head's output, which the kernel reads as it is)."""
     from pagedllm.kernels.sampling_triton import sample_triton
 
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(vocab, generator=gen) * 1.5
     x[vocab // 3] = float("-inf")
-    logits = x.repeat(rows, 1).to(device)
+    x = x.to(dtype).float()  # the values the kernel sees
+    logits = x.to(dtype).repeat(rows, 1).to(device)
     greedy = torch.zeros(rows, dtype=torch.bool)
     greedy[: max(1, rows // 50)] = True
     temp = torch.full((rows,), temperature)
@@ -289,7 +291,7 @@ def check_sample_bitmask(device, dtype, vocab, rows, seed=0):
     from pagedllm.structured_output.matcher import bitmask_width, unpack_bitmask
 
     gen = torch.Generator().manual_seed(seed)
-    logits = torch.randn(rows, vocab, generator=gen) * 2
+    logits = (torch.randn(rows, vocab, generator=gen) * 2).to(dtype)
     g = 3
     bitmask = torch.randint(-2**31, 2**31 - 1, (g, bitmask_width(vocab)), generator=gen, dtype=torch.int64).to(torch.int32)
     bitmask[0] = 0
@@ -306,15 +308,21 @@ def check_sample_bitmask(device, dtype, vocab, rows, seed=0):
         if m >= 0:
             assert allowed[m, t], f"row {r}: token {t} is not allowed by bitmask row {m}"
             if greedy[r]:
-                assert t == int(logits[r].masked_fill(~allowed[m], float("-inf")).argmax()), f"row {r}"
+                assert t == int(logits[r].float().masked_fill(~allowed[m], float("-inf")).argmax()), f"row {r}"
         elif greedy[r]:
             assert t == int(logits[r].argmax()), f"row {r}: an unconstrained greedy row moved"
     assert (out[row_map == 0] == 37).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("vocab,rows", [(100, 64), (49152, 16)])
-def test_sample_bitmask(vocab, rows):
-    check_sample_bitmask("cuda", torch.float32, vocab, rows)
+def test_sample_bitmask(vocab, rows, dtype):
+    check_sample_bitmask("cuda", dtype, vocab, rows)
+
+
+@pytest.mark.parametrize("vocab,rows", [(7, 20000), (3000, 5000)])
+def test_sample_bf16_logits(vocab, rows):
+    check_sample("cuda", torch.bfloat16, vocab, rows)
 
 
 @pytest.mark.parametrize("vocab,rows", [(7, 20000), (3000, 5000), (151936, 64)])
