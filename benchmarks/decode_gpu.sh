@@ -6,7 +6,7 @@
 #          sweep's best, and with the FP8 KV cache at its best and at the default
 #   ab     W1 alternated A B A B: A = PAGEDLLM_DECODE_CONFIG=$AB_OLD (default 64,4,2, the tiles
 #          before the sweep), B = the default tiles; KV cache $AB_KV (auto)
-#   tests  the decode and FP8 GPU tests (test_kernels.py -k "decode or backend", test_fp8_gpu.py -k "backend or reference")
+#   tests  the decode and FP8 GPU tests (test_kernels.py -k "decode or backend or sample", test_fp8_gpu.py -k "backend or reference or decode_kinds")
 # Logs to $OUT; the figures are printed as they come, the sweep's table last.
 #   BUDGET=480 bash benchmarks/decode_gpu.sh [steps...]
 set -uo pipefail
@@ -40,9 +40,9 @@ for step in $STEPS; do
                 w1 "ab_old_$r" "${AB_KV:-auto}" "${AB_OLD:-64,4,2}"
                 w1 "ab_new_$r" "${AB_KV:-auto}" ""
             done ;;
-        tests) timeout $(( $(left) - 5 )) $PY -m pytest -q -x tests/gpu/test_kernels.py -k "decode or backend" > "$OUT/tests_decode.log" 2>&1
+        tests) timeout $(( $(left) - 5 )) $PY -m pytest -q -x tests/gpu/test_kernels.py -k "decode or backend or sample" > "$OUT/tests_decode.log" 2>&1
                echo "decode tests rc=$?: $(tail -1 "$OUT/tests_decode.log")"
-               timeout $(( $(left) - 5 )) $PY -m pytest -q -x tests/gpu/test_fp8_gpu.py -k "backend or reference" > "$OUT/tests_fp8.log" 2>&1
+               timeout $(( $(left) - 5 )) $PY -m pytest -q -x tests/gpu/test_fp8_gpu.py -k "backend or reference or decode_kinds" > "$OUT/tests_fp8.log" 2>&1
                echo "fp8 kv tests rc=$?: $(tail -1 "$OUT/tests_fp8.log")" ;;
         *) echo "decode_gpu.sh: unknown step $step" >&2; exit 2 ;;
     esac

@@ -34,6 +34,23 @@ from pagedllm.kernels.attention import (
 
 
 @triton.jit
+def _partition(seq_lens_ptr, window, BLOCK_N: tl.constexpr, SLIDING: tl.constexpr):
+    """This program's (request, kv head, split) and its keys [start, end): the request's context
+    (a sliding window's last W keys) cut into the grid's num_splits partitions of whole tiles."""
+    req = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(2)
+    num_splits = tl.num_programs(2)
+    seq_len = tl.load(seq_lens_ptr + req)
+    first = 0
+    if SLIDING:
+        # the window's keys [seq_len - W, seq_len) are what the splits share out
+        first = tl.maximum(seq_len - window, 0)
+    part_len = tl.cdiv(tl.cdiv(seq_len - first, num_splits), BLOCK_N) * BLOCK_N
+    start = first + split * part_len
+    return req, tl.program_id(1), split, num_splits, start, tl.minimum(start + part_len, seq_len)
+
+
+@triton.jit
 def _decode_kernel(
     q_ptr,  # [B, Hq, D], one query token per request
     k_cache_ptr,  # [N, bs, Hkv, D]
@@ -59,18 +76,7 @@ def _decode_kernel(
     # The split count is the grid's third dimension, a runtime value: a new count (it follows
     # the batch size and the longest context) needs no new compile, which would stall serving
     # for a second or more. SPLIT (count > 1) picks partial outputs over the final one.
-    req = tl.program_id(0).to(tl.int64)
-    kv_head = tl.program_id(1)
-    split = tl.program_id(2)
-    num_splits = tl.num_programs(2)
-    seq_len = tl.load(seq_lens_ptr + req)
-    first = 0
-    if SLIDING:
-        # the window's keys [seq_len - W, seq_len) are what the splits share out
-        first = tl.maximum(seq_len - window, 0)
-    part_len = tl.cdiv(tl.cdiv(seq_len - first, num_splits), BLOCK_N) * BLOCK_N
-    start = first + split * part_len
-    end = tl.minimum(start + part_len, seq_len)
+    req, kv_head, split, num_splits, start, end = _partition(seq_lens_ptr, window, BLOCK_N, SLIDING)
 
     g = tl.arange(0, BLOCK_G)  # rows: the query heads of this kv head's group (padded to >= 16)
     g_mask = g < GROUP
@@ -171,21 +177,12 @@ def _decode_fma_kernel(
 ):  # fmt: skip
     # _decode_kernel's work (same grid, partitions and outputs) without tensor cores, for
     # GROUP <= 4 query heads per kv head: K and V tiles are converted to float32 once and each
-    # head takes its scores and output with FMAs (_fma_step). The dots of _decode_kernel pad
-    # the group to 16 rows and stage every tile through shared memory in the dot's layout,
-    # which bounds it on an FP8 cache (RESULTS.md, ninth session); here a tile stays in the
-    # registers it was loaded into.
-    req = tl.program_id(0).to(tl.int64)
-    kv_head = tl.program_id(1)
-    split = tl.program_id(2)
-    num_splits = tl.num_programs(2)
-    seq_len = tl.load(seq_lens_ptr + req)
-    first = 0
-    if SLIDING:
-        first = tl.maximum(seq_len - window, 0)
-    part_len = tl.cdiv(tl.cdiv(seq_len - first, num_splits), BLOCK_N) * BLOCK_N
-    start = first + split * part_len
-    end = tl.minimum(start + part_len, seq_len)
+    # head takes its scores and output with FMAs (_fma_step). On an FP8 cache _decode_kernel is
+    # bound by its per-element work, not by HBM (RESULTS.md, ninth session); its dots pad the
+    # group to 16 rows and, we expect, stage each converted tile through shared memory in the
+    # dot's layout, where here a tile stays in the registers it was loaded into. Whether this
+    # is faster is for benchmarks/decode_sweep.py to say.
+    req, kv_head, split, num_splits, start, end = _partition(seq_lens_ptr, window, BLOCK_N, SLIDING)
     dims = tl.arange(0, BLOCK_D)
     dim_mask = dims < HEAD_DIM
     q_row = q_ptr + req * stride_qt + (kv_head * GROUP) * stride_qh + dims
