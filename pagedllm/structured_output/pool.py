@@ -19,7 +19,7 @@ worker compiles its grammar from the request's spec (xgrammar's compiler, cached
 it) and builds the matcher from the output so far, so preemption needs nothing else. Messages to
 one worker are applied in order, so an accept queued by `collect` lands before the next fill.
 The workers are plain subprocesses (`python -c`, so a user's script is never imported in them),
-connected over a Unix socket; the bitmask is a file in /dev/shm that each maps shared. A worker
+each holding one end of a socket pair (its descriptor passed at spawn); the bitmask is a file in /dev/shm that each maps shared. A worker
 exits when its connection closes (the engine exited or died).
 
 PAGEDLLM_GRAMMAR_PROCS=N sets the count (0: matchers in the engine process, as on the CPU);
@@ -68,7 +68,7 @@ class RemoteGrammar:
 class GrammarPool:
     def __init__(self, tokenizer_info_json: str, vocab_size: int, max_rows: int, num_procs: int) -> None:
         import tempfile
-        from multiprocessing.connection import Listener
+        from multiprocessing.connection import Pipe
 
         assert num_procs >= 1
         self.max_rows = max_rows
@@ -85,51 +85,51 @@ class GrammarPool:
         cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         pin = len(cores) >= 2 * num_procs + 2  # room left for the engine's own threads
         # Plain subprocesses, not multiprocessing's spawn: spawn imports the parent's __main__ in
-        # each child, which re-runs a user's script that builds its LLM at top level.
-        authkey = os.urandom(16)
-        self._listener = Listener(family="AF_UNIX", backlog=num_procs, authkey=authkey)
+        # each child, which re-runs a user's script that builds its LLM at top level. Each gets
+        # one end of a socket pair: nothing else can connect to it.
         self._tokenizer_info_json = tokenizer_info_json
         self._procs = []
+        self._conns: list[Any] = []
         for w in range(num_procs):
             core = cores[-1 - w] if pin else -1
-            env = dict(os.environ, PAGEDLLM_GRAMMAR_WORKER=f"{w} {core} {self._shm_path} {max_rows} {vocab_size}",
-                       PAGEDLLM_GRAMMAR_AUTHKEY=authkey.hex(), PAGEDLLM_GRAMMAR_ADDRESS=str(self._listener.address),
+            ours, theirs = Pipe(duplex=True)
+            fd = theirs.fileno()
+            env = dict(os.environ, PAGEDLLM_GRAMMAR_WORKER=f"{w} {core} {self._shm_path} {max_rows} {vocab_size} {fd}",
                        OMP_NUM_THREADS="1")
             self._procs.append(subprocess.Popen(
                 [sys.executable, "-c", "from pagedllm.structured_output.pool import _worker_entry; _worker_entry()"],
-                env=env, stdin=subprocess.DEVNULL))
-        self._conns: list[Any] = [None] * num_procs
+                env=env, stdin=subprocess.DEVNULL, pass_fds=(fd,)))
+            theirs.close()
+            self._conns.append(ours)
         self._ops: list[list[tuple]] = [[] for _ in range(num_procs)]
         self._live = [0] * num_procs
         self._next_gid = 0
         self._lock = threading.Lock()  # the engine thread queues while a grammar thread flushes
         self._started = False
-        self._finalizer = weakref.finalize(self, _shutdown, self._conns, self._procs, self._listener, self._shm_path)
+        self._finalizer = weakref.finalize(self, _shutdown, self._conns, self._procs, self._shm_path)
 
     @property
     def num_procs(self) -> int:
         return len(self._conns)
 
     def _wait_started(self) -> None:
-        """Accepts the workers' connections and hands each the tokenizer (at the first fill)."""
+        """Waits for each worker's hello and hands it the tokenizer (at the first fill); a worker
+        that died or stays silent for 120 s is an error."""
         if self._started:
             return
-        import select
-
-        for _ in self._procs:
-            # Listener.accept has no timeout: wait on its socket, so a worker that died is an error
-            r, _, _ = select.select([self._listener._listener._socket], [], [], 120)  # type: ignore[attr-defined]
-            if not r:
-                codes = [p.poll() for p in self._procs]
-                raise RuntimeError(f"grammar workers did not start within 120 s (exit codes {codes})")
-            conn = self._listener.accept()
-            self._conns[conn.recv()] = conn
-        for c in self._conns:
-            c.send(self._tokenizer_info_json)
-        for w, c in enumerate(self._conns):
-            msg = c.recv()
-            if msg != "ready":
-                raise RuntimeError(f"grammar worker {w} failed to start: {msg}")
+        for expect in ("hello", "ready"):
+            for w, c in enumerate(self._conns):
+                msg = None
+                try:
+                    if c.poll(120):
+                        msg = c.recv()
+                except (EOFError, OSError):
+                    pass
+                if msg != expect:
+                    raise RuntimeError(f"grammar worker {w} failed to start (exit code {self._procs[w].poll()}): "
+                                       f"{msg if msg is not None else 'no answer'}")
+                if expect == "hello":
+                    c.send(self._tokenizer_info_json)
         _remove(self._shm_path)
         self._started = True
 
@@ -197,16 +197,13 @@ def _remove(path: str) -> None:
         pass
 
 
-def _shutdown(conns: list, procs: list, listener: Any, shm_path: str) -> None:
+def _shutdown(conns: list, procs: list, shm_path: str) -> None:
     for c in conns:
-        if c is None:
-            continue
         try:
             c.send(None)
             c.close()
         except (OSError, BrokenPipeError):
             pass
-    listener.close()  # a worker still connecting gets an error and exits
     for p in procs:
         try:
             p.wait(5)
@@ -218,19 +215,23 @@ def _shutdown(conns: list, procs: list, listener: Any, shm_path: str) -> None:
 
 def _worker_entry() -> None:
     """A grammar worker's process (started by GrammarPool with its facts in the environment)."""
-    from multiprocessing.connection import Client
+    from multiprocessing.connection import Connection
 
-    w, core, shm_path, rows, vocab = os.environ.pop("PAGEDLLM_GRAMMAR_WORKER").split()
+    _, core, shm_path, rows, vocab, fd = os.environ.pop("PAGEDLLM_GRAMMAR_WORKER").split()
     width = bitmask_width(int(vocab))
     bitmask = torch.from_file(shm_path, shared=True, size=int(rows) * width, dtype=torch.int32).view(int(rows), width)
-    conn = Client(os.environ.pop("PAGEDLLM_GRAMMAR_ADDRESS"), family="AF_UNIX",
-                  authkey=bytes.fromhex(os.environ.pop("PAGEDLLM_GRAMMAR_AUTHKEY")))
-    conn.send(int(w))
+    conn = Connection(int(fd))
     try:
+        conn.send("hello")
         info_json = conn.recv()
-    except (EOFError, OSError):
+    except (EOFError, OSError):  # the engine is gone
         return
-    _worker_main(conn, info_json, int(vocab), bitmask, None if core == "-1" else int(core))
+    if info_json is None:  # shut down before the first fill
+        return
+    try:
+        _worker_main(conn, info_json, int(vocab), bitmask, None if core == "-1" else int(core))
+    except (BrokenPipeError, ConnectionResetError):  # the engine closed its end: nothing to answer
+        pass
 
 
 def _worker_main(conn: Any, tokenizer_info_json: str, vocab_size: int, bitmask: torch.Tensor,
@@ -277,6 +278,8 @@ def _worker_main(conn: Any, tokenizer_info_json: str, vocab_size: int, bitmask: 
                 fill_rows(bitmask, [grammars[g] for g in gids], rows)
             if reply:
                 conn.send(time.perf_counter() - t0)
+        except (BrokenPipeError, ConnectionResetError):
+            raise
         except Exception as e:  # noqa: BLE001
             logger.exception("grammar worker failed")
             if reply:

@@ -313,3 +313,27 @@ def test_an_eos_past_the_vocabulary_is_not_the_grammar_end(engines):
     assert g.matcher.accept_string("yes") and not g.terminated
     allowed = unpack_bitmask(fill_bitmask([g], vocab, pin=False), vocab)[0]
     assert allowed.sum() >= 1 and allowed[tok.eos_token_id], "the finished grammar allows no token"
+
+
+def test_grammar_pool_reports_a_worker_that_died_before_starting(tiny_llama):
+    """A worker that is gone before the first fill (killed, crashed at import) is an error that
+    names it, raised at once (its end of the socket pair closes), not a hang; the pool's
+    finalizer still reaps the other worker."""
+    import xgrammar as xgr
+    from transformers import AutoTokenizer
+
+    from pagedllm.structured_output.pool import GrammarPool
+
+    tok = AutoTokenizer.from_pretrained(tiny_llama)
+    info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=len(tok)).serialize_json()
+    pool = GrammarPool(info, len(tok), max_rows=4, num_procs=2)
+    procs = list(pool._procs)
+    procs[1].kill()
+    procs[1].wait()
+    with pytest.raises(RuntimeError, match=r"grammar worker 1 failed to start \(exit code -9\)"):
+        pool.fill([], pin=False)
+    del pool
+    import gc
+
+    gc.collect()
+    assert procs[0].wait(10) == 0
