@@ -19,8 +19,9 @@ worker compiles its grammar from the request's spec (xgrammar's compiler, cached
 it) and builds the matcher from the output so far, so preemption needs nothing else. Messages to
 one worker are applied in order, so an accept queued by `collect` lands before the next fill.
 The workers are plain subprocesses (`python -c`, so a user's script is never imported in them),
-each holding one end of a socket pair (its descriptor passed at spawn); the bitmask is a file in /dev/shm that each maps shared. A worker
-exits when its connection closes (the engine exited or died).
+each holding one end of a socket pair (its descriptor passed at spawn); the bitmask is a file
+in /dev/shm that each maps shared. A worker exits when its connection closes (the engine exited
+or died).
 
 PAGEDLLM_GRAMMAR_PROCS=N sets the count (0: matchers in the engine process, as on the CPU);
 the default on CUDA is min(4, cores // 4) on hosts with at least 8 cores, else 0.
