@@ -33,7 +33,7 @@ def batch_size_ladder(max_bs: int) -> list[int]:
 
 
 class DecodeGraphs:
-    def __init__(self, model: Any, buffers: StepBuffers, max_bs: int, max_model_len: int, vocab_size: int):
+    def __init__(self, model: Any, buffers: StepBuffers, max_bs: int, max_model_len: int):
         self.model = model
         self.buffers = buffers
         self.device = buffers.ints.device

@@ -221,9 +221,7 @@ class Worker:
 
             sc = self.config.scheduler_config
             assert self.runner.buffers is not None
-            graphs = DecodeGraphs(
-                self.model, self.runner.buffers, min(sc.max_num_seqs, 512), mc.max_model_len, mc.vocab_size
-            )
+            graphs = DecodeGraphs(self.model, self.runner.buffers, min(sc.max_num_seqs, 512), mc.max_model_len)
             t1 = time.time()
             logger.info(
                 "%scapturing CUDA graphs of decode steps (up to batch %d) ...", self._tag(), min(sc.max_num_seqs, 512)
