@@ -6,6 +6,10 @@
 #          sweep's best, and with the FP8 KV cache at its best and at the default
 #   ab     W1 alternated A B A B: A = PAGEDLLM_DECODE_CONFIG=$AB_OLD (default 64,4,2, the tiles
 #          before the sweep), B = the default tiles; KV cache $AB_KV (auto)
+#   engine tests/gpu/test_engine_gpu.py (greedy-exact against transformers under CUDA graphs: the
+#          logits buffer in the head's dtype). It needs SmolLM2's tokenizer, which the device
+#          lacks: `.venv/bin/python benchmarks/save_tokenizer.py tokenizer` here, and carry
+#          ./tokenizer (ignored) to the device; or set PAGEDLLM_TOKENIZER_DIR
 #   tests  the decode and FP8 GPU tests (test_kernels.py -k "decode or backend or sample", test_fp8_gpu.py -k "backend or reference or decode_kinds")
 # Logs to $OUT; the figures are printed as they come, the sweep's table last.
 #   BUDGET=480 bash benchmarks/decode_gpu.sh [steps...]
@@ -44,6 +48,9 @@ for step in $STEPS; do
                echo "decode tests rc=$?: $(tail -1 "$OUT/tests_decode.log")"
                timeout $(( $(left) - 5 )) $PY -m pytest -q -x tests/gpu/test_fp8_gpu.py -k "backend or reference or decode_kinds" > "$OUT/tests_fp8.log" 2>&1
                echo "fp8 kv tests rc=$?: $(tail -1 "$OUT/tests_fp8.log")" ;;
+        engine) [ -d "$PWD/tokenizer" ] && export PAGEDLLM_TOKENIZER_DIR=${PAGEDLLM_TOKENIZER_DIR:-$PWD/tokenizer}
+                timeout $(( $(left) - 5 )) $PY -m pytest -q -x tests/gpu/test_engine_gpu.py > "$OUT/tests_engine.log" 2>&1
+                echo "engine tests rc=$?: $(tail -1 "$OUT/tests_engine.log")" ;;
         *) echo "decode_gpu.sh: unknown step $step" >&2; exit 2 ;;
     esac
 done
