@@ -72,7 +72,7 @@ def main() -> None:
             kv_bytes = 2 * sum(seq_lens) * HKV * HD * kc.element_size()
             results = {}
             configs = [("mma", *c) for c in itertools.product((64, 128, 256), (4, 8), (2, 3, 4))]
-            configs += [("fma", *c) for c in itertools.product((16, 32, 64), (4, 8), (1, 2, 3))]
+            configs += [("fma", *c) for c in itertools.product((16, 32, 64), (4, 8), (1, 2))]
             for kind, bn, w, st in configs:
                 def run(kind=kind, bn=bn, w=w, st=st):
                     return decode_attention_triton(q, kc, vc, batch.block_tables, batch.seq_lens, out, HD**-0.5,

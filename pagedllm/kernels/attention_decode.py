@@ -173,7 +173,7 @@ def _decode_fma_kernel(
     stride_bt, window, soft_cap,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    SPLIT: tl.constexpr, SLIDING: tl.constexpr = False, SOFT_CAP: tl.constexpr = False,
+    SPLIT: tl.constexpr, PREFETCH: tl.constexpr, SLIDING: tl.constexpr = False, SOFT_CAP: tl.constexpr = False,
 ):  # fmt: skip
     # _decode_kernel's work (same grid, partitions and outputs) without tensor cores, for
     # GROUP <= 4 query heads per kv head: K and V tiles are converted to float32 once and each
@@ -201,14 +201,32 @@ def _decode_fma_kernel(
         q2 = tl.load(q_row + 2 * stride_qh, mask=dim_mask, other=0.0).to(tl.float32)
     if GROUP > 3:
         q3 = tl.load(q_row + 3 * stride_qh, mask=dim_mask, other=0.0).to(tl.float32)
+    # Triton pipelines no loop without a dot: with PREFETCH the loop loads the next tile itself
+    # before it works on this one (two tiles' bytes in flight per thread, for the registers of
+    # the raw tiles).
     offs_n = tl.arange(0, BLOCK_N)
+    if PREFETCH:
+        keys = start + offs_n
+        k_next = _load_kv_tile(k_cache_ptr, bt_row, keys, keys < end, kv_head, dims, dim_mask,
+                               stride_kb, stride_ks, stride_kh, BLOCK_SIZE)  # fmt: skip
+        v_next = _load_kv_tile(v_cache_ptr, bt_row, keys, keys < end, kv_head, dims, dim_mask,
+                               stride_vb, stride_vs, stride_vh, BLOCK_SIZE)  # fmt: skip
     for n0 in range(start, end, BLOCK_N):
         keys = n0 + offs_n
         key_mask = keys < end
-        kf = _load_kv_tile(k_cache_ptr, bt_row, keys, key_mask, kv_head, dims, dim_mask,
-                           stride_kb, stride_ks, stride_kh, BLOCK_SIZE).to(tl.float32)  # fmt: skip
-        vf = _load_kv_tile(v_cache_ptr, bt_row, keys, key_mask, kv_head, dims, dim_mask,
-                           stride_vb, stride_vs, stride_vh, BLOCK_SIZE).to(tl.float32)  # fmt: skip
+        if PREFETCH:
+            kf = k_next.to(tl.float32)
+            vf = v_next.to(tl.float32)
+            keys = keys + BLOCK_N
+            k_next = _load_kv_tile(k_cache_ptr, bt_row, keys, keys < end, kv_head, dims, dim_mask,
+                                   stride_kb, stride_ks, stride_kh, BLOCK_SIZE)  # fmt: skip
+            v_next = _load_kv_tile(v_cache_ptr, bt_row, keys, keys < end, kv_head, dims, dim_mask,
+                                   stride_vb, stride_vs, stride_vh, BLOCK_SIZE)  # fmt: skip
+        else:
+            kf = _load_kv_tile(k_cache_ptr, bt_row, keys, key_mask, kv_head, dims, dim_mask,
+                               stride_kb, stride_ks, stride_kh, BLOCK_SIZE).to(tl.float32)  # fmt: skip
+            vf = _load_kv_tile(v_cache_ptr, bt_row, keys, key_mask, kv_head, dims, dim_mask,
+                               stride_vb, stride_vs, stride_vh, BLOCK_SIZE).to(tl.float32)  # fmt: skip
         m0, l0, a0 = _fma_step(kf, vf, q0, m0, l0, a0, key_mask, qk_scale, soft_cap, SOFT_CAP)
         if GROUP > 1:
             m1, l1, a1 = _fma_step(kf, vf, q1, m1, l1, a1, key_mask, qk_scale, soft_cap, SOFT_CAP)
@@ -380,7 +398,9 @@ def decode_attention_triton(
     common = dict(GROUP=group, HEAD_DIM=d, BLOCK_SIZE=bs, BLOCK_N=block_n, BLOCK_D=block_d, SPLIT=num_splits > 1,
                   **switches, num_warps=num_warps, num_stages=num_stages)  # fmt: skip
     if kind == "fma":
-        _decode_fma_kernel[(b, hkv, num_splits)](*args, **common)
+        # num_stages > 1: the loop prefetches the next tile into registers (Triton's own
+        # pipelining needs a dot)
+        _decode_fma_kernel[(b, hkv, num_splits)](*args, PREFETCH=num_stages > 1, **common)
     else:
         _decode_kernel[(b, hkv, num_splits)](
             *args, BLOCK_G=max(16, next_power_of_2(group)), DOT_PRECISION=_dot_precision(q.dtype),

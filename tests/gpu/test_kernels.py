@@ -187,7 +187,7 @@ def check_store_kv(device, dtype, num_tokens, hkv, head_dim, block_size, seed=0)
 
 
 def check_decode(device, dtype, seq_lens, hq, hkv, head_dim, block_size, num_splits=None, seed=0,
-                 sliding_window=None, logits_soft_cap=None, kind=None):
+                 sliding_window=None, logits_soft_cap=None, kind=None, num_stages=None):
     """Decode kernel alone (num_splits None: the heuristic for the batch's max_seq_len; kind
     "mma" / "fma" / None: the default), with a sliding window and a logit soft cap when given."""
     opts = dict(sliding_window=sliding_window, logits_soft_cap=logits_soft_cap)
@@ -199,7 +199,7 @@ def check_decode(device, dtype, seq_lens, hq, hkv, head_dim, block_size, num_spl
     out = torch.empty_like(q)
     decode_attention_triton(
         q, k_cache, v_cache, batch.block_tables, batch.seq_lens, out, head_dim**-0.5,
-        max_seq_len=batch.max_seq_len, num_splits=num_splits, kind=kind, **opts,
+        max_seq_len=batch.max_seq_len, num_splits=num_splits, kind=kind, num_stages=num_stages, **opts,
     )  # fmt: skip
     ref = paged_attention_torch(q, k_cache, v_cache, batch, head_dim**-0.5, **opts)
     _close(out, ref, ATTENTION_TOL, f"decode kind={kind} splits={num_splits} {opts}")
@@ -382,6 +382,7 @@ def test_decode_fma(dtype, hq, hkv, head_dim):
     seq_lens = [1, 17, 250, 64, 1000, 33]
     check_decode("cuda", dtype, seq_lens, hq, hkv, head_dim, 16, num_splits=1, kind="fma")
     check_decode("cuda", dtype, seq_lens, hq, hkv, head_dim, 16, num_splits=5, kind="fma")
+    check_decode("cuda", dtype, seq_lens, hq, hkv, head_dim, 16, num_splits=2, kind="fma", num_stages=1)  # no prefetch
     check_decode("cuda", dtype, seq_lens, hq, hkv, head_dim, 16, kind="fma", sliding_window=100, logits_soft_cap=30.0)
 
 

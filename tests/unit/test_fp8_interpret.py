@@ -84,7 +84,8 @@ def test_fp8_kernel_under_interpreter(interpreter_results, key):
     assert error is None, f"{key} differs from its torch reference under TRITON_INTERPRET=1:\n{error}"
 
 
-def _compile_sm90(kernel, signature: dict, constexprs: dict, num_warps: int, num_stages: int):
+def _compile_sm90(kernel, signature: dict, constexprs: dict, num_warps: int, num_stages: int,
+                  aligned_names: tuple[str, ...] = ("N", "K", "K_SPLIT", "stride_xm", "stride_wn", "stride_om")):
     """Compiles `kernel` for sm_90 on this (GPU-less) machine, with the 16-divisibility hints a
     real launch gets for aligned pointers and sizes (without them the loads are neither vectorized
     nor pipelined, so the PTX would not be what the device runs)."""
@@ -93,8 +94,7 @@ def _compile_sm90(kernel, signature: dict, constexprs: dict, num_warps: int, num
     from triton.compiler import ASTSource
 
     names = list(signature) + list(constexprs)
-    aligned = [n for n, t in signature.items()
-               if t.startswith("*") or n in ("N", "K", "K_SPLIT", "stride_xm", "stride_wn", "stride_om")]
+    aligned = [n for n, t in signature.items() if t.startswith("*") or n in aligned_names]
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
     src = ASTSource(fn=kernel, signature={**signature, **dict.fromkeys(constexprs, "constexpr")},
                     constexprs=constexprs, attrs=attrs)
@@ -130,3 +130,43 @@ def test_gemv_kernel_compiles_for_sm90():
     constexprs = {"GROUP_K": 0, "HAS_BIAS": False, "EVEN_K": True, "BLOCK_N": 8, "BLOCK_K": 256}
     ptx = _compile_sm90(f._fp8_gemv_kernel, signature, constexprs, num_warps=4, num_stages=2).asm["ptx"]
     assert "cvt.rn.f16x2.e4m3x2" in ptx
+
+
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_fma_decode_kernel_compiles_for_sm90(prefetch):
+    """The CUDA-core decode kernel on an e4m3 cache compiles for the H200 (Triton errors the
+    interpreter cannot show) into what it was written to be: K/V tiles loaded 16 bytes at a
+    time, e4m3 converted two values per instruction, no shared memory and no layout conversion
+    inside the key loop, and no register spills (cuobjdump's stack size 0)."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+
+    from pagedllm.kernels import attention_decode as ad
+
+    signature = {"q_ptr": "*bf16", "k_cache_ptr": "*fp8e4nv", "v_cache_ptr": "*fp8e4nv", "block_tables_ptr": "*i32",
+                 "seq_lens_ptr": "*i32", "out_ptr": "*bf16", "part_out_ptr": "*fp32", "part_max_ptr": "*fp32",
+                 "part_sum_ptr": "*fp32", "qk_scale": "fp32", "v_scale": "fp32"}
+    strides = ["stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kb", "stride_ks", "stride_kh",
+               "stride_vb", "stride_vs", "stride_vh", "stride_bt"]
+    signature.update(dict.fromkeys(strides, "i32"), window="i32", soft_cap="fp32")
+    constexprs = {"GROUP": 2, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "BLOCK_N": 32, "BLOCK_D": 128, "SPLIT": True,
+                  "PREFETCH": prefetch, "SLIDING": False, "SOFT_CAP": False}
+    compiled = _compile_sm90(ad._decode_fma_kernel, signature, constexprs, num_warps=8, num_stages=2,
+                             aligned_names=tuple(strides))
+    ptx, ttgir = compiled.asm["ptx"], compiled.asm["ttgir"]
+    assert "cvt.rn.f16x2.e4m3x2" in ptx
+    assert re.search(r"ld\.global[.a-z0-9]*\.v4", ptx), "K/V tiles not loaded 16 bytes at a time"
+    loop = ttgir[ttgir.index("scf.for"):ttgir.index("scf.yield")]
+    assert "convert_layout" not in loop and "local_" not in loop, "the key loop goes through shared memory"
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    if not os.path.exists(cuobjdump):
+        return
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    assert re.search(r"STACK:0\b", usage), f"register spills: {usage.strip()}"

@@ -51,6 +51,8 @@ _CASES = {
     # the CUDA-core decode kernel: groups of 2 and 3, split-K, window + soft cap
     "decode_fma_one_split": ("check_decode", [[1, 70, 17], 4, 2, 16, 16], {"num_splits": 1, "kind": "fma"}),
     "decode_fma_split_k_group3": ("check_decode", [[1, 70, 17], 6, 2, 16, 16], {"num_splits": 3, "kind": "fma"}),
+    "decode_fma_no_prefetch": ("check_decode", [[1, 70, 17], 4, 2, 16, 16], {"num_splits": 2, "kind": "fma",
+                                                                           "num_stages": 1}),
     "decode_fma_window_softcap": ("check_decode", [[1, 70, 17], 8, 2, 16, 16],
                                   {"num_splits": 2, "kind": "fma", "sliding_window": 20, "logits_soft_cap": 2.0}),
     "prefill_window_cached_prefix": ("check_prefill", [[5, 20, 1], [5, 37, 20], 4, 2, 16, 16],
@@ -59,7 +61,8 @@ _CASES = {
                                {"sliding_window": 12, "logits_soft_cap": 2.0}),
 }
 _DOTLESS = {"rms_norm", "silu_and_mul", "gelu_tanh_and_mul", "rotary_gqa", "store_kv_bs16", "store_kv_bs32",
-            "decode_fma_one_split", "decode_fma_split_k_group3", "decode_fma_window_softcap", "sample", "sample_bitmask"}
+            "decode_fma_one_split", "decode_fma_split_k_group3", "decode_fma_window_softcap", "decode_fma_no_prefetch",
+            "sample", "sample_bitmask"}
 _DTYPES = ["float32", "float16", "bfloat16"]
 _LOGITS_DTYPES = {"sample", "sample_bitmask"}  # logits: float32, or a 16-bit LM head's bfloat16
 
