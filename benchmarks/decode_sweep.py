@@ -87,8 +87,8 @@ def main() -> None:
                     continue
                 ok = err < 0.05
                 results[(kind, bn, w, st)] = ms if ok else float("inf")
-                print(f"{cache} {load:7s} {kind} bn={bn:<3} w={w} st={st}: {ms * 1e3:8.1f} us {kv_bytes / ms / 1e9:6.2f} TB/s"
-                      f" err {err:.1e}{'' if ok else '  WRONG'}", flush=True)  # fmt: skip
+                print(f"{cache} {load:7s} {kind} bn={bn:<3} w={w} st={st}: {ms * 1e3:8.1f} us "
+                      f"{kv_bytes / ms / 1e9:6.2f} TB/s err {err:.1e}{'' if ok else '  WRONG'}", flush=True)  # fmt: skip
             cfg = min(results, key=results.get)
             table.append((cache, load, default, results.get(default, float("nan")), cfg, results[cfg], kv_bytes))
             if load == "w1-mix":
