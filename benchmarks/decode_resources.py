@@ -1,0 +1,112 @@
+"""The decode kernels' resource use on the H200, without one: each config of
+benchmarks/decode_sweep.py's grid compiled for sm_90 on this machine (Triton's own ptxas) and
+read back with cuobjdump -- registers per thread, stack (spills), shared memory -- with the
+programs an SM can hold by registers (64K per SM) and by shared memory (227 KB), and whether the
+tile loads are asynchronous copies (Triton's pipelining) and 16 bytes wide. A config that spills
+or holds one program per SM need not be swept on the device.
+
+    python benchmarks/decode_resources.py [--group 2] [--head-dim 128]
+
+The figures are for this machine's Triton, which may differ from the device's."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+REGS_PER_SM = 65536
+SHARED_PER_SM = 227 * 1024
+MAX_THREADS_PER_SM = 2048
+
+
+def compile_sm90(kernel, signature: dict, constexprs: dict, num_warps: int, num_stages: int):
+    """`kernel` compiled for sm_90 with the 16-divisibility a real launch gives aligned pointers
+    and strides (without it the loads are neither vectorized nor pipelined)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = list(signature) + list(constexprs)
+    aligned = [n for n, t in signature.items() if t.startswith("*") or n.startswith("stride_")]
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    src = ASTSource(fn=kernel, signature={**signature, **dict.fromkeys(constexprs, "constexpr")},
+                    constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps,
+                                                                       "num_stages": num_stages})
+
+
+def resources(compiled) -> dict:
+    import triton
+
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    field = {k: int(v) for k, v in re.findall(r"(REG|STACK|SHARED):(\d+)", usage)}
+    ptx = compiled.asm["ptx"]
+    return {"regs": field.get("REG", 0), "stack": field.get("STACK", 0),
+            "shared": max(field.get("SHARED", 0), compiled.metadata.shared),
+            "cp_async": "cp.async" in ptx, "v4": bool(re.search(r"ld\.global[.a-z0-9]*\.v4", ptx))}
+
+
+def signature(cache: str) -> dict:
+    sig = {"q_ptr": "*bf16", "k_cache_ptr": f"*{cache}", "v_cache_ptr": f"*{cache}", "block_tables_ptr": "*i32",
+           "seq_lens_ptr": "*i32", "out_ptr": "*bf16", "part_out_ptr": "*fp32", "part_max_ptr": "*fp32",
+           "part_sum_ptr": "*fp32", "qk_scale": "fp32", "v_scale": "fp32"}
+    for n in ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kb", "stride_ks", "stride_kh",
+              "stride_vb", "stride_vs", "stride_vh", "stride_bt"):
+        sig[n] = "i32"
+    sig.update(window="i32", soft_cap="fp32")
+    return sig
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--group", type=int, default=2, help="query heads per kv head (Qwen3-0.6B 2, Llama-3.1-8B 4)")
+    ap.add_argument("--head-dim", type=int, default=128)
+    args = ap.parse_args()
+    import triton
+
+    from pagedllm.kernels import attention_decode as ad
+    from pagedllm.kernels._triton import next_power_of_2
+
+    print(f"# decode kernels for sm_90, group {args.group}, head_dim {args.head_dim}, triton {triton.__version__}")
+    print(f"{'cache':5s} {'kind':4s} {'tiles':9s} {'regs':>4s} {'stack':>5s} {'shared':>7s} {'progs/SM':>8s} "
+          f"{'warps/SM':>8s} cp.async v4-loads")
+    grid = [("mma", *c) for c in itertools.product((64, 128, 256), (4, 8), (2, 3, 4))]
+    if args.group <= ad.FMA_MAX_GROUP:
+        grid += [("fma", *c) for c in itertools.product((16, 32, 64), (4, 8), (1, 2))]
+    for cache in ("bf16", "fp8e4nv"):
+        for kind, bn, warps, stages in grid:
+            const = dict(GROUP=args.group, HEAD_DIM=args.head_dim, BLOCK_SIZE=16, BLOCK_N=bn,
+                         BLOCK_D=next_power_of_2(args.head_dim), SPLIT=False, SLIDING=False, SOFT_CAP=False)
+            if kind == "mma":
+                const.update(BLOCK_G=max(16, next_power_of_2(args.group)), DOT_PRECISION="tf32",
+                             Q_AS_FP16=cache != "bf16")
+                kernel = ad._decode_kernel
+            else:
+                const.update(PREFETCH=stages > 1)
+                kernel = ad._decode_fma_kernel
+            try:
+                r = resources(compile_sm90(kernel, signature(cache), const, warps, stages))
+            except Exception as exc:  # e.g. out of shared memory
+                print(f"{cache:5s} {kind:4s} {bn}/{warps}/{stages}: {type(exc).__name__}: {str(exc)[:80]}")
+                continue
+            threads = 32 * warps
+            progs = min(REGS_PER_SM // max(r["regs"] * threads, 1), SHARED_PER_SM // max(r["shared"], 1),
+                        MAX_THREADS_PER_SM // threads)
+            print(f"{cache[:5]:5s} {kind:4s} {f'{bn}/{warps}/{stages}':9s} {r['regs']:4d} {r['stack']:5d} "
+                  f"{r['shared']:7d} {progs:8d} {progs * warps:8d} {str(r['cp_async']):8s} {r['v4']}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
