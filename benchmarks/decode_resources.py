@@ -13,11 +13,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import os
-import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -25,48 +21,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 REGS_PER_SM = 65536
 SHARED_PER_SM = 227 * 1024
 MAX_THREADS_PER_SM = 2048
-
-
-def compile_sm90(kernel, signature: dict, constexprs: dict, num_warps: int, num_stages: int):
-    """`kernel` compiled for sm_90 with the 16-divisibility a real launch gives aligned pointers
-    and strides (without it the loads are neither vectorized nor pipelined)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    names = list(signature) + list(constexprs)
-    aligned = [n for n, t in signature.items() if t.startswith("*") or n.startswith("stride_")]
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
-    src = ASTSource(fn=kernel, signature={**signature, **dict.fromkeys(constexprs, "constexpr")},
-                    constexprs=constexprs, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps,
-                                                                       "num_stages": num_stages})
-
-
-def resources(compiled) -> dict:
-    import triton
-
-    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(compiled.asm["cubin"])
-        f.flush()
-        usage = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
-    field = {k: int(v) for k, v in re.findall(r"(REG|STACK|SHARED):(\d+)", usage)}
-    ptx = compiled.asm["ptx"]
-    return {"regs": field.get("REG", 0), "stack": field.get("STACK", 0),
-            "shared": max(field.get("SHARED", 0), compiled.metadata.shared),
-            "cp_async": "cp.async" in ptx, "v4": bool(re.search(r"ld\.global[.a-z0-9]*\.v4", ptx))}
-
-
-def signature(cache: str) -> dict:
-    sig = {"q_ptr": "*bf16", "k_cache_ptr": f"*{cache}", "v_cache_ptr": f"*{cache}", "block_tables_ptr": "*i32",
-           "seq_lens_ptr": "*i32", "out_ptr": "*bf16", "part_out_ptr": "*fp32", "part_max_ptr": "*fp32",
-           "part_sum_ptr": "*fp32", "qk_scale": "fp32", "v_scale": "fp32"}
-    for n in ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kb", "stride_ks", "stride_kh",
-              "stride_vb", "stride_vs", "stride_vh", "stride_bt"):
-        sig[n] = "i32"
-    sig.update(window="i32", soft_cap="fp32")
-    return sig
 
 
 def main() -> None:
@@ -78,6 +32,7 @@ def main() -> None:
 
     from pagedllm.kernels import attention_decode as ad
     from pagedllm.kernels._triton import next_power_of_2
+    from pagedllm.kernels.inspect_sm90 import DECODE_STRIDES, compile_sm90, decode_signature, resources
 
     print(f"# decode kernels for sm_90, group {args.group}, head_dim {args.head_dim}, triton {triton.__version__}")
     print(f"{'cache':5s} {'kind':4s} {'tiles':9s} {'regs':>4s} {'stack':>5s} {'shared':>7s} {'progs/SM':>8s} "
@@ -97,10 +52,13 @@ def main() -> None:
                 const.update(PREFETCH=stages > 1)
                 kernel = ad._decode_fma_kernel
             try:
-                r = resources(compile_sm90(kernel, signature(cache), const, warps, stages))
+                compiled = compile_sm90(kernel, decode_signature(cache), const, warps, stages, aligned=DECODE_STRIDES)
+                r = resources(compiled)
             except Exception as exc:  # e.g. out of shared memory
                 print(f"{cache:5s} {kind:4s} {bn}/{warps}/{stages}: {type(exc).__name__}: {str(exc)[:80]}")
                 continue
+            if r is None:
+                sys.exit("decode_resources: Triton's cuobjdump is missing")
             threads = 32 * warps
             progs = min(REGS_PER_SM // max(r["regs"] * threads, 1), SHARED_PER_SM // max(r["shared"], 1),
                         MAX_THREADS_PER_SM // threads)

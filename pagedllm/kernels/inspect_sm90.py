@@ -1,0 +1,64 @@
+"""Compiling Triton kernels for the H200 (sm_90) on a machine without a GPU, and reading back
+what the compiler made of them: for tests that check a kernel's PTX (tests/unit/*_interpret.py)
+and for benchmarks/decode_resources.py (registers, spills, shared memory per config). Needs
+only Triton's bundled toolchain (ptxas, cuobjdump); nothing here runs a kernel."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+from typing import Any
+
+
+def compile_sm90(kernel: Any, signature: dict, constexprs: dict, num_warps: int, num_stages: int,
+                 aligned: tuple[str, ...] = ()) -> Any:
+    """`kernel` compiled for sm_90, with the 16-divisibility hints a real launch gives aligned
+    pointers and the integer arguments named in `aligned` (without them the loads are neither
+    vectorized nor pipelined, so the code would not be what the device runs)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = list(signature) + list(constexprs)
+    hinted = [n for n, t in signature.items() if t.startswith("*") or n in aligned]
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in hinted}
+    src = ASTSource(fn=kernel, signature={**signature, **dict.fromkeys(constexprs, "constexpr")},
+                    constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps,
+                                                                       "num_stages": num_stages})
+
+
+def resources(compiled: Any) -> dict | None:
+    """What cuobjdump reports of a compiled kernel -- registers a thread, stack bytes (spills),
+    shared memory bytes -- and whether its PTX has asynchronous copies and 16-byte global loads;
+    None without Triton's cuobjdump."""
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    if not os.path.exists(tool):
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    field = {k: int(v) for k, v in re.findall(r"(REG|STACK|SHARED):(\d+)", usage)}
+    ptx = compiled.asm["ptx"]
+    return {"regs": field.get("REG", 0), "stack": field.get("STACK", 0),
+            "shared": max(field.get("SHARED", 0), compiled.metadata.shared),
+            "cp_async": "cp.async" in ptx, "v4": bool(re.search(r"ld\.global[.a-z0-9]*\.v4", ptx))}
+
+
+DECODE_STRIDES = ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kb", "stride_ks", "stride_kh",
+                  "stride_vb", "stride_vs", "stride_vh", "stride_bt")
+
+
+def decode_signature(cache: str) -> dict:
+    """The runtime arguments of attention_decode's two kernels, with a `cache` of Triton's
+    type name ("bf16", "fp8e4nv")."""
+    sig = {"q_ptr": "*bf16", "k_cache_ptr": f"*{cache}", "v_cache_ptr": f"*{cache}", "block_tables_ptr": "*i32",
+           "seq_lens_ptr": "*i32", "out_ptr": "*bf16", "part_out_ptr": "*fp32", "part_max_ptr": "*fp32",
+           "part_sum_ptr": "*fp32", "qk_scale": "fp32", "v_scale": "fp32"}
+    sig.update(dict.fromkeys(DECODE_STRIDES, "i32"), window="i32", soft_cap="fp32")
+    return sig
