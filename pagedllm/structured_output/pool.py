@@ -95,7 +95,7 @@ class GrammarPool:
             core = cores[-1 - w] if pin else -1
             ours, theirs = Pipe(duplex=True)
             fd = theirs.fileno()
-            env = dict(os.environ, PAGEDLLM_GRAMMAR_WORKER=f"{w} {core} {self._shm_path} {max_rows} {vocab_size} {fd}",
+            env = dict(os.environ, PAGEDLLM_GRAMMAR_WORKER=f"{core} {self._shm_path} {max_rows} {vocab_size} {fd}",
                        OMP_NUM_THREADS="1")
             self._procs.append(subprocess.Popen(
                 [sys.executable, "-c", "from pagedllm.structured_output.pool import _worker_entry; _worker_entry()"],
@@ -218,7 +218,7 @@ def _worker_entry() -> None:
     """A grammar worker's process (started by GrammarPool with its facts in the environment)."""
     from multiprocessing.connection import Connection
 
-    _, core, shm_path, rows, vocab, fd = os.environ.pop("PAGEDLLM_GRAMMAR_WORKER").split()
+    core, shm_path, rows, vocab, fd = os.environ.pop("PAGEDLLM_GRAMMAR_WORKER").split()
     width = bitmask_width(int(vocab))
     bitmask = torch.from_file(shm_path, shared=True, size=int(rows) * width, dtype=torch.int32).view(int(rows), width)
     conn = Connection(int(fd))

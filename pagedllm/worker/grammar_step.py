@@ -75,6 +75,10 @@ class GrammarSteps:
     def release(self, grammar: Any) -> None:
         self.matchers.release(grammar)
 
+    def accept(self, grammars: list, tokens: list[int]) -> None:
+        """Feeds a collected launch's tokens to its grammars (when no grammar step took them)."""
+        self.matchers.accept(grammars, tokens)
+
     def start(self, prev: Any, grammars: list) -> Future | torch.Tensor:
         """A step's grammar work: the bitmask [G, W] of `grammars`, or, with the grammar
         thread, the future of it. The tokens of `prev` (the uncollected launch, a StepHandle or

@@ -520,9 +520,7 @@ class ModelRunner:
                     out.logprobs[rid] = lp
         if h.grammar_rows and not h.grammar_accepted:
             assert h.states is not None
-            self.grammars.matchers.accept(
-                [h.states[i].grammar for i in h.grammar_rows], [tokens[i] for i in h.grammar_rows]
-            )
+            self.grammars.accept([h.states[i].grammar for i in h.grammar_rows], [tokens[i] for i in h.grammar_rows])
             h.grammar_accepted = True
         return out
 

@@ -13,13 +13,6 @@ def _fresh_cache():
     attention_decode.decode_config.cache_clear()
 
 
-def test_defaults_by_cache_bytes(monkeypatch):
-    monkeypatch.delenv("PAGEDLLM_DECODE_CONFIG", raising=False)
-    assert attention_decode.decode_config(1) == ("mma", 128, 4, 3)  # FP8 caches: 128 keys a tile
-    assert attention_decode.decode_config(2) == ("mma", 64, 4, 2)
-    assert attention_decode.decode_config(4) == ("mma", 32, 4, 2)
-
-
 @pytest.mark.parametrize("raw,want", [("256,8,4", ("mma", 256, 8, 4)), ("fma,32,4,2", ("fma", 32, 4, 2)),
                                       (" mma, 64, 4, 3", ("mma", 64, 4, 3))])
 def test_override(monkeypatch, raw, want):
