@@ -27,7 +27,7 @@ def next_power_of_2(n: int) -> int:
 
 
 def fusion_enabled(option: str) -> bool:
-    """Whether an opt-in fused kernel path is on: PAGEDLLM_FUSED_<option>=1, read when a layer
-    is built. ROPE_KV: q/k norm + rotary + store-KV in one kernel (kernels/qkv_rope.py). Off by
-    default."""
-    return os.environ.get(f"PAGEDLLM_FUSED_{option}", "0") == "1"
+    """Whether a fused kernel path is on, read when a layer is built: PAGEDLLM_FUSED_<option>=0
+    turns it off. ROPE_KV: q/k norm + rotary + store-KV in one kernel (kernels/qkv_rope.py), on
+    by default (it runs on CUDA tensors only; the CPU keeps the unfused chain)."""
+    return os.environ.get(f"PAGEDLLM_FUSED_{option}", "1") != "0"

@@ -314,6 +314,42 @@ def check_sample_bitmask(device, dtype, vocab, rows, seed=0):
     assert (out[row_map == 0] == 37).all()
 
 
+def check_sample_chunks(device, dtype, vocab, rows, block, seed=0):
+    """The sampler split over column chunks (one program each, a second kernel picking each row's
+    best) draws exactly what one program per row draws, for every chunk count: greedy rows
+    (with ties, which must go to the first index), drawn rows, and rows under a bitmask."""
+    from pagedllm.kernels.sampling_triton import sample_triton
+    from pagedllm.structured_output.matcher import bitmask_width
+
+    gen = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(rows, vocab, generator=gen) * 2).to(dtype)
+    logits[0, :] = 1.0  # all tied: the first index
+    logits[1, vocab - 1] = logits[1, 3] = 50.0  # tied maxima in the first and the last chunk
+    greedy = torch.arange(rows) % 3 == 0
+    greedy[:2] = True
+    temp = torch.full((rows,), 0.7)
+    bitmask = torch.randint(-2**31, 2**31 - 1, (2, bitmask_width(vocab)), generator=gen, dtype=torch.int64).to(torch.int32)
+    row_map = torch.tensor([(r % 3) - 1 for r in range(rows)], dtype=torch.int32)
+    seed_t = torch.tensor([4321], dtype=torch.int64, device=device)
+    args = (logits.to(device), temp.to(device), greedy.to(device), seed_t)
+    masked = (bitmask.to(device), row_map.to(device))
+    one = sample_triton(*args, chunks=1, block=block).cpu()
+    one_masked = sample_triton(*args, *masked, chunks=1, block=block).cpu()
+    assert int(one[0]) == 0 and int(one[1]) == 3
+    blocks = -(-vocab // block)
+    for chunks in sorted({2, 3, blocks, blocks + 5}):
+        assert torch.equal(sample_triton(*args, chunks=chunks, block=block).cpu(), one), f"{chunks} chunks"
+        assert torch.equal(sample_triton(*args, *masked, chunks=chunks, block=block).cpu(), one_masked), \
+            f"{chunks} chunks, bitmask"
+    assert torch.equal(sample_triton(*args).cpu(), sample_triton(*args, chunks=1).cpu()), "the default split"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("vocab,rows,block", [(1000, 40, 64), (151936, 8, 2048), (151936, 300, 1024)])
+def test_sample_chunks(vocab, rows, block, dtype):
+    check_sample_chunks("cuda", dtype, vocab, rows, block)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("vocab,rows", [(100, 64), (49152, 16)])
 def test_sample_bitmask(vocab, rows, dtype):

@@ -1,6 +1,6 @@
-"""The opt-in fused path (PAGEDLLM_FUSED_ROPE_KV) on the CPU: the attention layers take the flag,
-and with it on the CPU keeps the unfused attention (the fused kernel needs CUDA), plain and FP8,
-with the greedy tokens of the option off. The fused kernel itself: tests/gpu/test_fused_gpu.py
+"""The fused path (PAGEDLLM_FUSED_ROPE_KV, on by default) on the CPU: the attention layers take the
+flag, and with it on the CPU keeps the unfused attention (the fused kernel needs CUDA), plain and
+FP8, with the greedy tokens of the option off. The fused kernel itself: tests/gpu/test_fused_gpu.py
 and, under the interpreter, tests/unit/test_fused_interpret.py."""
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ def test_layers_read_the_flags(monkeypatch):
     from pagedllm.model.models.qwen3 import Qwen3Attention
 
     cfg = tiny_config("qwen3")
+    monkeypatch.delenv("PAGEDLLM_FUSED_ROPE_KV", raising=False)
+    assert Qwen3Attention(cfg, SINGLE).fuse_rope_kv, "on by default"
+    monkeypatch.setenv("PAGEDLLM_FUSED_ROPE_KV", "0")
     assert not Qwen3Attention(cfg, SINGLE).fuse_rope_kv
     monkeypatch.setenv("PAGEDLLM_FUSED_ROPE_KV", "1")
     assert Qwen3Attention(cfg, SINGLE).fuse_rope_kv
@@ -39,6 +42,7 @@ def test_layers_read_the_flags(monkeypatch):
 @pytest.mark.parametrize("quantization", [None, "fp8"])
 def test_options_on_keep_cpu_tokens(tmp_path, tokenizer_dir, monkeypatch, quantization):
     path = save_tiny_model(tiny_config("qwen3", hidden=64, head_dim=16), str(tmp_path), tokenizer_dir, seed=2)
+    monkeypatch.setenv("PAGEDLLM_FUSED_ROPE_KV", "0")
     off = _tokens(path, quantization)
     monkeypatch.setenv("PAGEDLLM_FUSED_ROPE_KV", "1")
     assert _tokens(path, quantization) == off

@@ -45,6 +45,7 @@ _CASES = {
     # draws 20000), -inf never drawn; each program is slow to interpret, so few rows
     "sample": ("check_sample", [6, 300], {}),
     "sample_bitmask": ("check_sample_bitmask", [100, 12], {}),
+    "sample_chunks": ("check_sample_chunks", [200, 7, 16], {}),
     "backend_mixed": ("check_backend", [[1, 1, 6, 18], [9, 30, 6, 40], 2, 4, 2, 16, 16], {"pad_tokens": 2}),
     # sliding window (shorter and longer than the contexts) and logit soft cap (Gemma 2)
     "decode_window_split_k": ("check_decode", [[1, 70, 17], 4, 2, 16, 16], {"num_splits": 3, "sliding_window": 20}),
@@ -62,9 +63,9 @@ _CASES = {
 }
 _DOTLESS = {"rms_norm", "silu_and_mul", "gelu_tanh_and_mul", "rotary_gqa", "store_kv_bs16", "store_kv_bs32",
             "decode_fma_one_split", "decode_fma_split_k_group3", "decode_fma_window_softcap", "decode_fma_no_prefetch",
-            "sample", "sample_bitmask"}
+            "sample", "sample_bitmask", "sample_chunks"}
 _DTYPES = ["float32", "float16", "bfloat16"]
-_LOGITS_DTYPES = {"sample", "sample_bitmask"}  # logits: float32, or a 16-bit LM head's bfloat16
+_LOGITS_DTYPES = {"sample", "sample_bitmask", "sample_chunks"}  # logits: float32, or a 16-bit LM head's bfloat16
 
 _RUNNER = r"""
 import importlib.util, json, os, sys, traceback

@@ -73,7 +73,7 @@ class LlamaAttention(nn.Module):
 
     @property
     def fuse_rope_kv(self) -> bool:
-        """PAGEDLLM_FUSED_ROPE_KV=1: [q/k norm +] rotary + store-KV in one kernel on the GPU, for
+        """[q/k norm +] rotary + store-KV in one kernel on the GPU (PAGEDLLM_FUSED_ROPE_KV=0: off), for
         the plain rotary and RMSNorm only (no rotary, or Gemma 3's (1 + w) norm, which a
         subclass sets after this class's __init__: the unfused path)."""
         return (self.fuse_rope_kv_requested and type(self.rotary_emb) is RotaryEmbedding
