@@ -4,7 +4,7 @@ each row split over a few programs (`sample_triton`), each keeping a running arg
 
     greedy row:  x                                   (the argmax, first index on ties)
     random row:  x / T + g,   g = -log(-log(u)),  u ~ U[0, 1) from Philox (tl.rand4x: one
-                 draw of the generator gives four columns' uniforms)
+                 draw of the generator gives four columns' uniforms), in base 2 (`_take`)
 
 which draws token i with probability softmax(x / T)_i (the Gumbel-max trick; the same law as
 `sampler.sample`'s exponential race, from other random numbers). It replaces the
@@ -19,23 +19,39 @@ bitmask row draws only among the tokens it allows."""
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from pagedllm.kernels._triton import next_power_of_2
 
 
 @triton.jit
-def _take(best, best_i, base, cols, hi, u, greedy, inv_t, mask_base, mrow, HAS_MASK: tl.constexpr):
+def _log2(x, FAST: tl.constexpr):
+    """log2: the hardware approximation (lg2.approx, relative error ~2^-22) on the GPU; the
+    accurate one under the interpreter, which lacks it."""
+    if FAST:
+        return libdevice.fast_log2f(x)
+    else:
+        return tl.log2(x)
+
+
+@triton.jit
+def _take(best, best_i, base, cols, hi, u, greedy, inv_t, mask_base, mrow, HAS_MASK: tl.constexpr,
+          FAST_LOG: tl.constexpr):  # fmt: skip
     """One tile's scores folded into the running argmax (strictly greater: a lane keeps its
-    first column on ties, as it sees its columns in increasing order)."""
+    first column on ties, as it sees its columns in increasing order). A drawn row's score is
+    (x / T + g) log2(e) up to a constant, g = -ln(-ln u): -log2(-log2 u) = g log2(e) - log2(log2 e),
+    which ranks the columns as x / T + g does."""
     m = cols < hi
     x = tl.load(base + cols, mask=m, other=float("-inf")).to(tl.float32)
     if greedy:
         s = x
     else:
-        s = x * inv_t - tl.log(-tl.log(u))
+        s = x * inv_t - _log2(-_log2(u, FAST_LOG), FAST_LOG)
     if HAS_MASK:
         words = tl.load(mask_base + cols // 32, mask=m, other=0)  # row 0's for an unmapped row: in bounds
         keep = (((words >> (cols % 32)) & 1) != 0) | (mrow < 0)
@@ -64,6 +80,7 @@ def _sample_kernel(
     BLOCK: tl.constexpr,
     SPLIT: tl.constexpr,
     HAS_MASK: tl.constexpr,
+    FAST_LOG: tl.constexpr,
 ):
     row = tl.program_id(0)
     chunk = tl.program_id(1)
@@ -73,7 +90,7 @@ def _sample_kernel(
     if HAS_MASK:
         mrow = tl.load(mask_row_ptr + row)
         mbase = mask_ptr + tl.maximum(mrow, 0).to(tl.int64) * mask_stride
-    inv_t = 1.0 / tl.load(temp_ptr + row)
+    inv_t = 1.4426950408889634 / tl.load(temp_ptr + row)  # log2(e) / T
     seed = tl.load(seed_ptr).to(tl.int32)
     Q: tl.constexpr = BLOCK // 4
     best = tl.full([Q], float("-inf"), tl.float32)
@@ -86,10 +103,14 @@ def _sample_kernel(
         # one Philox draw gives the uniforms of four columns, Q apart; its counter is indexed by
         # column (not by program), so the draw does not depend on the chunk count
         u0, u1, u2, u3 = tl.rand4x(seed, row * V + start // 4 + i)
-        best, best_i = _take(best, best_i, base, start + i, hi, u0, greedy, inv_t, mbase, mrow, HAS_MASK)
-        best, best_i = _take(best, best_i, base, start + Q + i, hi, u1, greedy, inv_t, mbase, mrow, HAS_MASK)
-        best, best_i = _take(best, best_i, base, start + 2 * Q + i, hi, u2, greedy, inv_t, mbase, mrow, HAS_MASK)
-        best, best_i = _take(best, best_i, base, start + 3 * Q + i, hi, u3, greedy, inv_t, mbase, mrow, HAS_MASK)
+        best, best_i = _take(best, best_i, base, start + i, hi, u0, greedy, inv_t, mbase, mrow,
+                             HAS_MASK, FAST_LOG)
+        best, best_i = _take(best, best_i, base, start + Q + i, hi, u1, greedy, inv_t, mbase, mrow,
+                             HAS_MASK, FAST_LOG)
+        best, best_i = _take(best, best_i, base, start + 2 * Q + i, hi, u2, greedy, inv_t, mbase, mrow,
+                             HAS_MASK, FAST_LOG)
+        best, best_i = _take(best, best_i, base, start + 3 * Q + i, hi, u3, greedy, inv_t, mbase, mrow,
+                             HAS_MASK, FAST_LOG)
     top = tl.max(best, axis=0)
     idx = tl.min(tl.where(best == top, best_i, V), axis=0)
     if SPLIT:
@@ -161,7 +182,8 @@ def sample_triton(logits: torch.Tensor, temperature: torch.Tensor, greedy: torch
     _sample_kernel[(s, chunks)](logits, logits.stride(0), temperature.float().contiguous(),
                                 greedy.to(torch.int8), seed, out, part_val, part_idx, mask, mask.stride(0),
                                 mask_rows, v, chunks, chunk_len, BLOCK=block, SPLIT=chunks > 1,
-                                HAS_MASK=has_mask, num_warps=8 if block >= 2048 else 4)
+                                HAS_MASK=has_mask, FAST_LOG=os.environ.get("TRITON_INTERPRET") != "1",
+                                num_warps=8 if block >= 2048 else 4)
     if chunks > 1:
         _sample_reduce_kernel[(s,)](part_val, part_idx, out, v, chunks, BLOCK_C=next_power_of_2(chunks),
                                     num_warps=1)
