@@ -21,6 +21,7 @@ vocabulary (common.synthetic_tokenizer) and detokenizes at a realistic cost;
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import random
 import sys
@@ -237,6 +238,7 @@ def run_ours(llm, prompts, max_tokens, temperature: float, warmup_prompts, profi
         from pagedllm.engine.llm_engine import StepTiming
 
         llm.llm_engine.step_timing = StepTiming()
+        llm.llm_engine.step_log = collections.deque(maxlen=1 << 16)  # the whole run's steps
         started = time.time()
         with common.Stopwatch() as watch:
             if prof is not None:
@@ -257,24 +259,27 @@ def run_ours(llm, prompts, max_tokens, temperature: float, warmup_prompts, profi
         if repeat > 1:
             print(f"  pagedllm run {i + 1}/{repeat}: {row.seconds:.2f} s, others {_pct(row.others_busy)}", flush=True)
         print(f"  pagedllm {llm.llm_engine.step_timing.summary()}", flush=True)
-        for line in step_phases([r for r in llm.llm_engine.step_log if r.time >= started]):
+        for line in step_phases(list(llm.llm_engine.step_log), started, started + watch.seconds):
             print(f"  {line}", flush=True)
         runs.append((row, tokens))
     return best(runs, key=lambda rt: rt[0].seconds)
 
 
-def step_phases(log, edges=(256, 192, 128, 64, 32, 8, 0)) -> list[str]:
-    """Where a run's wall time went, from the engine's step log: the steps grouped by the requests
-    they carried (prefill steps apart), each group's steps, seconds and ms a step (the time from
-    one step's launch to the next's)."""
-    rows: dict[str, list[float]] = {}
-    for a, b in zip(log, log[1:]):
+def step_phases(log, started: float, ended: float, edges=(256, 192, 128, 64, 32, 8, 0)) -> list[str]:
+    """Where a run's wall time went, from the engine's step log (time.time() of each step's
+    launch): the steps grouped by the requests they carried (prefill steps apart), each group's
+    steps, seconds and ms a step (from one step's launch to the next's, the last step's to the
+    run's end), and the time before the first launch."""
+    if not log:
+        return []
+    rows: dict[str, list[float]] = {"before the first step": [log[0].time - started]}
+    for a, b in zip(log, log[1:] + [None]):
         if a.num_prefill_tokens:
             key = "with prefill"
         else:
             lo = next(e for e in edges if a.num_reqs >= e)
             key = f"decode, {lo}+ requests" if lo else "decode"
-        rows.setdefault(key, []).append(b.time - a.time)
+        rows.setdefault(key, []).append((b.time if b is not None else ended) - a.time)
     out = [f"step timeline ({len(log)} steps logged): group, steps, seconds, ms a step"]
     for key, dts in rows.items():
         out.append(f"{key:<24} {len(dts):>5} {sum(dts):7.3f} {1e3 * sum(dts) / len(dts):7.2f}")
