@@ -10,6 +10,10 @@
 #          logits buffer in the head's dtype). It needs SmolLM2's tokenizer, which the device
 #          lacks: `.venv/bin/python benchmarks/save_tokenizer.py tokenizer` here, and carry
 #          ./tokenizer (ignored) to the device; or set PAGEDLLM_TOKENIZER_DIR
+#   order  benchmarks/decode_sweep.py --order-ab: a few tiles with the requests in order and
+#          longest first (PAGEDLLM_DECODE_ORDER), bf16 and FP8, W1-like loads
+#   w1order  W1 alternated (benchmarks/ab_w1.sh, ROUNDS=${ORDER_ROUNDS:-2}): A the default, B with
+#          PAGEDLLM_DECODE_ORDER=1; KV cache $AB_KV (auto); and the engine tests with it on
 #   tests  the decode and FP8 GPU tests (test_kernels.py -k "decode or backend or sample", test_fp8_gpu.py -k "backend or reference or decode_kinds")
 # Logs to $OUT; the figures are printed as they come, the sweep's table last.
 #   BUDGET=480 bash benchmarks/decode_gpu.sh [steps...]
@@ -44,6 +48,15 @@ for step in $STEPS; do
                 w1 "ab_old_$r" "${AB_KV:-auto}" "${AB_OLD:-64,4,2}"
                 w1 "ab_new_$r" "${AB_KV:-auto}" ""
             done ;;
+        order) timeout 300 $PY benchmarks/decode_sweep.py --order-ab > "$OUT/order.log" 2>&1
+               echo "order sweep rc=$?"; sed -n '/=== decode kernel/,$p' "$OUT/order.log"
+               grep -E "bn=(64|128) " "$OUT/order.log" | grep -E "w1-t300|w1-mix" ;;
+        w1order) [ -d "$PWD/tokenizer" ] && export PAGEDLLM_TOKENIZER_DIR=${PAGEDLLM_TOKENIZER_DIR:-$PWD/tokenizer}
+               PAGEDLLM_DECODE_ORDER=1 timeout $(( $(left) - 5 )) $PY -m pytest -q -x tests/gpu/test_engine_gpu.py \
+                   > "$OUT/tests_engine_order.log" 2>&1
+               echo "engine tests, decode order on, rc=$?: $(tail -1 "$OUT/tests_engine_order.log")"
+               B_ENV=PAGEDLLM_DECODE_ORDER=1 ROUNDS=${ORDER_ROUNDS:-2} OUT=$OUT/w1order bash benchmarks/ab_w1.sh \
+                   --kv-cache-dtype "${AB_KV:-auto}" | tail -2 ;;
         tests) timeout $(( $(left) - 5 )) $PY -m pytest -q -x tests/gpu/test_kernels.py -k "decode or backend or sample" > "$OUT/tests_decode.log" 2>&1
                echo "decode tests rc=$?: $(tail -1 "$OUT/tests_decode.log")"
                timeout $(( $(left) - 5 )) $PY -m pytest -q -x tests/gpu/test_fp8_gpu.py -k "backend or reference or decode_kinds" > "$OUT/tests_fp8.log" 2>&1

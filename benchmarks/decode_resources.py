@@ -43,7 +43,8 @@ def main() -> None:
     for cache in ("bf16", "fp8e4nv"):
         for kind, bn, warps, stages in grid:
             const = dict(GROUP=args.group, HEAD_DIM=args.head_dim, BLOCK_SIZE=16, BLOCK_N=bn,
-                         BLOCK_D=next_power_of_2(args.head_dim), SPLIT=False, SLIDING=False, SOFT_CAP=False)
+                         BLOCK_D=next_power_of_2(args.head_dim), SPLIT=False, SLIDING=False, SOFT_CAP=False,
+                         ORDERED=False)
             if kind == "mma":
                 const.update(BLOCK_G=max(16, next_power_of_2(args.group)), DOT_PRECISION="tf32",
                              Q_AS_FP16=cache != "bf16")

@@ -7,9 +7,12 @@ generated: uniform 100-2048 here) and with 1,024 each; the split count is the en
 (decode_num_splits with the CUDA graphs' max_seq_len bound).
 
     python benchmarks/decode_sweep.py [--out best.json]
+    python benchmarks/decode_sweep.py --order-ab       # longest-first program order, a few tiles
 
 Prints one line per config and, last, the best per cache dtype beside the default; --out writes
-{"bf16": "kind,block_n,warps,stages", "fp8": ...} for PAGEDLLM_DECODE_CONFIG.
+{"bf16": "kind,block_n,warps,stages", "fp8": ...} for PAGEDLLM_DECODE_CONFIG. With --order-ab,
+each of a few tiles runs with the grid in request order and with the requests longest first
+(the engine's PAGEDLLM_DECODE_ORDER=1), and the table shows both.
 """
 
 from __future__ import annotations
@@ -43,12 +46,15 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--graph-max-seq-len", type=int, default=4096, help="the bound the split count is taken from")
+    ap.add_argument("--order-ab", action="store_true", help="a few tiles, each in request order and longest first")
     args = ap.parse_args()
     import triton.testing
 
     rng = random.Random(0)
     b = args.batch
     loads = {"w1-mix": [rng.randint(100, 2048) for _ in range(b)], "1024": [1024] * b}
+    if args.order_ab:  # W1 300 steps in: prompts of 100-1024 plus 300 generated tokens
+        loads["w1-t300"] = [rng.randint(100, 1024) + 300 for _ in range(b)]
     gen = torch.Generator().manual_seed(0)
     splits = decode_num_splits(b, HKV, args.graph_max_seq_len, _num_sms(0))
     print(f"# decode sweep: B={b}, Hq={HQ} Hkv={HKV} D={HD} bs={BS}, splits={splits}", flush=True)
@@ -73,12 +79,16 @@ def main() -> None:
             results = {}
             configs = [("mma", *c) for c in itertools.product((64, 128, 256), (4, 8), (2, 3, 4))]
             configs += [("fma", *c) for c in itertools.product((16, 32, 64), (4, 8), (1, 2))]
-            for kind, bn, w, st in configs:
-                def run(kind=kind, bn=bn, w=w, st=st):
+            orders = [None]
+            if args.order_ab:
+                configs = list(dict.fromkeys([default, ("mma", 64, 4, 3), ("mma", 64, 4, 4), ("mma", 128, 4, 3)]))
+                orders.append(torch.argsort(batch.seq_lens, descending=True).to(torch.int32))
+            for (kind, bn, w, st), order in itertools.product(configs, orders):
+                def run(kind=kind, bn=bn, w=w, st=st, order=order):
                     return decode_attention_triton(q, kc, vc, batch.block_tables, batch.seq_lens, out, HD**-0.5,
                                                    max_seq_len=args.graph_max_seq_len, block_n=bn, num_warps=w,
                                                    num_stages=st, kind=kind, k_scale=k_scale,
-                                                   v_scale=v_scale)  # fmt: skip
+                                                   v_scale=v_scale, order=order)  # fmt: skip
                 try:
                     err = (run().float() - ref.float()).abs().max().item()
                     ms = triton.testing.do_bench(run, warmup=10, rep=50, return_mode="median")
@@ -86,12 +96,14 @@ def main() -> None:
                     print(f"{cache} {load} {kind} bn={bn} w={w} st={st}: {type(exc).__name__}", flush=True)
                     continue
                 ok = err < 0.05
-                results[(kind, bn, w, st)] = ms if ok else float("inf")
-                print(f"{cache} {load:7s} {kind} bn={bn:<3} w={w} st={st}: {ms * 1e3:8.1f} us "
+                key = (kind, bn, w, st) + (("longest first",) if order is not None else ())
+                results[key] = ms if ok else float("inf")
+                tag = " longest first" if order is not None else ""
+                print(f"{cache} {load:7s} {kind} bn={bn:<3} w={w} st={st}{tag}: {ms * 1e3:8.1f} us "
                       f"{kv_bytes / ms / 1e9:6.2f} TB/s err {err:.1e}{'' if ok else '  WRONG'}", flush=True)  # fmt: skip
             cfg = min(results, key=results.get)
             table.append((cache, load, default, results.get(default, float("nan")), cfg, results[cfg], kv_bytes))
-            if load == "w1-mix":
+            if load == "w1-mix" and len(cfg) == 4:
                 best[cache] = (results[cfg], cfg)
     print("\n=== decode kernel, us (TB/s) ===")
     for cache, load, d, dms, cfg, ms, nbytes in table:

@@ -12,16 +12,39 @@ passes the same upper bound `max_seq_len` at capture and at replay.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
-from pagedllm.attention.backend import AttentionBackend, ForwardBatch
+from pagedllm.attention.backend import AttentionBackend, AttentionMetadata, ForwardBatch
 from pagedllm.kernels.attention import prefill_attention_triton, store_kv_triton
 from pagedllm.kernels.attention_decode import decode_attention_triton
+
+
+class TritonMetadata(AttentionMetadata):
+    """The step's decodes by descending context length (int32 [num_decodes]), sorted once on the
+    device for all layers: the decode kernel's programs take the longest first, so that the grid's
+    tail is short work (PAGEDLLM_DECODE_ORDER=1; off by default until measured on the GPU)."""
+
+    __slots__ = ("decode_order",)
+
+    def __init__(self, decode_order: torch.Tensor):
+        self.decode_order = decode_order
 
 
 class TritonAttentionBackend(AttentionBackend):
     name = "triton"
     attends_stored_kv = True
+
+    def __init__(self) -> None:
+        self.order_decodes = os.environ.get("PAGEDLLM_DECODE_ORDER", "0") == "1"
+
+    def build_metadata(self, batch: ForwardBatch, block_size: int) -> AttentionMetadata | None:
+        nd = batch.num_decodes
+        if not self.order_decodes or nd < 2:
+            return None
+        order = torch.argsort(batch.seq_lens[:nd], descending=True).to(torch.int32)
+        return TritonMetadata(order)
 
     def forward(
         self,
@@ -60,6 +83,7 @@ class TritonAttentionBackend(AttentionBackend):
                 q[:nd], k_cache, v_cache, batch.block_tables, batch.seq_lens, out[:nd], scale,
                 max_seq_len=batch.max_seq_len, k_scale=k_scale, v_scale=v_scale,
                 sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
+                order=meta.decode_order if isinstance(meta := batch.attn_metadata, TritonMetadata) else None,
             )  # fmt: skip
         if num_reqs > nd:
             max_query_len = max(batch.query_lens_cpu[nd:])

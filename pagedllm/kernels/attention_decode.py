@@ -34,10 +34,22 @@ from pagedllm.kernels.attention import (
 
 
 @triton.jit
-def _partition(seq_lens_ptr, window, BLOCK_N: tl.constexpr, SLIDING: tl.constexpr):
+def _partition(seq_lens_ptr, order_ptr, window, BLOCK_N: tl.constexpr, SLIDING: tl.constexpr,
+               ORDERED: tl.constexpr):  # fmt: skip
     """This program's (request, kv head, split) and its keys [start, end): the request's context
-    (a sliding window's last W keys) cut into the grid's num_splits partitions of whole tiles."""
+    (a sliding window's last W keys) cut into the grid's num_splits partitions of whole tiles.
+    The grid is (requests, kv heads, splits); ORDERED: (kv heads, requests, splits), the
+    requests taken in `order` (longest context first, say). Programs launch x-fastest, so all
+    kv heads of one request start before the next request's: the longest work starts first and
+    the short work fills the grid's tail. (Both indices stay program ids: decoding them from one
+    linear id cost the kernel 18 more registers, one CTA less per SM.)"""
     req = tl.program_id(0).to(tl.int64)
+    kv_head = tl.program_id(1)
+    num_kv_heads = tl.num_programs(1)
+    if ORDERED:
+        req = tl.load(order_ptr + tl.program_id(1)).to(tl.int64)
+        kv_head = tl.program_id(0)
+        num_kv_heads = tl.num_programs(0)
     split = tl.program_id(2)
     num_splits = tl.num_programs(2)
     seq_len = tl.load(seq_lens_ptr + req)
@@ -47,7 +59,7 @@ def _partition(seq_lens_ptr, window, BLOCK_N: tl.constexpr, SLIDING: tl.constexp
         first = tl.maximum(seq_len - window, 0)
     part_len = tl.cdiv(tl.cdiv(seq_len - first, num_splits), BLOCK_N) * BLOCK_N
     start = first + split * part_len
-    return req, tl.program_id(1), split, num_splits, start, tl.minimum(start + part_len, seq_len)
+    return req, kv_head, num_kv_heads, split, num_splits, start, tl.minimum(start + part_len, seq_len)
 
 
 @triton.jit
@@ -57,6 +69,7 @@ def _decode_kernel(
     v_cache_ptr,  # [N, bs, Hkv, D]
     block_tables_ptr,  # [B, max_blocks] int32
     seq_lens_ptr,  # [B] int32
+    order_ptr,  # [B] int32: the requests in the order the programs take them (read when ORDERED)
     out_ptr,  # [B, Hq, D], written when there is one split
     part_out_ptr,  # [B, Hq, num_splits, D] float32, unnormalised partial outputs
     part_max_ptr,  # [B, Hq, num_splits] float32, running max (base 2)
@@ -71,12 +84,13 @@ def _decode_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, Q_AS_FP16: tl.constexpr,
-    SLIDING: tl.constexpr = False, SOFT_CAP: tl.constexpr = False,
+    SLIDING: tl.constexpr = False, SOFT_CAP: tl.constexpr = False, ORDERED: tl.constexpr = False,
 ):  # fmt: skip
     # The split count is the grid's third dimension, a runtime value: a new count (it follows
     # the batch size and the longest context) needs no new compile, which would stall serving
     # for a second or more. SPLIT (count > 1) picks partial outputs over the final one.
-    req, kv_head, split, num_splits, start, end = _partition(seq_lens_ptr, window, BLOCK_N, SLIDING)
+    req, kv_head, num_kv_heads, split, num_splits, start, end = _partition(
+        seq_lens_ptr, order_ptr, window, BLOCK_N, SLIDING, ORDERED)
 
     g = tl.arange(0, BLOCK_G)  # rows: the query heads of this kv head's group (padded to >= 16)
     g_mask = g < GROUP
@@ -113,7 +127,7 @@ def _decode_kernel(
             mask=g_mask[:, None] & dim_mask[None, :],
         )
     else:
-        row = (req * (GROUP * tl.num_programs(1)) + heads) * num_splits + split  # [BLOCK_G]
+        row = (req * (GROUP * num_kv_heads) + heads) * num_splits + split  # [BLOCK_G]
         tl.store(part_max_ptr + row, m_i, mask=g_mask)
         tl.store(part_sum_ptr + row, l_i, mask=g_mask)
         tl.store(
@@ -166,7 +180,7 @@ def _fma_store(
 
 @triton.jit
 def _decode_fma_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, out_ptr, part_out_ptr, part_max_ptr,
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, order_ptr, out_ptr, part_out_ptr, part_max_ptr,
     part_sum_ptr, qk_scale, v_scale,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
@@ -174,6 +188,7 @@ def _decode_fma_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     SPLIT: tl.constexpr, PREFETCH: tl.constexpr, SLIDING: tl.constexpr = False, SOFT_CAP: tl.constexpr = False,
+    ORDERED: tl.constexpr = False,
 ):  # fmt: skip
     # _decode_kernel's work (same grid, partitions and outputs) without tensor cores, for
     # GROUP <= 4 query heads per kv head: K and V tiles are converted to float32 once and each
@@ -182,7 +197,8 @@ def _decode_fma_kernel(
     # group to 16 rows and, we expect, stage each converted tile through shared memory in the
     # dot's layout, where here a tile stays in the registers it was loaded into. Whether this
     # is faster is for benchmarks/decode_sweep.py to say.
-    req, kv_head, split, num_splits, start, end = _partition(seq_lens_ptr, window, BLOCK_N, SLIDING)
+    req, kv_head, num_kv_heads, split, num_splits, start, end = _partition(
+        seq_lens_ptr, order_ptr, window, BLOCK_N, SLIDING, ORDERED)
     dims = tl.arange(0, BLOCK_D)
     dim_mask = dims < HEAD_DIM
     q_row = q_ptr + req * stride_qt + (kv_head * GROUP) * stride_qh + dims
@@ -234,7 +250,7 @@ def _decode_fma_kernel(
             m2, l2, a2 = _fma_step(kf, vf, q2, m2, l2, a2, key_mask, qk_scale, soft_cap, SOFT_CAP)
         if GROUP > 3:
             m3, l3, a3 = _fma_step(kf, vf, q3, m3, l3, a3, key_mask, qk_scale, soft_cap, SOFT_CAP)
-    nh = GROUP * tl.num_programs(1)
+    nh = GROUP * num_kv_heads
     h0 = kv_head * GROUP
     _fma_store(m0, l0, a0, h0, req, split, num_splits, nh, v_scale, out_ptr, part_out_ptr, part_max_ptr,
                part_sum_ptr, stride_ot, stride_oh, dims, dim_mask, HEAD_DIM, SPLIT)  # fmt: skip
@@ -357,6 +373,7 @@ def decode_attention_triton(
     v_scale: float = 1.0,
     sliding_window: int | None = None,  # attend to the last sliding_window keys only
     logits_soft_cap: float | None = None,  # scores -> cap * tanh(scores / cap)
+    order: torch.Tensor | None = None,  # [>= B] int32: the requests in the order programs take them
 ) -> torch.Tensor:
     b, hq, d = q.shape
     _, bs, hkv, _ = k_cache.shape
@@ -388,7 +405,8 @@ def decode_attention_triton(
         part_out = part_max = part_sum = out  # unused
     window_cap, switches = window_cap_args(sliding_window, logits_soft_cap)
     args = (
-        q, k_cache, v_cache, block_tables, seq_lens, out, part_out, part_max, part_sum,
+        q, k_cache, v_cache, block_tables, seq_lens, seq_lens if order is None else order, out, part_out, part_max,
+        part_sum,
         scale * _LOG2E * k_scale, v_scale,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -396,13 +414,14 @@ def decode_attention_triton(
         block_tables.stride(0), *window_cap,
     )  # fmt: skip
     common = dict(GROUP=group, HEAD_DIM=d, BLOCK_SIZE=bs, BLOCK_N=block_n, BLOCK_D=block_d, SPLIT=num_splits > 1,
-                  **switches, num_warps=num_warps, num_stages=num_stages)  # fmt: skip
+                  ORDERED=order is not None, **switches, num_warps=num_warps, num_stages=num_stages)  # fmt: skip
+    grid = (b, hkv, num_splits) if order is None else (hkv, b, num_splits)
     if kind == "fma":
         # num_stages > 1: the loop prefetches the next tile into registers (Triton's own
         # pipelining needs a dot)
-        _decode_fma_kernel[(b, hkv, num_splits)](*args, PREFETCH=num_stages > 1, **common)
+        _decode_fma_kernel[grid](*args, PREFETCH=num_stages > 1, **common)
     else:
-        _decode_kernel[(b, hkv, num_splits)](
+        _decode_kernel[grid](
             *args, BLOCK_G=max(16, next_power_of_2(group)), DOT_PRECISION=_dot_precision(q.dtype),
             Q_AS_FP16=dot_dtype_fp16(q.dtype, k_cache.dtype), **common,
         )  # fmt: skip

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from pagedllm.attention.backend import ForwardBatch
+from pagedllm.attention.backend import AttentionBackend, ForwardBatch
 from pagedllm.worker.input_batch import StepBuffers, aligned, int32_offsets
 
 logger = logging.getLogger(__name__)
@@ -33,8 +33,13 @@ def batch_size_ladder(max_bs: int) -> list[int]:
 
 
 class DecodeGraphs:
-    def __init__(self, model: Any, buffers: StepBuffers, max_bs: int, max_model_len: int):
+    def __init__(self, model: Any, buffers: StepBuffers, max_bs: int, max_model_len: int,
+                 backend: AttentionBackend | None = None, block_size: int = 16):  # fmt: skip
         self.model = model
+        # the attention metadata is built inside the captured forward: what the backend derives
+        # from the batch (on the device) is recomputed from the buffers at every replay
+        self.backend = backend
+        self.block_size = block_size
         self.buffers = buffers
         self.device = buffers.ints.device
         self.max_bs = max_bs
@@ -102,6 +107,8 @@ class DecodeGraphs:
         )
 
     def _forward(self, batch: ForwardBatch, bs: int) -> None:
+        if self.backend is not None:
+            batch.attn_metadata = self.backend.build_metadata(batch, self.block_size)
         hidden = self.model(batch.input_ids, batch.positions, batch)
         logits = self.model.compute_logits(hidden)
         if self.logits is None:

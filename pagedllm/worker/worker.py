@@ -221,7 +221,8 @@ class Worker:
 
             sc = self.config.scheduler_config
             assert self.runner.buffers is not None
-            graphs = DecodeGraphs(self.model, self.runner.buffers, min(sc.max_num_seqs, 512), mc.max_model_len)
+            graphs = DecodeGraphs(self.model, self.runner.buffers, min(sc.max_num_seqs, 512), mc.max_model_len,
+                                  self.backend, self.config.cache_config.block_size)  # fmt: skip
             t1 = time.time()
             logger.info(
                 "%scapturing CUDA graphs of decode steps (up to batch %d) ...", self._tag(), min(sc.max_num_seqs, 512)

@@ -187,9 +187,11 @@ def check_store_kv(device, dtype, num_tokens, hkv, head_dim, block_size, seed=0)
 
 
 def check_decode(device, dtype, seq_lens, hq, hkv, head_dim, block_size, num_splits=None, seed=0,
-                 sliding_window=None, logits_soft_cap=None, kind=None, num_stages=None):
+                 sliding_window=None, logits_soft_cap=None, kind=None, num_stages=None, order=None):
     """Decode kernel alone (num_splits None: the heuristic for the batch's max_seq_len; kind
-    "mma" / "fma" / None: the default), with a sliding window and a logit soft cap when given."""
+    "mma" / "fma" / None: the default), with a sliding window and a logit soft cap when given;
+    order "desc" / "shuffled": the programs take the requests longest first / in a random order
+    (the output must not change)."""
     opts = dict(sliding_window=sliding_window, logits_soft_cap=logits_soft_cap)
     from pagedllm.kernels.attention_decode import decode_attention_triton
 
@@ -197,9 +199,13 @@ def check_decode(device, dtype, seq_lens, hq, hkv, head_dim, block_size, num_spl
     batch, num_blocks = make_batch([1] * b, seq_lens, b, block_size, device, seed)
     q, _, _, k_cache, v_cache = _attention_inputs(batch, num_blocks, block_size, hq, hkv, head_dim, dtype, device, seed)
     out = torch.empty_like(q)
+    if order == "desc":
+        order = torch.argsort(batch.seq_lens, descending=True).to(torch.int32)
+    elif order == "shuffled":
+        order = torch.randperm(b, generator=torch.Generator().manual_seed(seed)).to(torch.int32).to(device)
     decode_attention_triton(
         q, k_cache, v_cache, batch.block_tables, batch.seq_lens, out, head_dim**-0.5,
-        max_seq_len=batch.max_seq_len, num_splits=num_splits, kind=kind, num_stages=num_stages, **opts,
+        max_seq_len=batch.max_seq_len, num_splits=num_splits, kind=kind, num_stages=num_stages, order=order, **opts,
     )  # fmt: skip
     ref = paged_attention_torch(q, k_cache, v_cache, batch, head_dim**-0.5, **opts)
     _close(out, ref, ATTENTION_TOL, f"decode kind={kind} splits={num_splits} {opts}")
@@ -223,13 +229,18 @@ def check_prefill(device, dtype, query_lens, seq_lens, hq, hkv, head_dim, block_
 
 
 def check_backend(device, dtype, query_lens, seq_lens, num_decodes, hq, hkv, head_dim, block_size, seed=0, pad_tokens=0,
-                  backend=None, sliding_window=None, logits_soft_cap=None):
-    """The whole backend (store + decode + prefill; default Triton) against TorchAttentionBackend."""
+                  backend=None, sliding_window=None, logits_soft_cap=None, order_decodes=False):
+    """The whole backend (store + decode + prefill; default Triton) against TorchAttentionBackend;
+    order_decodes: the Triton backend's step metadata orders the decodes longest first."""
     if backend is None:
         from pagedllm.attention.triton_backend import TritonAttentionBackend
 
         backend = TritonAttentionBackend()
+        backend.order_decodes = order_decodes
     batch, num_blocks = make_batch(query_lens, seq_lens, num_decodes, block_size, device, seed, pad_tokens)
+    batch.attn_metadata = backend.build_metadata(batch, block_size)
+    if order_decodes:
+        assert batch.attn_metadata is not None or num_decodes < 2, "no decode order was built"
     q, k, v, k_cache, v_cache = _attention_inputs(batch, num_blocks, block_size, hq, hkv, head_dim, dtype, device, seed)
     kc_ref, vc_ref = k_cache.clone(), v_cache.clone()
     opts = dict(sliding_window=sliding_window, logits_soft_cap=logits_soft_cap)
@@ -409,6 +420,9 @@ def test_decode(dtype, block_size, hq, hkv, head_dim):
     check_decode("cuda", dtype, seq_lens, hq, hkv, head_dim, block_size, num_splits=1)
     check_decode("cuda", dtype, seq_lens, hq, hkv, head_dim, block_size, num_splits=5)
     check_decode("cuda", dtype, seq_lens, hq, hkv, head_dim, block_size)
+    check_decode("cuda", dtype, seq_lens, hq, hkv, head_dim, block_size, num_splits=1, order="desc")
+    check_decode("cuda", dtype, seq_lens, hq, hkv, head_dim, block_size, num_splits=3, order="shuffled")
+    check_decode("cuda", dtype, seq_lens, hq, hkv, head_dim, block_size, num_splits=2, order="desc", kind="fma")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -459,6 +473,8 @@ def test_backend_mixed_batch(dtype, block_size, hq, hkv, head_dim):
     query_lens = [1, 1, 1, 1, 300, 64, 7]
     seq_lens = [5, 129, 4000, 48, 300, 1064, 519]
     check_backend("cuda", dtype, query_lens, seq_lens, 4, hq, hkv, head_dim, block_size, pad_tokens=3)
+    check_backend("cuda", dtype, query_lens, seq_lens, 4, hq, hkv, head_dim, block_size, pad_tokens=3,
+                  order_decodes=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16])

@@ -135,7 +135,7 @@ def test_fma_decode_kernel_compiles_for_sm90(prefetch):
     from pagedllm.kernels.inspect_sm90 import DECODE_STRIDES, compile_sm90, decode_signature, resources
 
     constexprs = {"GROUP": 2, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "BLOCK_N": 32, "BLOCK_D": 128, "SPLIT": True,
-                  "PREFETCH": prefetch, "SLIDING": False, "SOFT_CAP": False}
+                  "PREFETCH": prefetch, "SLIDING": False, "SOFT_CAP": False, "ORDERED": False}
     compiled = compile_sm90(ad._decode_fma_kernel, decode_signature("fp8e4nv"), constexprs, num_warps=8,
                             num_stages=2, aligned=DECODE_STRIDES)
     ptx, ttgir = compiled.asm["ptx"], compiled.asm["ttgir"]
@@ -146,3 +146,26 @@ def test_fma_decode_kernel_compiles_for_sm90(prefetch):
     r = resources(compiled)
     if r is not None:  # Triton's cuobjdump is there
         assert r["stack"] == 0, f"register spills: {r}"
+
+
+@pytest.mark.parametrize("cache", ["bf16", "fp8e4nv"])
+def test_ordered_decode_grid_costs_no_registers(cache):
+    """The longest-first decode order (PAGEDLLM_DECODE_ORDER) compiles for the H200 at the default
+    tiles with the registers of the plain grid: the order's (kv head, request) both stay program
+    ids (one linear id decoded by division cost 18 registers, one CTA less per SM)."""
+    from pagedllm.kernels import attention_decode as ad
+    from pagedllm.kernels.inspect_sm90 import DECODE_STRIDES, compile_sm90, decode_signature, resources
+
+    _, block_n, warps, stages = ad.DECODE_CONFIGS[2 if cache == "bf16" else 1]
+    regs = {}
+    for ordered in (False, True):
+        constexprs = {"GROUP": 2, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "BLOCK_G": 16, "BLOCK_N": block_n,
+                      "BLOCK_D": 128, "SPLIT": False, "DOT_PRECISION": "tf32", "Q_AS_FP16": cache != "bf16",
+                      "SLIDING": False, "SOFT_CAP": False, "ORDERED": ordered}
+        compiled = compile_sm90(ad._decode_kernel, decode_signature(cache), constexprs, num_warps=warps,
+                                num_stages=stages, aligned=DECODE_STRIDES)
+        r = resources(compiled)
+        if r is None:
+            pytest.skip("Triton's cuobjdump is not there")
+        regs[ordered] = r["regs"]
+    assert regs[True] <= regs[False], regs

@@ -48,6 +48,13 @@ _CASES = {
     "sample_chunks": ("check_sample_chunks", [200, 7, 16], {}),
     "backend_mixed": ("check_backend", [[1, 1, 6, 18], [9, 30, 6, 40], 2, 4, 2, 16, 16], {"pad_tokens": 2}),
     # sliding window (shorter and longer than the contexts) and logit soft cap (Gemma 2)
+    # the programs taking the requests in another order (longest first, shuffled): same output
+    "decode_ordered": ("check_decode", [[1, 70, 17, 40], 4, 2, 16, 16], {"num_splits": 1, "order": "desc"}),
+    "decode_ordered_split_k": ("check_decode", [[1, 70, 17, 40], 4, 2, 16, 16], {"num_splits": 3, "order": "shuffled"}),
+    "decode_fma_ordered": ("check_decode", [[1, 70, 17, 40], 4, 2, 16, 16], {"num_splits": 2, "order": "shuffled",
+                                                                            "kind": "fma"}),
+    "backend_ordered": ("check_backend", [[1, 1, 1, 6, 18], [9, 40, 30, 6, 40], 3, 4, 2, 16, 16],
+                        {"order_decodes": True}),
     "decode_window_split_k": ("check_decode", [[1, 70, 17], 4, 2, 16, 16], {"num_splits": 3, "sliding_window": 20}),
     # the CUDA-core decode kernel: groups of 2 and 3, split-K, window + soft cap
     "decode_fma_one_split": ("check_decode", [[1, 70, 17], 4, 2, 16, 16], {"num_splits": 1, "kind": "fma"}),
@@ -63,6 +70,7 @@ _CASES = {
 }
 _DOTLESS = {"rms_norm", "silu_and_mul", "gelu_tanh_and_mul", "rotary_gqa", "store_kv_bs16", "store_kv_bs32",
             "decode_fma_one_split", "decode_fma_split_k_group3", "decode_fma_window_softcap", "decode_fma_no_prefetch",
+            "decode_fma_ordered",
             "sample", "sample_bitmask", "sample_chunks"}
 _DTYPES = ["float32", "float16", "bfloat16"]
 _LOGITS_DTYPES = {"sample", "sample_bitmask", "sample_chunks"}  # logits: float32, or a 16-bit LM head's bfloat16
