@@ -1,5 +1,6 @@
 """InputBatch: the runner's per-request rows, kept across steps and changed only where a
-request joins, leaves, gains blocks or gains tokens; StepBuffers: the device tensors every
+request joins, leaves, gains blocks or gains tokens; CachedRequestState: a live request's
+facts that are not rows (and views of those that are); StepBuffers: the device tensors every
 step's inputs are copied into (the CUDA graphs read the same ones).
 
 A step's inputs are gathered from the rows with numpy indexing by row, never by a Python loop
@@ -28,6 +29,7 @@ whose `gen` is still the one it launched with.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -199,6 +201,30 @@ class InputBatch:
         int64, tokens [S] int64. Rows of requests without penalties count too, unread."""
         assert self.output_counts is not None
         self.output_counts.index_put_((rows, tokens), torch.ones_like(tokens, dtype=torch.int32), accumulate=True)
+
+
+@dataclass(slots=True)
+class CachedRequestState:
+    """A live request's facts that are not rows of the InputBatch (and views of those that are)."""
+
+    req_id: str
+    row: int  # its row in the runner's InputBatch
+    batch: InputBatch
+    num_prompt_tokens: int
+    sampling_params: SamplingParams
+    generator: torch.Generator | None
+    eos_token_ids: frozenset[int]
+    grammar: Any = None  # structured outputs: its matcher (a RequestGrammar, or a GrammarPool's RemoteGrammar)
+
+    @property
+    def token_ids(self) -> list[int]:
+        """The ids known on the host (a copy; under asynchronous scheduling one may be in flight)."""
+        b = self.batch
+        return b.token_ids[self.row, : b.num_tokens[self.row]].tolist()
+
+    @property
+    def num_computed_tokens(self) -> int:
+        return int(self.batch.num_computed[self.row])
 
 
 def aligned(n: int) -> int:

@@ -4,8 +4,9 @@ It keeps each live request as a row of its InputBatch (worker/input_batch.py: to
 table, sampling parameters, penalty histories on the device), changed by the scheduler's diffs
 and by its own samples; gathers the step's ForwardBatch from those rows with numpy (decodes
 first) into the device tensors the CUDA graphs read, runs the model, computes logits only at
-the rows that need them, and samples. Nothing on this path loops over requests in Python but
-the rows that need it (bans, biases, grammars, prompt logprobs).
+the rows that need them, and samples (the sampling inputs: worker/sampling_inputs.py). Nothing
+on this path loops over requests in Python but the rows that need it (bans, biases, grammars,
+prompt logprobs).
 
 Under asynchronous scheduling a decode's input token may be the previous launch's sample, not
 yet read back: it is copied on the device. Penalties and `min_tokens` read nothing in flight
@@ -48,7 +49,6 @@ from pagedllm.attention.backend import AttentionBackend, ForwardBatch
 from pagedllm.config import EngineConfig
 from pagedllm.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from pagedllm.distributed import SINGLE, ParallelState
-from pagedllm.model.logits_processors import LogitsEdits, banned_tail_tokens
 from pagedllm.model.sampler import (
     LogprobTensors,
     SamplingBatch,
@@ -57,46 +57,9 @@ from pagedllm.model.sampler import (
     logprob_tensors,
     sample,
 )
-from pagedllm.sampling_params import SamplingParams
 from pagedllm.worker.grammar_step import GrammarSteps
-from pagedllm.worker.input_batch import (
-    FREQUENCY,
-    GREEDY,
-    MIN_P,
-    PRESENCE,
-    REPETITION,
-    TEMPERATURE,
-    TOP_K,
-    TOP_P,
-    InputBatch,
-    StepBuffers,
-    aligned,
-    int32_offsets,
-)
-
-
-@dataclass(slots=True)
-class CachedRequestState:
-    """A live request's facts that are not rows of the InputBatch (and views of those that are)."""
-
-    req_id: str
-    row: int  # its row in the runner's InputBatch
-    batch: InputBatch
-    num_prompt_tokens: int
-    sampling_params: SamplingParams
-    generator: torch.Generator | None
-    eos_token_ids: frozenset[int]
-    grammar: Any = None  # structured outputs: its matcher (a RequestGrammar, or a GrammarPool's RemoteGrammar)
-
-    @property
-    def token_ids(self) -> list[int]:
-        """The ids known on the host (a copy; under asynchronous scheduling one may be in flight)."""
-        b = self.batch
-        return b.token_ids[self.row, : b.num_tokens[self.row]].tolist()
-
-    @property
-    def num_computed_tokens(self) -> int:
-        return int(self.batch.num_computed[self.row])
+from pagedllm.worker.input_batch import CachedRequestState, InputBatch, StepBuffers, aligned, int32_offsets
+from pagedllm.worker.sampling_inputs import sampling_batch
 
 
 class ModelRunner:
@@ -198,14 +161,6 @@ class ModelRunner:
         self._sample(h, logits, sb)
 
     # ---- inputs ----------------------------------------------------------------------
-    def _to_device(self, array: np.ndarray) -> torch.Tensor:
-        t = torch.from_numpy(array)
-        if self.device.type == "cpu":
-            return t
-        if self.pin:
-            t = t.pin_memory()
-        return t.to(self.device, non_blocking=True)
-
     def _upload(self, host: np.ndarray, dst: torch.Tensor | None) -> torch.Tensor:
         """host (a numpy array) on the device: copied into the persistent `dst` [: len] on CUDA
         (through pinned memory, without waiting), the same memory on the CPU."""
@@ -310,81 +265,6 @@ class ModelRunner:
         )
         return StepInputs(batch, rows, n, rows[samples], prompt_rows, graph)
 
-    def _sampling_batch(self, reqs: list[CachedRequestState], rows: np.ndarray) -> tuple[SamplingBatch, list[int]]:
-        """The sampling inputs of `reqs` (at InputBatch `rows`): the parameter columns in one
-        copy, penalties from the device histories; only rows with bans (min_tokens not yet
-        reached, bad words), biases, allowed ids or a grammar take the per-request path. Also
-        the indices of the rows with a grammar (their bitmask is left to the grammar step)."""
-        ib = self.input_batch
-        dev = self.device
-
-        def col(values, dtype=torch.float32):
-            return host_to_device(values, dtype, dev)
-
-        cols_np = np.ascontiguousarray(ib.cols[rows].T)  # [len(COLS), S]
-        cols = torch.from_numpy(cols_np) if dev.type == "cpu" else self._to_device(cols_np)
-        any_top_k = bool((cols_np[TOP_K] < self.vocab_size).any())
-        any_top_p = bool((cols_np[TOP_P] < 1.0).any())
-        any_min_p = bool((cols_np[MIN_P] > 0).any())
-        any_rep = bool((cols_np[REPETITION] != 1.0).any())
-        any_freq = bool((cols_np[FREQUENCY] != 0).any())
-        any_pres = bool((cols_np[PRESENCE] != 0).any())
-        # output tokens before the one sampled now (exact under asynchronous scheduling too)
-        num_out = ib.num_computed[rows] - ib.num_prompt[rows]
-        python_rows = np.flatnonzero(ib.python_edits[rows] | (num_out < ib.min_tokens[rows])).tolist()
-        edits = LogitsEdits()
-        grammar_rows = []
-        for i in python_rows:
-            r = reqs[i]
-            sp = r.sampling_params
-            n_out = int(num_out[i])
-            ids = set()
-            if n_out < sp.min_tokens:
-                ids = set(sp.all_stop_token_ids)
-                if not sp.ignore_eos:
-                    ids |= r.eos_token_ids
-            if sp.bad_words_token_ids:
-                ids.update(banned_tail_tokens(r.token_ids[r.num_prompt_tokens :], sp.bad_words_token_ids))
-            if ids:
-                edits.banned.append((i, sorted(t for t in ids if t < self.vocab_size)))
-            if sp.logit_bias:
-                edits.bias.append((i, sp.logit_bias))
-            if sp.allowed_token_ids:
-                edits.allowed.append((i, sp.allowed_token_ids))
-            if r.grammar is not None:
-                grammar_rows.append(i)
-        if grammar_rows:
-            edits.bitmask_rows = col(grammar_rows, torch.int64)
-            row_map = np.full(len(reqs), -1, dtype=np.int32)
-            row_map[grammar_rows] = np.arange(len(grammar_rows), dtype=np.int32)
-            edits.bitmask_row_map = self._to_device(row_map)
-        counts = mask = rows_dev = None
-        if any_rep or any_freq or any_pres:
-            assert ib.output_counts is not None and ib.prompt_mask is not None
-            rows_dev = self._to_device(rows)
-            counts = ib.output_counts[rows_dev]
-            mask = ib.prompt_mask[rows_dev] if any_rep else None
-        nl = ib.num_logprobs[rows]
-        num = len(reqs)
-        sb = SamplingBatch(
-            temperature=cols[TEMPERATURE],
-            greedy=cols[GREEDY] != 0,
-            all_greedy=bool(cols_np[GREEDY].all()),
-            top_k=cols[TOP_K].long() if any_top_k else None,
-            top_p=cols[TOP_P] if any_top_p else None,
-            min_p=cols[MIN_P] if any_min_p else None,
-            presence=cols[PRESENCE] if any_pres else None,
-            frequency=cols[FREQUENCY] if any_freq else None,
-            repetition=cols[REPETITION] if any_rep else None,
-            output_counts=counts,
-            prompt_mask=mask,
-            history_rows=rows_dev,
-            edits=edits,
-            generators=[r.generator for r in reqs] if ib.seeded[rows].any() else [None] * num,
-            num_logprobs=[None] * num if (nl < 0).all() else [None if k < 0 else k for k in nl.tolist()],
-        )
-        return sb, grammar_rows
-
     # ---- one step --------------------------------------------------------------------
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
         return self.collect(self.launch(so))
@@ -427,7 +307,7 @@ class ModelRunner:
             req_ids = ib.req_ids[srows].tolist()
             reqs = [self.requests[r] for r in req_ids]
             rows = logits if len(srows) == logits.shape[0] else logits[: len(srows)]  # sampled rows come first
-            sb, grammar_rows = self._sampling_batch(reqs, srows)
+            sb, grammar_rows = sampling_batch(ib, reqs, srows, self.vocab_size, self.device)
             h.states = reqs
             h.req_ids = req_ids
             h.rows = srows
