@@ -14,6 +14,8 @@
 #          longest first (PAGEDLLM_DECODE_ORDER), bf16 and FP8, W1-like loads
 #   w1order  W1 alternated (benchmarks/ab_w1.sh, ROUNDS=${ORDER_ROUNDS:-2}): A the default, B with
 #          PAGEDLLM_DECODE_ORDER=1; KV cache $AB_KV (auto); and the engine tests with it on
+#   archs  the GPU tests of the other architectures and MoE (tests/gpu/test_more_architectures_gpu.py,
+#          test_fused_moe.py), which had not run with the fused q/k norm + rotary + store-KV default
 #   tests  the decode and FP8 GPU tests (test_kernels.py -k "decode or backend or sample", test_fp8_gpu.py -k "backend or reference or decode_kinds")
 # Logs to $OUT; the figures are printed as they come, the sweep's table last.
 #   BUDGET=480 bash benchmarks/decode_gpu.sh [steps...]
@@ -57,6 +59,10 @@ for step in $STEPS; do
                echo "engine tests, decode order on, rc=$?: $(tail -1 "$OUT/tests_engine_order.log")"
                B_ENV=PAGEDLLM_DECODE_ORDER=1 ROUNDS=${ORDER_ROUNDS:-2} OUT=$OUT/w1order bash benchmarks/ab_w1.sh \
                    --kv-cache-dtype "${AB_KV:-auto}" | tail -2 ;;
+        archs) [ -d "$PWD/tokenizer" ] && export PAGEDLLM_TOKENIZER_DIR=${PAGEDLLM_TOKENIZER_DIR:-$PWD/tokenizer}
+               timeout $(( $(left) - 5 )) $PY -m pytest -q -x tests/gpu/test_more_architectures_gpu.py \
+                   tests/gpu/test_fused_moe.py > "$OUT/tests_archs.log" 2>&1
+               echo "architecture + MoE GPU tests rc=$?: $(tail -1 "$OUT/tests_archs.log")" ;;
         tests) timeout $(( $(left) - 5 )) $PY -m pytest -q -x tests/gpu/test_kernels.py -k "decode or backend or sample" > "$OUT/tests_decode.log" 2>&1
                echo "decode tests rc=$?: $(tail -1 "$OUT/tests_decode.log")"
                timeout $(( $(left) - 5 )) $PY -m pytest -q -x tests/gpu/test_fp8_gpu.py -k "backend or reference or decode_kinds" > "$OUT/tests_fp8.log" 2>&1
