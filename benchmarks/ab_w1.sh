@@ -7,7 +7,7 @@
 #   A_ENV / B_ENV  "VAR=value ..." set for that variant's runs (e.g. A_ENV=PAGEDLLM_FUSED_ROPE_KV=0)
 # Extra arguments go to throughput.py (e.g. --kv-cache-dtype fp8).
 #   A_PATH=abtree ROUNDS=2 OUT=dir bash benchmarks/ab_w1.sh [--kv-cache-dtype fp8]
-#   A_ENV="PAGEDLLM_DECODE_CONFIG=mma,64,4,3" ROUNDS=3 bash benchmarks/ab_w1.sh
+#   A_ENV="PAGEDLLM_DECODE_CONFIG=64,4,3" ROUNDS=3 bash benchmarks/ab_w1.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1

@@ -16,7 +16,8 @@
 #          PAGEDLLM_DECODE_ORDER=1; KV cache $AB_KV (auto); and the engine tests with it on
 #   archs  the GPU tests of the other architectures and MoE (tests/gpu/test_more_architectures_gpu.py,
 #          test_fused_moe.py), which had not run with the fused q/k norm + rotary + store-KV default
-#   tests  the decode and FP8 GPU tests (test_kernels.py -k "decode or backend or sample", test_fp8_gpu.py -k "backend or reference or decode_kinds")
+#   tests  the decode, sampler and FP8 GPU tests (test_kernels.py -k "decode or backend", test_sampling_gpu.py,
+#          test_fp8_gpu.py -k "backend or reference or decode")
 # Logs to $OUT; the figures are printed as they come, the sweep's table last.
 #   BUDGET=480 bash benchmarks/decode_gpu.sh [steps...]
 set -uo pipefail
@@ -63,9 +64,9 @@ for step in $STEPS; do
                timeout $(( $(left) - 5 )) $PY -m pytest -q -x tests/gpu/test_more_architectures_gpu.py \
                    tests/gpu/test_fused_moe.py > "$OUT/tests_archs.log" 2>&1
                echo "architecture + MoE GPU tests rc=$?: $(tail -1 "$OUT/tests_archs.log")" ;;
-        tests) timeout $(( $(left) - 5 )) $PY -m pytest -q -x tests/gpu/test_kernels.py -k "decode or backend or sample" > "$OUT/tests_decode.log" 2>&1
+        tests) timeout $(( $(left) - 5 )) $PY -m pytest -q -x tests/gpu/test_kernels.py tests/gpu/test_sampling_gpu.py -k "decode or backend or sample" > "$OUT/tests_decode.log" 2>&1
                echo "decode tests rc=$?: $(tail -1 "$OUT/tests_decode.log")"
-               timeout $(( $(left) - 5 )) $PY -m pytest -q -x tests/gpu/test_fp8_gpu.py -k "backend or reference or decode_kinds" > "$OUT/tests_fp8.log" 2>&1
+               timeout $(( $(left) - 5 )) $PY -m pytest -q -x tests/gpu/test_fp8_gpu.py -k "backend or reference or decode" > "$OUT/tests_fp8.log" 2>&1
                echo "fp8 kv tests rc=$?: $(tail -1 "$OUT/tests_fp8.log")" ;;
         engine) [ -d "$PWD/tokenizer" ] && export PAGEDLLM_TOKENIZER_DIR=${PAGEDLLM_TOKENIZER_DIR:-$PWD/tokenizer}
                 timeout $(( $(left) - 5 )) $PY -m pytest -q -x tests/gpu/test_engine_gpu.py > "$OUT/tests_engine.log" 2>&1

@@ -35,35 +35,28 @@ def main() -> None:
     from pagedllm.kernels.inspect_sm90 import DECODE_STRIDES, compile_sm90, decode_signature, resources
 
     print(f"# decode kernels for sm_90, group {args.group}, head_dim {args.head_dim}, triton {triton.__version__}")
-    print(f"{'cache':5s} {'kind':4s} {'tiles':9s} {'regs':>4s} {'stack':>5s} {'shared':>7s} {'progs/SM':>8s} "
+    print(f"{'cache':5s} {'tiles':9s} {'regs':>4s} {'stack':>5s} {'shared':>7s} {'progs/SM':>8s} "
           f"{'warps/SM':>8s} cp.async v4-loads")
-    grid = [("mma", *c) for c in itertools.product((64, 128, 256), (4, 8), (2, 3, 4))]
-    if args.group <= ad.FMA_MAX_GROUP:
-        grid += [("fma", *c) for c in itertools.product((16, 32, 64), (4, 8), (1, 2))]
+    grid = list(itertools.product((64, 128, 256), (4, 8), (2, 3, 4)))
     for cache in ("bf16", "fp8e4nv"):
-        for kind, bn, warps, stages in grid:
+        for bn, warps, stages in grid:
             const = dict(GROUP=args.group, HEAD_DIM=args.head_dim, BLOCK_SIZE=16, BLOCK_N=bn,
                          BLOCK_D=next_power_of_2(args.head_dim), SPLIT=False, SLIDING=False, SOFT_CAP=False,
-                         ORDERED=False)
-            if kind == "mma":
-                const.update(BLOCK_G=max(16, next_power_of_2(args.group)), DOT_PRECISION="tf32",
-                             Q_AS_FP16=cache != "bf16")
-                kernel = ad._decode_kernel
-            else:
-                const.update(PREFETCH=stages > 1)
-                kernel = ad._decode_fma_kernel
+                         ORDERED=False, BLOCK_G=max(16, next_power_of_2(args.group)), DOT_PRECISION="tf32",
+                         Q_AS_FP16=cache != "bf16")
             try:
-                compiled = compile_sm90(kernel, decode_signature(cache), const, warps, stages, aligned=DECODE_STRIDES)
+                compiled = compile_sm90(ad._decode_kernel, decode_signature(cache), const, warps, stages,
+                                        aligned=DECODE_STRIDES)
                 r = resources(compiled)
             except Exception as exc:  # e.g. out of shared memory
-                print(f"{cache:5s} {kind:4s} {bn}/{warps}/{stages}: {type(exc).__name__}: {str(exc)[:80]}")
+                print(f"{cache:5s} {bn}/{warps}/{stages}: {type(exc).__name__}: {str(exc)[:80]}")
                 continue
             if r is None:
                 sys.exit("decode_resources: Triton's cuobjdump is missing")
             threads = 32 * warps
             progs = min(REGS_PER_SM // max(r["regs"] * threads, 1), SHARED_PER_SM // max(r["shared"], 1),
                         MAX_THREADS_PER_SM // threads)
-            print(f"{cache[:5]:5s} {kind:4s} {f'{bn}/{warps}/{stages}':9s} {r['regs']:4d} {r['stack']:5d} "
+            print(f"{cache[:5]:5s} {f'{bn}/{warps}/{stages}':9s} {r['regs']:4d} {r['stack']:5d} "
                   f"{r['shared']:7d} {progs:8d} {progs * warps:8d} {str(r['cp_async']):8s} {r['v4']}", flush=True)
 
 

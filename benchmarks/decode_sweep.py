@@ -1,6 +1,5 @@
 """The paged decode kernels' tiles at W1's shape, bf16 and FP8 caches (issues 13 and 14): each
-(kind, BLOCK_N, num_warps, num_stages) -- kind "mma" the tensor-core kernel, "fma" the CUDA-core
-one -- checked against the torch reference and timed with
+(BLOCK_N, num_warps, num_stages) checked against the torch reference and timed with
 triton.testing.do_bench (median). Qwen3-0.6B's attention (16 query heads, 8 kv heads, head_dim
 128), block size 16, 256 requests with W1's context lengths (100-1024 prompt + up to 1024
 generated: uniform 100-2048 here) and with 1,024 each; the split count is the engine's
@@ -10,7 +9,7 @@ generated: uniform 100-2048 here) and with 1,024 each; the split count is the en
     python benchmarks/decode_sweep.py --order-ab       # longest-first program order, a few tiles
 
 Prints one line per config and, last, the best per cache dtype beside the default; --out writes
-{"bf16": "kind,block_n,warps,stages", "fp8": ...} for PAGEDLLM_DECODE_CONFIG. With --order-ab,
+{"bf16": "block_n,warps,stages", "fp8": ...} for PAGEDLLM_DECODE_CONFIG. With --order-ab,
 each of a few tiles runs with the grid in request order and with the requests longest first
 (the engine's PAGEDLLM_DECODE_ORDER=1), and the table shows both.
 """
@@ -77,33 +76,33 @@ def main() -> None:
             out = torch.empty_like(q)
             kv_bytes = 2 * sum(seq_lens) * HKV * HD * kc.element_size()
             results = {}
-            configs = [("mma", *c) for c in itertools.product((64, 128, 256), (4, 8), (2, 3, 4))]
-            configs += [("fma", *c) for c in itertools.product((16, 32, 64), (4, 8), (1, 2))]
+            configs = list(itertools.product((64, 128, 256), (4, 8), (2, 3, 4)))
             orders = [None]
             if args.order_ab:
-                configs = list(dict.fromkeys([default, ("mma", 64, 4, 3), ("mma", 64, 4, 4), ("mma", 128, 4, 3)]))
+                configs = list(dict.fromkeys([default, (64, 4, 3), (64, 4, 4), (128, 4, 3)]))
                 orders.append(torch.argsort(batch.seq_lens, descending=True).to(torch.int32))
-            for (kind, bn, w, st), order in itertools.product(configs, orders):
-                def run(kind=kind, bn=bn, w=w, st=st, order=order):
+            for (bn, w, st), order in itertools.product(configs, orders):
+                def run(bn=bn, w=w, st=st, order=order):
                     return decode_attention_triton(q, kc, vc, batch.block_tables, batch.seq_lens, out, HD**-0.5,
                                                    max_seq_len=args.graph_max_seq_len, block_n=bn, num_warps=w,
-                                                   num_stages=st, kind=kind, k_scale=k_scale,
+                                                   num_stages=st, k_scale=k_scale,
                                                    v_scale=v_scale, order=order)  # fmt: skip
                 try:
                     err = (run().float() - ref.float()).abs().max().item()
                     ms = triton.testing.do_bench(run, warmup=10, rep=50, return_mode="median")
                 except Exception as exc:  # out of shared memory / registers
-                    print(f"{cache} {load} {kind} bn={bn} w={w} st={st}: {type(exc).__name__}", flush=True)
+                    print(f"{cache} {load} bn={bn} w={w} st={st}: {type(exc).__name__}", flush=True)
                     continue
                 ok = err < 0.05
-                key = (kind, bn, w, st) + (("longest first",) if order is not None else ())
+                key = (bn, w, st) + (("longest first",) if order is not None else ())
                 results[key] = ms if ok else float("inf")
                 tag = " longest first" if order is not None else ""
-                print(f"{cache} {load:7s} {kind} bn={bn:<3} w={w} st={st}{tag}: {ms * 1e3:8.1f} us "
-                      f"{kv_bytes / ms / 1e9:6.2f} TB/s err {err:.1e}{'' if ok else '  WRONG'}", flush=True)  # fmt: skip
+                print(f"{cache} {load:7s} bn={bn:<3} w={w} st={st}{tag}: {ms * 1e3:8.1f} us "
+                      f"{kv_bytes / ms / 1e9:6.2f} TB/s err {err:.1e}{'' if ok else '  WRONG'}",
+                      flush=True)  # fmt: skip
             cfg = min(results, key=results.get)
             table.append((cache, load, default, results.get(default, float("nan")), cfg, results[cfg], kv_bytes))
-            if load == "w1-mix" and len(cfg) == 4:
+            if load == "w1-mix" and len(cfg) == 3:
                 best[cache] = (results[cfg], cfg)
     print("\n=== decode kernel, us (TB/s) ===")
     for cache, load, d, dms, cfg, ms, nbytes in table:

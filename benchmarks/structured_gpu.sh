@@ -10,7 +10,7 @@ set -uo pipefail
 OUT=${OUT:-./gpu-out}; mkdir -p "$OUT"
 TOK=${TOK:-.gpu/tokenizer}
 export PAGEDLLM_TOKENIZER_DIR=$PWD/$TOK
-timeout 120 python3 -m pytest -q -x tests/gpu/test_kernels.py -k "sample" > "$OUT/so_tests.log" 2>&1
+timeout 120 python3 -m pytest -q -x tests/gpu/test_sampling_gpu.py > "$OUT/so_tests.log" 2>&1
 echo "so tests: $(tail -1 "$OUT/so_tests.log")"
 for v in ${SO_VARIANTS:-default inline}; do
   case $v in

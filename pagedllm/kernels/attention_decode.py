@@ -27,7 +27,6 @@ from pagedllm.kernels.attention import (
     _attend_keys,
     _dot_precision,
     _last_dim_contiguous,
-    _load_kv_tile,
     dot_dtype_fp16,
     window_cap_args,
 )
@@ -137,138 +136,6 @@ def _decode_kernel(
         )
 
 
-@triton.jit
-def _fma_step(kf, vf, q, m, lsum, acc, valid, qk_scale, soft_cap, SOFT_CAP: tl.constexpr):
-    """One query head's step over a key tile kf, vf [N, D] (float32) on the CUDA cores. Each of
-    the tile's N key slots keeps its own online softmax (m, lsum [N], acc [N, D]) over the keys
-    that pass through it, so the loop has no reduction across keys; _fma_merge joins the slots."""
-    s = tl.sum(kf * q[None, :], axis=1) * qk_scale
-    if SOFT_CAP:
-        s = soft_cap * (1.0 - 2.0 / (tl.exp(2.0 * s / soft_cap) + 1.0))  # see _attend_tile
-    s = tl.where(valid, s, float("-inf"))
-    m_new = tl.maximum(m, s)
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a slot with no valid key yet
-    alpha = tl.exp2(m - m_safe)
-    p = tl.exp2(s - m_safe)
-    return m_new, lsum * alpha + p, acc * alpha[:, None] + p[:, None] * vf
-
-
-@triton.jit
-def _fma_merge(m, lsum, acc):
-    """The key slots of one head merged: (max, sum of exp2, unnormalised output [D])."""
-    mx = tl.max(m, axis=0)
-    w = tl.exp2(m - tl.where(mx == float("-inf"), 0.0, mx))  # empty slots weigh 0
-    return mx, tl.sum(lsum * w, axis=0), tl.sum(acc * w[:, None], axis=0)
-
-
-@triton.jit
-def _fma_store(
-    m, lsum, acc, head, req, split, num_splits, num_heads, v_scale, out_ptr, part_out_ptr, part_max_ptr, part_sum_ptr,
-    stride_ot, stride_oh, dims, dim_mask, HEAD_DIM: tl.constexpr, SPLIT: tl.constexpr,
-):  # fmt: skip
-    mx, total, o = _fma_merge(m, lsum, acc)
-    o = o * v_scale
-    if not SPLIT:
-        o = o / tl.where(total == 0.0, 1.0, total)  # seq_len 0 (a padded CUDA-graph slot): zeros
-        tl.store(out_ptr + req * stride_ot + head * stride_oh + dims, o.to(out_ptr.dtype.element_ty), mask=dim_mask)
-    else:
-        row = (req * num_heads + head) * num_splits + split
-        tl.store(part_max_ptr + row, mx)
-        tl.store(part_sum_ptr + row, total)
-        tl.store(part_out_ptr + row * HEAD_DIM + dims, o, mask=dim_mask)
-
-
-@triton.jit
-def _decode_fma_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, order_ptr, out_ptr, part_out_ptr, part_max_ptr,
-    part_sum_ptr, qk_scale, v_scale,
-    stride_qt, stride_qh, stride_ot, stride_oh,
-    stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-    stride_bt, window, soft_cap,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    SPLIT: tl.constexpr, PREFETCH: tl.constexpr, SLIDING: tl.constexpr = False, SOFT_CAP: tl.constexpr = False,
-    ORDERED: tl.constexpr = False,
-):  # fmt: skip
-    # _decode_kernel's work (same grid, partitions and outputs) without tensor cores, for
-    # GROUP <= 4 query heads per kv head: K and V tiles are converted to float32 once and each
-    # head takes its scores and output with FMAs (_fma_step). On an FP8 cache _decode_kernel is
-    # bound by its per-element work, not by HBM (RESULTS.md, ninth session); its dots pad the
-    # group to 16 rows and, we expect, stage each converted tile through shared memory in the
-    # dot's layout, where here a tile stays in the registers it was loaded into. Whether this
-    # is faster is for benchmarks/decode_sweep.py to say.
-    req, kv_head, num_kv_heads, split, num_splits, start, end = _partition(
-        seq_lens_ptr, order_ptr, window, BLOCK_N, SLIDING, ORDERED)
-    dims = tl.arange(0, BLOCK_D)
-    dim_mask = dims < HEAD_DIM
-    q_row = q_ptr + req * stride_qt + (kv_head * GROUP) * stride_qh + dims
-    bt_row = block_tables_ptr + req * stride_bt
-    # per query head g: q_g [D], and its slots' running max m_g, sum l_g [N] and output a_g [N, D]
-    q0 = tl.load(q_row, mask=dim_mask, other=0.0).to(tl.float32)
-    m0 = tl.full([BLOCK_N], float("-inf"), tl.float32)
-    l0 = tl.zeros([BLOCK_N], tl.float32)
-    a0 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-    q1, m1, l1, a1 = q0, m0, l0, a0
-    q2, m2, l2, a2 = q0, m0, l0, a0
-    q3, m3, l3, a3 = q0, m0, l0, a0
-    if GROUP > 1:
-        q1 = tl.load(q_row + stride_qh, mask=dim_mask, other=0.0).to(tl.float32)
-    if GROUP > 2:
-        q2 = tl.load(q_row + 2 * stride_qh, mask=dim_mask, other=0.0).to(tl.float32)
-    if GROUP > 3:
-        q3 = tl.load(q_row + 3 * stride_qh, mask=dim_mask, other=0.0).to(tl.float32)
-    # Triton pipelines no loop without a dot: with PREFETCH the loop loads the next tile itself
-    # before it works on this one (two tiles' bytes in flight per thread, for the registers of
-    # the raw tiles).
-    offs_n = tl.arange(0, BLOCK_N)
-    if PREFETCH:
-        keys = start + offs_n
-        k_next = _load_kv_tile(k_cache_ptr, bt_row, keys, keys < end, kv_head, dims, dim_mask,
-                               stride_kb, stride_ks, stride_kh, BLOCK_SIZE)  # fmt: skip
-        v_next = _load_kv_tile(v_cache_ptr, bt_row, keys, keys < end, kv_head, dims, dim_mask,
-                               stride_vb, stride_vs, stride_vh, BLOCK_SIZE)  # fmt: skip
-    for n0 in range(start, end, BLOCK_N):
-        keys = n0 + offs_n
-        key_mask = keys < end
-        if PREFETCH:
-            kf = k_next.to(tl.float32)
-            vf = v_next.to(tl.float32)
-            keys = keys + BLOCK_N
-            k_next = _load_kv_tile(k_cache_ptr, bt_row, keys, keys < end, kv_head, dims, dim_mask,
-                                   stride_kb, stride_ks, stride_kh, BLOCK_SIZE)  # fmt: skip
-            v_next = _load_kv_tile(v_cache_ptr, bt_row, keys, keys < end, kv_head, dims, dim_mask,
-                                   stride_vb, stride_vs, stride_vh, BLOCK_SIZE)  # fmt: skip
-        else:
-            kf = _load_kv_tile(k_cache_ptr, bt_row, keys, key_mask, kv_head, dims, dim_mask,
-                               stride_kb, stride_ks, stride_kh, BLOCK_SIZE).to(tl.float32)  # fmt: skip
-            vf = _load_kv_tile(v_cache_ptr, bt_row, keys, key_mask, kv_head, dims, dim_mask,
-                               stride_vb, stride_vs, stride_vh, BLOCK_SIZE).to(tl.float32)  # fmt: skip
-        m0, l0, a0 = _fma_step(kf, vf, q0, m0, l0, a0, key_mask, qk_scale, soft_cap, SOFT_CAP)
-        if GROUP > 1:
-            m1, l1, a1 = _fma_step(kf, vf, q1, m1, l1, a1, key_mask, qk_scale, soft_cap, SOFT_CAP)
-        if GROUP > 2:
-            m2, l2, a2 = _fma_step(kf, vf, q2, m2, l2, a2, key_mask, qk_scale, soft_cap, SOFT_CAP)
-        if GROUP > 3:
-            m3, l3, a3 = _fma_step(kf, vf, q3, m3, l3, a3, key_mask, qk_scale, soft_cap, SOFT_CAP)
-    nh = GROUP * num_kv_heads
-    h0 = kv_head * GROUP
-    _fma_store(m0, l0, a0, h0, req, split, num_splits, nh, v_scale, out_ptr, part_out_ptr, part_max_ptr,
-               part_sum_ptr, stride_ot, stride_oh, dims, dim_mask, HEAD_DIM, SPLIT)  # fmt: skip
-    if GROUP > 1:
-        _fma_store(m1, l1, a1, h0 + 1, req, split, num_splits, nh, v_scale, out_ptr, part_out_ptr, part_max_ptr,
-                   part_sum_ptr, stride_ot, stride_oh, dims, dim_mask, HEAD_DIM, SPLIT)  # fmt: skip
-    if GROUP > 2:
-        _fma_store(m2, l2, a2, h0 + 2, req, split, num_splits, nh, v_scale, out_ptr, part_out_ptr, part_max_ptr,
-                   part_sum_ptr, stride_ot, stride_oh, dims, dim_mask, HEAD_DIM, SPLIT)  # fmt: skip
-    if GROUP > 3:
-        _fma_store(m3, l3, a3, h0 + 3, req, split, num_splits, nh, v_scale, out_ptr, part_out_ptr, part_max_ptr,
-                   part_sum_ptr, stride_ot, stride_oh, dims, dim_mask, HEAD_DIM, SPLIT)  # fmt: skip
-
-
-# the most query heads per kv head _decode_fma_kernel takes
-FMA_MAX_GROUP = 4
-
-
 @triton.jit(do_not_specialize=["num_splits"])
 def _decode_reduce_kernel(
     part_out_ptr,  # [B, Hq, num_splits, D] float32
@@ -329,30 +196,27 @@ def decode_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sm
 # iteration; the FP8 kernel is bound by its per-element work, not by HBM), and W1 with an FP8
 # cache 26,113 vs 23,435 tok/s. bf16: 64/4/3 was 1.3% faster in the sweep (302.6 vs 306.5 us) but
 # not in W1 (alternated: 22,478 / 22,703 tok/s with 64/4/2, 21,670 with 64/4/3), so it stays.
-# float32 (the CPU interpreter's tests) keeps 32 keys. The kind: "mma" (_decode_kernel, tensor
-# cores) or "fma" (_decode_fma_kernel, CUDA cores, groups of up to FMA_MAX_GROUP heads; not yet
-# measured on the GPU, so no cache defaults to it).
-DECODE_CONFIGS = {2: ("mma", 64, 4, 2), 1: ("mma", 128, 4, 3), 4: ("mma", 32, 4, 2)}
-FMA_DEFAULT = ("fma", 32, 4, 2)  # the fma kernel's tiles when it is asked for by kind alone
-DECODE_KINDS = ("mma", "fma")
+# float32 (the CPU interpreter's tests) keeps 32 keys. (A CUDA-core variant for small groups,
+# tried in the ninth session, lost to this kernel at every tile for both caches on the H200 and
+# was removed: RESULTS.md, tenth session.)
+DECODE_CONFIGS = {2: (64, 4, 2), 1: (128, 4, 3), 4: (32, 4, 2)}
 
 
 @functools.cache
-def decode_config(cache_itemsize: int) -> tuple[str, int, int, int]:
-    """(kind, BLOCK_N, num_warps, num_stages) of the decode kernel for a cache of
-    `cache_itemsize` bytes per element; PAGEDLLM_DECODE_CONFIG="[kind,]block_n,warps,stages"
-    overrides it (benchmarks/decode_gpu.sh compares configs in the engine; read once per process)."""
+def decode_config(cache_itemsize: int) -> tuple[int, int, int]:
+    """(BLOCK_N, num_warps, num_stages) of the decode kernel for a cache of `cache_itemsize`
+    bytes per element; PAGEDLLM_DECODE_CONFIG="block_n,warps,stages" overrides it
+    (benchmarks/decode_gpu.sh compares configs in the engine; read once per process)."""
     raw = os.environ.get("PAGEDLLM_DECODE_CONFIG", "").strip()
     if not raw:
         return DECODE_CONFIGS[cache_itemsize]
     parts = [p.strip() for p in raw.split(",")]
-    kind = parts.pop(0) if parts and parts[0] in DECODE_KINDS else "mma"
     nums = [int(p) for p in parts] if len(parts) == 3 and all(p.isdigit() for p in parts) else [0, 0, 0]
     block_n, warps, stages = nums
     if block_n < 16 or block_n & (block_n - 1) or warps < 1 or stages < 1:
-        raise ValueError(f"PAGEDLLM_DECODE_CONFIG must be '[mma|fma,]block_n,warps,stages' (block_n a power of 2 "
-                         f">= 16), got {raw!r}")
-    return kind, block_n, warps, stages
+        raise ValueError(f"PAGEDLLM_DECODE_CONFIG must be 'block_n,warps,stages' (block_n a power of 2 >= 16), "
+                         f"got {raw!r}")
+    return block_n, warps, stages
 
 
 def decode_attention_triton(
@@ -368,7 +232,6 @@ def decode_attention_triton(
     block_n: int | None = None,  # the tiles (None: decode_config's)
     num_warps: int | None = None,
     num_stages: int | None = None,
-    kind: str | None = None,  # "mma" | "fma" (None: decode_config's; fma only for groups <= FMA_MAX_GROUP)
     k_scale: float = 1.0,  # the cache's scales: real K/V = stored * scale
     v_scale: float = 1.0,
     sliding_window: int | None = None,  # attend to the last sliding_window keys only
@@ -388,14 +251,9 @@ def decode_attention_triton(
         num_splits = decode_num_splits(b, hkv, span, num_sms)
     itemsize = 4 if q.dtype == torch.float32 else k_cache.element_size()
     cfg = decode_config(itemsize)
-    if kind is not None and kind != cfg[0]:
-        cfg = FMA_DEFAULT if kind == "fma" else DECODE_CONFIGS[itemsize]
-    if cfg[0] == "fma" and group > FMA_MAX_GROUP:
-        cfg = DECODE_CONFIGS[itemsize]  # the tensor-core kernel takes any group
-    kind = cfg[0]
-    block_n = block_n or cfg[1]
-    num_warps = num_warps or cfg[2]
-    num_stages = num_stages or cfg[3]
+    block_n = block_n or cfg[0]
+    num_warps = num_warps or cfg[1]
+    num_stages = num_stages or cfg[2]
     block_d = next_power_of_2(d)
     if num_splits > 1:
         part_out = torch.empty((b, hq, num_splits, d), dtype=torch.float32, device=q.device)
@@ -416,15 +274,10 @@ def decode_attention_triton(
     common = dict(GROUP=group, HEAD_DIM=d, BLOCK_SIZE=bs, BLOCK_N=block_n, BLOCK_D=block_d, SPLIT=num_splits > 1,
                   ORDERED=order is not None, **switches, num_warps=num_warps, num_stages=num_stages)  # fmt: skip
     grid = (b, hkv, num_splits) if order is None else (hkv, b, num_splits)
-    if kind == "fma":
-        # num_stages > 1: the loop prefetches the next tile into registers (Triton's own
-        # pipelining needs a dot)
-        _decode_fma_kernel[grid](*args, PREFETCH=num_stages > 1, **common)
-    else:
-        _decode_kernel[grid](
-            *args, BLOCK_G=max(16, next_power_of_2(group)), DOT_PRECISION=_dot_precision(q.dtype),
-            Q_AS_FP16=dot_dtype_fp16(q.dtype, k_cache.dtype), **common,
-        )  # fmt: skip
+    _decode_kernel[grid](
+        *args, BLOCK_G=max(16, next_power_of_2(group)), DOT_PRECISION=_dot_precision(q.dtype),
+        Q_AS_FP16=dot_dtype_fp16(q.dtype, k_cache.dtype), **common,
+    )  # fmt: skip
     if num_splits > 1:
         _decode_reduce_kernel[(b, hq)](
             part_out, part_max, part_sum, out, out.stride(0), out.stride(1), num_splits,

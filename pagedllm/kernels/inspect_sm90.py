@@ -55,7 +55,7 @@ DECODE_STRIDES = ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kb
 
 
 def decode_signature(cache: str) -> dict:
-    """The runtime arguments of attention_decode's two kernels, with a `cache` of Triton's
+    """The runtime arguments of attention_decode's decode kernel, with a `cache` of Triton's
     type name ("bf16", "fp8e4nv")."""
     sig = {"q_ptr": "*bf16", "k_cache_ptr": f"*{cache}", "v_cache_ptr": f"*{cache}", "block_tables_ptr": "*i32",
            "seq_lens_ptr": "*i32", "order_ptr": "*i32", "out_ptr": "*bf16", "part_out_ptr": "*fp32",

@@ -34,7 +34,7 @@ def batch_size_ladder(max_bs: int) -> list[int]:
 
 class DecodeGraphs:
     def __init__(self, model: Any, buffers: StepBuffers, max_bs: int, max_model_len: int,
-                 backend: AttentionBackend | None = None, block_size: int = 16):  # fmt: skip
+                 backend: AttentionBackend, block_size: int):  # fmt: skip
         self.model = model
         # the attention metadata is built inside the captured forward: what the backend derives
         # from the batch (on the device) is recomputed from the buffers at every replay
@@ -107,8 +107,7 @@ class DecodeGraphs:
         )
 
     def _forward(self, batch: ForwardBatch, bs: int) -> None:
-        if self.backend is not None:
-            batch.attn_metadata = self.backend.build_metadata(batch, self.block_size)
+        batch.attn_metadata = self.backend.build_metadata(batch, self.block_size)
         hidden = self.model(batch.input_ids, batch.positions, batch)
         logits = self.model.compute_logits(hidden)
         if self.logits is None:

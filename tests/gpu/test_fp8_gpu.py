@@ -244,9 +244,9 @@ def check_fp8_backend(device, dtype, query_lens, seq_lens, num_decodes, hq, hkv,
 
 
 def check_fp8_decode(device, dtype, seq_lens, hq, hkv, head_dim, block_size, cache="fp8_e4m3", k_scale=1.0,
-                     v_scale=1.0, kind=None, num_splits=None, seed=0):
-    """The decode kernel of `kind` (mma / fma) on an FP8 cache against the torch reference over
-    the dequantized cache in float32."""
+                     v_scale=1.0, num_splits=None, seed=0):
+    """The decode kernel on an FP8 cache against the torch reference over the dequantized cache
+    in float32."""
     from pagedllm.kernels.attention_decode import decode_attention_triton
 
     b = len(seq_lens)
@@ -255,7 +255,7 @@ def check_fp8_decode(device, dtype, seq_lens, hq, hkv, head_dim, block_size, cac
                                   CACHE_DTYPES[cache], k_scale, v_scale)  # fmt: skip
     out = torch.full_like(q, float("nan"))
     decode_attention_triton(q, kc, vc, batch.block_tables, batch.seq_lens, out, head_dim**-0.5,
-                            max_seq_len=batch.max_seq_len, num_splits=num_splits, kind=kind, k_scale=k_scale,
+                            max_seq_len=batch.max_seq_len, num_splits=num_splits, k_scale=k_scale,
                             v_scale=v_scale)  # fmt: skip
     ref = paged_attention_torch(q.float(), kc.float() * k_scale, vc.float() * v_scale, batch, head_dim**-0.5)
     atol, rtol = ATTENTION_TOL[dtype]
@@ -281,11 +281,10 @@ def test_fp8_reference_semantics(cache):
                         k_scale=0.5, v_scale=2.0)
 
 
-@pytest.mark.parametrize("kind", ["mma", "fma"])
 @pytest.mark.parametrize("cache", sorted(CACHE_DTYPES))
 @pytest.mark.parametrize("hq,hkv", [(16, 8), (32, 8), (12, 4), (32, 4)])
-def test_fp8_decode_kinds(kind, cache, hq, hkv):
+def test_fp8_decode(cache, hq, hkv):
     seq_lens = [1, 17, 250, 64, 1000, 33, 2048]
     for splits in (None, 1, 4):
         check_fp8_decode("cuda", torch.bfloat16, seq_lens, hq, hkv, 128, 16, cache=cache, k_scale=0.05, v_scale=0.3,
-                         kind=kind, num_splits=splits)
+                         num_splits=splits)

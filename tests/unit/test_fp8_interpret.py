@@ -43,13 +43,10 @@ _CASES = {
     "kv_e5m2": ("check_fp8_backend", [], dict(_MIXED, cache="fp8_e5m2", k_scale=0.5, v_scale=2.0)),
     "kv_reference_semantics": ("check_fp8_reference", [], dict(_MIXED, cache="fp8_e4m3", k_scale=0.5, v_scale=2.0)),
     # the decode kernels alone on FP8 caches (seq_lens, hq, hkv, head_dim, block_size)
-    "decode_mma_e4m3": ("check_fp8_decode", [[1, 40, 9, 70], 4, 2, 16, 16], {"k_scale": 0.05, "v_scale": 0.3,
-                                                                          "kind": "mma", "num_splits": 2}),
-    "decode_fma_e4m3": ("check_fp8_decode", [[1, 40, 9, 70], 4, 2, 16, 16], {"k_scale": 0.05, "v_scale": 0.3,
-                                                                          "kind": "fma"}),
-    "decode_fma_e5m2_group4_split_k": ("check_fp8_decode", [[1, 40, 9, 70], 8, 2, 16, 16],
-                                       {"cache": "fp8_e5m2", "k_scale": 0.5, "v_scale": 2.0, "kind": "fma",
-                                        "num_splits": 3}),
+    "decode_e4m3": ("check_fp8_decode", [[1, 40, 9, 70], 4, 2, 16, 16], {"k_scale": 0.05, "v_scale": 0.3,
+                                                                      "num_splits": 2}),
+    "decode_e5m2_group4_split_k": ("check_fp8_decode", [[1, 40, 9, 70], 8, 2, 16, 16],
+                                   {"cache": "fp8_e5m2", "k_scale": 0.5, "v_scale": 2.0, "num_splits": 3}),
 }
 _DTYPES = ["float32", "float16"]
 
@@ -59,7 +56,7 @@ def _keys():
         if name == "swap_fp16_saturation":
             yield f"{name}:bfloat16"
             continue
-        for dt in _DTYPES + (["bfloat16"] if name.startswith(("swap", "decode_fma")) else []):
+        for dt in _DTYPES + (["bfloat16"] if name.startswith("swap") else []):
             yield f"{name}:{dt}"
 
 
@@ -123,31 +120,6 @@ def test_gemv_kernel_compiles_for_sm90():
     assert "cvt.rn.f16x2.e4m3x2" in ptx
 
 
-@pytest.mark.parametrize("prefetch", [True, False])
-def test_fma_decode_kernel_compiles_for_sm90(prefetch):
-    """The CUDA-core decode kernel on an e4m3 cache compiles for the H200 (Triton errors the
-    interpreter cannot show) into what it was written to be: K/V tiles loaded 16 bytes at a
-    time, e4m3 converted two values per instruction, no shared memory and no layout conversion
-    inside the key loop, and no register spills (cuobjdump's stack size 0)."""
-    import re
-
-    from pagedllm.kernels import attention_decode as ad
-    from pagedllm.kernels.inspect_sm90 import DECODE_STRIDES, compile_sm90, decode_signature, resources
-
-    constexprs = {"GROUP": 2, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "BLOCK_N": 32, "BLOCK_D": 128, "SPLIT": True,
-                  "PREFETCH": prefetch, "SLIDING": False, "SOFT_CAP": False, "ORDERED": False}
-    compiled = compile_sm90(ad._decode_fma_kernel, decode_signature("fp8e4nv"), constexprs, num_warps=8,
-                            num_stages=2, aligned=DECODE_STRIDES)
-    ptx, ttgir = compiled.asm["ptx"], compiled.asm["ttgir"]
-    assert "cvt.rn.f16x2.e4m3x2" in ptx
-    assert re.search(r"ld\.global[.a-z0-9]*\.v4", ptx), "K/V tiles not loaded 16 bytes at a time"
-    loop = ttgir[ttgir.index("scf.for"):ttgir.index("scf.yield")]
-    assert "convert_layout" not in loop and "local_" not in loop, "the key loop goes through shared memory"
-    r = resources(compiled)
-    if r is not None:  # Triton's cuobjdump is there
-        assert r["stack"] == 0, f"register spills: {r}"
-
-
 @pytest.mark.parametrize("cache", ["bf16", "fp8e4nv"])
 def test_ordered_decode_grid_costs_no_registers(cache):
     """The longest-first decode order (PAGEDLLM_DECODE_ORDER) compiles for the H200 at the default
@@ -156,7 +128,7 @@ def test_ordered_decode_grid_costs_no_registers(cache):
     from pagedllm.kernels import attention_decode as ad
     from pagedllm.kernels.inspect_sm90 import DECODE_STRIDES, compile_sm90, decode_signature, resources
 
-    _, block_n, warps, stages = ad.DECODE_CONFIGS[2 if cache == "bf16" else 1]
+    block_n, warps, stages = ad.DECODE_CONFIGS[2 if cache == "bf16" else 1]
     regs = {}
     for ordered in (False, True):
         constexprs = {"GROUP": 2, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "BLOCK_G": 16, "BLOCK_N": block_n,

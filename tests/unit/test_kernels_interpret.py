@@ -1,9 +1,9 @@
 """The Triton kernels on the CPU, through Triton's interpreter (TRITON_INTERPRET=1), at tiny
 shapes, against their torch references. The checks are the GPU tests' own `check_*` functions
-(tests/gpu/test_kernels.py) run with device="cpu".
+(tests/gpu/test_kernels.py, and test_sampling_gpu.py for the sampler's) run with device="cpu".
 
-TRITON_INTERPRET must be set before triton is imported, so all cases run in one subprocess (one
-import of torch and triton) and each test reads its case's result.
+TRITON_INTERPRET must be set before triton is imported, so all cases of a check file run in one
+subprocess (one import of torch and triton) and each test reads its case's result.
 
 What the interpreter cannot run, and is left to the GPU tests:
 - bfloat16 through `tl.dot` (the attention kernels): Triton 3.6's interpreter multiplies the raw
@@ -47,33 +47,23 @@ _CASES = {
     "sample_bitmask": ("check_sample_bitmask", [100, 12], {}),
     "sample_chunks": ("check_sample_chunks", [200, 7, 16], {}),
     "backend_mixed": ("check_backend", [[1, 1, 6, 18], [9, 30, 6, 40], 2, 4, 2, 16, 16], {"pad_tokens": 2}),
-    # sliding window (shorter and longer than the contexts) and logit soft cap (Gemma 2)
     # the programs taking the requests in another order (longest first, shuffled): same output
     "decode_ordered": ("check_decode", [[1, 70, 17, 40], 4, 2, 16, 16], {"num_splits": 1, "order": "desc"}),
     "decode_ordered_split_k": ("check_decode", [[1, 70, 17, 40], 4, 2, 16, 16], {"num_splits": 3, "order": "shuffled"}),
-    "decode_fma_ordered": ("check_decode", [[1, 70, 17, 40], 4, 2, 16, 16], {"num_splits": 2, "order": "shuffled",
-                                                                            "kind": "fma"}),
     "backend_ordered": ("check_backend", [[1, 1, 1, 6, 18], [9, 40, 30, 6, 40], 3, 4, 2, 16, 16],
                         {"order_decodes": True}),
+    # sliding window (shorter and longer than the contexts) and logit soft cap (Gemma 2)
     "decode_window_split_k": ("check_decode", [[1, 70, 17], 4, 2, 16, 16], {"num_splits": 3, "sliding_window": 20}),
-    # the CUDA-core decode kernel: groups of 2 and 3, split-K, window + soft cap
-    "decode_fma_one_split": ("check_decode", [[1, 70, 17], 4, 2, 16, 16], {"num_splits": 1, "kind": "fma"}),
-    "decode_fma_split_k_group3": ("check_decode", [[1, 70, 17], 6, 2, 16, 16], {"num_splits": 3, "kind": "fma"}),
-    "decode_fma_no_prefetch": ("check_decode", [[1, 70, 17], 4, 2, 16, 16], {"num_splits": 2, "kind": "fma",
-                                                                           "num_stages": 1}),
-    "decode_fma_window_softcap": ("check_decode", [[1, 70, 17], 8, 2, 16, 16],
-                                  {"num_splits": 2, "kind": "fma", "sliding_window": 20, "logits_soft_cap": 2.0}),
     "prefill_window_cached_prefix": ("check_prefill", [[5, 20, 1], [5, 37, 20], 4, 2, 16, 16],
                                      {"config": (16, 16, 1, 1), "sliding_window": 7}),
     "backend_window_softcap": ("check_backend", [[1, 1, 6, 18], [9, 30, 6, 40], 2, 4, 2, 16, 16],
                                {"sliding_window": 12, "logits_soft_cap": 2.0}),
 }
 _DOTLESS = {"rms_norm", "silu_and_mul", "gelu_tanh_and_mul", "rotary_gqa", "store_kv_bs16", "store_kv_bs32",
-            "decode_fma_one_split", "decode_fma_split_k_group3", "decode_fma_window_softcap", "decode_fma_no_prefetch",
-            "decode_fma_ordered",
             "sample", "sample_bitmask", "sample_chunks"}
 _DTYPES = ["float32", "float16", "bfloat16"]
 _LOGITS_DTYPES = {"sample", "sample_bitmask", "sample_chunks"}  # logits: float32, or a 16-bit LM head's bfloat16
+_SAMPLER_CASES = _LOGITS_DTYPES  # their checks live in tests/gpu/test_sampling_gpu.py
 
 _RUNNER = r"""
 import importlib.util, json, os, sys, traceback
@@ -154,7 +144,11 @@ def run_under_interpreter(check_file: str, cases: dict) -> dict[str, str | None]
 
 @pytest.fixture(scope="module")
 def interpreter_results() -> dict[str, str | None]:
-    return run_under_interpreter("test_kernels.py", {key: _CASES[key.split(":")[0]] for key in _keys()})
+    results: dict[str, str | None] = {}
+    for check_file, sampler in (("test_kernels.py", False), ("test_sampling_gpu.py", True)):
+        keys = [key for key in _keys() if (key.split(":")[0] in _SAMPLER_CASES) == sampler]
+        results.update(run_under_interpreter(check_file, {key: _CASES[key.split(":")[0]] for key in keys}))
+    return results
 
 
 @pytest.mark.parametrize("key", list(_keys()))

@@ -2,7 +2,7 @@
 float32) draws exactly what it draws from the same values in float32, on every path: greedy,
 temperature, top-k / top-p / min-p, per-request seeds, penalties, logit bias, bans, allowed ids
 and a grammar bitmask. On the CPU every path but the greedy argmax works on a float32 copy; the
-fused GPU kernel reading bf16 is checked in tests/gpu/test_kernels.py (and its interpreter run)."""
+fused GPU kernel reading bf16 is checked in tests/gpu/test_sampling_gpu.py (and its interpreter run)."""
 
 import pytest
 import torch
