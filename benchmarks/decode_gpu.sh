@@ -12,8 +12,9 @@
 #          ./tokenizer (ignored) to the device; or set PAGEDLLM_TOKENIZER_DIR
 #   order  benchmarks/decode_sweep.py --order-ab: a few tiles with the requests in order and
 #          longest first (PAGEDLLM_DECODE_ORDER), bf16 and FP8, W1-like loads
-#   w1order  W1 alternated (benchmarks/ab_w1.sh, ROUNDS=${ORDER_ROUNDS:-2}): A the default, B with
-#          PAGEDLLM_DECODE_ORDER=1; KV cache $AB_KV (auto); and the engine tests with it on
+#   w1order  W1 alternated (benchmarks/ab_w1.sh, ROUNDS=${ORDER_ROUNDS:-2}): A with
+#          PAGEDLLM_DECODE_ORDER=0, B with it on (the default for 16-bit caches since the eleventh
+#          session); KV cache $AB_KV (auto); and the engine tests with it on
 #   archs  the GPU tests of the other architectures and MoE (tests/gpu/test_more_architectures_gpu.py,
 #          test_fused_moe.py), which had not run with the fused q/k norm + rotary + store-KV default
 #   tests  the decode, sampler and FP8 GPU tests (test_kernels.py -k "decode or backend", test_sampling_gpu.py,
@@ -58,7 +59,7 @@ for step in $STEPS; do
                PAGEDLLM_DECODE_ORDER=1 timeout $(( $(left) - 5 )) $PY -m pytest -q -x tests/gpu/test_engine_gpu.py \
                    > "$OUT/tests_engine_order.log" 2>&1
                echo "engine tests, decode order on, rc=$?: $(tail -1 "$OUT/tests_engine_order.log")"
-               B_ENV=PAGEDLLM_DECODE_ORDER=1 ROUNDS=${ORDER_ROUNDS:-2} OUT=$OUT/w1order bash benchmarks/ab_w1.sh \
+               A_ENV=PAGEDLLM_DECODE_ORDER=0 B_ENV=PAGEDLLM_DECODE_ORDER=1 ROUNDS=${ORDER_ROUNDS:-2} OUT=$OUT/w1order bash benchmarks/ab_w1.sh \
                    --kv-cache-dtype "${AB_KV:-auto}" | tail -2 ;;
         archs) [ -d "$PWD/tokenizer" ] && export PAGEDLLM_TOKENIZER_DIR=${PAGEDLLM_TOKENIZER_DIR:-$PWD/tokenizer}
                timeout $(( $(left) - 5 )) $PY -m pytest -q -x tests/gpu/test_more_architectures_gpu.py \

@@ -7,7 +7,6 @@ import torch
 
 from pagedllm.attention.backend import AttentionBackend
 
-
 _FP8_CACHE_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 
 
@@ -16,9 +15,9 @@ def kv_cache_dtype(cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
     return _FP8_CACHE_DTYPES.get(cache_dtype, model_dtype)
 
 
-def get_attention_backend(name: str | None, device: str) -> AttentionBackend:
+def get_attention_backend(name: str | None, device: str, cache_dtype: torch.dtype = torch.bfloat16) -> AttentionBackend:
     """`name` None picks the default: triton on CUDA (when importable), cpu on the CPU (when its
-    C kernel builds), torch otherwise."""
+    C kernel builds), torch otherwise. `cache_dtype`: the KV cache's element type."""
     if name is None:
         name = "torch"
         if device == "cpu":
@@ -41,13 +40,15 @@ def get_attention_backend(name: str | None, device: str) -> AttentionBackend:
     if name == "triton":
         from pagedllm.attention.triton_backend import TritonAttentionBackend
 
-        return TritonAttentionBackend()
+        return TritonAttentionBackend(cache_dtype)
     if name == "cpu":
         from pagedllm.attention.cpu_backend import CpuAttentionBackend
         from pagedllm.kernels import cpu_kernels
 
         if not cpu_kernels.available():
-            raise ValueError("attention_backend='cpu' needs its C kernel, which could not be built "
-                             "(see the log; a C compiler is required) or is turned off by PAGEDLLM_CPU_KERNELS=0")
+            raise ValueError(
+                "attention_backend='cpu' needs its C kernel, which could not be built "
+                "(see the log; a C compiler is required) or is turned off by PAGEDLLM_CPU_KERNELS=0"
+            )
         return CpuAttentionBackend()
     raise ValueError(f"attention_backend must be torch, triton or cpu, got {name!r}")

@@ -24,7 +24,10 @@ from pagedllm.kernels.attention_decode import decode_attention_triton
 class TritonMetadata(AttentionMetadata):
     """The step's decodes by descending context length (int32 [num_decodes]), sorted once on the
     device for all layers: the decode kernel's programs take the longest first, so that the grid's
-    tail is short work (PAGEDLLM_DECODE_ORDER=1; off by default until measured on the GPU)."""
+    tail is short work. On by default for 16-bit caches, off for FP8 ones (H200, eleventh session
+    in benchmarks/RESULTS.md: the bf16 kernel at W1's mixed lengths 311.5 -> 279.4 us and W1
+    1.044x alternated; the FP8 kernel 255.8 -> 256.3 us, 200.8 -> 204.4 at 300 tokens);
+    PAGEDLLM_DECODE_ORDER=1 / 0 forces it either way."""
 
     __slots__ = ("decode_order",)
 
@@ -36,8 +39,9 @@ class TritonAttentionBackend(AttentionBackend):
     name = "triton"
     attends_stored_kv = True
 
-    def __init__(self) -> None:
-        self.order_decodes = os.environ.get("PAGEDLLM_DECODE_ORDER", "0") == "1"
+    def __init__(self, cache_dtype: torch.dtype = torch.bfloat16) -> None:
+        forced = os.environ.get("PAGEDLLM_DECODE_ORDER", "").strip()
+        self.order_decodes = forced == "1" if forced else cache_dtype.itemsize == 2
 
     def build_metadata(self, batch: ForwardBatch, block_size: int) -> AttentionMetadata | None:
         nd = batch.num_decodes

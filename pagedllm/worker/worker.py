@@ -111,9 +111,9 @@ class Worker:
             lm_head_quantized=getattr(head, "quant_method", None) is not None,
         )
         logger.info("%sprecision: %s", self._tag(), ", ".join(f"{k} {v}" for k, v in self.precision.items()))
-        self.backend = get_attention_backend(config.attention_backend, config.device)
-        self.runner = ModelRunner(config, self.model, self.backend, self.device, ps)
         self.kv_dtype = kv_cache_dtype(config.cache_config.cache_dtype, torch_dtype(mc.dtype))
+        self.backend = get_attention_backend(config.attention_backend, config.device, self.kv_dtype)
+        self.runner = ModelRunner(config, self.model, self.backend, self.device, ps)
         self.num_gpu_blocks = 0
         self.num_cpu_blocks = 0
         # one CPU process alone: its thread count follows the cores other processes leave free
