@@ -99,6 +99,29 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
+def graph_time(fn, calls: int = 1, reps: int = 20, rounds: int = 5) -> float:
+    """Device us per product of fn(), which runs `calls` products (layers with distinct weights, so
+    none is served from L2): captured once in a CUDA graph as decode steps run, replayed `reps`
+    times a round; the median of the rounds."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    g.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(rounds):
+        start.record()
+        for _ in range(reps):
+            g.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000 / reps / calls)
+    return sorted(times)[len(times) // 2]
+
+
 def release_memory() -> None:
     """Drop what a finished phase left behind before the next one sizes its cache."""
     gc.collect()

@@ -21,6 +21,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common  # noqa: E402
 
 from pagedllm.kernels.fp8 import _scaled_mm, fp8_linear, fp8_linear_torch, quantize_fp8_torch  # noqa: E402
 from pagedllm.kernels.fp8_triton import default_config, fp8_gemm_triton  # noqa: E402
@@ -69,23 +72,7 @@ def sweep(m: int, full: bool) -> list[tuple]:
 
 def graph_time(fn, reps: int = 20, rounds: int = 5) -> float:
     """us per call of fn (which runs LAYERS products), replayed from a CUDA graph."""
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(rounds):
-        start.record()
-        for _ in range(reps):
-            g.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / reps / LAYERS)
-    return sorted(times)[len(times) // 2]
+    return common.graph_time(fn, LAYERS, reps, rounds)
 
 
 def main() -> None:

@@ -10,17 +10,10 @@
     "gemv_unrolled" (one row, wide N): the GEMV loading UNROLL tiles before using any and
       folding each into a [BLOCK_N] accumulator at once, so more weight bytes are in flight
       per thread without a larger accumulator (Triton does not pipeline a loop without a dot).
-    "swap" (1-16 rows): tensor cores with the operands swapped (out.T = W @ x.T):
-
-          acc [BLOCK_N, 16] += W tile [BLOCK_N, BLOCK_K] (e4m3 -> fp16) @ x.T tile [BLOCK_K, 16]
-
-      the weight tile is the wide MMA operand and the few x rows the narrow one (padded to 16
-      with masked loads), so no MMA lane is spent on absent rows of the weight side. e4m3 ->
-      fp16 is one `cvt.rn.f16x2.e4m3x2` per two values on sm_89+ (Triton lowers `.to(fp16)` to
-      it; e4m3 -> bf16 would go through float32, Hopper has no direct instruction), and bf16
-      activations become fp16 operands (exact in fp16's normal range; saturated at +-65504).
-      Optional split-K: SPLIT_K programs per N tile each sum a K range into a float32
-      workspace [SPLIT_K, M, N]; `_splitk_reduce_kernel` adds them and applies the epilogue.
+    "swap" (1-16 rows): the swap-AB tensor-core kernel of swap_gemm_triton.py (shared with the
+      16-bit dense path), acc [BLOCK_N, 16] += W tile (e4m3 -> fp16) @ x.T tile: the weight
+      is the wide MMA operand, e4m3 -> fp16 one paired conversion, bf16 activations as fp16
+      operands (saturated at +-65504); optional split-K through a float32 workspace.
     "dot" (more rows): tiles of [BLOCK_M, BLOCK_K] x [BLOCK_K, BLOCK_N] through `tl.dot`, the
       weight tile converted to the activations' dtype first.
   Scales: G = 1 multiplies the finished row sum once (the epilogue); G > 1 (128-wide K groups of
@@ -37,9 +30,7 @@ import triton.language as tl
 
 from pagedllm.kernels._triton import next_power_of_2
 from pagedllm.kernels.fp8 import FP8_MAX, MIN_SCALE
-
-# the swap-AB kernel's padded row count (the narrow MMA operand): it serves at most this many rows
-SWAP_BLOCK_M = 16
+from pagedllm.kernels.swap_gemm_triton import SWAP_BLOCK_M, SwapConfig, swap_gemm
 
 
 @triton.jit
@@ -170,89 +161,6 @@ def _fp8_gemm_kernel(
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
 
 
-FP16_MAX = 65504.0
-
-
-@triton.jit
-def _fp8_swap_kernel(
-    x_ptr,  # [M, K] activations, M <= BLOCK_M
-    w_ptr,  # [N, K] float8 e4m3
-    s_ptr,  # [N, G] float32
-    b_ptr,  # [N] bias (read when HAS_BIAS)
-    out_ptr,  # [M, N] (SPLIT_K == 1) or the float32 workspace [SPLIT_K, M, N]
-    M, N, K, K_SPLIT,  # K_SPLIT: the K range of one split, a multiple of BLOCK_K
-    stride_xm, stride_wn, stride_sn, stride_om,
-    GROUP_K: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    FP16_OPERANDS: tl.constexpr,  # 16-bit x: fp16 MMA operands; float32 x: float32 ones
-    FP16_MAX_: tl.constexpr,
-):  # fmt: skip
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = rn < N
-    rn64 = rn.to(tl.int64)
-    rm = tl.arange(0, BLOCK_M)
-    m_mask = rm < M
-    rk = tl.arange(0, BLOCK_K)
-    w_rows = w_ptr + rn64[:, None] * stride_wn  # [BLOCK_N, 1]
-    x_cols = x_ptr + rm.to(tl.int64)[None, :] * stride_xm  # [1, BLOCK_M]: x.T's columns
-    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    k_start = pid_k * K_SPLIT
-    for k0 in range(k_start, k_start + K_SPLIT, BLOCK_K):
-        kk = k0 + rk
-        if EVEN_K:
-            w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None], other=0.0)
-            xt = tl.load(x_cols + kk[:, None], mask=m_mask[None, :], other=0.0)
-        else:
-            k_mask = kk < K
-            w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-            xt = tl.load(x_cols + kk[:, None], mask=m_mask[None, :] & k_mask[:, None], other=0.0)
-        if FP16_OPERANDS:
-            w = w.to(tl.float16)
-            if xt.dtype != tl.float16:
-                xt = tl.clamp(xt.to(tl.float32), -FP16_MAX_, FP16_MAX_).to(tl.float16)
-            part = tl.dot(w, xt)
-        else:
-            part = tl.dot(w.to(tl.float32), xt.to(tl.float32), input_precision="ieee")
-        if GROUP_K > 0:
-            s = tl.load(s_ptr + rn64 * stride_sn + k0 // GROUP_K, mask=n_mask, other=0.0)
-            acc += part * s[:, None]
-        else:
-            acc += part
-    out_mask = n_mask[:, None] & m_mask[None, :]
-    if SPLIT_K == 1:
-        if GROUP_K == 0:
-            acc = acc * tl.load(s_ptr + rn64 * stride_sn, mask=n_mask, other=0.0)[:, None]
-        if HAS_BIAS:
-            acc = acc + tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[:, None]
-        out = out_ptr + rm[None, :] * stride_om + rn[:, None]
-        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
-    else:
-        ws = out_ptr + (pid_k * M + rm[None, :]) * N + rn[:, None]
-        tl.store(ws, acc, mask=out_mask)
-
-
-@triton.jit
-def _splitk_reduce_kernel(
-    ws_ptr,  # [SPLIT_K, M, N] float32 partial sums
-    s_ptr, b_ptr, out_ptr,  # scales [N, G], bias [N], out [M, N]
-    M, N, stride_sn, stride_om,
-    SPLIT_K: tl.constexpr, GROUP_K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
-):  # fmt: skip
-    m = tl.program_id(1)
-    rn = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = rn < N
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for i in tl.static_range(SPLIT_K):
-        acc += tl.load(ws_ptr + (i * M + m) * N + rn, mask=mask, other=0.0)
-    if GROUP_K == 0:
-        acc = acc * tl.load(s_ptr + rn.to(tl.int64) * stride_sn, mask=mask, other=0.0)
-    if HAS_BIAS:
-        acc = acc + tl.load(b_ptr + rn, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + m * stride_om + rn, acc.to(out_ptr.dtype.element_ty), mask=mask)
-
-
 def default_config(m: int, n: int, k: int, group_k: int) -> tuple:
     """(kind, BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages[, SPLIT_K]) for an [m, k] x [k, n]
     product; from the H200 sweeps of benchmarks/fp8_bench.py over Llama-3.1-8B's projections
@@ -289,33 +197,6 @@ def default_config(m: int, n: int, k: int, group_k: int) -> tuple:
         return ("swap", SWAP_BLOCK_M, 128 if wide else 64, bk(128), 4, 3, 1 if wide else 4)
     block_m = 32 if m <= 32 else 64
     return ("dot", block_m, 32, bk(256), 4, 3)
-
-
-def _swap_gemm(x, weight, weight_scale, bias, out, group_k: int, block_n: int, block_k: int,
-               num_warps: int, num_stages: int, split_k: int) -> None:
-    """The swap-AB kernel for m <= SWAP_BLOCK_M rows into `out` [m, n] (split-K through a float32
-    workspace and the reduce kernel when split_k > 1)."""
-    m, k = x.shape
-    n = weight.shape[0]
-    assert m <= SWAP_BLOCK_M, f"the swap-AB kernel takes at most {SWAP_BLOCK_M} rows"
-    k_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
-    split_k = triton.cdiv(k, k_split)  # no empty split
-    b = bias if bias is not None else weight_scale
-    dst = out if split_k == 1 else torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
-    _fp8_swap_kernel[(triton.cdiv(n, block_n), split_k)](
-        x, weight, weight_scale, b, dst, m, n, k, k_split,
-        x.stride(0), weight.stride(0), weight_scale.stride(0), out.stride(0),
-        GROUP_K=group_k, HAS_BIAS=bias is not None, EVEN_K=k_split * split_k == k, SPLIT_K=split_k,
-        BLOCK_M=SWAP_BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k,
-        FP16_OPERANDS=x.dtype != torch.float32, FP16_MAX_=FP16_MAX,
-        num_warps=num_warps, num_stages=num_stages,
-    )  # fmt: skip
-    if split_k > 1:
-        block = 1024
-        _splitk_reduce_kernel[(triton.cdiv(n, block), m)](
-            dst, weight_scale, b, out, m, n, weight_scale.stride(0), out.stride(0),
-            SPLIT_K=split_k, GROUP_K=group_k, HAS_BIAS=bias is not None, BLOCK=block, num_warps=4,
-        )  # fmt: skip
 
 
 def fp8_gemm_triton(
@@ -357,8 +238,8 @@ def fp8_gemm_triton(
             BLOCK_N=block_n, BLOCK_K=block_k, UNROLL=unroll, num_warps=num_warps, num_stages=num_stages,
         )  # fmt: skip
     elif kind == "swap":
-        _swap_gemm(x, weight, weight_scale, bias, out, group_k, block_n, block_k, num_warps, num_stages,
-                   split_k)  # fmt: skip
+        swap_gemm(x, weight, bias, out, SwapConfig(block_n, block_k, split_k, num_warps, num_stages),
+                  weight_scale, group_k)
     else:
         _fp8_gemm_kernel[(triton.cdiv(n, block_n), triton.cdiv(m, block_m))](
             x, weight, weight_scale, b, out, m, n, k,

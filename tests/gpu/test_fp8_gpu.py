@@ -133,7 +133,8 @@ def test_fp8_gemv_wide_default(group_k):
 def check_fp16_saturation(device, dtype, config):
     """bfloat16 activations beyond fp16's range are saturated at +-65504 (the swap-AB kernel's
     fp16 operands), not turned into inf: the output equals the reference on the clamped row."""
-    from pagedllm.kernels.fp8_triton import FP16_MAX, fp8_gemm_triton
+    from pagedllm.kernels.fp8_triton import fp8_gemm_triton
+    from pagedllm.kernels.swap_gemm_triton import FP16_MAX
 
     g = torch.Generator().manual_seed(3)
     q, s = _weights(48, 64, None, device, g)

@@ -6,8 +6,10 @@ TRITON_INTERPRET must be set before triton is imported, so all cases of a check 
 subprocess (one import of torch and triton) and each test reads its case's result.
 
 What the interpreter cannot run, and is left to the GPU tests:
-- bfloat16 through `tl.dot` (the attention kernels): Triton 3.6's interpreter multiplies the raw
-  bf16 bits and returns garbage. bf16 elementwise kernels (casts, no dot) run fine.
+- bfloat16 through `tl.dot` (the attention kernels): Triton's interpreter (3.6 to 3.9) multiplies
+  the raw bf16 bits and returns garbage. The runner widens bf16 dot operands to float32 first
+  (exact), which the 16-bit small-row GEMM's cases use (test_small_m_interpret.py); the
+  attention cases here still leave bf16 to the GPU tests. bf16 elementwise kernels run fine.
 - exact bf16 rounding: the interpreter casts float32 -> bf16 toward zero, so bf16 cases run
   with a wider tolerance here than on the GPU.
 - speed and CUDA graphs, of course.
@@ -92,6 +94,16 @@ def _convert_float_fp8(input, input_dtype, output_dtype, rounding_mode):
         return x.to(_FP8[str(output_dtype)]).view(torch.uint8).numpy().reshape(input.shape)
     return _convert_float(input, input_dtype, output_dtype, rounding_mode)
 interpreter._convert_float = _convert_float_fp8
+
+# Its dot multiplies bfloat16 operands as their raw uint16 bits: widen them to float32 (exact).
+_create_dot = interpreter.InterpreterBuilder.create_dot
+def _widen_bf16(h):
+    if h.dtype.scalar != tl.bfloat16:
+        return h
+    return interpreter.TensorHandle((h.data.astype(np.uint32) << 16).view(np.float32), tl.float32)
+def _create_dot_bf16(self, a, b, d, *args):
+    return _create_dot(self, _widen_bf16(a), _widen_bf16(b), d, *args)
+interpreter.InterpreterBuilder.create_dot = _create_dot_bf16
 
 spec = importlib.util.spec_from_file_location("kernel_checks", sys.argv[1])
 checks = importlib.util.module_from_spec(spec)

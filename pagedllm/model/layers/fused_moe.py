@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from pagedllm.distributed import SINGLE, ParallelState
+from pagedllm.kernels import small_m
 from pagedllm.kernels.fused_moe import fused_experts, topk_softmax
 from pagedllm.model.layers.linear import copy_checked
 
@@ -44,15 +45,21 @@ _STACKED = re.compile(r"^(.*\.experts)\.(gate_up_proj|gate_proj|up_proj|down_pro
 class Router(nn.Module):
     """The gate [E, H] in the model dtype; the logits come out in float32: on CUDA one cuBLAS
     product with float32 output (`torch.mm(..., out_dtype=)`, no cast kernel on the decode
-    path), elsewhere in float32 arithmetic."""
+    path), or with PAGEDLLM_SMALL_M_GEMM on for the router, at 1-16 rows the swap-AB kernel
+    writing float32 (kernels/small_m.py); elsewhere in float32 arithmetic."""
 
     def __init__(self, hidden_size: int, num_experts: int):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(num_experts, hidden_size), requires_grad=False)
         self.mm_out_dtype = True  # cleared once if this torch lacks mm's out_dtype (decided before graph capture)
+        self.small_m_gemm = small_m.enabled("router")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, H] -> logits [T, E] float32
+        if self.small_m_gemm:
+            config = small_m.pick(x, self.weight)
+            if config is not None:
+                return small_m.small_m_linear(x, self.weight, None, torch.float32, config)
         if x.is_cuda and x.dtype != torch.float32 and self.mm_out_dtype:
             try:
                 return torch.mm(x, self.weight.t(), out_dtype=torch.float32)

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from pagedllm.distributed import SINGLE, ParallelState, check_tp_divides, kv_heads_per_rank
-from pagedllm.kernels import cpu_gemm
+from pagedllm.kernels import cpu_gemm, small_m
 
 
 def _set_loader(param: nn.Parameter, loader) -> nn.Parameter:
@@ -43,6 +43,17 @@ def copy_checked(dst, src, what: str = "weight") -> None:
     dst.copy_(materialize(src) if isinstance(dst, torch.Tensor) else src)
 
 
+def dense_linear(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """An unquantized layer's product: the swap-AB kernel for a CUDA decode batch of at most 16
+    rows when the layer was built with PAGEDLLM_SMALL_M_GEMM on (kernels/small_m.py) and its table
+    does not prefer cuBLAS for the shape; else `F.linear` (MKL's packed weight on the CPU)."""
+    if layer.small_m_gemm:
+        config = small_m.pick(x, layer.weight)
+        if config is not None:
+            return small_m.small_m_linear(x, layer.weight, bias, config=config)
+    return cpu_gemm.linear(x, layer.weight, bias, layer.packed_weight)
+
+
 def default_weight_loader(param: torch.Tensor, loaded, shard_id=None) -> None:
     """A replicated parameter: every rank holds the whole tensor."""
     if tuple(param.shape) != tuple(loaded.shape):
@@ -55,12 +66,15 @@ class ColumnParallelLinear(nn.Module):
     packed_weight: cpu_gemm.PackedWeight | None = None
     # a quantized layout and product (model/layers/quantization), given at load; None: plain
     quant_method = None
+    # 16-bit products of 1-16 rows on CUDA through kernels/small_m.py (PAGEDLLM_SMALL_M_GEMM), set at build
+    small_m_gemm = False
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False, ps: ParallelState = SINGLE,
                  skip_bias_add: bool = False):
         super().__init__()
         # skip_bias_add: forward leaves the bias out, for the caller to fuse it into what follows
         self.skip_bias_add = skip_bias_add
+        self.small_m_gemm = small_m.enabled("linear")
         if out_features % ps.tp_size:
             raise ValueError(f"{out_features} output features do not split over tp_size={ps.tp_size}")
         self.ps = ps
@@ -81,7 +95,7 @@ class ColumnParallelLinear(nn.Module):
         bias = None if self.skip_bias_add else self.bias
         if self.quant_method is not None:
             return self.quant_method.apply(self, x, bias)
-        return cpu_gemm.linear(x, self.weight, bias, self.packed_weight)
+        return dense_linear(self, x, bias)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -129,12 +143,14 @@ class QKVParallelLinear(ColumnParallelLinear):
 class RowParallelLinear(nn.Module):
     packed_weight: cpu_gemm.PackedWeight | None = None
     quant_method = None
+    small_m_gemm = False
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False, ps: ParallelState = SINGLE):
         super().__init__()
         if in_features % ps.tp_size:
             raise ValueError(f"{in_features} input features do not split over tp_size={ps.tp_size}")
         self.ps = ps
+        self.small_m_gemm = small_m.enabled("linear")
         self.in_per_rank = in_features // ps.tp_size
         self.weight = _set_loader(nn.Parameter(torch.empty(out_features, self.in_per_rank), requires_grad=False), self.weight_loader)
         # the bias is added once, after the all-reduce, so every rank holds all of it
@@ -152,7 +168,7 @@ class RowParallelLinear(nn.Module):
         if self.quant_method is not None:
             y = self.quant_method.apply(self, x, None)
         else:
-            y = cpu_gemm.linear(x, self.weight, None, self.packed_weight)
+            y = dense_linear(self, x, None)
         y = self.ps.all_reduce(y)
         if self.bias is not None:
             y = y + self.bias

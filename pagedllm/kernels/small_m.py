@@ -1,0 +1,127 @@
+"""Dense 16-bit linears of few rows (decode batches of 1-16) through the swap-AB tensor-core
+kernel (swap_gemm_triton.py) instead of cuBLAS; `small_m_linear_torch` is the product it must
+equal.
+
+Why: at 1-16 rows a projection only streams its weight, and on the H200 cuBLAS reads small
+weights at ~2.0-2.3 TB/s (Qwen3-30B-A3B's attention projections, the MoE router with its split-K
+reduce kernel, Llama-3.1-8B's projections; figures in the lead's brief, not yet measured against
+this kernel). Larger row counts stay on cuBLAS.
+
+Opt-in for now: PAGEDLLM_SMALL_M_GEMM=1 (or "all") sends the parallel linears and the MoE router
+here, "linear" or "router" only one of them, unset or 0 neither. Read once, when a layer is built.
+Per shape, `default_config` may answer None (cuBLAS wins there) and the caller keeps F.linear.
+
+Nothing here imports triton at module import, so the layers load on a CPU machine without it.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from pagedllm.kernels._triton import triton_available
+
+# the kernel's padded row count (swap_gemm_triton.SWAP_BLOCK_M): products of more rows stay on cuBLAS
+MAX_ROWS = 16
+_DTYPES = (torch.bfloat16, torch.float16)
+_USES = ("linear", "router")
+# H200: 132 SMs; aim for about two programs per SM
+_TARGET_PROGRAMS = 256
+_MAX_SPLIT_K = 16
+
+
+def enabled(use: str) -> bool:
+    """Whether PAGEDLLM_SMALL_M_GEMM turns the kernel on for `use` ("linear" or "router")."""
+    assert use in _USES
+    value = os.environ.get("PAGEDLLM_SMALL_M_GEMM", "0").strip().lower()
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    if value in ("1", "all", "true", "yes", "on"):
+        return True
+    uses = {u.strip() for u in value.split(",")}
+    if not uses <= set(_USES):
+        raise ValueError(f"PAGEDLLM_SMALL_M_GEMM={value!r}: expected 0, 1, all, or a list of {', '.join(_USES)}")
+    return use in uses
+
+
+# Measured choices per weight shape (N, K) -> [(max rows, config fields or None for cuBLAS), ...]
+# in increasing max rows; a config is (block_n, block_k, split_k, num_warps, num_stages[, atomic]).
+# Empty until the H200 sweep (benchmarks/small_m_bench.py prints entries in this form); shapes
+# not here take `heuristic_config`.
+CONFIGS: dict[tuple[int, int], list[tuple[int, tuple | None]]] = {}
+
+
+def heuristic_config(m: int, n: int, k: int):
+    """A first guess (not measured): 64-wide weight tiles (32 for a small N such as a router's),
+    128-wide K steps, and split-K doubling until about two programs per SM run, each split
+    keeping at least two K steps."""
+    from pagedllm.kernels.swap_gemm_triton import SwapConfig
+
+    block_n, block_k = (32 if n <= 1024 else 64), 128
+    tiles = -(-n // block_n)
+    split_k = 1
+    while tiles * split_k < _TARGET_PROGRAMS and split_k < _MAX_SPLIT_K and k >= 2 * block_k * (2 * split_k):
+        split_k *= 2
+    return SwapConfig(block_n, block_k, split_k, num_warps=4, num_stages=3)
+
+
+def default_config(m: int, n: int, k: int):
+    """The SwapConfig for an [m, k] x [n, k].T product, or None where cuBLAS is the better choice."""
+    from pagedllm.kernels.swap_gemm_triton import SwapConfig
+
+    for max_rows, fields in CONFIGS.get((n, k), ()):
+        if m <= max_rows:
+            return None if fields is None else SwapConfig(*fields)
+    return heuristic_config(m, n, k)
+
+
+def pick(x: torch.Tensor, weight: torch.Tensor):
+    """The kernel's config for `F.linear(x, weight)`, or None where it does not apply (not CUDA, no
+    triton, not 2-D, 0 or more than MAX_ROWS rows, not one 16-bit dtype, a weight not contiguous
+    along K) or cuBLAS is the better choice for the shape."""
+    if not (
+        x.is_cuda
+        and x.dim() == 2
+        and 0 < x.shape[0] <= MAX_ROWS
+        and x.dtype in _DTYPES
+        and weight.dtype == x.dtype
+        and weight.dim() == 2
+        and weight.stride(1) == 1
+        and triton_available()
+    ):
+        return None
+    return default_config(x.shape[0], weight.shape[0], weight.shape[1])
+
+
+def small_m_linear_torch(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, out_dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """The reference: x [M, K] @ weight [N, K].T (+ bias) summed in float32, then cast to
+    out_dtype (x's dtype by default)."""
+    y = torch.nn.functional.linear(x.float(), weight.float(), None if bias is None else bias.float())
+    return y.to(out_dtype or x.dtype)
+
+
+def small_m_linear(
+    x: torch.Tensor,  # [M, K] 16-bit, M <= MAX_ROWS
+    weight: torch.Tensor,  # [N, K] x's dtype, unit stride along K
+    bias: torch.Tensor | None = None,  # [N]
+    out_dtype: torch.dtype | None = None,  # x's dtype, or torch.float32 (the MoE router's logits)
+    config=None,  # a swap_gemm_triton.SwapConfig; default_config's (or the heuristic's) when None
+) -> torch.Tensor:  # [M, N]
+    from pagedllm.kernels.swap_gemm_triton import swap_gemm
+
+    m, k = x.shape
+    n = weight.shape[0]
+    if m > MAX_ROWS or weight.dtype not in _DTYPES:
+        raise ValueError(
+            f"small_m_linear takes at most {MAX_ROWS} rows of a 16-bit weight (got {m} rows, {weight.dtype})"
+        )
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
+    if m == 0:
+        return out
+    swap_gemm(x, weight, bias, out, config or default_config(m, n, k) or heuristic_config(m, n, k))
+    return out

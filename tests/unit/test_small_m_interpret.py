@@ -1,0 +1,149 @@
+"""The 16-bit small-row GEMM (kernels/small_m.py, the swap-AB kernel of swap_gemm_triton.py) on the
+CPU: tests/gpu/test_small_m_gpu.py's check through Triton's interpreter at small shapes (1, 3, 5
+and 16 rows; N not a multiple of BLOCK_N, K not of BLOCK_K; bias; split-K through the workspace
+and through atomics; float32 output as the MoE router wants), bfloat16 and float16; the kernel
+compiled for the H200 (tensor-core MMA, no spills); and the switch and config rules."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+from test_kernels_interpret import run_under_interpreter
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+
+# SwapConfig fields: (block_n, block_k, split_k, num_warps, num_stages[, atomic])
+_CASES = {
+    "one_row": ("check_small_m_linear", [1, 40, 64], {"config": [32, 32, 1, 4, 1]}),
+    "rows3_bias_ragged_k": ("check_small_m_linear", [3, 72, 200], {"bias": True, "config": [32, 64, 1, 4, 1]}),
+    "rows16_split_k_bias": ("check_small_m_linear", [16, 40, 200], {"bias": True, "config": [16, 32, 3, 4, 1]}),
+    "atomic_split_k_bias": ("check_small_m_linear", [5, 40, 192], {"bias": True, "config": [32, 32, 4, 4, 1, True]}),
+    "float32_out_split_k": (
+        "check_small_m_linear",
+        [2, 24, 128],
+        {"out_dtype": "float32", "config": [16, 32, 2, 4, 1]},
+    ),
+    "float32_out_atomic": (
+        "check_small_m_linear",
+        [3, 24, 96],
+        {"out_dtype": "float32", "bias": True, "config": [16, 32, 3, 4, 1, True]},
+    ),
+    "default_config": ("check_small_m_linear", [4, 40, 256], {}),
+}
+_DTYPES = ["bfloat16", "float16"]
+_KEYS = [f"{name}:{dt}" for name in _CASES for dt in _DTYPES]
+
+
+@pytest.fixture(scope="module")
+def interpreter_results() -> dict[str, str | None]:
+    return run_under_interpreter("test_small_m_gpu.py", {key: _CASES[key.split(":")[0]] for key in _KEYS})
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+@pytest.mark.parametrize("key", _KEYS)
+def test_small_m_linear_under_interpreter(interpreter_results, key):
+    error = interpreter_results[key]
+    assert error is None, f"{key} differs from its torch reference under TRITON_INTERPRET=1:\n{error}"
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+@pytest.mark.parametrize(
+    "block_n, block_k, split_k, warps, atomic", [(64, 128, 4, 4, False), (128, 128, 1, 8, False), (32, 256, 8, 4, True)]
+)
+def test_swap_kernel_16bit_compiles_for_sm90(block_n, block_k, split_k, warps, atomic):
+    """The kernel on bf16 weights compiles for the H200, its products run on tensor cores
+    (wgmma for 64-row weight tiles and up, mma.sync below), its tile loads are asynchronous
+    copies (pipelined), nothing spills, and the MMA takes the bf16 operands as they are."""
+    from pagedllm.kernels import swap_gemm_triton as s
+    from pagedllm.kernels.inspect_sm90 import compile_sm90, resources
+
+    out = "*fp32" if split_k > 1 else "*bf16"
+    signature = {
+        "x_ptr": "*bf16",
+        "w_ptr": "*bf16",
+        "s_ptr": "*bf16",
+        "b_ptr": "*bf16",
+        "out_ptr": out,
+        "M": "i32",
+        "N": "i32",
+        "K": "i32",
+        "K_SPLIT": "i32",
+        "stride_xm": "i32",
+        "stride_wn": "i32",
+        "stride_sn": "i32",
+        "stride_om": "i32",
+    }
+    constexprs = {
+        "SCALED": False,
+        "GROUP_K": 0,
+        "HAS_BIAS": True,
+        "EVEN_K": True,
+        "SPLIT_K": split_k,
+        "ATOMIC": atomic,
+        "BLOCK_M": s.SWAP_BLOCK_M,
+        "BLOCK_N": block_n,
+        "BLOCK_K": block_k,
+        "OPERANDS": "weight",
+        "FP16_MAX_": s.FP16_MAX,
+    }
+    compiled = compile_sm90(
+        s._swap_kernel,
+        signature,
+        constexprs,
+        num_warps=warps,
+        num_stages=3,
+        aligned=("N", "K", "K_SPLIT", "stride_xm", "stride_wn", "stride_om"),
+    )
+    ptx = compiled.asm["ptx"]
+    if block_n >= 64:
+        assert "wgmma.mma_async" in ptx and ".bf16.bf16" in ptx
+    else:
+        assert "mma.sync" in ptx and ".bf16.bf16" in ptx
+    assert "cp.async" in ptx
+    if atomic:
+        assert "red.global" in ptx or "atom.global" in ptx
+    r = resources(compiled)
+    if r is not None:
+        assert r["stack"] == 0, r
+
+
+def test_switch(monkeypatch):
+    from pagedllm.kernels import small_m
+
+    for value, linear, router in (
+        ("", False, False),
+        ("0", False, False),
+        ("1", True, True),
+        ("all", True, True),
+        ("linear", True, False),
+        ("router", False, True),
+        ("linear,router", True, True),
+    ):
+        monkeypatch.setenv("PAGEDLLM_SMALL_M_GEMM", value)
+        assert (small_m.enabled("linear"), small_m.enabled("router")) == (linear, router), value
+    monkeypatch.setenv("PAGEDLLM_SMALL_M_GEMM", "attention")
+    with pytest.raises(ValueError, match="PAGEDLLM_SMALL_M_GEMM"):
+        small_m.enabled("linear")
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_configs(monkeypatch):
+    """The heuristic aims at about two programs per SM with at least two K steps a split; the table
+    overrides it per shape and row count, None meaning cuBLAS; pick() declines CPU tensors."""
+    import torch
+
+    from pagedllm.kernels import small_m
+    from pagedllm.kernels.swap_gemm_triton import SWAP_BLOCK_M, SwapConfig
+
+    assert small_m.MAX_ROWS == SWAP_BLOCK_M
+    for n, k in [(5120, 2048), (2048, 4096), (128, 2048), (28672, 4096), (4096, 14336), (1024, 3072)]:
+        cfg = small_m.heuristic_config(1, n, k)
+        programs = -(-n // cfg.block_n) * cfg.split_k
+        assert programs >= 256 or k < 4 * cfg.block_k * cfg.split_k or cfg.split_k == 16, (n, k, cfg)
+        assert k >= 2 * cfg.block_k * cfg.split_k, (n, k, cfg)
+    monkeypatch.setitem(small_m.CONFIGS, (512, 1024), [(4, (32, 128, 2, 4, 3)), (16, None)])
+    assert small_m.default_config(3, 512, 1024) == SwapConfig(32, 128, 2, 4, 3)
+    assert small_m.default_config(8, 512, 1024) is None
+    assert small_m.default_config(8, 512, 2048) == small_m.heuristic_config(8, 512, 2048)
+    assert small_m.pick(torch.zeros(2, 64, dtype=torch.bfloat16), torch.zeros(32, 64, dtype=torch.bfloat16)) is None
