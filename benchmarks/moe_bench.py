@@ -1,9 +1,11 @@
 """W5 (MoE) in one process run: Qwen3-30B-A3B with random weights (configs/qwen3-30b-a3b, bf16),
 pagedllm against transformers on the same architecture (see docs/benchmarks.md).
 
-1. the grouped-GEMM experts alone at Qwen3-30B-A3B's shapes (CUDA): microseconds per layer and
-   the bandwidth of the expert weights they read, at 1, 8, 64 and 256 tokens, and a few tile
-   configurations at batch 1;
+1. the experts alone at Qwen3-30B-A3B's shapes (CUDA): microseconds per layer and the bandwidth
+   of the expert weights they read, at 1, 8, 64 and 256 tokens (fused_experts_triton's choice and
+   the grouped GEMMs), and a few grouped tile configurations at batch 1; with --small-sweep, the
+   small-batch path (fused_moe_small_triton.py) against the grouped one at 1, 2, 4, 8 tokens and
+   a sweep of its tiles, each checked against the torch reference before it is timed;
 2. pagedllm: batch-1 latency (W2's method: a 128-token prompt, 256 output tokens, greedy; ms per
    output token of the decode), then W1 (256 requests, prompts of [100, 1024] random ids,
    max_tokens in [100, 1024], temperature 0.6), then the shortened W1 the peer runs;
@@ -13,6 +15,7 @@ pagedllm against transformers on the same architecture (see docs/benchmarks.md).
    (all the tokens it was asked for, over the deadline), so the ratio is a lower bound.
 
     python benchmarks/moe_bench.py --output-json $OUT/w5.json          # on the H200
+    python benchmarks/moe_bench.py --skip-latency --small-sweep --output-json $OUT/moe_small.json  # kernels only
     python benchmarks/moe_bench.py --tiny --w1-num-prompts 4 --peer-num-prompts 2   # CPU smoke test
 """
 
@@ -54,6 +57,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--peer-latency-tokens", type=int, default=32)
     p.add_argument("--skip-peer", action="store_true")
     p.add_argument("--skip-kernels", action="store_true")
+    p.add_argument("--small-sweep", action="store_true",
+                   help="with the kernel timings: the small-batch path against the grouped one at 1-8 tokens")
     p.add_argument("--skip-latency", action="store_true", help="kernel timings only (no engine)")
     p.add_argument("--skip-w1", action="store_true", help="batch-1 latency only (and the peer's)")
     p.add_argument("--skip-peer-cb", action="store_true")
@@ -90,8 +95,27 @@ def time_graph(fn, replays: int = 50) -> float:
     return 1000 * a.elapsed_time(b) / replays
 
 
+def time_layers(fns, replays: int = 30) -> float:
+    """Device microseconds per call of fns (one call each per "layer", all captured in one CUDA
+    graph, replayed): each reads other experts than the call before it, as the next layer does,
+    so a call's weights are not still in the L2 (50 MB) from the replay before."""
+
+    def run():
+        for f in fns:
+            f()
+
+    return time_graph(run, replays) / len(fns)
+
+
+def _layer_inputs(t: int, h: int, e: int, k: int, g, dtype, layers: int = 8):
+    """(x [T, H], topk weights [T, K], topk ids [T, K]) of `layers` calls, each routed at random."""
+    dev = g.device
+    return [(torch.randn(t, h, device=dev, dtype=dtype, generator=g), torch.rand(t, k, device=dev, generator=g),
+             torch.rand(t, e, device=dev, generator=g).topk(k, dim=1).indices) for _ in range(layers)]
+
+
 def kernel_timings(cfg, log) -> list[dict]:
-    from pagedllm.kernels.fused_moe_triton import fused_experts_triton
+    from pagedllm.kernels.fused_moe_triton import fused_experts_grouped, fused_experts_triton
 
     e, h, i, k = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts_per_tok
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -104,23 +128,116 @@ def kernel_timings(cfg, log) -> list[dict]:
         ids = torch.rand(t, e, device="cuda", generator=g).topk(k, dim=1).indices
         w = torch.rand(t, k, device="cuda", generator=g)
         touched = int(torch.unique(ids).numel())
-        configs = [None]
+        # "auto": fused_experts_triton's choice (the small path up to SMALL_MAX_PAIRS pairs)
+        configs = ["auto", None]
         if t == 1:
             configs += [dict(BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns)
                         for bn, bk, nw, ns in ((64, 128, 4, 4), (32, 256, 4, 3), (16, 256, 4, 4), (64, 64, 4, 5),
                                                (32, 128, 4, 5), (16, 128, 4, 6))]
         for c in configs:
+            if c == "auto":
+                fn = lambda x=x, w=w, ids=ids: fused_experts_triton(x, w13, w2, w, ids)  # noqa: E731
+            else:
+                fn = lambda c=c, x=x, w=w, ids=ids: fused_experts_grouped(x, w13, w2, w, ids, config=c)  # noqa: E731
             try:
-                us = time_graph(lambda c=c, x=x, w=w, ids=ids: fused_experts_triton(x, w13, w2, w, ids, config=c))
+                us = time_graph(fn)
             except Exception as ex:  # noqa: BLE001 - a tile that does not compile is reported, not fatal
                 log(f"  experts T={t} config {c}: failed: {type(ex).__name__}: {ex}")
                 continue
             gbps = touched * per_expert_bytes / us / 1e3
-            row = {"tokens": t, "config": c or "default", "us": round(us, 1), "experts_read": touched,
+            label = c if c == "auto" else f"grouped {c or 'default'}"
+            row = {"tokens": t, "config": label, "us": round(us, 1), "experts_read": touched,
                    "weight_GB_per_s": round(gbps, 0)}
             rows.append(row)
-            log(f"  experts T={t:>3} {str(c or 'default'):<80} {us:8.1f} us  {touched:>3} experts read  {gbps:7.0f} GB/s")
+            log(f"  experts T={t:>3} {str(label):<88} {us:8.1f} us  {touched:>3} experts read  {gbps:7.0f} GB/s")
     return rows
+
+
+# (BLOCK_N, BLOCK_K, num_warps, num_stages) of the small path's sweep (fused_moe_small_triton.py)
+SMALL_GATE_UP_TILES = [(16, 128, 4, 4), (16, 256, 4, 3), (16, 128, 2, 6), (32, 128, 4, 4), (32, 256, 4, 3),
+                       (32, 64, 4, 8), (64, 128, 4, 4), (64, 64, 4, 6)]
+SMALL_DOWN_TILES = [(16, 128, 4, 4), (16, 256, 4, 4), (16, 256, 2, 4), (16, 256, 1, 4), (16, 512, 4, 3),
+                    (16, 128, 4, 8), (32, 128, 4, 4), (32, 256, 4, 3), (64, 128, 4, 4)]
+
+
+def small_sweep(cfg, log, token_counts=(1, 2, 4, 8), device: str = "cuda", dtype=torch.bfloat16) -> list[dict]:
+    """The small-batch path against the grouped one at a few tokens, and its tiles: each kernel
+    alone over SMALL_*_TILES (the other at its default), then both at the best of each. Every
+    configuration is first checked against fused_experts_torch; one that differs is not timed.
+    Each timing is 8 calls of one layer's experts with their own random routing (time_layers).
+    (device and dtype: for a dry run of this code on the CPU under Triton's interpreter.)"""
+    from pagedllm.kernels import fused_moe_small_triton as small
+
+    e, h, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+    g = torch.Generator(device=device).manual_seed(1)
+    w13 = torch.randn(e, 2 * i, h, device=device, dtype=dtype, generator=g) * 0.02
+    w2 = torch.randn(e, h, i, device=device, dtype=dtype, generator=g) * 0.02
+    rows: list[dict] = []
+    log(f"  small path sweep (SMALL_MAX_PAIRS = {small.SMALL_MAX_PAIRS}; defaults gate/up {small.DEFAULT_GATE_UP}, "
+        f"down {small.DEFAULT_DOWN}); us per layer, GB/s of the expert weights read")
+    for t in token_counts:
+        _small_sweep_at(t, cfg, w13, w2, g, log, rows)
+    log("  summary: us per layer (grouped | small default | small best)")
+    for t in token_counts:
+        got = {r["path"]: r["us"] for r in rows if r["tokens"] == t and r["path"] in ("grouped", "small", "small best")}
+        log(f"  T={t:>2}: {got.get('grouped', '-'):>8} | {got.get('small', '-'):>8} | {got.get('small best', '-'):>8}")
+    return rows
+
+
+def _small_sweep_at(t: int, cfg, w13, w2, g, log, rows: list[dict]) -> None:
+    from pagedllm.kernels import fused_moe_small_triton as small
+    from pagedllm.kernels.fused_moe import fused_experts_torch
+    from pagedllm.kernels.fused_moe_triton import fused_experts_grouped
+
+    e, h, i, k = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts_per_tok
+    calls = _layer_inputs(t, h, e, k, g, w13.dtype)
+    touched = sum(int(torch.unique(ids).numel()) for _, _, ids in calls) / len(calls)
+    x0, w0, ids0 = calls[0]
+    ref = fused_experts_torch(x0, w13, w2, w0, ids0).float()
+    scale = ref.abs().max().item()
+
+    def run(label, kind, tiles, make, check) -> float | None:
+        # make(x, w, ids) -> the call of one layer; check() -> the output of calls[0]
+        err = (check().float() - ref).abs().max().item() / scale
+        if not err < 2e-2:
+            log(f"  T={t} {label} {tiles}: differs from the torch reference (max error {err:.2e} of the max)")
+            return None
+        try:
+            us = time_layers([make(*c) for c in calls])
+        except Exception as ex:  # noqa: BLE001 - a tile that does not compile is reported, not fatal
+            log(f"  T={t} {label} {tiles}: failed: {type(ex).__name__}: {ex}")
+            return None
+        gbps = touched * 3 * i * h * 2 * {"experts": 1, "gate_up": 2 / 3, "down": 1 / 3}[kind] / us / 1e3
+        rows.append({"tokens": t, "path": label, "tiles": tiles, "us": round(us, 2), "GB_per_s": round(gbps)})
+        log(f"  T={t} {label:<14} {str(tiles):<36} {us:8.2f} us {gbps:7.0f} GB/s  (max error {err:.1e})")
+        return us
+
+    def whole(gu=small.DEFAULT_GATE_UP, dn=small.DEFAULT_DOWN):
+        return lambda x, w, ids: lambda: small.fused_experts_small(x, w13, w2, w, ids, gate_up_tiles=gu, down_tiles=dn)
+
+    run("grouped", "experts", "default", lambda x, w, ids: lambda: fused_experts_grouped(x, w13, w2, w, ids),
+        lambda: fused_experts_grouped(x0, w13, w2, w0, ids0))
+    run("small", "experts", "default", whole(), lambda: whole()(x0, w0, ids0)())
+    best: dict = {}
+    for tiles in SMALL_GATE_UP_TILES:
+        us = run("small gate_up", "gate_up", tiles,
+                 lambda x, w, ids, tiles=tiles: lambda: small.small_gate_up(x, w13, ids, None, None, None, tiles),
+                 lambda tiles=tiles: whole(gu=tiles)(x0, w0, ids0)())
+        if us is not None and us < best.get("gate_up", (None, float("inf")))[1]:
+            best["gate_up"] = (tiles, us)
+    for tiles in SMALL_DOWN_TILES:
+        def make(x, w, ids, tiles=tiles):
+            hid = small.small_gate_up(x, w13, ids, None, None, None)  # [T * K, I], before the capture
+            return lambda: small.small_down(hid, w2, w, ids, None, tiles)
+
+        us = run("small down", "down", tiles, make, lambda tiles=tiles: whole(dn=tiles)(x0, w0, ids0)())
+        if us is not None and us < best.get("down", (None, float("inf")))[1]:
+            best["down"] = (tiles, us)
+    if len(best) == 2:
+        gu, dn = best["gate_up"][0], best["down"][0]
+        us = run("small best", "experts", (gu, dn), whole(gu, dn), lambda: whole(gu, dn)(x0, w0, ids0)())
+        log(f"  T={t} best: gate/up {gu} {best['gate_up'][1]:.2f} us + down {dn} {best['down'][1]:.2f} us; "
+            f"both in one graph {us} us")
 
 
 # ---- 2. pagedllm --------------------------------------------------------------------------------
@@ -217,10 +334,14 @@ def main(argv: list[str] | None = None) -> None:
         lines.append(msg)
 
     cfg = _hf_config(args)
-    report: dict = {"command": " ".join([os.path.basename(sys.executable)] + sys.argv), "machine": common.machine_info()}
+    report: dict = {"command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+                    "machine": common.machine_info()}
     if cuda and not args.skip_kernels:
-        log("1. experts alone (fused_experts_triton: align + gate/up with SiLU-and-mul + down with the routing weight + sum over k)")
+        log("1. experts alone (grouped: align + gate/up with SiLU-and-mul + down with the routing weight + sum over "
+            "k; auto: fused_experts_triton's choice, the small path up to SMALL_MAX_PAIRS pairs)")
         report["kernels"] = kernel_timings(cfg, log)
+        if args.small_sweep:
+            report["small_sweep"] = small_sweep(cfg, log)
     if args.skip_latency:
         common.write_json(args.output_json, report)
         return
@@ -285,7 +406,8 @@ def main(argv: list[str] | None = None) -> None:
         report.update(peer_latency=peer_lat, peer_cb=peer_row)
 
     log("")
-    log(f"W5 summary ({os.path.basename(args.model.rstrip('/'))}{' (tiny)' if args.tiny else ''}, {args.dtype}, dummy weights)")
+    model_name = os.path.basename(args.model.rstrip("/")) + (" (tiny)" if args.tiny else "")
+    log(f"W5 summary ({model_name}, {args.dtype}, dummy weights)")
     log(f"{'figure':<52} {'pagedllm':>12} {'transformers':>14} {'ratio':>8}")
     peer_ms = peer_lat["decode_ms_per_token"] if peer_lat else float("nan")
     log(f"{'batch-1 decode ms/token (<= 2.5)':<52} {lat['decode_ms_per_token']:>12.3f} {peer_ms:>14.2f} "

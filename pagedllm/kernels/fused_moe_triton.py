@@ -13,6 +13,9 @@
   the activation in one pass); with MUL_WEIGHT it scales each row by its routing weight (the
   second projection). Blocks past `num_tokens_post_padded` return at once, so at batch 1 only
   the k chosen experts' weights are read.
+
+`fused_experts_triton` takes these for more than SMALL_MAX_PAIRS pairs, the kernels of
+fused_moe_small_triton.py below.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import triton.language as tl
 from pagedllm.kernels._triton import next_power_of_2
 from pagedllm.kernels.attention import _dot_precision
 from pagedllm.kernels.fused_moe import max_padded_pairs, moe_align_block_size_torch
+from pagedllm.kernels.fused_moe_small_triton import SMALL_MAX_PAIRS, fused_experts_small
 
 # above this many (token, expert) pairs the one-program alignment is slower than torch's sort
 _ALIGN_TRITON_MAX_PAIRS = 4096
@@ -63,7 +67,8 @@ def _topk_softmax_kernel(
     tl.store(ids_ptr + row * TOP_K + koffs, ids, mask=koffs < TOP_K)
 
 
-def topk_softmax_triton(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def topk_softmax_triton(router_logits: torch.Tensor, top_k: int,
+                        renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
     # router_logits: [T, E] -> (weights [T, K] float32, ids [T, K] int64)
     t, e = router_logits.shape
     weights = torch.empty((t, top_k), dtype=torch.float32, device=router_logits.device)
@@ -267,8 +272,20 @@ def _grouped_gemm(a, b, c, topk_weights, sorted_ids, expert_ids, num_post, n, to
 
 def fused_experts_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                          topk_ids: torch.Tensor, expert_map: torch.Tensor | None = None,
-                         expert_load: torch.Tensor | None = None, slot_mapping: torch.Tensor | None = None,
-                         config: dict | None = None) -> torch.Tensor:
+                         expert_load: torch.Tensor | None = None,
+                         slot_mapping: torch.Tensor | None = None) -> torch.Tensor:
+    """The experts on CUDA: x [T, H], topk_*: [T, K] -> [T, H]. Up to SMALL_MAX_PAIRS (token,
+    expert) pairs the small-batch kernels (fused_moe_small_triton.py: no alignment, no separate
+    sum), the grouped GEMMs above that. The choice is by shape, so each captured graph keeps one."""
+    if topk_ids.numel() <= SMALL_MAX_PAIRS:
+        return fused_experts_small(x, w13, w2, topk_weights, topk_ids, expert_map, expert_load, slot_mapping)
+    return fused_experts_grouped(x, w13, w2, topk_weights, topk_ids, expert_map, expert_load, slot_mapping)
+
+
+def fused_experts_grouped(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                          topk_ids: torch.Tensor, expert_map: torch.Tensor | None = None,
+                          expert_load: torch.Tensor | None = None, slot_mapping: torch.Tensor | None = None,
+                          config: dict | None = None) -> torch.Tensor:
     # x: [T, H]; w13: [E, 2I, H]; w2: [E, H, I]; topk_*: [T, K] -> [T, H]
     num_tokens, top_k = topk_ids.shape
     num_experts, two_i, hidden = w13.shape

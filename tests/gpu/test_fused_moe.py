@@ -21,14 +21,18 @@ TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (2e-3, 5e-3), torch.bfloat16:
 
 
 def _routing(num_tokens: int, num_experts: int, top_k: int, gen: torch.Generator, skew: str) -> torch.Tensor:
-    """Top-k expert ids per token, [T, K], distinct within a row. skew: "uniform"; "hot" (most
-    tokens pick from 3 experts, so others stay empty); "one-empty" (expert 1 never chosen)."""
+    """Top-k expert ids per token, [T, K], distinct within a row but for "repeat". skew:
+    "uniform"; "hot" (most tokens pick from 3 experts, so others stay empty); "one-empty"
+    (expert 1 never chosen); "repeat" (each row's second id repeats its first)."""
     scores = torch.rand(num_tokens, num_experts, generator=gen)
     if skew == "hot":
         scores[:, :3] += 2.0 * (torch.rand(num_tokens, 1, generator=gen) < 0.8)
     if skew == "one-empty":
         scores[:, 1] = -1.0
-    return scores.topk(top_k, dim=1).indices
+    ids = scores.topk(top_k, dim=1).indices
+    if skew == "repeat":
+        ids[:, 1] = ids[:, 0]
+    return ids
 
 
 def dense_reference(x, w13, w2, topk_weights, topk_ids, expert_map=None):
@@ -73,9 +77,12 @@ def _second_rank_experts(w13, w2, ep_ranks: int):
 
 
 def check_fused_experts(device, dtype, num_tokens, hidden, inter, num_experts, top_k, skew="uniform",
-                        ties=False, ep_ranks=1, seed=0):
+                        ties=False, ep_ranks=1, seed=0, path="auto", tiles=None):
+    """path: "auto" (fused_experts_triton's choice), "grouped" or "small"; tiles: the small
+    path's (gate/up, down) tiles, its defaults if None."""
+    from pagedllm.kernels import fused_moe_small_triton as small
     from pagedllm.kernels.fused_moe import fused_experts_torch
-    from pagedllm.kernels.fused_moe_triton import fused_experts_triton
+    from pagedllm.kernels.fused_moe_triton import fused_experts_grouped, fused_experts_triton
 
     x, w13, w2, weights, ids = _inputs(device, dtype, num_tokens, hidden, inter, num_experts, top_k, seed, skew, ties)
     w13, w2, expert_map = _second_rank_experts(w13, w2, ep_ranks)
@@ -87,7 +94,12 @@ def check_fused_experts(device, dtype, num_tokens, hidden, inter, num_experts, t
     load = torch.zeros(num_experts, dtype=torch.int64, device=device)
     slots = torch.arange(num_tokens, device=device)
     slots[num_tokens // 2 :: 3] = -1  # padding rows: computed, not counted in the load
-    got = fused_experts_triton(x, w13, w2, weights, ids, expert_map, load, slots)
+    if path == "small":
+        gate_up, down = tiles or (small.DEFAULT_GATE_UP, small.DEFAULT_DOWN)
+        got = small.fused_experts_small(x, w13, w2, weights, ids, expert_map, load, slots, tuple(gate_up), tuple(down))
+    else:
+        run = fused_experts_grouped if path == "grouped" else fused_experts_triton
+        got = run(x, w13, w2, weights, ids, expert_map, load, slots)
     atol, rtol = TOL[dtype]
     torch.testing.assert_close(got.float(), ref.float(), atol=atol, rtol=rtol)
     expected_load = torch.bincount(ids.cpu()[slots.cpu() >= 0].reshape(-1), minlength=num_experts)
@@ -157,6 +169,43 @@ def test_fused_experts(dtype, shape, skew):
 def test_fused_experts_expert_parallel(ep_ranks):
     check_fused_experts("cuda", torch.bfloat16, 64, 256, 128, 16, 4, skew="hot", ep_ranks=ep_ranks)
     check_fused_experts("cuda", torch.float32, 3, 128, 64, 8, 2, ties=True, ep_ranks=ep_ranks)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_tokens, top_k", [(1, 8), (2, 2), (4, 8)])
+@pytest.mark.parametrize("ep_ranks", [1, 2])
+def test_fused_experts_small(dtype, num_tokens, top_k, ep_ranks):
+    """The small-batch kernels at Qwen3-30B-A3B-like tiles, default and a narrow and a wide sweep point."""
+    for tiles in (None, ((16, 64, 4, 3), (32, 128, 4, 3)), ((64, 256, 4, 4), (64, 128, 8, 3))):
+        check_fused_experts("cuda", dtype, num_tokens, 512, 192, 32, top_k, skew="hot", ep_ranks=ep_ranks,
+                            path="small", tiles=tiles)
+    check_fused_experts("cuda", dtype, 4, 256, 64, 16, 2, skew="repeat", path="small")
+
+
+def test_small_path_replays_in_cuda_graph():
+    """Captured once at 2 tokens (the small path: 16 pairs), replayed on new inputs and routing: the
+    reference's output, and each replay adds its pairs to the load counters."""
+    from pagedllm.kernels.fused_moe import fused_experts_torch
+    from pagedllm.kernels.fused_moe_triton import fused_experts_triton
+
+    x, w13, w2, weights, ids = _inputs("cuda", torch.bfloat16, 2, 256, 64, 32, 8, 0, "uniform")
+    load = torch.zeros(32, dtype=torch.int64, device="cuda")
+    slots = torch.tensor([5, -1], device="cuda")
+    fused_experts_triton(x, w13, w2, weights, ids, None, load, slots)  # compiles
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fused_experts_triton(x, w13, w2, weights, ids, None, load, slots)
+    load.zero_()
+    expected = torch.zeros(32, dtype=torch.int64)
+    for seed in (1, 2):
+        x2, _, _, weights2, ids2 = _inputs("cuda", torch.bfloat16, 2, 256, 64, 32, 8, seed, "hot")
+        for static, new in ((x, x2), (weights, weights2), (ids, ids2)):
+            static.copy_(new)
+        graph.replay()
+        ref = fused_experts_torch(x, w13, w2, weights, ids)
+        torch.testing.assert_close(out.float(), ref.float(), atol=TOL[torch.bfloat16][0], rtol=TOL[torch.bfloat16][1])
+        expected += torch.bincount(ids2[0].cpu(), minlength=32)
+    assert torch.equal(load.cpu(), expected)
 
 
 @pytest.mark.parametrize("args", [(1, 128, 8, 16), (33, 60, 4, 16), (200, 16, 2, 64), (2000, 128, 8, 16)])

@@ -9,13 +9,29 @@ import pytest
 from test_kernels_interpret import pytestmark, run_under_interpreter  # noqa: F401  (skips without triton)
 
 # name -> (check, dtype, args, kwargs)
+_G = {"path": "grouped"}
+_S = {"path": "small"}
+_TILES_16 = [[16, 16, 4, 1], [16, 16, 4, 1]]  # several n and k tiles of each kernel, no ragged edge
 _CASES = {
-    # uneven loads (3 hot experts), an expert no token picks, equal routing weights, 1 token
-    "experts_hot:float32": ("check_fused_experts", [20, 32, 16, 8, 2], {"skew": "hot"}),
-    "experts_empty:float16": ("check_fused_experts", [9, 32, 16, 8, 3], {"skew": "one-empty"}),
-    "experts_ties:float32": ("check_fused_experts", [6, 32, 16, 4, 2], {"ties": True}),
-    "experts_one_token:float32": ("check_fused_experts", [1, 64, 32, 8, 4], {}),
-    "experts_ep2:float32": ("check_fused_experts", [12, 32, 16, 8, 2], {"skew": "hot", "ep_ranks": 2}),
+    # the grouped GEMMs: uneven loads (3 hot experts), an expert no token picks, equal routing
+    # weights, 1 token, expert parallelism
+    "experts_hot:float32": ("check_fused_experts", [20, 32, 16, 8, 2], {"skew": "hot", **_G}),
+    "experts_empty:float16": ("check_fused_experts", [9, 32, 16, 8, 3], {"skew": "one-empty", **_G}),
+    "experts_ties:float32": ("check_fused_experts", [6, 32, 16, 4, 2], {"ties": True, **_G}),
+    "experts_one_token:float32": ("check_fused_experts", [1, 64, 32, 8, 4], _G),
+    "experts_ep2:float32": ("check_fused_experts", [12, 32, 16, 8, 2], {"skew": "hot", "ep_ranks": 2, **_G}),
+    # the small-batch kernels: 1, 2, 4 tokens, top-2 and top-8, a token of slot -1 (not counted in
+    # the load), ragged tiles (the defaults are wider than these shapes), a repeated expert
+    "small_one_token_top8:float32": ("check_fused_experts", [1, 64, 32, 16, 8], {"tiles": _TILES_16, **_S}),
+    "small_one_token_top8:float16": ("check_fused_experts", [1, 64, 32, 16, 8], {"tiles": _TILES_16, **_S}),
+    "small_two_tokens_hot:float32": ("check_fused_experts", [2, 32, 16, 8, 2], {"skew": "hot", **_S}),
+    "small_four_tokens_top8_ep2:float32": ("check_fused_experts", [4, 64, 32, 16, 8],
+                                           {"skew": "hot", "ep_ranks": 2, "tiles": _TILES_16, **_S}),
+    "small_four_tokens_top8_ep2:float16": ("check_fused_experts", [4, 48, 24, 16, 8],
+                                           {"skew": "hot", "ep_ranks": 2, **_S}),
+    "small_repeat_ties:float32": ("check_fused_experts", [4, 32, 16, 8, 2], {"skew": "repeat", "ties": True, **_S}),
+    # fused_experts_triton's choice by the pair count (3 x 2 pairs: the small path)
+    "experts_auto:float32": ("check_fused_experts", [3, 32, 16, 8, 2], {}),
     "align:int64": ("check_align", [30, 16, 4, 16], {}),
     "align_ep2:int32": ("check_align", [7, 8, 2, 16], {"ep_ranks": 2}),
     "topk:float32": ("check_topk_softmax", [5, 12, 3, False], {}),
@@ -32,3 +48,48 @@ def results() -> dict[str, str | None]:
 @pytest.mark.parametrize("key", sorted(_CASES))
 def test_moe_kernel_under_interpreter(results, key):
     assert results[key] is None, f"{key} differs from its torch reference under TRITON_INTERPRET=1:\n{results[key]}"
+
+
+# the small-batch kernels' runtime arguments, as fused_experts_small passes them (bf16 model)
+_GATE_UP_SIG = {"x_ptr": "*bf16", "w13_ptr": "*bf16", "h_ptr": "*bf16", "topk_ids_ptr": "*i64",
+                "expert_map_ptr": "*i32", "expert_load_ptr": "*i64", "slot_mapping_ptr": "*i64", "inter": "i32",
+                "hidden": "i32", "top_k": "i32", "stride_xm": "i32", "stride_we": "i32", "stride_wn": "i32",
+                "stride_hm": "i32"}
+_DOWN_SIG = {"h_ptr": "*bf16", "w2_ptr": "*bf16", "out_ptr": "*bf16", "topk_ids_ptr": "*i64",
+             "topk_weights_ptr": "*fp32", "expert_map_ptr": "*i32", "hidden": "i32", "inter": "i32", "top_k": "i32",
+             "stride_hm": "i32", "stride_we": "i32", "stride_wn": "i32", "stride_om": "i32"}
+
+
+@pytest.mark.parametrize("kernel", ["gate_up", "down"])
+@pytest.mark.parametrize("tiles", ["default", (64, 128, 4, 4)])
+def test_small_kernels_compile_for_sm90(kernel, tiles):
+    """The small-batch kernels compile for the H200 at their default tiles and at a wide one: the
+    products on the tensor cores (mma.sync for 16- and 32-row tiles, wgmma from 64), the weight
+    loads asynchronous copies (pipelined), nothing spilled. The down kernel's weight tiles get
+    num_stages - 1 buffers (its experts are picked out of registers, not loaded in the loop)."""
+    from pagedllm.kernels import fused_moe_small_triton as small
+    from pagedllm.kernels.inspect_sm90 import compile_sm90, resources
+
+    if tiles == "default":
+        tiles = small.DEFAULT_GATE_UP if kernel == "gate_up" else small.DEFAULT_DOWN
+    block_n, block_k, num_warps, num_stages = tiles
+    # in the kernels' parameter order
+    if kernel == "gate_up":
+        fn, sig = small._small_gate_up_kernel, _GATE_UP_SIG
+        constexprs = {"HAS_MAP": True, "HAS_LOAD": True, "HAS_SLOTS": True, "EVEN_K": True, "DOT_PRECISION": "tf32"}
+    else:
+        fn, sig = small._small_down_kernel, _DOWN_SIG
+        constexprs = {"HAS_MAP": True, "EVEN_K": True, "DOT_PRECISION": "tf32", "BLOCK_TOP_K": 8}
+    constexprs.update(BLOCK_N=block_n, BLOCK_K=block_k, PAD_COLS=16)
+    aligned = ("inter", "hidden", "stride_xm", "stride_we", "stride_wn", "stride_hm", "stride_om")
+    compiled = compile_sm90(fn, sig, constexprs, num_warps, num_stages, aligned=aligned)
+    ptx = compiled.asm["ptx"]
+    assert ("wgmma.mma_async" if block_n >= 64 else "mma.sync.aligned") in ptx
+    assert "cp.async" in ptx
+    r = resources(compiled)
+    if r is None:
+        pytest.skip("Triton's cuobjdump is not there")
+    assert r["stack"] == 0, r
+    if kernel == "down":
+        # per buffer: a weight tile and the padded row of h, both bf16
+        assert r["shared"] >= (num_stages - 1) * (block_n + 16) * block_k * 2, r

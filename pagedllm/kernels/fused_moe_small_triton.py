@@ -1,0 +1,247 @@
+"""The MoE experts for a few tokens (decode at small batch): two Triton kernels, no alignment of
+the pairs by expert and no separate sum over k; they must equal fused_experts_torch
+(fused_moe.py) as the grouped path of fused_moe_triton.py does.
+
+At batch 1 the experts are a weight read (Qwen3-30B-A3B: 8 experts x 9 MiB per layer), and the
+grouped path spends as long again on its alignment, its 16-row tiles and its sum. Here each
+product is "swap-AB" on the tensor cores: the weight tile is the wide operand and the one
+activation row, padded to 16 columns of zeros, the narrow one (a CUDA-core GEMV reads bf16 more
+slowly, benchmarks/RESULTS.md, "FP8 kernels and the MoE small-batch path"):
+
+    acc[BLOCK_N, 16] = W[n tile, k tile] @ [x_k | 0 ... 0]      column 0 is the product
+
+- `_small_gate_up_kernel`, program (pair, n tile of I): its expert's gate and up tiles against
+  its token's row; writes h[pair] = silu(gate) * up, rounded as the reference. The programs of
+  n tile 0 also count the pair in expert_load (padding tokens, slot -1, are not counted).
+- `_small_down_kernel`, program (token, n tile of H): one loop over the token's k experts and
+  the I tiles of each (flattened, so the weight loads stay pipelined across the experts);
+  after an expert's last tile its product, rounded and times the routing weight, is added into
+  the token's sum, which is written once. Pairs of experts on other ranks (expert_map -1) load
+  nothing and add zero. The k products are added in top-k order, rounded to the model dtype
+  after each add as combine_in_expert_order does (its order is by expert id; the GEMMs' own
+  accumulation orders differ from cuBLAS's anyway, so neither path is bit-exact).
+
+Everything is sized from the shapes: CUDA graphs capture it.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from pagedllm.kernels._triton import next_power_of_2
+from pagedllm.kernels.attention import _dot_precision
+
+# (token, expert) pairs up to which fused_experts_triton takes this path: at most 4 tokens of
+# Qwen3-30B-A3B's top-8. A first choice, to be set by `moe_bench.py --small-sweep` on the H200.
+SMALL_MAX_PAIRS = 32
+# the activation rows padded to the narrow MMA operand's 16 columns
+_PAD_COLS = 16
+# (BLOCK_N, BLOCK_K, num_warps, num_stages) of each kernel; not measured yet (see above):
+# narrow n tiles give batch 1 enough programs (gate/up 8 x 768 / 32 = 192, down 2048 / 16 = 128)
+DEFAULT_GATE_UP = (32, 128, 4, 4)
+DEFAULT_DOWN = (16, 256, 4, 4)
+
+
+@triton.jit
+def _small_gate_up_kernel(
+    x_ptr,  # [T, hidden]
+    w13_ptr,  # [E_local, 2 * inter, hidden]
+    h_ptr,  # [P, inter] silu(gate) * up of each pair
+    topk_ids_ptr,  # [P] global expert ids
+    expert_map_ptr,  # [E_global] local id or -1 (read if HAS_MAP)
+    expert_load_ptr,  # [E_global] int64 counters (written if HAS_LOAD)
+    slot_mapping_ptr,  # [T] (read if HAS_SLOTS): tokens of slot -1 are not counted
+    inter, hidden, top_k,
+    stride_xm, stride_we, stride_wn, stride_hm,
+    HAS_MAP: tl.constexpr, HAS_LOAD: tl.constexpr, HAS_SLOTS: tl.constexpr, EVEN_K: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PAD_COLS: tl.constexpr,
+):  # fmt: skip
+    pair = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    token = pair // top_k
+    g = tl.load(topk_ids_ptr + pair)
+    if HAS_LOAD:
+        counted = pid_n == 0
+        if HAS_SLOTS:
+            counted = counted & (tl.load(slot_mapping_ptr + token) >= 0)
+        tl.atomic_add(expert_load_ptr + g, tl.full([], 1, tl.int64), mask=counted)
+    if HAS_MAP:
+        e = tl.load(expert_map_ptr + g)
+    else:
+        e = g
+    if e < 0:  # another rank's expert: its row of h is never read
+        return
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = rn < inter
+    rk = tl.arange(0, BLOCK_K)
+    rc = tl.arange(0, PAD_COLS)
+    col0 = (rc == 0)[None, :]  # [1, PAD_COLS]
+    gate_rows = w13_ptr + e.to(tl.int64) * stride_we + rn.to(tl.int64)[:, None] * stride_wn  # [BLOCK_N, 1]
+    up_rows = gate_rows + inter * stride_wn
+    # [1, PAD_COLS]: the token's row in column 0, masked rows after it in the others (loaded as
+    # the MMA operand itself, so that the loads are pipelined with the weights')
+    x_cols = x_ptr + (token.to(tl.int64) + rc[None, :]) * stride_xm
+    acc_gate = tl.zeros([BLOCK_N, PAD_COLS], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_N, PAD_COLS], dtype=tl.float32)
+    for k0 in range(0, hidden, BLOCK_K):
+        kk = k0 + rk
+        if EVEN_K:
+            w_mask = n_mask[:, None]
+            xt = tl.load(x_cols + kk[:, None], mask=col0, other=0.0)  # [BLOCK_K, PAD_COLS]
+        else:
+            w_mask = n_mask[:, None] & (kk < hidden)[None, :]
+            xt = tl.load(x_cols + kk[:, None], mask=col0 & (kk < hidden)[:, None], other=0.0)
+        w_gate = tl.load(gate_rows + kk[None, :], mask=w_mask, other=0.0)
+        w_up = tl.load(up_rows + kk[None, :], mask=w_mask, other=0.0)
+        acc_gate = tl.dot(w_gate, xt, acc_gate, input_precision=DOT_PRECISION)
+        acc_up = tl.dot(w_up, xt, acc_up, input_precision=DOT_PRECISION)
+    dtype = h_ptr.dtype.element_ty
+    # the other columns are exact zeros, so the row sums are column 0
+    gate = tl.sum(acc_gate, axis=1).to(dtype).to(tl.float32)
+    up = tl.sum(acc_up, axis=1).to(dtype).to(tl.float32)
+    # rounded like the reference: gate and up in the model dtype, silu rounded, then the product
+    s = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+    tl.store(h_ptr + pair.to(tl.int64) * stride_hm + rn, (s * up).to(dtype), mask=n_mask)
+
+
+@triton.jit
+def _small_down_kernel(
+    h_ptr,  # [P, inter]
+    w2_ptr,  # [E_local, hidden, inter]
+    out_ptr,  # [T, hidden]
+    topk_ids_ptr,  # [P] global expert ids
+    topk_weights_ptr,  # [P] float32
+    expert_map_ptr,  # [E_global] (read if HAS_MAP)
+    hidden, inter, top_k,
+    stride_hm, stride_we, stride_wn, stride_om,
+    HAS_MAP: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_TOP_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PAD_COLS: tl.constexpr,
+):  # fmt: skip
+    token = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = rn < hidden
+    rk = tl.arange(0, BLOCK_K)
+    rc = tl.arange(0, PAD_COLS)
+    col0 = (rc == 0)[None, :]
+    w_rows = w2_ptr + rn.to(tl.int64)[:, None] * stride_wn  # [BLOCK_N, 1]
+    dtype = out_ptr.dtype.element_ty
+    # [BLOCK_N, PAD_COLS] like the products: the epilogue stays in the MMA layout (columns
+    # 1.. hold zeros through it), reduced to column 0 once at the end
+    total = tl.zeros([BLOCK_N, PAD_COLS], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_N, PAD_COLS], dtype=tl.float32)
+    # the token's experts (local ids, -1 off this rank) and weights, read once: picked out of
+    # registers in the loop, the weight loads' addresses depend on no load in it, so the
+    # pipeliner gives them all num_stages - 1 buffers (loaded there, a chain id -> map -> weights
+    # took two of the stages, leaving the weight tiles one buffer)
+    ko = tl.arange(0, BLOCK_TOP_K)
+    k_valid = ko < top_k
+    ids = tl.load(topk_ids_ptr + token * top_k + ko, mask=k_valid, other=0)
+    if HAS_MAP:
+        ids = tl.load(expert_map_ptr + ids, mask=k_valid, other=-1)
+    experts = tl.where(k_valid, ids, -1).to(tl.int64)
+    weights = tl.load(topk_weights_ptr + token * top_k + ko, mask=k_valid, other=0.0)
+    num_k = tl.cdiv(inter, BLOCK_K)
+    for it in range(0, top_k * num_k):
+        k = it // num_k
+        pair = token * top_k + k
+        k0 = (it % num_k) * BLOCK_K
+        e = tl.sum(tl.where(ko == k, experts, 0), axis=0)
+        kk = k0 + rk
+        # a vector compare: the interpreter cannot mask with a scalar bool broadcast to a vector
+        k_mask = (tl.zeros_like(rk) + e) >= 0
+        if not EVEN_K:
+            k_mask = k_mask & (kk < inter)
+        # [BLOCK_K, PAD_COLS]: the pair's row of h in column 0 (as x in the gate/up kernel)
+        h_cols = h_ptr + (pair.to(tl.int64) + rc[None, :]) * stride_hm
+        ht = tl.load(h_cols + kk[:, None], mask=col0 & k_mask[:, None], other=0.0)
+        w = tl.load(
+            w_rows + tl.maximum(e, 0).to(tl.int64) * stride_we + kk[None, :],
+            mask=n_mask[:, None] & k_mask[None, :],
+            other=0.0,
+        )
+        acc = tl.dot(w, ht, acc, input_precision=DOT_PRECISION)
+        # after the expert's last tile: rounded product x routing weight, rounded, added, rounded
+        last = it % num_k == num_k - 1
+        wk = tl.sum(tl.where(ko == k, weights, 0.0), axis=0)
+        y = (acc.to(dtype).to(tl.float32) * wk).to(dtype).to(tl.float32)
+        total = tl.where(last, (total + y).to(dtype).to(tl.float32), total)
+        acc = tl.where(last, 0.0, acc)
+    tl.store(out_ptr + token.to(tl.int64) * stride_om + rn, tl.sum(total, axis=1).to(dtype), mask=n_mask)
+
+
+def small_gate_up(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    topk_ids: torch.Tensor,
+    expert_map: torch.Tensor | None,
+    expert_load: torch.Tensor | None,
+    slot_mapping: torch.Tensor | None,
+    tiles: tuple = DEFAULT_GATE_UP,
+) -> torch.Tensor:
+    # x: [T, H]; w13: [E, 2I, H]; topk_ids: [T, K] -> h [T * K, I] (rows of other ranks' pairs unset)
+    num_tokens, top_k = topk_ids.shape
+    inter = w13.shape[1] // 2
+    hidden = x.shape[1]
+    block_n, block_k, num_warps, num_stages = tiles
+    assert w13.stride(2) == 1 and x.stride(1) == 1
+    h = torch.empty((num_tokens * top_k, inter), dtype=x.dtype, device=x.device)
+    flat = topk_ids.reshape(-1)
+    _small_gate_up_kernel[(flat.numel(), triton.cdiv(inter, block_n))](
+        x, w13, h, flat, expert_map if expert_map is not None else flat,
+        expert_load if expert_load is not None else flat, slot_mapping if slot_mapping is not None else flat,
+        inter, hidden, top_k, x.stride(0), w13.stride(0), w13.stride(1), h.stride(0),
+        HAS_MAP=expert_map is not None, HAS_LOAD=expert_load is not None, HAS_SLOTS=slot_mapping is not None,
+        EVEN_K=hidden % block_k == 0, DOT_PRECISION=_dot_precision(x.dtype), BLOCK_N=block_n, BLOCK_K=block_k,
+        PAD_COLS=_PAD_COLS, num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    return h
+
+
+def small_down(
+    h: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    expert_map: torch.Tensor | None,
+    tiles: tuple = DEFAULT_DOWN,
+) -> torch.Tensor:
+    # h: [T * K, I]; w2: [E, H, I]; topk_*: [T, K] -> [T, H], the weighted sum over k
+    num_tokens, top_k = topk_ids.shape
+    hidden, inter = w2.shape[1], w2.shape[2]
+    block_n, block_k, num_warps, num_stages = tiles
+    assert w2.stride(2) == 1
+    out = torch.empty((num_tokens, hidden), dtype=h.dtype, device=h.device)
+    flat = topk_ids.reshape(-1)
+    weights = topk_weights.reshape(-1).to(torch.float32)
+    _small_down_kernel[(num_tokens, triton.cdiv(hidden, block_n))](
+        h, w2, out, flat, weights, expert_map if expert_map is not None else flat,
+        hidden, inter, top_k, h.stride(0), w2.stride(0), w2.stride(1), out.stride(0),
+        HAS_MAP=expert_map is not None, EVEN_K=inter % block_k == 0, DOT_PRECISION=_dot_precision(h.dtype),
+        BLOCK_TOP_K=next_power_of_2(top_k), BLOCK_N=block_n, BLOCK_K=block_k, PAD_COLS=_PAD_COLS,
+        num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    return out
+
+
+def fused_experts_small(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    expert_map: torch.Tensor | None = None,
+    expert_load: torch.Tensor | None = None,
+    slot_mapping: torch.Tensor | None = None,
+    gate_up_tiles: tuple = DEFAULT_GATE_UP,
+    down_tiles: tuple = DEFAULT_DOWN,
+) -> torch.Tensor:
+    """fused_experts_triton's result for a few tokens: x [T, H], topk_*: [T, K] -> [T, H].
+    *_tiles: (BLOCK_N, BLOCK_K, num_warps, num_stages) of each kernel."""
+    if topk_ids.shape[0] == 0:
+        return x.new_zeros((0, w2.shape[1]))
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    h = small_gate_up(x, w13, topk_ids, expert_map, expert_load, slot_mapping, gate_up_tiles)
+    return small_down(h, w2, topk_weights, topk_ids, expert_map, down_tiles)
