@@ -38,10 +38,20 @@ from pagedllm.kernels.attention import _dot_precision
 SMALL_MAX_PAIRS = 32
 # the activation rows padded to the narrow MMA operand's 16 columns
 _PAD_COLS = 16
-# (BLOCK_N, BLOCK_K, num_warps, num_stages) of each kernel; not measured yet (see above):
-# narrow n tiles give batch 1 enough programs (gate/up 8 x 768 / 32 = 192, down 2048 / 16 = 128)
-DEFAULT_GATE_UP = (32, 128, 4, 4)
-DEFAULT_DOWN = (16, 256, 4, 4)
+# (BLOCK_N, BLOCK_K, num_warps, num_stages) of each kernel for 16-bit models: the best of the
+# H200 sweep at Qwen3-30B-A3B's experts (`moe_bench.py --small-sweep`, RESULTS.md eleventh
+# session): at 1 token gate/up 14.5 us (3.47 TB/s; 32-wide tiles 15.8) and down 16.4 us (one warp:
+# 4 warps 20.8); both in one graph 30.8 us a layer against the grouped path's 34.8.
+DEFAULT_GATE_UP = (64, 128, 4, 4)
+DEFAULT_DOWN = (16, 256, 1, 4)
+# float32 operands take twice the shared memory a stage: narrower gate/up tiles, one stage less
+FP32_GATE_UP = (32, 128, 4, 3)
+FP32_DOWN = (16, 256, 1, 3)
+
+
+def default_tiles(dtype: torch.dtype) -> tuple[tuple, tuple]:
+    """(gate/up tiles, down tiles) for activations of `dtype`."""
+    return (FP32_GATE_UP, FP32_DOWN) if dtype == torch.float32 else (DEFAULT_GATE_UP, DEFAULT_DOWN)
 
 
 @triton.jit
@@ -179,13 +189,13 @@ def small_gate_up(
     expert_map: torch.Tensor | None,
     expert_load: torch.Tensor | None,
     slot_mapping: torch.Tensor | None,
-    tiles: tuple = DEFAULT_GATE_UP,
+    tiles: tuple | None = None,
 ) -> torch.Tensor:
     # x: [T, H]; w13: [E, 2I, H]; topk_ids: [T, K] -> h [T * K, I] (rows of other ranks' pairs unset)
     num_tokens, top_k = topk_ids.shape
     inter = w13.shape[1] // 2
     hidden = x.shape[1]
-    block_n, block_k, num_warps, num_stages = tiles
+    block_n, block_k, num_warps, num_stages = tiles or default_tiles(x.dtype)[0]
     assert w13.stride(2) == 1 and x.stride(1) == 1
     h = torch.empty((num_tokens * top_k, inter), dtype=x.dtype, device=x.device)
     flat = topk_ids.reshape(-1)
@@ -206,12 +216,12 @@ def small_down(
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     expert_map: torch.Tensor | None,
-    tiles: tuple = DEFAULT_DOWN,
+    tiles: tuple | None = None,
 ) -> torch.Tensor:
     # h: [T * K, I]; w2: [E, H, I]; topk_*: [T, K] -> [T, H], the weighted sum over k
     num_tokens, top_k = topk_ids.shape
     hidden, inter = w2.shape[1], w2.shape[2]
-    block_n, block_k, num_warps, num_stages = tiles
+    block_n, block_k, num_warps, num_stages = tiles or default_tiles(h.dtype)[1]
     assert w2.stride(2) == 1
     out = torch.empty((num_tokens, hidden), dtype=h.dtype, device=h.device)
     flat = topk_ids.reshape(-1)
@@ -235,11 +245,11 @@ def fused_experts_small(
     expert_map: torch.Tensor | None = None,
     expert_load: torch.Tensor | None = None,
     slot_mapping: torch.Tensor | None = None,
-    gate_up_tiles: tuple = DEFAULT_GATE_UP,
-    down_tiles: tuple = DEFAULT_DOWN,
+    gate_up_tiles: tuple | None = None,
+    down_tiles: tuple | None = None,
 ) -> torch.Tensor:
     """fused_experts_triton's result for a few tokens: x [T, H], topk_*: [T, K] -> [T, H].
-    *_tiles: (BLOCK_N, BLOCK_K, num_warps, num_stages) of each kernel."""
+    *_tiles: (BLOCK_N, BLOCK_K, num_warps, num_stages) of each kernel (None: default_tiles)."""
     if topk_ids.shape[0] == 0:
         return x.new_zeros((0, w2.shape[1]))
     x = x if x.stride(-1) == 1 else x.contiguous()

@@ -93,3 +93,29 @@ def test_small_kernels_compile_for_sm90(kernel, tiles):
     if kernel == "down":
         # per buffer: a weight tile and the padded row of h, both bf16
         assert r["shared"] >= (num_stages - 1) * (block_n + 16) * block_k * 2, r
+
+
+@pytest.mark.parametrize("kernel", ["gate_up", "down"])
+def test_float32_default_tiles_fit_shared_memory(kernel):
+    """float32 activations (float32 models on a GPU) take default_tiles' narrower float32 tiles,
+    whose buffers fit the H200's 227 KiB of shared memory a block (a tile that does not fails at
+    launch with OutOfResources: (64, 256, 4, 4) needed 432 KiB in the GPU test; the 16-bit
+    default gate/up tile in float32 needs 216 KiB, too near the limit)."""
+    import torch
+
+    from pagedllm.kernels import fused_moe_small_triton as small
+    from pagedllm.kernels.inspect_sm90 import compile_sm90
+
+    tiles = small.default_tiles(torch.float32)[0 if kernel == "gate_up" else 1]
+    assert tiles != small.default_tiles(torch.bfloat16)[0 if kernel == "gate_up" else 1]
+    block_n, block_k, num_warps, num_stages = tiles
+    if kernel == "gate_up":
+        fn, sig = small._small_gate_up_kernel, dict(_GATE_UP_SIG, x_ptr="*fp32", w13_ptr="*fp32", h_ptr="*fp32")
+        constexprs = {"HAS_MAP": True, "HAS_LOAD": True, "HAS_SLOTS": True, "EVEN_K": True, "DOT_PRECISION": "ieee"}
+    else:
+        fn, sig = small._small_down_kernel, dict(_DOWN_SIG, h_ptr="*fp32", w2_ptr="*fp32", out_ptr="*fp32")
+        constexprs = {"HAS_MAP": True, "EVEN_K": True, "DOT_PRECISION": "ieee", "BLOCK_TOP_K": 8}
+    constexprs.update(BLOCK_N=block_n, BLOCK_K=block_k, PAD_COLS=16)
+    aligned = ("inter", "hidden", "stride_xm", "stride_we", "stride_wn", "stride_hm", "stride_om")
+    compiled = compile_sm90(fn, sig, constexprs, num_warps, num_stages, aligned=aligned)
+    assert compiled.metadata.shared <= 232448, compiled.metadata.shared
