@@ -2,13 +2,13 @@
 kernel (swap_gemm_triton.py) instead of cuBLAS; `small_m_linear_torch` is the product it must
 equal.
 
-Why: at 1-16 rows a projection only streams its weight, and on the H200 cuBLAS reads small
-weights at ~2.0-2.3 TB/s (Qwen3-30B-A3B's attention projections, the MoE router with its split-K
-reduce kernel, Llama-3.1-8B's projections; figures in the lead's brief, not yet measured against
-this kernel). Larger row counts stay on cuBLAS.
+Why: at 1-16 rows a projection only streams its weight, and on the H200 cuBLAS reads weights of
+8-40 MB at 0.3-3.2 TB/s; this kernel is 5-9% faster on most of those shapes, 1.5x on the MoE
+router (float32 logits, no split-K reduce kernel) and 2.4x on Qwen3-0.6B's o projection (the
+sweep behind CONFIGS). Larger weights (>= _CUBLAS_MIN_ELEMENTS) and row counts stay on cuBLAS.
 
-Opt-in for now: PAGEDLLM_SMALL_M_GEMM=1 (or "all") sends the parallel linears and the MoE router
-here, "linear" or "router" only one of them, unset or 0 neither. Read once, when a layer is built.
+On by default: PAGEDLLM_SMALL_M_GEMM unset, 1 or "all" sends the parallel linears and the MoE
+router here, "linear" or "router" only one of them, 0 neither. Read once, when a layer is built.
 Per shape, `default_config` may answer None (cuBLAS wins there) and the caller keeps F.linear.
 
 Nothing here imports triton at module import, so the layers load on a CPU machine without it.
@@ -26,18 +26,16 @@ from pagedllm.kernels._triton import triton_available
 MAX_ROWS = 16
 _DTYPES = (torch.bfloat16, torch.float16)
 _USES = ("linear", "router")
-# H200: 132 SMs; aim for about two programs per SM
-_TARGET_PROGRAMS = 256
-_MAX_SPLIT_K = 16
+_MAX_SPLIT_K = 8
 
 
 def enabled(use: str) -> bool:
     """Whether PAGEDLLM_SMALL_M_GEMM turns the kernel on for `use` ("linear" or "router")."""
     assert use in _USES
-    value = os.environ.get("PAGEDLLM_SMALL_M_GEMM", "0").strip().lower()
-    if value in ("", "0", "false", "no", "off"):
+    value = os.environ.get("PAGEDLLM_SMALL_M_GEMM", "1").strip().lower()
+    if value in ("0", "false", "no", "off"):
         return False
-    if value in ("1", "all", "true", "yes", "on"):
+    if value in ("", "1", "all", "true", "yes", "on"):
         return True
     uses = {u.strip() for u in value.split(",")}
     if not uses <= set(_USES):
@@ -47,23 +45,45 @@ def enabled(use: str) -> bool:
 
 # Measured choices per weight shape (N, K) -> [(max rows, config fields or None for cuBLAS), ...]
 # in increasing max rows; a config is (block_n, block_k, split_k, num_warps, num_stages[, atomic]).
-# Empty until the H200 sweep (benchmarks/small_m_bench.py prints entries in this form); shapes
-# not here take `heuristic_config`.
-CONFIGS: dict[tuple[int, int], list[tuple[int, tuple | None]]] = {}
+# From the H200 sweep of benchmarks/small_m_bench.py (RESULTS.md, eleventh session), one config per
+# shape for 1-16 rows (the per-row-count bests differed by under 2%); us per layer at 1 row,
+# cuBLAS -> this: Qwen3-30B-A3B qkv 8.10 -> 7.71, o 8.50 -> 8.00, router (float32 out) 5.36 ->
+# 3.61; Llama-3.1-8B qkv 15.72 -> 14.80, o 12.58 -> 11.83, gate_up and down within 1% (cuBLAS
+# kept); Qwen3-0.6B qkv 5.21 -> 4.84, o 12.63 -> 5.24, gate_up 5.96 -> 5.52, down 6.59 -> 5.76.
+CONFIGS: dict[tuple[int, int], list[tuple[int, tuple | None]]] = {
+    (5120, 2048): [(16, (64, 256, 1, 4, 4))],
+    (2048, 4096): [(16, (64, 256, 4, 4, 3))],
+    (128, 2048): [(16, (64, 128, 8, 4, 3, True))],
+    (6144, 4096): [(16, (64, 256, 1, 4, 4))],
+    (4096, 4096): [(16, (64, 128, 4, 4, 3))],
+    (28672, 4096): [(16, None)],
+    (4096, 14336): [(16, None)],
+    (4096, 1024): [(16, (64, 256, 1, 4, 4))],
+    (1024, 2048): [(16, (64, 128, 8, 4, 3))],
+    (6144, 1024): [(16, (64, 256, 1, 4, 4))],
+    (1024, 3072): [(16, (64, 128, 8, 4, 4))],
+}
+# weights of this many elements or more stream at cuBLAS's roofline already (Llama-3.1-8B's
+# gate_up and down: within 1% in the sweep)
+_CUBLAS_MIN_ELEMENTS = 50 << 20
+# the sweep's best split-K gave about 64-128 programs, not more: split up to this many
+_TARGET_PROGRAMS = 128
 
 
 def heuristic_config(m: int, n: int, k: int):
-    """A first guess (not measured): 64-wide weight tiles (32 for a small N such as a router's),
-    128-wide K steps, and split-K doubling until about two programs per SM run, each split
-    keeping at least two K steps."""
+    """Shapes the sweep did not measure, fitted to the ones it did: 64-wide weight tiles, 256-wide K
+    steps (128 when splitting), and split-K by powers of two while the programs stay within
+    _TARGET_PROGRAMS and each split keeps two K steps; 4 stages unsplit, else 3."""
     from pagedllm.kernels.swap_gemm_triton import SwapConfig
 
-    block_n, block_k = (32 if n <= 1024 else 64), 128
+    block_n = 64
     tiles = -(-n // block_n)
     split_k = 1
-    while tiles * split_k < _TARGET_PROGRAMS and split_k < _MAX_SPLIT_K and k >= 2 * block_k * (2 * split_k):
+    while 2 * split_k * tiles <= _TARGET_PROGRAMS and split_k < _MAX_SPLIT_K and k >= 2 * 128 * (2 * split_k):
         split_k *= 2
-    return SwapConfig(block_n, block_k, split_k, num_warps=4, num_stages=3)
+    if split_k == 1:
+        return SwapConfig(block_n, 256, 1, num_warps=4, num_stages=4)
+    return SwapConfig(block_n, 128, split_k, num_warps=4, num_stages=3, atomic=n <= 256)
 
 
 def default_config(m: int, n: int, k: int):
@@ -73,6 +93,8 @@ def default_config(m: int, n: int, k: int):
     for max_rows, fields in CONFIGS.get((n, k), ()):
         if m <= max_rows:
             return None if fields is None else SwapConfig(*fields)
+    if n * k >= _CUBLAS_MIN_ELEMENTS:
+        return None
     return heuristic_config(m, n, k)
 
 
