@@ -48,12 +48,14 @@ def enabled(use: str) -> bool:
 # From the H200 sweep of benchmarks/small_m_bench.py (RESULTS.md, eleventh session), one config per
 # shape for 1-16 rows (the per-row-count bests differed by under 2%); us per layer at 1 row,
 # cuBLAS -> this: Qwen3-30B-A3B qkv 8.10 -> 7.71, o 8.50 -> 8.00, router (float32 out) 5.36 ->
-# 3.61; Llama-3.1-8B qkv 15.72 -> 14.80, o 12.58 -> 11.83, gate_up and down within 1% (cuBLAS
-# kept); Qwen3-0.6B qkv 5.21 -> 4.84, o 12.63 -> 5.24, gate_up 5.96 -> 5.52, down 6.59 -> 5.76.
+# 4.33 (3.61 with float32 atomics, which the table leaves out: the sum's order would vary between
+# runs, and a near-tie of two experts' logits could route a token differently); Llama-3.1-8B qkv
+# 15.72 -> 14.80, o 12.58 -> 11.83, gate_up and down within 1% (cuBLAS kept); Qwen3-0.6B qkv
+# 5.21 -> 4.84, o 12.63 -> 5.24, gate_up 5.96 -> 5.52, down 6.59 -> 5.76.
 CONFIGS: dict[tuple[int, int], list[tuple[int, tuple | None]]] = {
     (5120, 2048): [(16, (64, 256, 1, 4, 4))],
     (2048, 4096): [(16, (64, 256, 4, 4, 3))],
-    (128, 2048): [(16, (64, 128, 8, 4, 3, True))],
+    (128, 2048): [(16, (64, 128, 8, 4, 4))],
     (6144, 4096): [(16, (64, 256, 1, 4, 4))],
     (4096, 4096): [(16, (64, 128, 4, 4, 3))],
     (28672, 4096): [(16, None)],
@@ -83,7 +85,7 @@ def heuristic_config(m: int, n: int, k: int):
         split_k *= 2
     if split_k == 1:
         return SwapConfig(block_n, 256, 1, num_warps=4, num_stages=4)
-    return SwapConfig(block_n, 128, split_k, num_warps=4, num_stages=3, atomic=n <= 256)
+    return SwapConfig(block_n, 128, split_k, num_warps=4, num_stages=3)
 
 
 def default_config(m: int, n: int, k: int):
