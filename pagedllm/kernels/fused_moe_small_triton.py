@@ -13,15 +13,29 @@ slowly, benchmarks/RESULTS.md, "FP8 kernels and the MoE small-batch path"):
 - `_small_gate_up_kernel`, program (pair, n tile of I): its expert's gate and up tiles against
   its token's row; writes h[pair] = silu(gate) * up, rounded as the reference. The programs of
   n tile 0 also count the pair in expert_load (padding tokens, slot -1, are not counted).
-- `_small_down_kernel`, program (token, n tile of H): one loop over the token's k experts and
-  the I tiles of each (flattened, so the weight loads stay pipelined across the experts);
-  after an expert's last tile its product, rounded and times the routing weight, is added into
-  the token's sum, which is written once. Pairs of experts on other ranks (expert_map -1) load
-  nothing and add zero. The k products are added in top-k order, rounded to the model dtype
-  after each add as combine_in_expert_order does (its order is by expert id; the GEMMs' own
-  accumulation orders differ from cuBLAS's anyway, so neither path is bit-exact).
+- `_small_down_kernel`, program (token, n tile of H, group of the token's experts): one loop
+  over the group's experts and the I tiles of each (flattened, so the weight loads stay
+  pipelined across them); after an expert's last tile its product is rounded and times the
+  routing weight, rounded. At one expert a group (the default) a token's down projection is
+  k x H / BLOCK_N programs, not H / BLOCK_N: at 1 token one program an n tile walked 8 experts x
+  768 serially on 128 programs and read 1.5 TB/s (16.4 us). The k products of a (token, n tile)
+  are then added by the last of its programs to finish ("last program reduces"):
 
-Everything is sized from the shapes: CUDA graphs capture it.
+      program (t, n, g): y[pair, n tile] -> part        (model dtype, already rounded)
+                         barrier; old = atomic_add(count[t, n], 1)   acq_rel, gpu scope
+                         if old == groups - 1:  out[t, n tile] = sum over k of part, in top-k
+                                                order; count[t, n] = 0 for the next call
+
+  Deterministic: the sum is always the same order, whichever program is last. The counters
+  persist (`_counters`), zero between calls. With one group (experts per program >= k) a
+  program adds the token's products itself and writes out, with no workspace or counter.
+  Pairs of experts on other ranks (expert_map -1) load nothing, add zero and still count.
+  The k products are added in top-k order, rounded to the model dtype after each add as
+  combine_in_expert_order does (its order is by expert id; the GEMMs' own accumulation orders
+  differ from cuBLAS's anyway, so neither path is bit-exact).
+
+Everything is sized from the shapes: CUDA graphs capture it (the counters, allocated by the first
+call, are best allocated before a capture, as a warm-up call does).
 """
 
 from __future__ import annotations
@@ -38,15 +52,16 @@ from pagedllm.kernels.attention import _dot_precision
 SMALL_MAX_PAIRS = 32
 # the activation rows padded to the narrow MMA operand's 16 columns
 _PAD_COLS = 16
-# (BLOCK_N, BLOCK_K, num_warps, num_stages) of each kernel for 16-bit models: the best of the
-# H200 sweep at Qwen3-30B-A3B's experts (`moe_bench.py --small-sweep`, RESULTS.md eleventh
-# session): at 1 token gate/up 14.5 us (3.47 TB/s; 32-wide tiles 15.8) and down 16.4 us (one warp:
-# 4 warps 20.8); both in one graph 30.8 us a layer against the grouped path's 34.8.
+# (BLOCK_N, BLOCK_K, num_warps, num_stages) of each kernel for 16-bit models, and the down
+# kernel's experts per program: gate/up the best of the H200 sweep at Qwen3-30B-A3B's experts
+# (`moe_bench.py --small-sweep`, RESULTS.md eleventh session; 14.5 us at 1 token, 3.47 TB/s).
+# down: the serial kernel's best tile (16.4 us at 1 token, 1 warp), now one expert a program,
+# which the sweep has not yet measured.
 DEFAULT_GATE_UP = (64, 128, 4, 4)
-DEFAULT_DOWN = (16, 256, 1, 4)
+DEFAULT_DOWN = (16, 256, 1, 4, 1)
 # float32 operands take twice the shared memory a stage: narrower gate/up tiles, one stage less
 FP32_GATE_UP = (32, 128, 4, 3)
-FP32_DOWN = (16, 256, 1, 3)
+FP32_DOWN = (16, 256, 1, 3, 1)
 
 
 def default_tiles(dtype: torch.dtype) -> tuple[tuple, tuple]:
@@ -121,16 +136,20 @@ def _small_down_kernel(
     h_ptr,  # [P, inter]
     w2_ptr,  # [E_local, hidden, inter]
     out_ptr,  # [T, hidden]
+    part_ptr,  # [P, hidden] each pair's weighted product, model dtype (if SPLIT)
+    count_ptr,  # [T * cdiv(hidden, BLOCK_N)] int32, zero between calls (if SPLIT)
     topk_ids_ptr,  # [P] global expert ids
     topk_weights_ptr,  # [P] float32
     expert_map_ptr,  # [E_global] (read if HAS_MAP)
     hidden, inter, top_k,
-    stride_hm, stride_we, stride_wn, stride_om,
-    HAS_MAP: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_TOP_K: tl.constexpr,
+    stride_hm, stride_we, stride_wn, stride_om, stride_pm,
+    HAS_MAP: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
+    EXPERTS_PER_PROGRAM: tl.constexpr, BLOCK_EXPERTS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PAD_COLS: tl.constexpr,
 ):  # fmt: skip
     token = tl.program_id(0)
     pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rn < hidden
     rk = tl.arange(0, BLOCK_K)
@@ -142,21 +161,23 @@ def _small_down_kernel(
     # 1.. hold zeros through it), reduced to column 0 once at the end
     total = tl.zeros([BLOCK_N, PAD_COLS], dtype=tl.float32)
     acc = tl.zeros([BLOCK_N, PAD_COLS], dtype=tl.float32)
-    # the token's experts (local ids, -1 off this rank) and weights, read once: picked out of
+    # this program's experts (local ids, -1 off this rank) and weights, read once: picked out of
     # registers in the loop, the weight loads' addresses depend on no load in it, so the
     # pipeliner gives them all num_stages - 1 buffers (loaded there, a chain id -> map -> weights
     # took two of the stages, leaving the weight tiles one buffer)
-    ko = tl.arange(0, BLOCK_TOP_K)
-    k_valid = ko < top_k
-    ids = tl.load(topk_ids_ptr + token * top_k + ko, mask=k_valid, other=0)
+    first = pid_k * EXPERTS_PER_PROGRAM
+    group_size = tl.minimum(top_k - first, EXPERTS_PER_PROGRAM)  # the last group may be short
+    ko = tl.arange(0, BLOCK_EXPERTS)
+    k_valid = ko < group_size
+    ids = tl.load(topk_ids_ptr + token * top_k + first + ko, mask=k_valid, other=0)
     if HAS_MAP:
         ids = tl.load(expert_map_ptr + ids, mask=k_valid, other=-1)
     experts = tl.where(k_valid, ids, -1).to(tl.int64)
-    weights = tl.load(topk_weights_ptr + token * top_k + ko, mask=k_valid, other=0.0)
+    weights = tl.load(topk_weights_ptr + token * top_k + first + ko, mask=k_valid, other=0.0)
     num_k = tl.cdiv(inter, BLOCK_K)
-    for it in range(0, top_k * num_k):
+    for it in range(0, group_size * num_k):
         k = it // num_k
-        pair = token * top_k + k
+        pair = token * top_k + first + k
         k0 = (it % num_k) * BLOCK_K
         e = tl.sum(tl.where(ko == k, experts, 0), axis=0)
         kk = k0 + rk
@@ -173,13 +194,34 @@ def _small_down_kernel(
             other=0.0,
         )
         acc = tl.dot(w, ht, acc, input_precision=DOT_PRECISION)
-        # after the expert's last tile: rounded product x routing weight, rounded, added, rounded
+        # after the expert's last tile: rounded product x routing weight, rounded (an expert of
+        # another rank loaded zeros: its product is 0)
         last = it % num_k == num_k - 1
         wk = tl.sum(tl.where(ko == k, weights, 0.0), axis=0)
         y = (acc.to(dtype).to(tl.float32) * wk).to(dtype).to(tl.float32)
-        total = tl.where(last, (total + y).to(dtype).to(tl.float32), total)
+        if SPLIT:  # stored for the reduction below (a vector mask, as k_mask)
+            last_n = n_mask & ((tl.zeros_like(rn) + it % num_k) == num_k - 1)
+            tl.store(part_ptr + pair.to(tl.int64) * stride_pm + rn, tl.sum(y, axis=1).to(dtype), mask=last_n)
+        else:  # added in top-k order, rounded after each add
+            total = tl.where(last, (total + y).to(dtype).to(tl.float32), total)
         acc = tl.where(last, 0.0, acc)
-    tl.store(out_ptr + token.to(tl.int64) * stride_om + rn, tl.sum(total, axis=1).to(dtype), mask=n_mask)
+    if SPLIT:
+        # the last of the token's programs on this n tile adds the k products; every thread's
+        # stores come before the barrier, the barrier before the count, whose release publishes
+        # them at gpu scope (and whose acquire, in the last program, orders the loads after it)
+        tl.debug_barrier()
+        counter = count_ptr + token * tl.num_programs(1) + pid_n
+        done = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+        if done == tl.num_programs(2) - 1:
+            out = tl.zeros([BLOCK_N], dtype=tl.float32)
+            for k in range(0, top_k):
+                row = part_ptr + (token * top_k + k).to(tl.int64) * stride_pm + rn
+                # .cg: from the L2, where the other programs' stores are (never a stale L1 line)
+                out = (out + tl.load(row, mask=n_mask, cache_modifier=".cg").to(tl.float32)).to(dtype).to(tl.float32)
+            tl.store(out_ptr + token.to(tl.int64) * stride_om + rn, out.to(dtype), mask=n_mask)
+            tl.store(counter, 0)  # zero again for the next call (or graph replay)
+    else:
+        tl.store(out_ptr + token.to(tl.int64) * stride_om + rn, tl.sum(total, axis=1).to(dtype), mask=n_mask)
 
 
 def small_gate_up(
@@ -210,6 +252,22 @@ def small_gate_up(
     return h
 
 
+# device -> the down kernel's int32 counters (see _counters); every buffer ever handed out stays
+# referenced, so that a CUDA graph captured with an older, smaller one never writes freed memory
+_COUNTERS: dict[torch.device, list[torch.Tensor]] = {}
+
+
+def _counters(device: torch.device, size: int) -> torch.Tensor:
+    """At least `size` int32 counters on `device`, all zero between calls: zeroed once here, each
+    one then counted up by its (token, n tile)'s programs and set back to zero by the last of
+    them, within the call. Calls on one device share them, so they must not overlap in time
+    (one stream, as the engine runs; a kernel that dies midway would leave them dirty)."""
+    held = _COUNTERS.setdefault(device, [])
+    if not held or held[-1].numel() < size:
+        held.append(torch.zeros(max(4096, next_power_of_2(size)), dtype=torch.int32, device=device))
+    return held[-1]
+
+
 def small_down(
     h: torch.Tensor,
     w2: torch.Tensor,
@@ -218,20 +276,30 @@ def small_down(
     expert_map: torch.Tensor | None,
     tiles: tuple | None = None,
 ) -> torch.Tensor:
-    # h: [T * K, I]; w2: [E, H, I]; topk_*: [T, K] -> [T, H], the weighted sum over k
+    """h: [T * K, I]; w2: [E, H, I]; topk_*: [T, K] -> [T, H], the weighted sum over k.
+    tiles: (BLOCK_N, BLOCK_K, num_warps, num_stages[, experts per program]); experts per
+    program 1 if not given, top_k or more: one program per (token, n tile) adds them all itself
+    (no workspace, no counters)."""
     num_tokens, top_k = topk_ids.shape
     hidden, inter = w2.shape[1], w2.shape[2]
-    block_n, block_k, num_warps, num_stages = tiles or default_tiles(h.dtype)[1]
+    block_n, block_k, num_warps, num_stages, *rest = tiles or default_tiles(h.dtype)[1]
+    per_program = min(rest[0] if rest else 1, top_k)
+    num_groups = triton.cdiv(top_k, per_program)
+    num_n = triton.cdiv(hidden, block_n)
     assert w2.stride(2) == 1
     out = torch.empty((num_tokens, hidden), dtype=h.dtype, device=h.device)
+    split = num_groups > 1
+    # [T * K, H]: each pair's rounded, weighted product (none if not split)
+    part = torch.empty((num_tokens * top_k if split else 0, hidden), dtype=h.dtype, device=h.device)
+    counts = _counters(h.device, num_tokens * num_n) if split else out
     flat = topk_ids.reshape(-1)
     weights = topk_weights.reshape(-1).to(torch.float32)
-    _small_down_kernel[(num_tokens, triton.cdiv(hidden, block_n))](
-        h, w2, out, flat, weights, expert_map if expert_map is not None else flat,
-        hidden, inter, top_k, h.stride(0), w2.stride(0), w2.stride(1), out.stride(0),
+    _small_down_kernel[(num_tokens, num_n, num_groups)](
+        h, w2, out, part, counts, flat, weights, expert_map if expert_map is not None else flat,
+        hidden, inter, top_k, h.stride(0), w2.stride(0), w2.stride(1), out.stride(0), part.stride(0),
         HAS_MAP=expert_map is not None, EVEN_K=inter % block_k == 0, DOT_PRECISION=_dot_precision(h.dtype),
-        BLOCK_TOP_K=next_power_of_2(top_k), BLOCK_N=block_n, BLOCK_K=block_k, PAD_COLS=_PAD_COLS,
-        num_warps=num_warps, num_stages=num_stages,
+        SPLIT=split, EXPERTS_PER_PROGRAM=per_program, BLOCK_EXPERTS=next_power_of_2(per_program),
+        BLOCK_N=block_n, BLOCK_K=block_k, PAD_COLS=_PAD_COLS, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return out
 

@@ -77,9 +77,19 @@ def _second_rank_experts(w13, w2, ep_ranks: int):
 
 
 def check_fused_experts(device, dtype, num_tokens, hidden, inter, num_experts, top_k, skew="uniform",
-                        ties=False, ep_ranks=1, seed=0, path="auto", tiles=None):
+                        ties=False, ep_ranks=1, seed=0, path="auto", tiles=None, calls=1):
     """path: "auto" (fused_experts_triton's choice), "grouped" or "small"; tiles: the small
-    path's (gate/up, down) tiles, its defaults if None."""
+    path's (gate/up, down) tiles, its defaults if None; calls: checked that many times in a row on
+    new inputs (seeds seed, seed + 1, ...: the small down kernel's counters must be back at zero)."""
+    for s in range(seed, seed + calls):
+        _check_fused_experts_once(
+            device, dtype, num_tokens, hidden, inter, num_experts, top_k, skew, ties, ep_ranks, s, path, tiles
+        )
+
+
+def _check_fused_experts_once(
+    device, dtype, num_tokens, hidden, inter, num_experts, top_k, skew, ties, ep_ranks, seed, path, tiles
+):
     from pagedllm.kernels import fused_moe_small_triton as small
     from pagedllm.kernels.fused_moe import fused_experts_torch
     from pagedllm.kernels.fused_moe_triton import fused_experts_grouped, fused_experts_triton
@@ -175,17 +185,22 @@ def test_fused_experts_expert_parallel(ep_ranks):
 @pytest.mark.parametrize("num_tokens, top_k", [(1, 8), (2, 2), (4, 8)])
 @pytest.mark.parametrize("ep_ranks", [1, 2])
 def test_fused_experts_small(dtype, num_tokens, top_k, ep_ranks):
-    """The small-batch kernels at Qwen3-30B-A3B-like tiles, default and a narrow and a wide sweep point."""
+    """The small-batch kernels at Qwen3-30B-A3B-like tiles, default and a narrow and a wide sweep point;
+    the down kernel one expert a program (its default), two, and all of a token's (no counters). Each
+    twice in a row: the second call finds the counters the first left at zero."""
     # the wide point fits float32's shared memory (2 stages)
-    for tiles in (None, ((16, 64, 4, 3), (32, 128, 4, 3)), ((64, 128, 4, 2), (64, 128, 8, 2))):
+    for tiles in (None, ((16, 64, 4, 3), (32, 128, 4, 3, 2)), ((64, 128, 4, 2), (64, 128, 8, 2)),
+                  ((32, 128, 4, 3), (16, 256, 1, 3, 8))):
         check_fused_experts("cuda", dtype, num_tokens, 512, 192, 32, top_k, skew="hot", ep_ranks=ep_ranks,
-                            path="small", tiles=tiles)
+                            path="small", tiles=tiles, calls=2)
     check_fused_experts("cuda", dtype, 4, 256, 64, 16, 2, skew="repeat", path="small")
 
 
 def test_small_path_replays_in_cuda_graph():
-    """Captured once at 2 tokens (the small path: 16 pairs), replayed on new inputs and routing: the
-    reference's output, and each replay adds its pairs to the load counters."""
+    """Captured once at 2 tokens (the small path: 16 pairs), replayed twice on new inputs and routing:
+    the reference's output, and each replay adds its pairs to the load counters. The down kernel's
+    counters (shared by eager calls and replays) are zero again after each: an eager call after the
+    replays is right too."""
     from pagedllm.kernels.fused_moe import fused_experts_torch
     from pagedllm.kernels.fused_moe_triton import fused_experts_triton
 
@@ -207,6 +222,10 @@ def test_small_path_replays_in_cuda_graph():
         torch.testing.assert_close(out.float(), ref.float(), atol=TOL[torch.bfloat16][0], rtol=TOL[torch.bfloat16][1])
         expected += torch.bincount(ids2[0].cpu(), minlength=32)
     assert torch.equal(load.cpu(), expected)
+    x3, _, _, weights3, ids3 = _inputs("cuda", torch.bfloat16, 2, 256, 64, 32, 8, 3, "hot")
+    eager = fused_experts_triton(x3, w13, w2, weights3, ids3)
+    ref = fused_experts_torch(x3, w13, w2, weights3, ids3)
+    torch.testing.assert_close(eager.float(), ref.float(), atol=TOL[torch.bfloat16][0], rtol=TOL[torch.bfloat16][1])
 
 
 @pytest.mark.parametrize("args", [(1, 128, 8, 16), (33, 60, 4, 16), (200, 16, 2, 64), (2000, 128, 8, 16)])

@@ -5,6 +5,8 @@ float32 and float16 only: the interpreter cannot run bf16 `tl.dot`."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from test_kernels_interpret import pytestmark, run_under_interpreter  # noqa: F401  (skips without triton)
 
@@ -12,6 +14,9 @@ from test_kernels_interpret import pytestmark, run_under_interpreter  # noqa: F4
 _G = {"path": "grouped"}
 _S = {"path": "small"}
 _TILES_16 = [[16, 16, 4, 1], [16, 16, 4, 1]]  # several n and k tiles of each kernel, no ragged edge
+# the down kernel with two experts a program, and with all of a token's (one program adds them)
+_TILES_16_PAIRS = [[16, 16, 4, 1], [16, 16, 4, 1, 2]]
+_TILES_16_SERIAL = [[16, 16, 4, 1], [16, 16, 4, 1, 8]]
 _CASES = {
     # the grouped GEMMs: uneven loads (3 hot experts), an expert no token picks, equal routing
     # weights, 1 token, expert parallelism
@@ -30,6 +35,14 @@ _CASES = {
     "small_four_tokens_top8_ep2:float16": ("check_fused_experts", [4, 48, 24, 16, 8],
                                            {"skew": "hot", "ep_ranks": 2, **_S}),
     "small_repeat_ties:float32": ("check_fused_experts", [4, 32, 16, 8, 2], {"skew": "repeat", "ties": True, **_S}),
+    # the down kernel's counters: two calls in a row (the first must leave them at zero), experts
+    # of another rank (expert_map -1: they add zero and still count), two experts or all k a program
+    "small_twice_ep2:float32": ("check_fused_experts", [3, 64, 32, 16, 8],
+                                {"ep_ranks": 2, "tiles": _TILES_16, "calls": 2, **_S}),
+    "small_pairs_twice_ep4:float32": ("check_fused_experts", [2, 32, 16, 16, 8],
+                                      {"skew": "hot", "ep_ranks": 4, "tiles": _TILES_16_PAIRS, "calls": 2, **_S}),
+    "small_serial_ep2:float16": ("check_fused_experts", [2, 64, 32, 16, 8],
+                                 {"ep_ranks": 2, "tiles": _TILES_16_SERIAL, **_S}),
     # fused_experts_triton's choice by the pair count (3 x 2 pairs: the small path)
     "experts_auto:float32": ("check_fused_experts", [3, 32, 16, 8, 2], {}),
     "align:int64": ("check_align", [30, 16, 4, 16], {}),
@@ -55,37 +68,62 @@ _GATE_UP_SIG = {"x_ptr": "*bf16", "w13_ptr": "*bf16", "h_ptr": "*bf16", "topk_id
                 "expert_map_ptr": "*i32", "expert_load_ptr": "*i64", "slot_mapping_ptr": "*i64", "inter": "i32",
                 "hidden": "i32", "top_k": "i32", "stride_xm": "i32", "stride_we": "i32", "stride_wn": "i32",
                 "stride_hm": "i32"}
-_DOWN_SIG = {"h_ptr": "*bf16", "w2_ptr": "*bf16", "out_ptr": "*bf16", "topk_ids_ptr": "*i64",
-             "topk_weights_ptr": "*fp32", "expert_map_ptr": "*i32", "hidden": "i32", "inter": "i32", "top_k": "i32",
-             "stride_hm": "i32", "stride_we": "i32", "stride_wn": "i32", "stride_om": "i32"}
+_DOWN_SIG = {"h_ptr": "*bf16", "w2_ptr": "*bf16", "out_ptr": "*bf16", "part_ptr": "*bf16", "count_ptr": "*i32",
+             "topk_ids_ptr": "*i64", "topk_weights_ptr": "*fp32", "expert_map_ptr": "*i32", "hidden": "i32",
+             "inter": "i32", "top_k": "i32", "stride_hm": "i32", "stride_we": "i32", "stride_wn": "i32",
+             "stride_om": "i32", "stride_pm": "i32"}
+_ALIGNED = ("inter", "hidden", "stride_xm", "stride_we", "stride_wn", "stride_hm", "stride_om", "stride_pm")
 
 
-@pytest.mark.parametrize("kernel", ["gate_up", "down"])
-@pytest.mark.parametrize("tiles", ["default", (64, 128, 4, 4)])
+def _down_constexprs(tiles: tuple, top_k: int = 8) -> dict:
+    """The down kernel's constexprs for (BLOCK_N, BLOCK_K, warps, stages[, experts a program]) at top_k."""
+    from pagedllm.kernels._triton import next_power_of_2
+
+    per_program = min(tiles[4] if len(tiles) > 4 else 1, top_k)
+    return {
+        "SPLIT": per_program < top_k,
+        "EXPERTS_PER_PROGRAM": per_program,
+        "BLOCK_EXPERTS": next_power_of_2(per_program),
+    }
+
+
+@pytest.mark.parametrize(
+    "kernel, tiles",
+    [("gate_up", "default"), ("gate_up", (64, 128, 4, 4)), ("down", "default"), ("down", (64, 128, 4, 4)),
+     ("down", (32, 256, 2, 4, 2)), ("down", (16, 256, 1, 4, 8))],
+)
 def test_small_kernels_compile_for_sm90(kernel, tiles):
-    """The small-batch kernels compile for the H200 at their default tiles and at a wide one: the
+    """The small-batch kernels compile for the H200 at their default tiles and at wide ones: the
     products on the tensor cores (mma.sync for 16- and 32-row tiles, wgmma from 64), the weight
     loads asynchronous copies (pipelined), nothing spilled. The down kernel's weight tiles get
-    num_stages - 1 buffers (its experts are picked out of registers, not loaded in the loop)."""
+    num_stages - 1 buffers (its experts are picked out of registers, not loaded in the loop).
+    Split over the experts, its programs count on a barrier and an acq_rel atomic at gpu scope
+    (the partial products' stores published before the count, the last program's loads of them
+    after it, from the L2); with all k experts in one program (8), no atomic."""
     from pagedllm.kernels import fused_moe_small_triton as small
     from pagedllm.kernels.inspect_sm90 import compile_sm90, resources
 
     if tiles == "default":
         tiles = small.DEFAULT_GATE_UP if kernel == "gate_up" else small.DEFAULT_DOWN
-    block_n, block_k, num_warps, num_stages = tiles
+    block_n, block_k, num_warps, num_stages = tiles[:4]
     # in the kernels' parameter order
     if kernel == "gate_up":
         fn, sig = small._small_gate_up_kernel, _GATE_UP_SIG
         constexprs = {"HAS_MAP": True, "HAS_LOAD": True, "HAS_SLOTS": True, "EVEN_K": True, "DOT_PRECISION": "tf32"}
     else:
         fn, sig = small._small_down_kernel, _DOWN_SIG
-        constexprs = {"HAS_MAP": True, "EVEN_K": True, "DOT_PRECISION": "tf32", "BLOCK_TOP_K": 8}
+        constexprs = {"HAS_MAP": True, "EVEN_K": True, "DOT_PRECISION": "tf32", **_down_constexprs(tiles)}
     constexprs.update(BLOCK_N=block_n, BLOCK_K=block_k, PAD_COLS=16)
-    aligned = ("inter", "hidden", "stride_xm", "stride_we", "stride_wn", "stride_hm", "stride_om")
-    compiled = compile_sm90(fn, sig, constexprs, num_warps, num_stages, aligned=aligned)
+    compiled = compile_sm90(fn, sig, constexprs, num_warps, num_stages, aligned=_ALIGNED)
     ptx = compiled.asm["ptx"]
     assert ("wgmma.mma_async" if block_n >= 64 else "mma.sync.aligned") in ptx
     assert "cp.async" in ptx
+    if kernel == "down":
+        atom = re.search(r"atom\.global\.gpu\.acq_rel\.add\.[us]32", ptx)
+        assert (atom is not None) == constexprs["SPLIT"], "the count's atomic"
+        if atom:
+            assert "bar.sync" in ptx[: atom.start()].rsplit("st.global", 1)[-1], "no barrier between stores and count"
+            assert "ld.global.cg" in ptx[atom.end() :], "the partial products not read from the L2"
     r = resources(compiled)
     if r is None:
         pytest.skip("Triton's cuobjdump is not there")
@@ -108,14 +146,14 @@ def test_float32_default_tiles_fit_shared_memory(kernel):
 
     tiles = small.default_tiles(torch.float32)[0 if kernel == "gate_up" else 1]
     assert tiles != small.default_tiles(torch.bfloat16)[0 if kernel == "gate_up" else 1]
-    block_n, block_k, num_warps, num_stages = tiles
+    block_n, block_k, num_warps, num_stages = tiles[:4]
     if kernel == "gate_up":
         fn, sig = small._small_gate_up_kernel, dict(_GATE_UP_SIG, x_ptr="*fp32", w13_ptr="*fp32", h_ptr="*fp32")
         constexprs = {"HAS_MAP": True, "HAS_LOAD": True, "HAS_SLOTS": True, "EVEN_K": True, "DOT_PRECISION": "ieee"}
     else:
-        fn, sig = small._small_down_kernel, dict(_DOWN_SIG, h_ptr="*fp32", w2_ptr="*fp32", out_ptr="*fp32")
-        constexprs = {"HAS_MAP": True, "EVEN_K": True, "DOT_PRECISION": "ieee", "BLOCK_TOP_K": 8}
+        fp32 = dict.fromkeys(("h_ptr", "w2_ptr", "out_ptr", "part_ptr"), "*fp32")
+        fn, sig = small._small_down_kernel, dict(_DOWN_SIG, **fp32)
+        constexprs = {"HAS_MAP": True, "EVEN_K": True, "DOT_PRECISION": "ieee", **_down_constexprs(tiles)}
     constexprs.update(BLOCK_N=block_n, BLOCK_K=block_k, PAD_COLS=16)
-    aligned = ("inter", "hidden", "stride_xm", "stride_we", "stride_wn", "stride_hm", "stride_om")
-    compiled = compile_sm90(fn, sig, constexprs, num_warps, num_stages, aligned=aligned)
+    compiled = compile_sm90(fn, sig, constexprs, num_warps, num_stages, aligned=_ALIGNED)
     assert compiled.metadata.shared <= 232448, compiled.metadata.shared
