@@ -178,7 +178,8 @@ def small_sweep(cfg, log, token_counts=(1, 2, 4, 8), device: str = "cuda", dtype
     w2 = torch.randn(e, h, i, device=device, dtype=dtype, generator=g) * 0.02
     rows: list[dict] = []
     log(f"  small path sweep (SMALL_MAX_PAIRS = {small.SMALL_MAX_PAIRS}; defaults gate/up {small.DEFAULT_GATE_UP}, "
-        f"down {small.DEFAULT_DOWN}); us per layer, GB/s of the expert weights read")
+        f"down {small.DEFAULT_DOWN_ONE_TOKEN} at 1 token, {small.DEFAULT_DOWN} from 2); us per layer, GB/s of the "
+        f"expert weights read")
     for t in token_counts:
         _small_sweep_at(t, cfg, w13, w2, g, log, rows)
     log("  summary: us per layer (grouped | small default | small best)")
@@ -216,7 +217,7 @@ def _small_sweep_at(t: int, cfg, w13, w2, g, log, rows: list[dict]) -> None:
         log(f"  T={t} {label:<14} {str(tiles):<36} {us:8.2f} us {gbps:7.0f} GB/s  (max error {err:.1e})")
         return us
 
-    def whole(gu=small.DEFAULT_GATE_UP, dn=small.DEFAULT_DOWN):
+    def whole(gu=None, dn=None):  # None: the defaults for t tokens
         return lambda x, w, ids: lambda: small.fused_experts_small(x, w13, w2, w, ids, gate_up_tiles=gu, down_tiles=dn)
 
     run("grouped", "experts", "default", lambda x, w, ids: lambda: fused_experts_grouped(x, w13, w2, w, ids),

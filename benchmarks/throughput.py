@@ -239,6 +239,7 @@ def run_ours(llm, prompts, max_tokens, temperature: float, warmup_prompts, profi
 
         llm.llm_engine.step_timing = StepTiming()
         llm.llm_engine.step_log = collections.deque(maxlen=1 << 16)  # the whole run's steps
+        compiled_before = _triton_cache_entries()
         started = time.time()
         with common.Stopwatch() as watch:
             if prof is not None:
@@ -259,6 +260,8 @@ def run_ours(llm, prompts, max_tokens, temperature: float, warmup_prompts, profi
         if repeat > 1:
             print(f"  pagedllm run {i + 1}/{repeat}: {row.seconds:.2f} s, others {_pct(row.others_busy)}", flush=True)
         print(f"  pagedllm {llm.llm_engine.step_timing.summary()}", flush=True)
+        if compiled_before is not None:
+            print(f"  Triton kernels compiled during the run: {_triton_cache_entries() - compiled_before}", flush=True)
         for line in step_phases(list(llm.llm_engine.step_log), started, started + watch.seconds):
             print(f"  {line}", flush=True)
         runs.append((row, tokens))
@@ -283,7 +286,19 @@ def step_phases(log, started: float, ended: float, edges=(256, 192, 128, 64, 32,
     out = [f"step timeline ({len(log)} steps logged): group, steps, seconds, ms a step"]
     for key, dts in rows.items():
         out.append(f"{key:<24} {len(dts):>5} {sum(dts):7.3f} {1e3 * sum(dts) / len(dts):7.2f}")
+    if rows.get("with prefill"):  # each, in order: the phase whose time varies most between runs
+        out.append("with prefill, ms each: " + " ".join(f"{1e3 * dt:.0f}" for dt in rows["with prefill"]))
     return out
+
+
+def _triton_cache_entries() -> int | None:
+    """Kernels in Triton's on-disk cache (one folder each), or None without one: a kernel compiled
+    inside a timed run (a shape specialisation the warm-up missed) costs it 0.1-1 s."""
+    path = os.environ.get("TRITON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".triton", "cache")
+    try:
+        return len(os.listdir(path))
+    except OSError:
+        return None
 
 
 def _pct(x: float | None) -> str:

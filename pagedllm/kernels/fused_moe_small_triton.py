@@ -53,20 +53,25 @@ SMALL_MAX_PAIRS = 32
 # the activation rows padded to the narrow MMA operand's 16 columns
 _PAD_COLS = 16
 # (BLOCK_N, BLOCK_K, num_warps, num_stages) of each kernel for 16-bit models, and the down
-# kernel's experts per program: gate/up the best of the H200 sweep at Qwen3-30B-A3B's experts
-# (`moe_bench.py --small-sweep`, RESULTS.md eleventh session; 14.5 us at 1 token, 3.47 TB/s).
-# down: the serial kernel's best tile (16.4 us at 1 token, 1 warp), now one expert a program,
-# which the sweep has not yet measured.
+# kernel's experts per program: the bests of the H200 sweep at Qwen3-30B-A3B's experts
+# (`moe_bench.py --small-sweep`, RESULTS.md eleventh session, call 5). gate/up 14.5 us at 1 token
+# (3.46 TB/s), within 2% of the best at 2 to 8. down at 1 token one expert a program, 64-wide
+# tiles: 10.1 us (the serial kernel 17.3); from 2 tokens the serial kernel (every expert of a
+# token in one program) wins: 17.8 / 24.6 / 45.5 us at 2 / 4 / 8 tokens against 18.4 / 29.2 /
+# 52.1 split. Both kernels at 1 token: 25.1 us a layer, the grouped path 34.1.
 DEFAULT_GATE_UP = (64, 128, 4, 4)
-DEFAULT_DOWN = (16, 256, 1, 4, 1)
+DEFAULT_DOWN_ONE_TOKEN = (64, 128, 4, 3, 1)
+DEFAULT_DOWN = (16, 256, 1, 4, 8)
 # float32 operands take twice the shared memory a stage: narrower gate/up tiles, one stage less
 FP32_GATE_UP = (32, 128, 4, 3)
 FP32_DOWN = (16, 256, 1, 3, 1)
 
 
-def default_tiles(dtype: torch.dtype) -> tuple[tuple, tuple]:
-    """(gate/up tiles, down tiles) for activations of `dtype`."""
-    return (FP32_GATE_UP, FP32_DOWN) if dtype == torch.float32 else (DEFAULT_GATE_UP, DEFAULT_DOWN)
+def default_tiles(dtype: torch.dtype, num_tokens: int = 1) -> tuple[tuple, tuple]:
+    """(gate/up tiles, down tiles) for `num_tokens` activation rows of `dtype`."""
+    if dtype == torch.float32:
+        return FP32_GATE_UP, FP32_DOWN
+    return DEFAULT_GATE_UP, DEFAULT_DOWN_ONE_TOKEN if num_tokens == 1 else DEFAULT_DOWN
 
 
 @triton.jit
@@ -237,7 +242,7 @@ def small_gate_up(
     num_tokens, top_k = topk_ids.shape
     inter = w13.shape[1] // 2
     hidden = x.shape[1]
-    block_n, block_k, num_warps, num_stages = tiles or default_tiles(x.dtype)[0]
+    block_n, block_k, num_warps, num_stages = tiles or default_tiles(x.dtype, num_tokens)[0]
     assert w13.stride(2) == 1 and x.stride(1) == 1
     h = torch.empty((num_tokens * top_k, inter), dtype=x.dtype, device=x.device)
     flat = topk_ids.reshape(-1)
@@ -282,7 +287,7 @@ def small_down(
     (no workspace, no counters)."""
     num_tokens, top_k = topk_ids.shape
     hidden, inter = w2.shape[1], w2.shape[2]
-    block_n, block_k, num_warps, num_stages, *rest = tiles or default_tiles(h.dtype)[1]
+    block_n, block_k, num_warps, num_stages, *rest = tiles or default_tiles(h.dtype, num_tokens)[1]
     per_program = min(rest[0] if rest else 1, top_k)
     num_groups = triton.cdiv(top_k, per_program)
     num_n = triton.cdiv(hidden, block_n)

@@ -105,7 +105,7 @@ def _check_fused_experts_once(
     slots = torch.arange(num_tokens, device=device)
     slots[num_tokens // 2 :: 3] = -1  # padding rows: computed, not counted in the load
     if path == "small":
-        gate_up, down = tiles or small.default_tiles(dtype)
+        gate_up, down = tiles or small.default_tiles(dtype, num_tokens)
         got = small.fused_experts_small(x, w13, w2, weights, ids, expert_map, load, slots, tuple(gate_up), tuple(down))
     else:
         run = fused_experts_grouped if path == "grouped" else fused_experts_triton

@@ -89,8 +89,8 @@ def _down_constexprs(tiles: tuple, top_k: int = 8) -> dict:
 
 @pytest.mark.parametrize(
     "kernel, tiles",
-    [("gate_up", "default"), ("gate_up", (64, 128, 4, 4)), ("down", "default"), ("down", (64, 128, 4, 4)),
-     ("down", (32, 256, 2, 4, 2)), ("down", (16, 256, 1, 4, 8))],
+    [("gate_up", "default"), ("gate_up", (32, 128, 4, 4)), ("down", "default"), ("down", "default_one_token"),
+     ("down", (32, 256, 2, 4, 2)), ("down", (16, 256, 1, 4, 1))],
 )
 def test_small_kernels_compile_for_sm90(kernel, tiles):
     """The small-batch kernels compile for the H200 at their default tiles and at wide ones: the
@@ -105,6 +105,8 @@ def test_small_kernels_compile_for_sm90(kernel, tiles):
 
     if tiles == "default":
         tiles = small.DEFAULT_GATE_UP if kernel == "gate_up" else small.DEFAULT_DOWN
+    elif tiles == "default_one_token":
+        tiles = small.DEFAULT_GATE_UP if kernel == "gate_up" else small.DEFAULT_DOWN_ONE_TOKEN
     block_n, block_k, num_warps, num_stages = tiles[:4]
     # in the kernels' parameter order
     if kernel == "gate_up":
