@@ -2,26 +2,30 @@
 N-major interleaved layout of wna16.py; it must equal `wna16_int4_nk_linear_torch` there. A sibling
 of swap_gemm_triton._swap_kernel (same tiles, same split-K workspace and reduce kernel):
 
-      acc [BLOCK_N, 16] += W tile [BLOCK_N, BLOCK_K] (int4 -> fp16 in registers) @ x.T [BLOCK_K, 16]
+      acc [BLOCK_N, 16] += W tile [BLOCK_N, BLOCK_K] (int4 -> x's 16-bit type) @ x.T [BLOCK_K, 16]
 
-The weight tile is read as words [BLOCK_N, BLOCK_K / 8] and turned into fp16 without converting a
-single integer: for a word w and its zero z (a per-channel or per-group integer, 8 when symmetric)
+The weight tile is read as words [BLOCK_N, BLOCK_K / 8] and turned into 16-bit values without
+converting an integer: for a word w and its zero z (per channel or per group, 8 when symmetric)
 
-    (w        & 0x000F000F) | 0x64006400  = fp16 pair (1024 + q0,      1024 + q1)   - (1024 + z)
-    (w        & 0x00F000F0) | 0x64006400  = fp16 pair (1024 + 16 q2,   1024 + 16 q3) / 16 - (64 + z)
-    (w >> 8, the same two masks)          -> (q4, q5), (q6, q7)
+    fp16 (x fp16 or float32):
+      (w      & 0x000F000F) | 0x64006400 = pair (1024 + q0, 1024 + q1)       - (1024 + z)
+      (w      & 0x00F000F0) | 0x64006400 = pair (1024 + 16 q2, 1024 + 16 q3) * 1/16 - (64 + z)
+      (w >> 8, the same two masks)       -> (q4, q5), (q6, q7)
+    bf16 (x bf16; 7 mantissa bits, so every pair is shifted down to bits 0 and 16):
+      ((w >> 4 i) & 0x000F000F) | 0x43004300 = pair (128 + q2i, 128 + q2i+1)  - (128 + z)
 
-each line one `lop3` and one `sub.f16x2` / `fma.rn.f16x2` per pair, exact (every value is a small
-integer). Scales, by the group size against BLOCK_K:
+one `lop3` and one `sub` / `fma` on a 16-bit pair per two inputs (plus 1 or 3 shifts per word),
+exact: every value is a small integer. So x enters the MMA as it is (bf16 or fp16; float32 x is
+saturated to fp16). Scales, by the group size against BLOCK_K:
   - GROUP_K == 0 (per channel): the finished sum times the row's scale (the epilogue or the reduce);
   - BLOCK_K divides GROUP_K: each K tile's float32 partial times its group's scale (as FP8 does);
-  - GROUP_K < BLOCK_K: the fp16 values times the fp16 scale (`mul.f16x2`; one rounding, like a
-    dequantized fp16 weight; a bf16 scale below fp16's normal range, 6.1e-5, loses bits).
-Activations enter the MMA as fp16 (bf16 values beyond +-65504 saturate, as on the FP8 path).
+  - GROUP_K < BLOCK_K: the 16-bit values times the scale rounded to x's type (`mul` on pairs; one
+    rounding, like a dequantized 16-bit weight; in fp16, scales below 6.1e-5 lose bits).
 
-ASM (a constexpr): True on the GPU takes the pairs above through `tl.inline_asm_elementwise`;
-False computes the same values with shifts, masks and casts, which Triton's interpreter can run
-(it cannot run PTX). Both give the same fp16 values bit for bit (tests/gpu/test_wna16_gpu.py).
+ASM (a constexpr): True on the GPU makes the pairs through `tl.inline_asm_elementwise`; False
+computes the same values with shifts, masks and float32 math rounded once, which Triton's
+interpreter can run (it cannot run PTX, nor bf16 arithmetic). Both give the same 16-bit values bit
+for bit (tests/gpu/test_wna16_gpu.py; benchmarks/wna16_bench.py --swap checks it too).
 
 `dequantize_int4_nk_triton` writes the whole weight [N, K] in a 16-bit dtype (the prefill path).
 """
