@@ -4,6 +4,8 @@
 # int4 weights and W1-style throughput (Llama-3.1-8B, 256 requests) with bf16 and int4 weights,
 # side by side. Logs to $OUT.
 #   bash benchmarks/int4_gpu.sh [tests] [bench] [bench8] [w2] [w1]      # default: all
+#   ... [swaptests] [swap] [w2swap]: the 4-bit swap-AB kernel (PAGEDLLM_WNA16_SWAP=1): its GPU tests,
+#   its sweep beside bf16 and the int4 GEMV (wna16_bench.py --swap, ~2 min), W2 int4 with it on
 #   W2_QUANTS="gptq" restricts W2's weights (default: bf16 fp8 gptq); W1_QUANTS likewise (bf16 gptq);
 #   W2_ITERS (default 3); W1_ARGS: extra throughput.py options (e.g. a shorter --output-len-range)
 set -uo pipefail
@@ -20,6 +22,12 @@ for step in $STEPS; do
   case $step in
     tests) $PY -m pytest -q -x tests/gpu/test_wna16_gpu.py 2>&1 | tail -4 | tee "$OUT/tests.log" ;;
     bench) $PY benchmarks/wna16_bench.py 2>&1 | tee "$OUT/bench.log" | grep -vE "^  skip|Warning|warn" ;;
+    swaptests) $PY -m pytest -q -x tests/gpu/test_wna16_gpu.py -k "swap or int4_nk" 2>&1 | tail -4 | tee "$OUT/swaptests.log" ;;
+    swap) $PY benchmarks/wna16_bench.py --swap 2>&1 | tee "$OUT/swap.log" | grep -vE "^  skip|Warning|warn" ;;
+    w2swap) PAGEDLLM_WNA16_SWAP=1 $PY benchmarks/latency.py --peer none --iters ${W2_ITERS:-3} --quantization gptq \
+              --output-json "$OUT/w2_gptq_swap.json" > "$OUT/w2_gptq_swap.log" 2>&1
+            echo "W2 gptq, swap-AB kernel: $(grep -E '^pagedllm:' "$OUT/w2_gptq_swap.log")"
+            grep -E "precision|Error|error" "$OUT/w2_gptq_swap.log" | head -3 ;;
     bench8) $PY benchmarks/wna16_bench.py --bits 8 --no-sweep --skip-check --rows 1 64 > "$OUT/bench8.log" 2>&1; tail -12 "$OUT/bench8.log" ;;
     w2) for q in ${W2_QUANTS:-bf16 fp8 gptq}; do
           $PY benchmarks/latency.py --peer none --iters ${W2_ITERS:-3} $(qflag $q) --output-json "$OUT/w2_$q.json" > "$OUT/w2_$q.log" 2>&1

@@ -13,6 +13,20 @@ load (model/layers/quantization/wna16.py) into this one layout:
 Act-order checkpoints (GPTQ desc_act) are brought to this layout by a permutation of K applied
 to the activations (the linear method's `perm`), never by a second weight layout.
 
+A second layout, for 4 bits only, feeds the swap-AB tensor-core kernel (wna16_swap_triton.py;
+on behind PAGEDLLM_WNA16_SWAP=1, see `swap_enabled`): the weight is N-major, as the MMA's wide
+operand wants it, and a word's nibbles are interleaved so that one mask puts two consecutive
+inputs into the two halves of a 32-bit register (each then read as fp16 1024 + q):
+
+    qweight  [N, K // 8] int32: inputs 8j .. 8j+7 of output n in word j, input 8j + i at
+             nibble NIBBLE_OF[i] = (0, 4, 1, 5, 2, 6, 3, 7)[i] (AWQ's order, inverted):
+
+                 nibble   7    6    5    4    3    2    1    0
+                 input   k7   k5   k3   k1   k6   k4   k2   k0
+                 (w & 0x000F000F) | 0x64006400 = fp16 pair (1024 + k0, 1024 + k1), and so on
+
+    scales   [N, G] (transposed from the layout above), zeros [N, G] or None
+
 Products: few rows run the Triton kernels (the weights read once as integers, dequantized in
 registers); from DENSE_MIN_ROWS rows the weight is dequantized into a scratch matrix and cuBLAS
 multiplies, which beats the dequantizing Triton GEMM there (it is not yet a good tensor-core
@@ -20,6 +34,8 @@ kernel: RESULTS.md).
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -121,3 +137,85 @@ def wna16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
     if x.device.type == "cpu":
         return torch.nn.functional.linear(x, dequantize_wna16_torch(qweight, scales, zeros, bits, x.dtype), bias)
     return wna16_linear_torch(x, qweight, scales, zeros, bits, bias)
+
+
+# ---- the N-major interleaved int4 layout of the swap-AB kernel --------------------------------
+NIBBLE_OF = (0, 4, 1, 5, 2, 6, 3, 7)  # input i of a word's eight sits at nibble NIBBLE_OF[i]
+
+
+def swap_enabled() -> bool:
+    """PAGEDLLM_WNA16_SWAP=1 sends 4-bit linears of 1-47 rows to the swap-AB tensor-core kernel
+    (and stores their weights in the N-major layout). Off by default: not yet measured on a GPU.
+    Read when a layer's weights are processed."""
+    value = os.environ.get("PAGEDLLM_WNA16_SWAP", "0").strip().lower()
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    if value in ("1", "true", "yes", "on"):
+        return True
+    raise ValueError(f"PAGEDLLM_WNA16_SWAP={value!r}: expected 0 or 1")
+
+
+def pack_int4_nk(q: torch.Tensor) -> torch.Tensor:
+    """Unsigned 4-bit values [K, N] -> [N, K // 8] int32 in the interleaved order above."""
+    k, n = q.shape
+    if k % 8:
+        raise ValueError(f"{k} inputs do not pack into words of 8")
+    q = q.t().to(torch.int64).reshape(n, k // 8, 8)
+    shifts = torch.tensor([4 * s for s in NIBBLE_OF], device=q.device, dtype=torch.int64)
+    word = (q << shifts).sum(dim=2)  # disjoint nibbles: the sum is the bitwise or
+    return torch.where(word >= 1 << 31, word - (1 << 32), word).to(torch.int32)
+
+
+def unpack_int4_nk(packed: torch.Tensor) -> torch.Tensor:
+    """[N, K // 8] int32 -> [K, N] int32 values (inverse of `pack_int4_nk`)."""
+    n, kw = packed.shape
+    shifts = torch.tensor([4 * s for s in NIBBLE_OF], device=packed.device, dtype=torch.int32)
+    return ((packed.reshape(n, kw, 1) >> shifts) & 0xF).reshape(n, kw * 8).t()
+
+
+def to_int4_nk(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None):
+    """The K-packed layout (qweight [K // 8, N], scales / zeros [G, N]) -> the N-major one
+    (qweight [N, K // 8], scales / zeros [N, G]), contiguous."""
+    q = pack_int4_nk(unpack_rows(qweight, 4))
+    return q, _transposed(scales), None if zeros is None else _transposed(zeros)
+
+
+def _transposed(t: torch.Tensor) -> torch.Tensor:
+    # a fresh [C, R] tensor with unit stride along R, even where R is 1
+    return t.t().contiguous().reshape(-1).view(t.shape[1], t.shape[0])
+
+
+def dequantize_int4_nk_torch(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
+                             dtype: torch.dtype) -> torch.Tensor:
+    """The real weight [N, K] in `dtype` (float32 math) from the N-major layout."""
+    q = unpack_int4_nk(qweight).float()  # [K, N]
+    k = q.shape[0]
+    gk = k // scales.shape[1]
+    s = scales.float().t().repeat_interleave(gk, dim=0)
+    z = 8.0 if zeros is None else zeros.float().t().repeat_interleave(gk, dim=0)
+    return ((q - z) * s).t().to(dtype)
+
+
+def wna16_int4_nk_linear_torch(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                               zeros: torch.Tensor | None, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Reference: x [M, K] @ dequant(N-major qweight).T (+ bias) -> [M, N] in x's dtype (float32 math)."""
+    y = x.float() @ dequantize_int4_nk_torch(qweight, scales, zeros, torch.float32).t()
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype)
+
+
+def wna16_int4_nk_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                         zeros: torch.Tensor | None, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x @ w.T (+ bias) with a 4-bit weight in the N-major layout; x [M, K] -> [M, N]. CUDA:
+    the swap-AB kernel up to DENSE_MIN_ROWS rows (16 rows per launch), from there the weight
+    dequantized to x's dtype and cuBLAS. Elsewhere: the dequantized weight and x's GEMM."""
+    if use_triton(x):
+        from pagedllm.kernels.wna16_swap_triton import dequantize_int4_nk_triton, wna16_swap_gemm
+
+        if x.shape[0] >= DENSE_MIN_ROWS:
+            return torch.nn.functional.linear(x, dequantize_int4_nk_triton(qweight, scales, zeros, x.dtype), bias)
+        return wna16_swap_gemm(x, qweight, scales, zeros, bias)
+    if x.device.type == "cpu":
+        return torch.nn.functional.linear(x, dequantize_int4_nk_torch(qweight, scales, zeros, x.dtype), bias)
+    return wna16_int4_nk_linear_torch(x, qweight, scales, zeros, bias)

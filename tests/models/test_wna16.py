@@ -244,6 +244,23 @@ def test_groups_and_scales_shard_with_their_weights(checkpoint, tp):
                                        msg=name)
 
 
+def test_swap_layout_holds_the_same_weights(checkpoint, monkeypatch):
+    """PAGEDLLM_WNA16_SWAP=1: 4-bit layers are repacked N-major ([N, K/8] words, [N, G] scales)
+    after loading and sharding, and still compute with the reference weights, whole and on each
+    of 2 tensor-parallel ranks (act-order included); 8-bit layers keep the K-packed layout."""
+    monkeypatch.setenv("PAGEDLLM_WNA16_SWAP", "1")
+    _, _, spec = checkpoint
+    layer = build_model(_model_config(checkpoint[0]), "cpu").model.layers[1]
+    down = layer.mlp.down_proj  # 256 outputs
+    assert down.quant_method.int4_nk == (spec[1] == 4)
+    if spec[1] == 4:
+        assert down.qweight.shape[0] == down.scales.shape[0] == 256
+    else:
+        assert down.qweight.shape[1] == down.scales.shape[1] == 256
+    test_layers_compute_with_the_reference_dequantized_weights(checkpoint)
+    test_groups_and_scales_shard_with_their_weights(checkpoint, 2)
+
+
 def test_split_inside_a_group_is_refused(checkpoint):
     path, _, spec = checkpoint
     if spec[2] != 128 or spec[4]:

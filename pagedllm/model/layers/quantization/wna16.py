@@ -22,6 +22,10 @@ rank must be a multiple of the group size), except with desc_act, where every ra
 groups and its part of g_idx says which each input uses, and per channel, where every rank
 keeps the one group's scales.
 
+With PAGEDLLM_WNA16_SWAP=1 (off by default: not yet measured), 4-bit layers are stored instead in
+the N-major layout of the swap-AB tensor-core kernel (kernels/wna16.py), converted last, from the
+rank's own (already sharded, already act-order sorted) weights; 8-bit layers keep the K-packed one.
+
 Act-order (a g_idx that is not k // group_size): inputs are sorted by group and each group's run
 padded to group_size with inputs fed by a zero column, so the kernels see plain groups; `perm`
 gathers the activations into that order.
@@ -34,7 +38,16 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from pagedllm.kernels.wna16 import pack_factor, pack_rows, quantize_wna16_torch, unpack_rows, wna16_linear
+from pagedllm.kernels.wna16 import (
+    pack_factor,
+    pack_rows,
+    quantize_wna16_torch,
+    swap_enabled,
+    to_int4_nk,
+    unpack_rows,
+    wna16_int4_nk_linear,
+    wna16_linear,
+)
 from pagedllm.model.layers.linear import (
     MergedColumnParallelLinear,
     QKVParallelLinear,
@@ -155,6 +168,7 @@ def _layout(cfg: WNA16Config) -> dict[str, tuple[int | None, int, int | None, st
 class WNA16LinearMethod(LinearMethod):
     def __init__(self, config: WNA16Config) -> None:
         self.config = config
+        self.int4_nk = False  # the weights in the swap-AB kernel's layout (set after loading)
 
     # ---- parameters --------------------------------------------------------------------
     def create_weights(self, layer: nn.Module) -> None:
@@ -275,8 +289,10 @@ class WNA16LinearMethod(LinearMethod):
         zeros = None if zeros is None else zeros.to(scales.dtype).contiguous()
         return q, scales.contiguous(), zeros, g_idx
 
-    @staticmethod
-    def _set(layer: nn.Module, qweight, scales, zeros, perm) -> None:
+    def _set(self, layer: nn.Module, qweight, scales, zeros, perm) -> None:
+        self.int4_nk = self.config.bits == 4 and swap_enabled()
+        if self.int4_nk:
+            qweight, scales, zeros = to_int4_nk(qweight, scales, zeros)
         layer.qweight = nn.Parameter(qweight.contiguous(), requires_grad=False)
         layer.scales = nn.Parameter(scales.contiguous(), requires_grad=False)
         layer.zeros = None if zeros is None else nn.Parameter(zeros.contiguous(), requires_grad=False)
@@ -287,6 +303,8 @@ class WNA16LinearMethod(LinearMethod):
             if int(layer.perm.shape[0]) != x.shape[1]:  # padded groups read a zero column
                 x = torch.nn.functional.pad(x, (0, 1))
             x = x.index_select(1, layer.perm)
+        if self.int4_nk:
+            return wna16_int4_nk_linear(x, layer.qweight, layer.scales, layer.zeros, bias)
         return wna16_linear(x, layer.qweight, layer.scales, layer.zeros, self.config.bits, bias)
 
     def describe(self) -> str:
