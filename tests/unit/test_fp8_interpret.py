@@ -95,14 +95,12 @@ def test_swap_kernel_compiles_for_sm90(block_n, split_k):
     """The swap-AB kernel compiles for the H200 (Triton errors the interpreter cannot show), its
     e4m3 -> fp16 conversion is the paired instruction, its weight loads are asynchronous copies
     (pipelined), and its products run on Hopper's tensor cores (wgmma)."""
+    from test_small_m_interpret import swap_constexprs, swap_signature
+
     from pagedllm.kernels import swap_gemm_triton as s
 
-    signature = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "b_ptr": "*fp32",
-                 "out_ptr": "*bf16" if split_k == 1 else "*fp32", "M": "i32", "N": "i32", "K": "i32",
-                 "K_SPLIT": "i32", "stride_xm": "i32", "stride_wn": "i32", "stride_sn": "i32", "stride_om": "i32"}
-    constexprs = {"SCALED": True, "GROUP_K": 0, "HAS_BIAS": False, "EVEN_K": True, "SPLIT_K": split_k,
-                  "ATOMIC": False, "BLOCK_M": s.SWAP_BLOCK_M, "BLOCK_N": block_n, "BLOCK_K": 128,
-                  "OPERANDS": "fp16", "FP16_MAX_": s.FP16_MAX}
+    signature = swap_signature("*bf16" if split_k == 1 else "*fp32", weight="*fp8e4nv", scale="*fp32")
+    constexprs = swap_constexprs(split_k, block_n, 128, SCALED=True, HAS_BIAS=False, OPERANDS="fp16")
     compiled = _compile_sm90(s._swap_kernel, signature, constexprs, num_warps=4, num_stages=3)
     ptx = compiled.asm["ptx"]
     assert "cvt.rn.f16x2.e4m3x2" in ptx and "cvt.f32.f16" not in ptx
