@@ -316,6 +316,7 @@ def test_fused_router_in_the_moe_block(monkeypatch):
         torch.manual_seed(0)
         block = SparseMoeBlock(Cfg, SINGLE, num_experts=32, top_k=4, intermediate_size=64, renormalize=True,
                                expert_parallel=False).cuda().to(torch.bfloat16)
+        block.experts.expert_load = block.experts.expert_load.cuda()  # a plain tensor, not a buffer
         for p in block.parameters():
             torch.nn.init.normal_(p, std=0.05)
         blocks[env] = block
