@@ -93,6 +93,8 @@ def _decode_kernel(
     SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, Q_AS_FP16: tl.constexpr,
     SLIDING: tl.constexpr = False, SOFT_CAP: tl.constexpr = False, ORDERED: tl.constexpr = False,
     LAST_REDUCE: tl.constexpr = False,  # (SPLIT) the last split of a (request, kv head) merges them all
+    BLOCK_S: tl.constexpr = 16,  # (LAST_REDUCE) splits' maxima read a round
+    MERGE_UNROLL: tl.constexpr = 4,  # (LAST_REDUCE) splits merged a round
 ):  # fmt: skip
     # The split count is the grid's third dimension, a runtime value: a new count (it follows
     # the batch size and the longest context) needs no new compile, which would stall serving
@@ -151,33 +153,51 @@ def _decode_kernel(
             counter = count_ptr + req * num_kv_heads + kv_head
             done = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
             if done == num_splits - 1:
-                _merge_splits(part_out_ptr, part_max_ptr, part_sum_ptr, out_ptr, row - split, num_splits,
-                              req * stride_ot + heads * stride_oh, g_mask, dims, dim_mask, HEAD_DIM)  # fmt: skip
+                # the splits holding keys: _partition's cut of the request's context
+                seq_len = tl.load(seq_lens_ptr + req)
+                num_keys = seq_len - (tl.maximum(seq_len - window, 0) if SLIDING else 0)
+                part_len = tl.cdiv(tl.cdiv(num_keys, num_splits), BLOCK_N) * BLOCK_N
+                live = tl.cdiv(num_keys, tl.maximum(part_len, 1))
+                _merge_splits(part_out_ptr, part_max_ptr, part_sum_ptr, out_ptr, row - split, num_splits, live,
+                              req * stride_ot + heads * stride_oh, g_mask, dims, dim_mask, HEAD_DIM, BLOCK_S,
+                              MERGE_UNROLL)  # fmt: skip
                 tl.store(counter, 0)  # zero again for the next call (or graph replay)
 
 
 @triton.jit
-def _merge_splits(part_out_ptr, part_max_ptr, part_sum_ptr, out_ptr, first, num_splits, out_offs, g_mask, dims,
-                  dim_mask, HEAD_DIM: tl.constexpr):  # fmt: skip
+def _merge_splits(part_out_ptr, part_max_ptr, part_sum_ptr, out_ptr, first, num_splits, live, out_offs, g_mask,
+                  dims, dim_mask, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, UNROLL: tl.constexpr):  # fmt: skip
     """`_decode_reduce_kernel`'s merge for the query heads of one kv head, in split order: the
     partials at rows first + s (first: [BLOCK_G], each head's split 0) read from the L2 (.cg:
-    the other programs' stores are there, never in this SM's L1), written to out_offs [BLOCK_G]."""
+    the other programs' stores are there, never in this SM's L1), written to out_offs [BLOCK_G].
+    Only the first `live` splits hold keys (the split count comes from the CUDA graph's bound, so
+    at a short context most are empty: max -inf, sum 0); their maxima are read BLOCK_S a round,
+    their outputs UNROLL a round, whose loads are independent (one L2 latency a round, not one a
+    split)."""
+    s_offs = tl.arange(0, BLOCK_S)
     m_max = tl.full(first.shape, float("-inf"), tl.float32)
-    for s in range(0, num_splits):
-        m_max = tl.maximum(m_max, tl.load(part_max_ptr + first + s, mask=g_mask, other=float("-inf"),
-                                          cache_modifier=".cg"))  # fmt: skip
+    for s0 in range(0, live, BLOCK_S):  # the max over the live splits, BLOCK_S a round
+        m_all = tl.load(part_max_ptr + first[:, None] + s0 + s_offs[None, :],
+                        mask=g_mask[:, None] & (s0 + s_offs < live)[None, :], other=float("-inf"),
+                        cache_modifier=".cg")  # fmt: skip
+        m_max = tl.maximum(m_max, tl.max(m_all, axis=1))
     m_max = tl.where(m_max == float("-inf"), 0.0, m_max)  # all partitions empty (seq_len 0)
     total = tl.zeros(first.shape, tl.float32)
     acc = tl.zeros([first.shape[0], dims.shape[0]], tl.float32)
-    mask = g_mask[:, None] & dim_mask[None, :]
-    for s in range(0, num_splits):
-        w = tl.exp2(tl.load(part_max_ptr + first + s, mask=g_mask, other=float("-inf"), cache_modifier=".cg") - m_max)
-        total += tl.load(part_sum_ptr + first + s, mask=g_mask, other=0.0, cache_modifier=".cg") * w
-        part = tl.load(part_out_ptr + (first + s)[:, None] * HEAD_DIM + dims[None, :], mask=mask, other=0.0,
-                       cache_modifier=".cg")  # fmt: skip
-        acc += part * w[:, None]
+    for s0 in range(0, live, UNROLL):
+        for j in tl.static_range(UNROLL):
+            s = s0 + j
+            ok = g_mask & ((tl.zeros_like(first) + s) < live)  # a vector mask (as the MoE kernel's)
+            m_s = tl.load(part_max_ptr + first + s, mask=ok, other=float("-inf"), cache_modifier=".cg")
+            l_s = tl.load(part_sum_ptr + first + s, mask=ok, other=0.0, cache_modifier=".cg")
+            part = tl.load(part_out_ptr + (first + s)[:, None] * HEAD_DIM + dims[None, :],
+                           mask=ok[:, None] & dim_mask[None, :], other=0.0, cache_modifier=".cg")  # fmt: skip
+            w = tl.exp2(m_s - m_max)  # an empty or absent split: exp2(-inf) = 0
+            total += l_s * w
+            acc += part * w[:, None]
     out = acc / tl.where(total == 0.0, 1.0, total)[:, None]
-    tl.store(out_ptr + out_offs[:, None] + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + out_offs[:, None] + dims[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=g_mask[:, None] & dim_mask[None, :])  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["num_splits"])
@@ -222,6 +242,11 @@ def _num_sms(device_index: int) -> int:
 # tokens with 64; more splits only cost the reduce kernel a little.
 MIN_TOKENS_PER_SPLIT = 128
 MAX_SPLITS = 64
+# splits the last split's merge reads a round (PAGEDLLM_DECODE_LAST_REDUCE), their maxima and then
+# their outputs: first guesses, within the registers of the kernel without splits on sm_90 (a
+# [16, 64] tile of maxima took 109-113 at groups 4-8 against 94-96)
+MERGE_BLOCK_S = 16
+MERGE_UNROLL = 4
 
 
 def decode_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
@@ -327,6 +352,8 @@ def decode_attention_triton(
     common = dict(GROUP=group, HEAD_DIM=d, BLOCK_SIZE=bs, BLOCK_N=block_n, BLOCK_D=block_d, SPLIT=num_splits > 1,
                   ORDERED=order is not None, LAST_REDUCE=last, **switches, num_warps=num_warps,
                   num_stages=num_stages)  # fmt: skip
+    if last:
+        common.update(BLOCK_S=MERGE_BLOCK_S, MERGE_UNROLL=MERGE_UNROLL)
     grid = (b, hkv, num_splits) if order is None else (hkv, b, num_splits)
     _decode_kernel[grid](
         *args, BLOCK_G=max(16, next_power_of_2(group)), DOT_PRECISION=_dot_precision(q.dtype),

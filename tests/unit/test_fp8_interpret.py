@@ -132,7 +132,8 @@ def test_ordered_decode_grid_costs_no_registers(cache):
     for ordered in (False, True):
         constexprs = {"GROUP": 2, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "BLOCK_G": 16, "BLOCK_N": block_n,
                       "BLOCK_D": 128, "SPLIT": False, "DOT_PRECISION": "tf32", "Q_AS_FP16": cache != "bf16",
-                      "SLIDING": False, "SOFT_CAP": False, "ORDERED": ordered, "LAST_REDUCE": False}
+                      "SLIDING": False, "SOFT_CAP": False, "ORDERED": ordered, "LAST_REDUCE": False,
+                      "BLOCK_S": 16, "MERGE_UNROLL": 4}
         compiled = compile_sm90(ad._decode_kernel, decode_signature(cache), constexprs, num_warps=warps,
                                 num_stages=stages, aligned=DECODE_STRIDES)
         r = resources(compiled)
@@ -162,7 +163,8 @@ def test_decode_last_reduce_compiles_for_sm90(cache, group):
     for split, last in ((False, False), (True, True)):
         constexprs = {"GROUP": group, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "BLOCK_G": 16, "BLOCK_N": block_n,
                       "BLOCK_D": 128, "SPLIT": split, "DOT_PRECISION": "tf32", "Q_AS_FP16": cache != "bf16",
-                      "SLIDING": False, "SOFT_CAP": False, "ORDERED": False, "LAST_REDUCE": last}
+                      "SLIDING": False, "SOFT_CAP": False, "ORDERED": False, "LAST_REDUCE": last,
+                      "BLOCK_S": ad.MERGE_BLOCK_S, "MERGE_UNROLL": ad.MERGE_UNROLL}
         compiled = compile_sm90(ad._decode_kernel, decode_signature(cache), constexprs, num_warps=warps,
                                 num_stages=stages, aligned=DECODE_STRIDES)
         if last:

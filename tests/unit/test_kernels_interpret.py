@@ -60,6 +60,9 @@ _CASES = {
     # partitions (a 1-token context over 3 splits), the longest-first order, a window; twice
     "decode_last_reduce": ("check_decode", [[1, 70, 17], 4, 2, 16, 16],
                            {"num_splits": 3, "last_reduce": True, "calls": 2}),
+    # 21 of 40 splits holding keys: several rounds of the merge's maxima and outputs
+    "decode_last_reduce_many_splits": ("check_decode", [[1300, 5], 4, 2, 16, 16],
+                                       {"num_splits": 40, "last_reduce": True}),
     "decode_last_reduce_ordered_window": ("check_decode", [[1, 70, 17, 40], 8, 2, 16, 16],
                                           {"num_splits": 4, "order": "desc", "sliding_window": 20,
                                            "last_reduce": True}),
