@@ -7,11 +7,19 @@ generated: uniform 100-2048 here) and with 1,024 each; the split count is the en
 
     python benchmarks/decode_sweep.py [--out best.json]
     python benchmarks/decode_sweep.py --order-ab       # longest-first program order, a few tiles
+    python benchmarks/decode_sweep.py --last-reduce-ab # reduce kernel vs the last split's merge, ~1 min
 
 Prints one line per config and, last, the best per cache dtype beside the default; --out writes
 {"bf16": "block_n,warps,stages", "fp8": ...} for PAGEDLLM_DECODE_CONFIG. With --order-ab,
 each of a few tiles runs with the grid in request order and with the requests longest first
 (the engine's PAGEDLLM_DECODE_ORDER=1), and the table shows both.
+
+--last-reduce-ab: small batches instead (issue 15): Qwen3-30B-A3B's attention (32 query heads, 4
+kv heads) and Llama-3.1-8B's (32, 8), head_dim 128, bf16 cache, batch 1, 2, 4 at contexts of
+128-4096 tokens each, the split count from --graph-max-seq-len as a CUDA graph of the engine
+takes it; each point timed as decode steps run (a CUDA graph of LAYERS calls, each on its own
+cache, replayed) with the reduce kernel and with the last split merging the splits
+(PAGEDLLM_DECODE_LAST_REDUCE=1); the two outputs checked equal to a bf16 ulp first.
 """
 
 from __future__ import annotations
@@ -40,14 +48,64 @@ HQ, HKV, HD, BS = 16, 8, 128, 16
 FP8 = torch.float8_e4m3fn
 
 
+LAST_REDUCE_MODELS = {"qwen3moe": (32, 4), "llama8b": (32, 8)}
+LAYERS = 8
+
+
+def last_reduce_ab(graph_max_seq_len: int) -> list[dict]:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import common
+
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    print(f"# decode, reduce kernel vs last split: bf16 cache, D={HD} bs={BS}, {LAYERS} layers a graph, "
+          f"splits from max_seq_len {graph_max_seq_len}; us per layer", flush=True)
+    print(f"{'model':9s} {'batch':>5s} {'context':>7s} {'splits':>6s} {'kernel':>8s} {'last':>8s}  last/kernel")
+    for model, (hq, hkv) in LAST_REDUCE_MODELS.items():
+        for b, ctx in itertools.product((1, 2, 4), (128, 512, 1024, 2048, 4096)):
+            batch, nb = paged_batch([1] * b, [ctx] * b, b, BS, "cuda", gen)
+            q = torch.randn(b, hq, HD, device="cuda", dtype=torch.bfloat16)
+            caches = [(torch.randn(nb, BS, hkv, HD, device="cuda", dtype=torch.bfloat16),
+                       torch.randn(nb, BS, hkv, HD, device="cuda", dtype=torch.bfloat16)) for _ in range(LAYERS)]
+            outs = [torch.empty_like(q) for _ in range(LAYERS)]
+
+            def step(last, caches=caches, outs=outs, q=q, batch=batch):
+                for (kc, vc), out in zip(caches, outs):
+                    decode_attention_triton(q, kc, vc, batch.block_tables, batch.seq_lens, out, HD**-0.5,
+                                            max_seq_len=graph_max_seq_len, last_reduce=last)  # fmt: skip
+                return outs[0]
+
+            kernel_out = step(False).clone()
+            err = (step(True).float() - kernel_out.float()).abs().max().item()
+            assert err <= 1.6e-2 * max(kernel_out.float().abs().max().item(), 1.0), f"{model} b={b} {ctx}: {err}"
+            t = {last: common.graph_time(lambda last=last: step(last), LAYERS, reps=20, rounds=3)
+                 for last in (False, True)}  # fmt: skip
+            splits = decode_num_splits(b, hkv, graph_max_seq_len, _num_sms(0))
+            rows.append({"model": model, "batch": b, "context": ctx, "splits": splits, "kernel_us": t[False],
+                         "last_us": t[True]})  # fmt: skip
+            print(f"{model:9s} {b:5d} {ctx:7d} {splits:6d} {t[False]:8.2f} {t[True]:8.2f}  x{t[True] / t[False]:.3f}",
+                  flush=True)  # fmt: skip
+            del caches, outs
+    torch.cuda.empty_cache()
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=None)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--graph-max-seq-len", type=int, default=4096, help="the bound the split count is taken from")
     ap.add_argument("--order-ab", action="store_true", help="a few tiles, each in request order and longest first")
+    ap.add_argument("--last-reduce-ab", action="store_true",
+                    help="batch 1-4, contexts 128-4096: reduce kernel vs the last split's merge")
     args = ap.parse_args()
     import triton.testing
+
+    if args.last_reduce_ab:
+        rows = last_reduce_ab(args.graph_max_seq_len)
+        if args.out:
+            Path(args.out).write_text(json.dumps(rows, indent=1))
+        return
 
     rng = random.Random(0)
     b = args.batch

@@ -17,6 +17,12 @@ pagedllm against transformers on the same architecture (see docs/benchmarks.md).
     python benchmarks/moe_bench.py --output-json $OUT/w5.json          # on the H200
     python benchmarks/moe_bench.py --skip-latency --small-sweep --output-json $OUT/moe_small.json  # kernels only
     python benchmarks/moe_bench.py --tiny --w1-num-prompts 4 --peer-num-prompts 2   # CPU smoke test
+    python benchmarks/moe_bench.py --skip-kernels --skip-latency --router-ab   # router + top-k, ~20 s
+
+--router-ab: the router's product and top-k at 1, 2, 4 tokens, each of 48 layers with its own gate
+weight, in one CUDA graph: cuBLAS (float32 out) + the top-k kernel, the swap-AB kernel (the
+default) + the top-k kernel, and the fused router (PAGEDLLM_FUSED_ROUTER=1: small_m.route_small,
+one launch); the routing checked equal first.
 """
 
 from __future__ import annotations
@@ -60,6 +66,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--small-sweep", action="store_true",
                    help="with the kernel timings: the small-batch path against the grouped one at 1-8 tokens")
     p.add_argument("--skip-latency", action="store_true", help="kernel timings only (no engine)")
+    p.add_argument("--router-ab", action="store_true", help="router + top-k: unfused against fused, 1-4 tokens")
     p.add_argument("--skip-w1", action="store_true", help="batch-1 latency only (and the peer's)")
     p.add_argument("--skip-peer-cb", action="store_true")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
@@ -245,6 +252,43 @@ def _small_sweep_at(t: int, cfg, w13, w2, g, log, rows: list[dict]) -> None:
             f"both in one graph {us} us")
 
 
+def router_timings(cfg, log, token_counts=(1, 2, 4), layers: int = 48) -> list[dict]:
+    """--router-ab (see the module docstring): us per layer of each way to route."""
+    from pagedllm.kernels import small_m
+    from pagedllm.kernels.fused_moe_triton import topk_softmax_triton
+
+    e, h, k = cfg.num_experts, cfg.hidden_size, cfg.num_experts_per_tok
+    renorm = bool(getattr(cfg, "norm_topk_prob", True))
+    g = torch.Generator(device="cuda").manual_seed(2)
+    gates = [torch.randn(e, h, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02 for _ in range(layers)]
+    rows = []
+    log(f"  router + top-{k} of {e} experts (hidden {h}, renormalize {renorm}), {layers} layers a graph; us per layer")
+    for t in token_counts:
+        x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16, generator=g)
+        config = small_m.default_config(t, e, h)
+        ways = {
+            "cublas + topk": lambda w, x=x: topk_softmax_triton(torch.mm(x, w.t(), out_dtype=torch.float32), k,
+                                                                renorm),
+            "swap + topk": lambda w, x=x: topk_softmax_triton(small_m.small_m_linear(x, w, None, torch.float32), k,
+                                                              renorm),
+            "fused": lambda w, x=x: small_m.route_small(x, w, k, renorm)[1:],
+        }
+        _, ids = ways["swap + topk"](gates[0])
+        _, fused_ids = ways["fused"](gates[0])
+        assert torch.equal(ids, fused_ids), f"T={t}: the fused router picks other experts"
+        line = []
+        for name, way in ways.items():
+            try:
+                us = time_layers([lambda w=w, way=way: way(w) for w in gates])
+            except (RuntimeError, TypeError) as ex:  # a torch without mm's out_dtype
+                log(f"  T={t} {name}: failed: {type(ex).__name__}: {str(ex)[:100]}")
+                continue
+            rows.append({"tokens": t, "way": name, "us": round(us, 2), "config": str(config)})
+            line.append(f"{name} {us:6.2f}")
+        log(f"  T={t}: " + "   ".join(line))
+    return rows
+
+
 # ---- 2. pagedllm --------------------------------------------------------------------------------
 def ours_latency(llm, args, vocab: int) -> dict:
     from pagedllm import SamplingParams
@@ -347,6 +391,8 @@ def main(argv: list[str] | None = None) -> None:
         report["kernels"] = kernel_timings(cfg, log)
         if args.small_sweep:
             report["small_sweep"] = small_sweep(cfg, log)
+    if cuda and args.router_ab:
+        report["router_ab"] = router_timings(cfg, log)
     if args.skip_latency:
         common.write_json(args.output_json, report)
         return

@@ -19,6 +19,13 @@ config per (shape, rows), and small_m.CONFIGS entries (None where cuBLAS stays a
 shapes under Triton's interpreter (float16; no timings).
 
     python3 benchmarks/small_m_bench.py [--quick] [--output-json PATH]
+    python3 benchmarks/small_m_bench.py --last-reduce [--output-json PATH]   # about 1 minute
+
+--last-reduce times only the split-K shapes of small_m.CONFIGS (Qwen3-30B-A3B o and router,
+Llama-3.1-8B o, Qwen3-0.6B o and down) at 1, 4 and 16 rows: cuBLAS, the table's config with its
+reduce kernel, and the same config reduced by the last split (SwapConfig.reduce "last",
+PAGEDLLM_SWAP_LAST_REDUCE=1 in the engine); the reduce kernel's output and the last split's
+must be equal bit for bit.
 """
 
 from __future__ import annotations
@@ -53,6 +60,8 @@ SHAPES = {
     "qwen06_down": (1024, 3072),
 }
 QUICK_SHAPES = ["qwen3moe_qkv", "qwen3moe_o", "qwen3moe_router", "llama8b_o", "llama8b_gate_up"]
+# the table's split-K shapes (--last-reduce)
+SPLIT_K_SHAPES = ["qwen3moe_o", "qwen3moe_router", "llama8b_o", "qwen06_o", "qwen06_down"]
 ROWS = [1, 2, 4, 8, 16]
 WEIGHT_BYTES = 256 << 20  # per shape: enough layers to pass H200's 50 MB L2 several times
 MAX_LAYERS = 512
@@ -100,6 +109,8 @@ def stage2(best: list) -> list:
 
 def fields(cfg) -> tuple:
     f = (cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_warps, cfg.num_stages)
+    if cfg.reduce != "kernel":
+        return f + (cfg.atomic, cfg.reduce)
     return f + (True,) if cfg.atomic else f
 
 
@@ -198,6 +209,44 @@ def report(name: str, n: int, k: int, summary: dict) -> list:
     return entry
 
 
+def last_reduce_ab(timed: bool) -> dict:
+    """--last-reduce: per split-K shape and row count, cuBLAS / the table's config with its reduce
+    kernel / the same reduced by the last split (us per layer); the two kernels' outputs must be
+    bitwise equal."""
+    from dataclasses import replace
+
+    from pagedllm.kernels import small_m
+    from pagedllm.kernels.swap_gemm_triton import SwapConfig
+
+    sizes = {name: SHAPES[name] for name in SPLIT_K_SHAPES}
+    if not timed:
+        sizes = {"tiny_o": (96, 1024), "tiny_router": (24, 512)}
+    results = {}
+    print(f"{'shape':16s} rows   cuBLAS   kernel     last  (us per layer; last/kernel)", flush=True)
+    for name, (n, k) in sizes.items():
+        fields_ = small_m.CONFIGS[(n, k)][-1][1] if timed else (32, 128, 4, 4, 3)
+        cfg = SwapConfig(*fields_)
+        assert cfg.split_k > 1, (name, cfg)
+        last = replace(cfg, reduce="last")
+        layers = max(2, min(MAX_LAYERS, math.ceil(WEIGHT_BYTES / (n * k * 2)))) if timed else 1
+        run = ShapeRun(name, n, k, "cuda" if timed else "cpu", layers, timed)
+        for m in (1, 4, 16):
+            x, w, od = run.xs[m], run.ws[0], run.out_dtype
+            a = small_m.small_m_linear(x, w, None, od, cfg)
+            b = small_m.small_m_linear(x, w, None, od, last)
+            assert torch.equal(a, b), f"{name} m={m}: the last split's output differs from the reduce kernel's"
+            t_cublas, t_kernel, t_last = run.time(m, None), run.time(m, cfg), run.time(m, last)
+            results[f"{name}:{m}"] = {"config": fields(cfg), "cublas_us": t_cublas, "kernel_us": t_kernel,
+                                      "last_us": t_last}
+            ratio = t_last / t_kernel if t_kernel else float("nan")
+            print(f"{name:16s} {m:4d} {t_cublas:8.2f} {t_kernel:8.2f} {t_last:8.2f}  x{ratio:4.2f}  {fields(cfg)}",
+                  flush=True)  # fmt: skip
+        del run
+        if timed:
+            torch.cuda.empty_cache()
+    return results
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
@@ -206,10 +255,21 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="*", choices=list(SHAPES))
     ap.add_argument("--output-json", default=None)
     ap.add_argument("--budget-s", type=float, default=120.0, help="after this, the remaining shapes sweep as --quick")
+    ap.add_argument("--last-reduce", action="store_true",
+                    help="only the split-K shapes: reduce kernel against the last split's reduce")
     args = ap.parse_args()
     timed = torch.cuda.is_available()
     if not timed:
         os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported (pagedllm imports it lazily)
+    if args.last_reduce:
+        start = time.perf_counter()
+        results = last_reduce_ab(timed)
+        if args.output_json:
+            device = torch.cuda.get_device_name() if timed else "cpu (interpreter)"
+            with open(args.output_json, "w") as fh:
+                json.dump({"device": device, "last_reduce": results}, fh, indent=1, default=str)
+        print(f"done in {time.perf_counter() - start:.0f} s")
+        return
     shapes = args.shapes or (QUICK_SHAPES if args.quick else list(SHAPES))
     rows = [1, 4, 16] if args.quick or not timed else ROWS
     sizes = {name: SHAPES[name] for name in shapes}

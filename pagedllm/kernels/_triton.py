@@ -26,8 +26,11 @@ def next_power_of_2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
-def fusion_enabled(option: str) -> bool:
+def fusion_enabled(option: str, default: bool = True) -> bool:
     """Whether a fused kernel path is on, read when a layer is built: PAGEDLLM_FUSED_<option>=0
-    turns it off. ROPE_KV: q/k norm + rotary + store-KV in one kernel (kernels/qkv_rope.py), on
-    by default (it runs on CUDA tensors only; the CPU keeps the unfused chain)."""
-    return os.environ.get(f"PAGEDLLM_FUSED_{option}", "1") != "0"
+    turns it off, =1 on, unset: `default`. ROPE_KV: q/k norm + rotary + store-KV in one kernel
+    (kernels/qkv_rope.py), on by default (it runs on CUDA tensors only; the CPU keeps the unfused
+    chain). ROUTER: the MoE router's product, softmax and top-k in one launch for 1-16 tokens
+    (kernels/small_m.py `route_small`), off by default (unmeasured)."""
+    value = os.environ.get(f"PAGEDLLM_FUSED_{option}", "").strip()
+    return default if not value else value != "0"

@@ -10,6 +10,12 @@ of its partition; the reduce kernel rescales and merges them. With one split the
 writes the final output itself. The split count is a runtime value (the grid's third
 dimension), so a step with a new count compiles nothing. A sliding-window layer splits only the
 window's keys [seq_len - W, seq_len); a soft-capped one caps each score (see _attend_tile).
+
+With PAGEDLLM_DECODE_LAST_REDUCE=1 (off by default, unmeasured on the GPU) no reduce kernel runs:
+after storing its partials, each program counts itself done on its (request, kv head)'s counter
+(kernels/counters.py: a barrier, then an acq_rel atomic at gpu scope), and the split that counts
+last merges all the splits in split order (`_merge_splits`, read back from the L2), writes the
+output and sets the counter back to zero. Same grid and buffers, so CUDA graphs capture it alike.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from pagedllm.kernels.attention import (
     dot_dtype_fp16,
     window_cap_args,
 )
+from pagedllm.kernels.counters import counters
 
 
 @triton.jit
@@ -73,6 +80,7 @@ def _decode_kernel(
     part_out_ptr,  # [B, Hq, num_splits, D] float32, unnormalised partial outputs
     part_max_ptr,  # [B, Hq, num_splits] float32, running max (base 2)
     part_sum_ptr,  # [B, Hq, num_splits] float32, running sum of exp2
+    count_ptr,  # [B * Hkv] int32, zero between calls (read when LAST_REDUCE)
     qk_scale,  # softmax scale * log2(e) * the cache's k scale
     v_scale,  # the cache's v scale (1.0 unless FP8)
     stride_qt, stride_qh, stride_ot, stride_oh,
@@ -84,6 +92,9 @@ def _decode_kernel(
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, Q_AS_FP16: tl.constexpr,
     SLIDING: tl.constexpr = False, SOFT_CAP: tl.constexpr = False, ORDERED: tl.constexpr = False,
+    LAST_REDUCE: tl.constexpr = False,  # (SPLIT) the last split of a (request, kv head) merges them all
+    BLOCK_S: tl.constexpr = 16,  # (LAST_REDUCE) splits' maxima read a round
+    MERGE_UNROLL: tl.constexpr = 4,  # (LAST_REDUCE) splits merged a round
 ):  # fmt: skip
     # The split count is the grid's third dimension, a runtime value: a new count (it follows
     # the batch size and the longest context) needs no new compile, which would stall serving
@@ -134,6 +145,59 @@ def _decode_kernel(
             acc,
             mask=g_mask[:, None] & dim_mask[None, :],
         )
+        if LAST_REDUCE:
+            # every thread's stores before the barrier, the barrier before the count, whose
+            # release publishes them at gpu scope (and whose acquire, in the last split, orders
+            # its loads of the partials after it)
+            tl.debug_barrier()
+            counter = count_ptr + req * num_kv_heads + kv_head
+            done = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+            if done == num_splits - 1:
+                # the splits holding keys: _partition's cut of the request's context
+                seq_len = tl.load(seq_lens_ptr + req)
+                num_keys = seq_len - (tl.maximum(seq_len - window, 0) if SLIDING else 0)
+                part_len = tl.cdiv(tl.cdiv(num_keys, num_splits), BLOCK_N) * BLOCK_N
+                live = tl.cdiv(num_keys, tl.maximum(part_len, 1))
+                _merge_splits(part_out_ptr, part_max_ptr, part_sum_ptr, out_ptr, row - split, num_splits, live,
+                              req * stride_ot + heads * stride_oh, g_mask, dims, dim_mask, HEAD_DIM, BLOCK_S,
+                              MERGE_UNROLL)  # fmt: skip
+                tl.store(counter, 0)  # zero again for the next call (or graph replay)
+
+
+@triton.jit
+def _merge_splits(part_out_ptr, part_max_ptr, part_sum_ptr, out_ptr, first, num_splits, live, out_offs, g_mask,
+                  dims, dim_mask, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, UNROLL: tl.constexpr):  # fmt: skip
+    """`_decode_reduce_kernel`'s merge for the query heads of one kv head, in split order: the
+    partials at rows first + s (first: [BLOCK_G], each head's split 0) read from the L2 (.cg:
+    the other programs' stores are there, never in this SM's L1), written to out_offs [BLOCK_G].
+    Only the first `live` splits hold keys (the split count comes from the CUDA graph's bound, so
+    at a short context most are empty: max -inf, sum 0); their maxima are read BLOCK_S a round,
+    their outputs UNROLL a round, whose loads are independent (one L2 latency a round, not one a
+    split)."""
+    s_offs = tl.arange(0, BLOCK_S)
+    m_max = tl.full(first.shape, float("-inf"), tl.float32)
+    for s0 in range(0, live, BLOCK_S):  # the max over the live splits, BLOCK_S a round
+        m_all = tl.load(part_max_ptr + first[:, None] + s0 + s_offs[None, :],
+                        mask=g_mask[:, None] & (s0 + s_offs < live)[None, :], other=float("-inf"),
+                        cache_modifier=".cg")  # fmt: skip
+        m_max = tl.maximum(m_max, tl.max(m_all, axis=1))
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)  # all partitions empty (seq_len 0)
+    total = tl.zeros(first.shape, tl.float32)
+    acc = tl.zeros([first.shape[0], dims.shape[0]], tl.float32)
+    for s0 in range(0, live, UNROLL):
+        for j in tl.static_range(UNROLL):
+            s = s0 + j
+            ok = g_mask & ((tl.zeros_like(first) + s) < live)  # a vector mask (as the MoE kernel's)
+            m_s = tl.load(part_max_ptr + first + s, mask=ok, other=float("-inf"), cache_modifier=".cg")
+            l_s = tl.load(part_sum_ptr + first + s, mask=ok, other=0.0, cache_modifier=".cg")
+            part = tl.load(part_out_ptr + (first + s)[:, None] * HEAD_DIM + dims[None, :],
+                           mask=ok[:, None] & dim_mask[None, :], other=0.0, cache_modifier=".cg")  # fmt: skip
+            w = tl.exp2(m_s - m_max)  # an empty or absent split: exp2(-inf) = 0
+            total += l_s * w
+            acc += part * w[:, None]
+    out = acc / tl.where(total == 0.0, 1.0, total)[:, None]
+    tl.store(out_ptr + out_offs[:, None] + dims[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=g_mask[:, None] & dim_mask[None, :])  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["num_splits"])
@@ -178,6 +242,11 @@ def _num_sms(device_index: int) -> int:
 # tokens with 64; more splits only cost the reduce kernel a little.
 MIN_TOKENS_PER_SPLIT = 128
 MAX_SPLITS = 64
+# splits the last split's merge reads a round (PAGEDLLM_DECODE_LAST_REDUCE), their maxima and then
+# their outputs: first guesses, within the registers of the kernel without splits on sm_90 (a
+# [16, 64] tile of maxima took 109-113 at groups 4-8 against 94-96)
+MERGE_BLOCK_S = 16
+MERGE_UNROLL = 4
 
 
 def decode_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
@@ -219,6 +288,13 @@ def decode_config(cache_itemsize: int) -> tuple[int, int, int]:
     return block_n, warps, stages
 
 
+@functools.cache
+def decode_last_reduce() -> bool:
+    """PAGEDLLM_DECODE_LAST_REDUCE=1: the last split merges the partials, no reduce kernel (read
+    once per process)."""
+    return os.environ.get("PAGEDLLM_DECODE_LAST_REDUCE", "0").strip() == "1"
+
+
 def decode_attention_triton(
     q: torch.Tensor,  # [B, Hq, D], row i = the query token of request i
     k_cache: torch.Tensor,  # [N, bs, Hkv, D]
@@ -237,6 +313,7 @@ def decode_attention_triton(
     sliding_window: int | None = None,  # attend to the last sliding_window keys only
     logits_soft_cap: float | None = None,  # scores -> cap * tanh(scores / cap)
     order: torch.Tensor | None = None,  # [>= B] int32: the requests in the order programs take them
+    last_reduce: bool | None = None,  # with splits: the last split merges them (None: decode_last_reduce())
 ) -> torch.Tensor:
     b, hq, d = q.shape
     _, bs, hkv, _ = k_cache.shape
@@ -261,10 +338,11 @@ def decode_attention_triton(
         part_sum = torch.empty((b, hq, num_splits), dtype=torch.float32, device=q.device)
     else:
         part_out = part_max = part_sum = out  # unused
+    last = num_splits > 1 and (decode_last_reduce() if last_reduce is None else last_reduce)
     window_cap, switches = window_cap_args(sliding_window, logits_soft_cap)
     args = (
         q, k_cache, v_cache, block_tables, seq_lens, seq_lens if order is None else order, out, part_out, part_max,
-        part_sum,
+        part_sum, counters(q.device, b * hkv) if last else seq_lens,
         scale * _LOG2E * k_scale, v_scale,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -272,13 +350,16 @@ def decode_attention_triton(
         block_tables.stride(0), *window_cap,
     )  # fmt: skip
     common = dict(GROUP=group, HEAD_DIM=d, BLOCK_SIZE=bs, BLOCK_N=block_n, BLOCK_D=block_d, SPLIT=num_splits > 1,
-                  ORDERED=order is not None, **switches, num_warps=num_warps, num_stages=num_stages)  # fmt: skip
+                  ORDERED=order is not None, LAST_REDUCE=last, **switches, num_warps=num_warps,
+                  num_stages=num_stages)  # fmt: skip
+    if last:
+        common.update(BLOCK_S=MERGE_BLOCK_S, MERGE_UNROLL=MERGE_UNROLL)
     grid = (b, hkv, num_splits) if order is None else (hkv, b, num_splits)
     _decode_kernel[grid](
         *args, BLOCK_G=max(16, next_power_of_2(group)), DOT_PRECISION=_dot_precision(q.dtype),
         Q_AS_FP16=dot_dtype_fp16(q.dtype, k_cache.dtype), **common,
     )  # fmt: skip
-    if num_splits > 1:
+    if num_splits > 1 and not last:
         _decode_reduce_kernel[(b, hq)](
             part_out, part_max, part_sum, out, out.stride(0), out.stride(1), num_splits,
             HEAD_DIM=d, BLOCK_S=max(MAX_SPLITS, next_power_of_2(num_splits)), BLOCK_D=block_d,

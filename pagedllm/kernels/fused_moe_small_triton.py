@@ -27,7 +27,7 @@ slowly, benchmarks/RESULTS.md, "FP8 kernels and the MoE small-batch path"):
                                                 order; count[t, n] = 0 for the next call
 
   Deterministic: the sum is always the same order, whichever program is last. The counters
-  persist (`_counters`), zero between calls. With one group (experts per program >= k) a
+  persist (kernels/counters.py), zero between calls. With one group (experts per program >= k) a
   program adds the token's products itself and writes out, with no workspace or counter.
   Pairs of experts on other ranks (expert_map -1) load nothing, add zero and still count.
   The k products are added in top-k order, rounded to the model dtype after each add as
@@ -46,6 +46,7 @@ import triton.language as tl
 
 from pagedllm.kernels._triton import next_power_of_2
 from pagedllm.kernels.attention import _dot_precision
+from pagedllm.kernels.counters import counters
 
 # (token, expert) pairs up to which fused_experts_triton takes this path: at most 4 tokens of
 # Qwen3-30B-A3B's top-8. A first choice, to be set by `moe_bench.py --small-sweep` on the H200.
@@ -257,22 +258,6 @@ def small_gate_up(
     return h
 
 
-# device -> the down kernel's int32 counters (see _counters); every buffer ever handed out stays
-# referenced, so that a CUDA graph captured with an older, smaller one never writes freed memory
-_COUNTERS: dict[torch.device, list[torch.Tensor]] = {}
-
-
-def _counters(device: torch.device, size: int) -> torch.Tensor:
-    """At least `size` int32 counters on `device`, all zero between calls: zeroed once here, each
-    one then counted up by its (token, n tile)'s programs and set back to zero by the last of
-    them, within the call. Calls on one device share them, so they must not overlap in time
-    (one stream, as the engine runs; a kernel that dies midway would leave them dirty)."""
-    held = _COUNTERS.setdefault(device, [])
-    if not held or held[-1].numel() < size:
-        held.append(torch.zeros(max(4096, next_power_of_2(size)), dtype=torch.int32, device=device))
-    return held[-1]
-
-
 def small_down(
     h: torch.Tensor,
     w2: torch.Tensor,
@@ -296,7 +281,7 @@ def small_down(
     split = num_groups > 1
     # [T * K, H]: each pair's rounded, weighted product (none if not split)
     part = torch.empty((num_tokens * top_k if split else 0, hidden), dtype=h.dtype, device=h.device)
-    counts = _counters(h.device, num_tokens * num_n) if split else out
+    counts = counters(h.device, num_tokens * num_n) if split else out
     flat = topk_ids.reshape(-1)
     weights = topk_weights.reshape(-1).to(torch.float32)
     _small_down_kernel[(num_tokens, num_n, num_groups)](

@@ -59,6 +59,7 @@ def decode_signature(cache: str) -> dict:
     type name ("bf16", "fp8e4nv")."""
     sig = {"q_ptr": "*bf16", "k_cache_ptr": f"*{cache}", "v_cache_ptr": f"*{cache}", "block_tables_ptr": "*i32",
            "seq_lens_ptr": "*i32", "order_ptr": "*i32", "out_ptr": "*bf16", "part_out_ptr": "*fp32",
-           "part_max_ptr": "*fp32", "part_sum_ptr": "*fp32", "qk_scale": "fp32", "v_scale": "fp32"}
+           "part_max_ptr": "*fp32", "part_sum_ptr": "*fp32", "count_ptr": "*i32", "qk_scale": "fp32",
+           "v_scale": "fp32"}
     sig.update(dict.fromkeys(DECODE_STRIDES, "i32"), window="i32", soft_cap="fp32")
     return sig

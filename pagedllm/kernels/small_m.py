@@ -11,11 +11,18 @@ On by default: PAGEDLLM_SMALL_M_GEMM unset, 1 or "all" sends the parallel linear
 router here, "linear" or "router" only one of them, 0 neither. Read once, when a layer is built.
 Per shape, `default_config` may answer None (cuBLAS wins there) and the caller keeps F.linear.
 
+Opt-in, unmeasured on the GPU (off by default): PAGEDLLM_SWAP_LAST_REDUCE=1 has every split-K
+config through the workspace reduce in its last program (SwapConfig.reduce "last") rather than a
+reduce kernel; PAGEDLLM_FUSED_ROUTER=1 routes the MoE router's few tokens in the GEMM's last
+program too (`route_small`: no top-k kernel). Both read once per process.
+
 Nothing here imports triton at module import, so the layers load on a CPU machine without it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
 
 import torch
@@ -88,16 +95,29 @@ def heuristic_config(m: int, n: int, k: int):
     return SwapConfig(block_n, 128, split_k, num_warps=4, num_stages=3)
 
 
+@functools.cache
+def last_reduce() -> bool:
+    """PAGEDLLM_SWAP_LAST_REDUCE=1: split-K configs reduce in their last program (read once)."""
+    return os.environ.get("PAGEDLLM_SWAP_LAST_REDUCE", "0").strip() == "1"
+
+
+def _with_reduce(cfg):
+    """cfg, its workspace split-K reduced by its last program when last_reduce() is on."""
+    if cfg is None or cfg.split_k == 1 or cfg.atomic or not last_reduce():
+        return cfg
+    return dataclasses.replace(cfg, reduce="last")
+
+
 def default_config(m: int, n: int, k: int):
     """The SwapConfig for an [m, k] x [n, k].T product, or None where cuBLAS is the better choice."""
     from pagedllm.kernels.swap_gemm_triton import SwapConfig
 
     for max_rows, fields in CONFIGS.get((n, k), ()):
         if m <= max_rows:
-            return None if fields is None else SwapConfig(*fields)
+            return None if fields is None else _with_reduce(SwapConfig(*fields))
     if n * k >= _CUBLAS_MIN_ELEMENTS:
         return None
-    return heuristic_config(m, n, k)
+    return _with_reduce(heuristic_config(m, n, k))
 
 
 def pick(x: torch.Tensor, weight: torch.Tensor):
@@ -149,3 +169,37 @@ def small_m_linear(
         return out
     swap_gemm(x, weight, bias, out, config or default_config(m, n, k) or heuristic_config(m, n, k))
     return out
+
+
+def route_small(
+    x: torch.Tensor,  # [T, H] 16-bit, T <= MAX_ROWS
+    weight: torch.Tensor,  # [E, H] the router's gate
+    top_k: int,
+    renormalize: bool,
+    config=None,  # a SwapConfig (None: default_config's for the shape, else the heuristic's)
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """The MoE router and its routing in one launch (swap_gemm_triton.swap_gemm_topk): (logits [T, E]
+    float32, topk_weights [T, K] float32, topk_ids [T, K] int64), those of
+    topk_softmax(small_m_linear(x, weight, out_dtype=float32)); None where it does not apply (as
+    pick(), or more than TOPK_MAX_EXPERTS experts): the caller routes as before."""
+    from pagedllm.kernels.swap_gemm_triton import TOPK_MAX_EXPERTS, swap_gemm_topk
+
+    m, k = x.shape if x.dim() == 2 else (0, 0)
+    n = weight.shape[0]
+    if not (
+        x.is_cuda
+        and 0 < m <= MAX_ROWS
+        and x.dtype in _DTYPES
+        and weight.dtype == x.dtype
+        and weight.dim() == 2
+        and weight.stride(1) == 1
+        and top_k <= n <= TOPK_MAX_EXPERTS
+        and triton_available()
+    ):
+        return None
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    cfg = config or default_config(m, n, k) or heuristic_config(m, n, k)
+    logits = torch.empty((m, n), dtype=torch.float32, device=x.device)
+    weights, ids = swap_gemm_topk(x, weight, logits, cfg, top_k, renormalize)
+    return logits, weights, ids

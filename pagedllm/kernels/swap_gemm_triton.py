@@ -16,15 +16,29 @@ x.T's columns past M are masked loads of 0. Two operand kinds (OPERANDS):
 Scales (SCALED, FP8 only): GROUP_K = 0 multiplies the finished sum by the row's scale, GROUP_K > 0
 multiplies each K tile's partial by its group's scale (BLOCK_K divides GROUP_K).
 
-Split-K: SPLIT_K programs per N tile each sum a range of K. Two ways to add their partials:
+Split-K: SPLIT_K programs per N tile each sum a range of K. Three ways to add their partials:
 
-    workspace (default):  split i stores float32 [M, N] at ws[i]; `_splitk_reduce_kernel` sums the
-                          splits in a fixed order and applies the epilogue (deterministic)
+    workspace, reduce "kernel" (default): split i stores float32 [M, N] at ws[i];
+                          `_splitk_reduce_kernel` sums the splits in a fixed order and applies
+                          the epilogue (deterministic)
+    workspace, reduce "last": the same stores, then each program counts itself done on its N
+                          tile's counter (kernels/counters.py: a barrier, then an acq_rel atomic at
+                          gpu scope); the program that counts SPLIT_K - 1 reads the tile's splits
+                          back from the L2 (.cg) in the same fixed order, applies the epilogue,
+                          writes out and sets the counter back to 0: the reduce kernel's result
+                          bit for bit, without its launch (nor its ~0.7 us gap in a CUDA graph)
     ATOMIC:               each split adds its partial into a zeroed float32 [M, N] with float32
                           atomics (split 0 adds the bias); a 16-bit output is then one cast.
                           The order of the adds varies from run to run (not bitwise repeatable).
 
-Both are CUDA-graph capturable: no host synchronization, buffers from the caching allocator.
+`swap_gemm_topk` (the MoE router of few tokens, float32 logits): the workspace with one counter
+for the whole grid; the last of all programs sums every tile's splits (the logits of all N
+experts, which it also writes), then does each token's softmax and top-k as
+fused_moe_triton's `_topk_softmax_kernel` does (ties: the lowest expert id), writing the routing
+weights and ids: no top-k kernel either.
+
+All are CUDA-graph capturable: no host synchronization, buffers from the caching allocator, the
+counters zero again at the end of every call (or replay).
 """
 
 from __future__ import annotations
@@ -35,9 +49,13 @@ import torch
 import triton
 import triton.language as tl
 
+from pagedllm.kernels._triton import next_power_of_2
+from pagedllm.kernels.counters import counters
+
 # the padded row count (the narrow MMA operand): the kernel serves at most this many rows
 SWAP_BLOCK_M = 16
 FP16_MAX = 65504.0
+REDUCES = ("kernel", "last")
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +68,62 @@ class SwapConfig:
     num_warps: int = 4
     num_stages: int = 3
     atomic: bool = False  # split-K partials added with float32 atomics instead of a workspace
+    reduce: str = "kernel"  # the workspace's sum: "kernel" (a reduce kernel) or "last" (the last split)
+
+    def __post_init__(self) -> None:
+        if self.reduce not in REDUCES:
+            raise ValueError(f"SwapConfig.reduce must be one of {', '.join(REDUCES)}, got {self.reduce!r}")
+
+
+@triton.jit
+def _epilogue(acc, s_ptr, b_ptr, rn, n_mask, b_mask, stride_sn,
+              SCALED: tl.constexpr, GROUP_K: tl.constexpr, HAS_BIAS: tl.constexpr):  # fmt: skip
+    """acc [BLOCK_N, BLOCK_M] (x.T's layout) times the row scales (FP8, GROUP_K 0) plus the bias
+    where b_mask (under ATOMIC only split 0's: the others load nothing)."""
+    if SCALED and GROUP_K == 0:
+        acc = acc * tl.load(s_ptr + rn.to(tl.int64) * stride_sn, mask=n_mask, other=0.0)[:, None]
+    if HAS_BIAS:
+        acc = acc + tl.load(b_ptr + rn, mask=b_mask, other=0.0).to(tl.float32)[:, None]
+    return acc
+
+
+@triton.jit
+def _sum_splits(ws_ptr, rm, rn, mask, M, N, SPLIT_K: tl.constexpr):
+    """[BLOCK_N, BLOCK_M]: the workspace's splits of these rows and columns, added in split order
+    from zero (as `_splitk_reduce_kernel` adds them), read from the L2 (.cg: the other programs'
+    stores are there, never in this SM's L1)."""
+    acc = tl.zeros([rn.shape[0], rm.shape[0]], dtype=tl.float32)
+    for i in tl.static_range(SPLIT_K):
+        acc += tl.load(ws_ptr + (i * M + rm[None, :]) * N + rn[:, None], mask=mask, other=0.0, cache_modifier=".cg")
+    return acc
+
+
+@triton.jit
+def _route(logits, e_mask, rm, m_mask, weights_ptr, ids_ptr, TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr,
+           BLOCK_TOPK: tl.constexpr):  # fmt: skip
+    """`_topk_softmax_kernel` (fused_moe_triton.py) on the columns of logits [BLOCK_E, BLOCK_M]
+    (column m: token m's logits): softmax over the experts in float32, top-k by repeated max
+    with the lowest expert id winning a tie, optionally renormalized; weights [M, TOP_K]
+    float32, ids [M, TOP_K] int64."""
+    offs = tl.arange(0, logits.shape[0])[:, None]  # [BLOCK_E, 1]
+    x = tl.where(e_mask[:, None], logits, float("-inf"))
+    x = x - tl.max(x, axis=0)[None, :]
+    e = tl.where(e_mask[:, None], tl.exp(x), 0.0)
+    p = tl.where(e_mask[:, None], e / tl.sum(e, axis=0)[None, :], -1.0)
+    koffs = tl.arange(0, BLOCK_TOPK)[None, :]  # [1, BLOCK_TOPK]
+    w = tl.zeros([rm.shape[0], BLOCK_TOPK], dtype=tl.float32)
+    ids = tl.zeros([rm.shape[0], BLOCK_TOPK], dtype=tl.int64)
+    for k in tl.static_range(TOP_K):
+        m = tl.max(p, axis=0)  # [BLOCK_M]
+        i = tl.min(tl.where(p == m[None, :], offs, logits.shape[0]), axis=0)
+        w = tl.where(koffs == k, m[:, None], w)
+        ids = tl.where(koffs == k, i.to(tl.int64)[:, None], ids)
+        p = tl.where(offs == i[None, :], -2.0, p)
+    if RENORMALIZE:
+        w = w / tl.sum(tl.where(koffs < TOP_K, w, 0.0), axis=1)[:, None]
+    out_mask = m_mask[:, None] & (koffs < TOP_K)
+    tl.store(weights_ptr + rm[:, None] * TOP_K + koffs, w, mask=out_mask)
+    tl.store(ids_ptr + rm[:, None] * TOP_K + koffs, ids, mask=out_mask)
 
 
 @triton.jit
@@ -58,11 +132,19 @@ def _swap_kernel(
     w_ptr,  # [N, K] float8 e4m3 (SCALED) or 16-bit
     s_ptr,  # [N, G] float32 scales (read when SCALED)
     b_ptr,  # [N] bias (read when HAS_BIAS)
-    out_ptr,  # [M, N] (SPLIT_K == 1, or float32 zeros when ATOMIC) or the float32 workspace [SPLIT_K, M, N]
+    out_ptr,  # [M, N]: the output (float32 zeros when ATOMIC); written unless the reduce kernel does
+    ws_ptr,  # [SPLIT_K, M, N] float32 workspace (WORKSPACE)
+    count_ptr,  # int32 counters, zero between calls (LAST: one per N tile; TOP_K > 0: one)
+    topk_weights_ptr,  # [M, TOP_K] float32 (TOP_K > 0)
+    topk_ids_ptr,  # [M, TOP_K] int64 (TOP_K > 0)
     M, N, K, K_SPLIT,  # K_SPLIT: the K range of one split, a multiple of BLOCK_K
     stride_xm, stride_wn, stride_sn, stride_om,
     SCALED: tl.constexpr, GROUP_K: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
     SPLIT_K: tl.constexpr, ATOMIC: tl.constexpr,
+    WORKSPACE: tl.constexpr,  # the splits' partials go to ws (reduced by LAST, TOP_K or the reduce kernel)
+    LAST: tl.constexpr,  # the last split of an N tile reduces it (reduce "last")
+    TOP_K: tl.constexpr,  # > 0: the last program of all reduces every tile and routes (swap_gemm_topk)
+    RENORMALIZE: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_TOPK: tl.constexpr,  # (TOP_K > 0)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     OPERANDS: tl.constexpr,  # "fp16", "weight" or "fp32" (the module docstring)
     FP16_MAX_: tl.constexpr,
@@ -103,20 +185,46 @@ def _swap_kernel(
         else:
             acc += part
     out_mask = n_mask[:, None] & m_mask[None, :]
-    if SPLIT_K == 1 or ATOMIC:
-        if SCALED and GROUP_K == 0:  # linear, so each split may scale its own partial
-            acc = acc * tl.load(s_ptr + rn64 * stride_sn, mask=n_mask, other=0.0)[:, None]
-        if HAS_BIAS:  # once: split 0 adds it (the others load nothing)
-            b_mask = rn < tl.where(pid_k == 0, N, 0)
-            acc = acc + tl.load(b_ptr + rn, mask=b_mask, other=0.0).to(tl.float32)[:, None]
+    if not WORKSPACE:
+        # linear, so each split may scale its own partial (ATOMIC)
+        b_mask = rn < tl.where(pid_k == 0, N, 0)
+        acc = _epilogue(acc, s_ptr, b_ptr, rn, n_mask, b_mask, stride_sn, SCALED, GROUP_K, HAS_BIAS)
         out = out_ptr + rm[None, :] * stride_om + rn[:, None]
         if SPLIT_K == 1:
             tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
         else:
             tl.atomic_add(out, acc, mask=out_mask, sem="relaxed")
     else:
-        ws = out_ptr + (pid_k * M + rm[None, :]) * N + rn[:, None]
-        tl.store(ws, acc, mask=out_mask)
+        tl.store(ws_ptr + (pid_k * M + rm[None, :]) * N + rn[:, None], acc, mask=out_mask)
+        if LAST or TOP_K > 0:
+            # every thread's stores before the barrier, the barrier before the count, whose
+            # release publishes them at gpu scope (and whose acquire, in the last program,
+            # orders its loads of the workspace after it)
+            tl.debug_barrier()
+            if TOP_K > 0:
+                counter = count_ptr
+                programs = tl.num_programs(0) * SPLIT_K
+            else:
+                counter = count_ptr + pid_n
+                programs = SPLIT_K
+            done = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+            if done == programs - 1:
+                if TOP_K > 0:
+                    re = tl.arange(0, BLOCK_E)
+                    e_mask = re < N
+                    logits = _sum_splits(ws_ptr, rm, re, e_mask[:, None] & m_mask[None, :], M, N, SPLIT_K)
+                    logits = _epilogue(logits, s_ptr, b_ptr, re, e_mask, e_mask, stride_sn, SCALED, GROUP_K,
+                                       HAS_BIAS)  # fmt: skip
+                    tl.store(out_ptr + rm[None, :] * stride_om + re[:, None], logits.to(out_ptr.dtype.element_ty),
+                             mask=e_mask[:, None] & m_mask[None, :])  # fmt: skip
+                    _route(logits, e_mask, rm, m_mask, topk_weights_ptr, topk_ids_ptr, TOP_K, RENORMALIZE,
+                           BLOCK_TOPK)  # fmt: skip
+                else:
+                    acc = _sum_splits(ws_ptr, rm, rn, out_mask, M, N, SPLIT_K)
+                    acc = _epilogue(acc, s_ptr, b_ptr, rn, n_mask, n_mask, stride_sn, SCALED, GROUP_K, HAS_BIAS)
+                    tl.store(out_ptr + rm[None, :] * stride_om + rn[:, None], acc.to(out_ptr.dtype.element_ty),
+                             mask=out_mask)  # fmt: skip
+                tl.store(counter, 0)  # zero again for the next call (or graph replay)
 
 
 @triton.jit
@@ -140,6 +248,19 @@ def _splitk_reduce_kernel(
     tl.store(out_ptr + m * stride_om + rn, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+def _operands(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | None) -> str:
+    if weight_scale is not None:
+        return "fp32" if x.dtype == torch.float32 else "fp16"
+    assert weight.dtype in (torch.bfloat16, torch.float16), "an unscaled weight must be 16-bit"
+    return "weight"
+
+
+def _split(k: int, cfg: SwapConfig) -> tuple[int, int]:
+    """(K range of one split, number of splits): whole BLOCK_K steps, no empty split."""
+    k_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
+    return k_split, triton.cdiv(k, k_split)
+
+
 def swap_gemm(
     x: torch.Tensor,  # [M, K], M <= SWAP_BLOCK_M, unit stride along K
     weight: torch.Tensor,  # [N, K] e4m3 (with weight_scale) or 16-bit, unit stride along K
@@ -153,37 +274,70 @@ def swap_gemm(
     n = weight.shape[0]
     assert m <= SWAP_BLOCK_M, f"the swap-AB kernel takes at most {SWAP_BLOCK_M} rows"
     assert weight.shape[1] == k and weight.stride(1) == 1 and x.stride(1) == 1 and out.stride(1) == 1
-    block_k = cfg.block_k
-    k_split = triton.cdiv(triton.cdiv(k, cfg.split_k), block_k) * block_k
-    split_k = triton.cdiv(k, k_split)  # no empty split
+    k_split, split_k = _split(k, cfg)
     scaled = weight_scale is not None
-    if scaled:
-        operands = "fp32" if x.dtype == torch.float32 else "fp16"
-    else:
-        assert weight.dtype in (torch.bfloat16, torch.float16), "an unscaled weight must be 16-bit"
-        operands = "weight"
     s = weight_scale if scaled else weight  # an unused pointer when not SCALED
     b = bias if bias is not None else s  # likewise when there is no bias
     atomic = cfg.atomic and split_k > 1
-    if split_k == 1:
-        dst = out
+    workspace = split_k > 1 and not atomic
+    last = workspace and cfg.reduce == "last"
+    dst = out
+    if atomic and out.dtype != torch.float32:
+        dst = torch.zeros((m, n), dtype=torch.float32, device=x.device)
     elif atomic:
-        dst = out.zero_() if out.dtype == torch.float32 else torch.zeros((m, n), dtype=torch.float32, device=x.device)
-    else:
-        dst = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
-    _swap_kernel[(triton.cdiv(n, cfg.block_n), split_k)](
-        x, weight, s, b, dst, m, n, k, k_split,
-        x.stride(0), weight.stride(0), s.stride(0), dst.stride(0) if atomic else out.stride(0),
+        out.zero_()
+    ws = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device) if workspace else out
+    num_n = triton.cdiv(n, cfg.block_n)
+    count = counters(x.device, num_n) if last else out
+    _swap_kernel[(num_n, split_k)](
+        x, weight, s, b, dst, ws, count, out, out, m, n, k, k_split,
+        x.stride(0), weight.stride(0), s.stride(0), dst.stride(0),
         SCALED=scaled, GROUP_K=group_k, HAS_BIAS=bias is not None, EVEN_K=k_split * split_k == k,
-        SPLIT_K=split_k, ATOMIC=atomic, BLOCK_M=SWAP_BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=block_k,
-        OPERANDS=operands, FP16_MAX_=FP16_MAX, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        SPLIT_K=split_k, ATOMIC=atomic, WORKSPACE=workspace, LAST=last, TOP_K=0, RENORMALIZE=False, BLOCK_E=1,
+        BLOCK_TOPK=1, BLOCK_M=SWAP_BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        OPERANDS=_operands(x, weight, weight_scale), FP16_MAX_=FP16_MAX, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )  # fmt: skip
     if atomic:
         if dst is not out:
             out.copy_(dst)
-    elif split_k > 1:
+    elif workspace and not last:
         block = 1024
         _splitk_reduce_kernel[(triton.cdiv(n, block), m)](
-            dst, s, b, out, m, n, s.stride(0), out.stride(0),
+            ws, s, b, out, m, n, s.stride(0), out.stride(0),
             SPLIT_K=split_k, SCALED=scaled, GROUP_K=group_k, HAS_BIAS=bias is not None, BLOCK=block, num_warps=4,
         )  # fmt: skip
+
+
+# the fused router's last program holds all N logits of the 16 padded rows: [BLOCK_E, 16] float32
+TOPK_MAX_EXPERTS = 256
+
+
+def swap_gemm_topk(
+    x: torch.Tensor,  # [M, K] 16-bit, M <= SWAP_BLOCK_M, unit stride along K
+    weight: torch.Tensor,  # [E, K] the router's gate, x's dtype, unit stride along K
+    logits: torch.Tensor,  # [M, E] float32: written
+    cfg: SwapConfig,  # its split_k, tiles and warps; atomic and reduce are not read
+    top_k: int,
+    renormalize: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:  # (topk_weights [M, top_k] float32, topk_ids [M, top_k] int64)
+    """The MoE router's product and its routing in one launch: logits = x @ weight.T as swap_gemm
+    writes them (float32, the splits added in order), then topk_softmax of each row (see the
+    module docstring). E <= TOPK_MAX_EXPERTS."""
+    m, k = x.shape
+    n = weight.shape[0]
+    assert 0 < m <= SWAP_BLOCK_M and n <= TOPK_MAX_EXPERTS and 0 < top_k <= n and logits.dtype == torch.float32
+    assert weight.shape[1] == k and weight.stride(1) == 1 and x.stride(1) == 1 and logits.stride(1) == 1
+    k_split, split_k = _split(k, cfg)
+    weights = torch.empty((m, top_k), dtype=torch.float32, device=x.device)
+    ids = torch.empty((m, top_k), dtype=torch.int64, device=x.device)
+    ws = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
+    _swap_kernel[(triton.cdiv(n, cfg.block_n), split_k)](
+        x, weight, weight, weight, logits, ws, counters(x.device, 1), weights, ids, m, n, k, k_split,
+        x.stride(0), weight.stride(0), 0, logits.stride(0),
+        SCALED=False, GROUP_K=0, HAS_BIAS=False, EVEN_K=k_split * split_k == k, SPLIT_K=split_k, ATOMIC=False,
+        WORKSPACE=True, LAST=False, TOP_K=top_k, RENORMALIZE=renormalize, BLOCK_E=next_power_of_2(n),
+        BLOCK_TOPK=next_power_of_2(top_k), BLOCK_M=SWAP_BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        OPERANDS=_operands(x, weight, None), FP16_MAX_=FP16_MAX, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    return weights, ids

@@ -65,6 +65,59 @@ def check_small_m_linear(device, dtype, m, n, k, bias=False, out_dtype=None, con
     )
 
 
+def _pool_is_zero(device) -> bool:
+    from pagedllm.kernels.counters import counters
+
+    return int(counters(torch.device(device), 1).count_nonzero()) == 0
+
+
+def check_last_reduce(device, dtype, m, n, k, bias=False, out_dtype=None, config=None, calls=2, seed=0):
+    """Split-K reduced by each N tile's last program (SwapConfig.reduce "last") writes what the
+    reduce kernel writes, bit for bit (the same adds in the same order), `calls` times in a row
+    with new inputs: each call leaves the counters at zero for the next."""
+    from pagedllm.kernels.small_m import small_m_linear, small_m_linear_torch
+    from pagedllm.kernels.swap_gemm_triton import SwapConfig
+
+    out_dtype = getattr(torch, out_dtype) if isinstance(out_dtype, str) else out_dtype
+    cfg = SwapConfig(*config[:5], reduce="kernel")
+    last = SwapConfig(*config[:5], reduce="last")
+    for call in range(calls):
+        x, w, b, _ = _inputs(m, n, k, dtype, device, bias, seed + call)
+        got = small_m_linear(x, w, b, out_dtype, last)
+        assert _pool_is_zero(device), f"call {call} left counters set"
+        assert torch.equal(got, small_m_linear(x, w, b, out_dtype, cfg)), f"call {call}: not the reduce kernel's bits"
+        atol, rtol = TOL[got.dtype]
+        torch.testing.assert_close(got, small_m_linear_torch(x, w, b, out_dtype), atol=atol, rtol=rtol)
+
+
+def check_router_topk(device, dtype, m, e, k, top_k, renormalize, config=None, ties=False, calls=2, seed=0):
+    """The fused router (swap_gemm_topk): its logits are small_m_linear's with the same config, bit for
+    bit; its routing is topk_softmax's of those logits (the Triton kernel's ids exactly, ties to the
+    lowest id; the weights within float32 rounding of the torch reference); `calls` in a row."""
+    from pagedllm.kernels.fused_moe import topk_softmax_torch
+    from pagedllm.kernels.fused_moe_triton import topk_softmax_triton
+    from pagedllm.kernels.small_m import default_config, heuristic_config, small_m_linear, small_m_linear_torch
+    from pagedllm.kernels.swap_gemm_triton import SwapConfig, swap_gemm_topk
+
+    cfg = SwapConfig(*config) if config is not None else default_config(m, e, k) or heuristic_config(m, e, k)
+    for call in range(calls):
+        x, w, _, _ = _inputs(m, e, k, dtype, device, False, seed + call)
+        if ties:  # experts in pairs of equal gate rows: equal logits compete for the last places
+            w[1::2] = w[0::2]
+        logits = torch.empty(m, e, dtype=torch.float32, device=device)
+        weights, ids = swap_gemm_topk(x, w, logits, cfg, top_k, renormalize)
+        assert _pool_is_zero(device), f"call {call} left its counter set"
+        assert torch.equal(logits, small_m_linear(x, w, None, torch.float32, cfg)), "logits differ"
+        torch.testing.assert_close(logits, small_m_linear_torch(x, w, None, torch.float32), atol=1e-3, rtol=1e-3)
+        w_kernel, ids_kernel = topk_softmax_triton(logits, top_k, renormalize)
+        assert torch.equal(ids, ids_kernel), f"{ids} vs {ids_kernel}"
+        w_ref, ids_ref = topk_softmax_torch(logits, top_k, renormalize)
+        torch.testing.assert_close(weights, w_ref, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(weights, w_kernel, atol=1e-6, rtol=1e-5)
+        if not ties:
+            assert torch.equal(ids, ids_ref)
+
+
 @pytest.mark.parametrize("n, k", SHAPES)
 @pytest.mark.parametrize("m", [1, 4, 16])
 def test_default_config_on_model_shapes(n, k, m):
@@ -175,3 +228,104 @@ def test_bf16_engine_with_small_m_gemm(tmp_path, tokenizer_dir, monkeypatch, arc
     for p, o in zip(prompts, outs):
         ref, ref_lps = hf_generate(hf, p, 32)
         _close_enough(o.outputs[0].token_ids, o.outputs[0].logprobs, ref, ref_lps)
+
+
+@pytest.mark.parametrize("n, k", [(2048, 4096), (4096, 4096), (1024, 2048), (1024, 3072), (128, 2048)])
+@pytest.mark.parametrize("m", [1, 4, 16])
+def test_last_reduce_on_split_k_shapes(n, k, m):
+    """The split-K shapes of the table (Qwen3-30B-A3B o and router, Llama-3.1-8B o, Qwen3-0.6B o and
+    down) with their configs, reduced by the last split: the reduce kernel's output bit for bit."""
+    from pagedllm.kernels import small_m
+
+    fields = small_m.CONFIGS[(n, k)][-1][1]
+    check_last_reduce("cuda", torch.bfloat16, m, n, k, out_dtype=torch.float32 if n == 128 else None, config=fields)
+
+
+@pytest.mark.parametrize("config", [(64, 128, 4, 4, 3), (128, 64, 3, 8, 4), (32, 256, 8, 4, 2)])
+@pytest.mark.parametrize("out_dtype", [None, torch.float32])
+def test_last_reduce_ragged_bias(config, out_dtype):
+    for m in (3, 16):
+        check_last_reduce("cuda", torch.float16, m, 1000, 1992, bias=True, out_dtype=out_dtype, config=config)
+
+
+@pytest.mark.parametrize("m", [1, 2, 4, 16])
+@pytest.mark.parametrize("renormalize", [False, True])
+@pytest.mark.parametrize("ties", [False, True])
+def test_router_topk_qwen3_moe(m, renormalize, ties):
+    """Qwen3-30B-A3B's router (128 experts, hidden 2048, top-8) at its table config, and 60 experts
+    (Qwen2-MoE-like, a ragged tile) at the heuristic's."""
+    check_router_topk("cuda", torch.bfloat16, m, 128, 2048, 8, renormalize, ties=ties)
+    check_router_topk("cuda", torch.float16, m, 60, 1024, 4, renormalize, ties=ties)
+
+
+@pytest.mark.parametrize("mode", ["last", "router"])
+def test_last_program_reduce_replays_in_cuda_graph(mode):
+    """Captured once, replayed twice on new rows: each replay is right and leaves the counters at
+    zero (an eager call after it is right too)."""
+    from pagedllm.kernels.fused_moe import topk_softmax_torch
+    from pagedllm.kernels.small_m import route_small, small_m_linear, small_m_linear_torch
+    from pagedllm.kernels.swap_gemm_triton import SwapConfig
+
+    n, k = (2048, 4096) if mode == "last" else (128, 2048)
+    x, w, b, _ = _inputs(4, n, k, torch.bfloat16, "cuda", mode == "last", 1)
+    cfg = SwapConfig(64, 128, 4 if mode == "last" else 8, reduce="last")
+
+    def call():
+        if mode == "last":
+            return (small_m_linear(x, w, b, config=cfg),)
+        return route_small(x, w, 8, True)
+
+    call()  # compiles, allocates the counters
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = call()
+    for seed in range(2):
+        x.copy_(torch.randn(x.shape, generator=torch.Generator().manual_seed(seed)).to(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert _pool_is_zero("cuda")
+        if mode == "last":
+            torch.testing.assert_close(outs[0], small_m_linear_torch(x, w, b), atol=1.6e-2, rtol=1.6e-2)
+        else:
+            logits = small_m_linear(x, w, None, torch.float32)
+            assert torch.equal(outs[0], logits)
+            w_ref, ids_ref = topk_softmax_torch(logits, 8, True)
+            assert torch.equal(outs[2], ids_ref)
+            torch.testing.assert_close(outs[1], w_ref, atol=1e-6, rtol=1e-5)
+    eager = call()
+    assert torch.equal(eager[0], outs[0])
+
+
+def test_fused_router_in_the_moe_block(monkeypatch):
+    """With PAGEDLLM_FUSED_ROUTER=1 the MoE block routes 1-16 tokens through route_small (more
+    tokens as before) with the unfused block's output; unset, never."""
+    from pagedllm.distributed import SINGLE
+    from pagedllm.kernels import small_m
+    from pagedllm.model.layers.fused_moe import SparseMoeBlock
+
+    class Cfg:
+        hidden_size = 256
+
+    calls = []
+    real = small_m.route_small
+    monkeypatch.setattr(small_m, "route_small", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    blocks = {}
+    for env in ("1", "0"):
+        monkeypatch.setenv("PAGEDLLM_FUSED_ROUTER", env)
+        torch.manual_seed(0)
+        block = SparseMoeBlock(Cfg, SINGLE, num_experts=32, top_k=4, intermediate_size=64, renormalize=True,
+                               expert_parallel=False).cuda().to(torch.bfloat16)
+        block.experts.expert_load = block.experts.expert_load.cuda()  # a plain tensor, not a buffer
+        for p in block.parameters():
+            torch.nn.init.normal_(p, std=0.05)
+        blocks[env] = block
+    blocks["0"].load_state_dict(blocks["1"].state_dict())
+    for m in (1, 5, 16, 17):
+        x = torch.randn(m, 256, device="cuda", dtype=torch.bfloat16)
+        calls.clear()
+        fused = blocks["1"](x)
+        assert len(calls) == (1 if m <= small_m.MAX_ROWS else 0), (m, calls)
+        calls.clear()
+        torch.testing.assert_close(fused, blocks["0"](x), atol=1e-2, rtol=1e-2)
+        assert not calls

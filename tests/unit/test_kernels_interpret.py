@@ -56,6 +56,16 @@ _CASES = {
                         {"order_decodes": True}),
     # sliding window (shorter and longer than the contexts) and logit soft cap (Gemma 2)
     "decode_window_split_k": ("check_decode", [[1, 70, 17], 4, 2, 16, 16], {"num_splits": 3, "sliding_window": 20}),
+    # the last split of each (request, kv head) merges the splits (no reduce kernel): empty
+    # partitions (a 1-token context over 3 splits), the longest-first order, a window; twice
+    "decode_last_reduce": ("check_decode", [[1, 70, 17], 4, 2, 16, 16],
+                           {"num_splits": 3, "last_reduce": True, "calls": 2}),
+    # 21 of 40 splits holding keys: several rounds of the merge's maxima and outputs
+    "decode_last_reduce_many_splits": ("check_decode", [[1300, 5], 4, 2, 16, 16],
+                                       {"num_splits": 40, "last_reduce": True}),
+    "decode_last_reduce_ordered_window": ("check_decode", [[1, 70, 17, 40], 8, 2, 16, 16],
+                                          {"num_splits": 4, "order": "desc", "sliding_window": 20,
+                                           "last_reduce": True}),
     "prefill_window_cached_prefix": ("check_prefill", [[5, 20, 1], [5, 37, 20], 4, 2, 16, 16],
                                      {"config": (16, 16, 1, 1), "sliding_window": 7}),
     "backend_window_softcap": ("check_backend", [[1, 1, 6, 18], [9, 30, 6, 40], 2, 4, 2, 16, 16],

@@ -30,6 +30,16 @@ _CASES = {
         {"out_dtype": "float32", "bias": True, "config": [16, 32, 3, 4, 1, True]},
     ),
     "default_config": ("check_small_m_linear", [4, 40, 256], {}),
+    # split-K reduced by the last program of each N tile: the reduce kernel's bits, twice in a row
+    # (the first call must leave the counters at zero), bias, ragged N and K, float32 output
+    "last_reduce_bias_ragged": ("check_last_reduce", [3, 40, 200], {"bias": True, "config": [16, 32, 3, 4, 1]}),
+    "last_reduce_float32_out": ("check_last_reduce", [2, 24, 128],
+                                {"out_dtype": "float32", "config": [16, 32, 2, 4, 1]}),
+    # the fused router: 1 and 5 tokens, 2 N tiles x 2 splits, a ragged expert count, ties, renormalized
+    "router_topk": ("check_router_topk", [1, 24, 128, 4, False], {"config": [16, 32, 2, 4, 1]}),
+    "router_topk_ties_renorm": ("check_router_topk", [5, 20, 96, 3, True],
+                                {"config": [16, 32, 3, 4, 1], "ties": True}),
+    "router_topk_one_split": ("check_router_topk", [2, 12, 64, 2, True], {"config": [16, 32, 1, 4, 1]}),
 }
 _DTYPES = ["bfloat16", "float16"]
 _KEYS = [f"{name}:{dt}" for name in _CASES for dt in _DTYPES]
@@ -47,6 +57,72 @@ def test_small_m_linear_under_interpreter(interpreter_results, key):
     assert error is None, f"{key} differs from its torch reference under TRITON_INTERPRET=1:\n{error}"
 
 
+SWAP_ALIGNED = ("N", "K", "K_SPLIT", "stride_xm", "stride_wn", "stride_om")
+
+
+def swap_signature(out: str = "*bf16", weight: str = "*bf16", scale: str = "*bf16") -> dict:
+    """The swap-AB kernel's runtime arguments (16-bit activations), in its parameter order."""
+    sig = {"x_ptr": "*bf16", "w_ptr": weight, "s_ptr": scale, "b_ptr": "*bf16", "out_ptr": out, "ws_ptr": "*fp32",
+           "count_ptr": "*i32", "topk_weights_ptr": "*fp32", "topk_ids_ptr": "*i64"}
+    sig.update(dict.fromkeys(("M", "N", "K", "K_SPLIT", "stride_xm", "stride_wn", "stride_sn", "stride_om"), "i32"))
+    return sig
+
+
+def swap_constexprs(split_k: int, block_n: int, block_k: int, **over) -> dict:
+    """Its constexprs in parameter order: a 16-bit weight with bias, split-K through the workspace
+    and the reduce kernel unless `over` says otherwise."""
+    from pagedllm.kernels import swap_gemm_triton as s
+
+    c = {"SCALED": False, "GROUP_K": 0, "HAS_BIAS": True, "EVEN_K": True, "SPLIT_K": split_k, "ATOMIC": False,
+         "WORKSPACE": split_k > 1, "LAST": False, "TOP_K": 0, "RENORMALIZE": False, "BLOCK_E": 1, "BLOCK_TOPK": 1,
+         "BLOCK_M": s.SWAP_BLOCK_M, "BLOCK_N": block_n, "BLOCK_K": block_k, "OPERANDS": "weight",
+         "FP16_MAX_": s.FP16_MAX}
+    c.update(over)
+    return c
+
+
+def check_last_program_ptx(ptx: str) -> None:
+    """A "last program reduces" kernel's PTX: the partials' stores, a barrier, then the count's
+    acq_rel atomic at gpu scope, and the partials read back from the L2 (.cg) after it."""
+    import re
+
+    atom = re.search(r"atom\.global\.gpu\.acq_rel\.add\.[us]32", ptx)
+    assert atom is not None, "no acq_rel gpu-scope atomic"
+    assert "bar.sync" in ptx[: atom.start()].rsplit("st.global", 1)[-1], "no barrier between stores and count"
+    assert "ld.global.cg" in ptx[atom.end() :], "the partials not read from the L2"
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+@pytest.mark.parametrize(
+    "mode, block_n, block_k, split_k, warps, stages",
+    [("last", 64, 128, 4, 4, 3), ("last", 64, 128, 8, 4, 3), ("last", 64, 256, 4, 4, 3), ("router", 64, 128, 8, 4, 4),
+     ("router", 128, 128, 8, 4, 4)],
+)
+def test_last_program_modes_compile_for_sm90(mode, block_n, block_k, split_k, warps, stages):
+    """Split-K reduced by the last split (the table's split-K configs: Qwen3-30B-A3B o 64/128/4,
+    Qwen3-0.6B o and down 64/128/8, Llama-3.1-8B o 64/128/4) and the fused router (the router's
+    64/128/8 at 128 experts, top-8; and 128-wide tiles) compile for the H200: tensor cores,
+    pipelined loads, the counting protocol in the PTX, nothing spilled."""
+    from pagedllm.kernels import swap_gemm_triton as s
+    from pagedllm.kernels.inspect_sm90 import compile_sm90, resources
+
+    if mode == "last":
+        constexprs = swap_constexprs(split_k, block_n, block_k, LAST=True)
+        signature = swap_signature()
+    else:
+        constexprs = swap_constexprs(split_k, block_n, block_k, HAS_BIAS=False, WORKSPACE=True, TOP_K=8,
+                                     RENORMALIZE=True, BLOCK_E=128, BLOCK_TOPK=8)
+        signature = swap_signature("*fp32")
+    compiled = compile_sm90(s._swap_kernel, signature, constexprs, num_warps=warps, num_stages=stages,
+                            aligned=SWAP_ALIGNED)
+    ptx = compiled.asm["ptx"]
+    assert "wgmma.mma_async" in ptx and "cp.async" in ptx
+    check_last_program_ptx(ptx)
+    r = resources(compiled)
+    if r is not None:
+        assert r["stack"] == 0, r
+
+
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 @pytest.mark.parametrize(
     "block_n, block_k, split_k, warps, atomic", [(64, 128, 4, 4, False), (128, 128, 1, 8, False), (32, 256, 8, 4, True)]
@@ -58,43 +134,9 @@ def test_swap_kernel_16bit_compiles_for_sm90(block_n, block_k, split_k, warps, a
     from pagedllm.kernels import swap_gemm_triton as s
     from pagedllm.kernels.inspect_sm90 import compile_sm90, resources
 
-    out = "*fp32" if split_k > 1 else "*bf16"
-    signature = {
-        "x_ptr": "*bf16",
-        "w_ptr": "*bf16",
-        "s_ptr": "*bf16",
-        "b_ptr": "*bf16",
-        "out_ptr": out,
-        "M": "i32",
-        "N": "i32",
-        "K": "i32",
-        "K_SPLIT": "i32",
-        "stride_xm": "i32",
-        "stride_wn": "i32",
-        "stride_sn": "i32",
-        "stride_om": "i32",
-    }
-    constexprs = {
-        "SCALED": False,
-        "GROUP_K": 0,
-        "HAS_BIAS": True,
-        "EVEN_K": True,
-        "SPLIT_K": split_k,
-        "ATOMIC": atomic,
-        "BLOCK_M": s.SWAP_BLOCK_M,
-        "BLOCK_N": block_n,
-        "BLOCK_K": block_k,
-        "OPERANDS": "weight",
-        "FP16_MAX_": s.FP16_MAX,
-    }
-    compiled = compile_sm90(
-        s._swap_kernel,
-        signature,
-        constexprs,
-        num_warps=warps,
-        num_stages=3,
-        aligned=("N", "K", "K_SPLIT", "stride_xm", "stride_wn", "stride_om"),
-    )
+    signature = swap_signature("*fp32" if split_k > 1 else "*bf16")
+    constexprs = swap_constexprs(split_k, block_n, block_k, ATOMIC=atomic, WORKSPACE=split_k > 1 and not atomic)
+    compiled = compile_sm90(s._swap_kernel, signature, constexprs, num_warps=warps, num_stages=3, aligned=SWAP_ALIGNED)
     ptx = compiled.asm["ptx"]
     if block_n >= 64:
         assert "wgmma.mma_async" in ptx and ".bf16.bf16" in ptx
@@ -156,3 +198,29 @@ def test_configs(monkeypatch):
     assert small_m.default_config(8, 512, 1024) is None
     assert small_m.default_config(8, 512, 2048) == small_m.heuristic_config(8, 512, 2048)
     assert small_m.pick(torch.zeros(2, 64, dtype=torch.bfloat16), torch.zeros(32, 64, dtype=torch.bfloat16)) is None
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_last_reduce_switch(monkeypatch):
+    """PAGEDLLM_SWAP_LAST_REDUCE=1 turns the split-K workspace configs (table and heuristic) to
+    reduce "last"; unsplit and atomic ones stay; off by default. SwapConfig refuses other reduces."""
+    from pagedllm.kernels import small_m
+    from pagedllm.kernels.swap_gemm_triton import SwapConfig
+
+    with pytest.raises(ValueError, match="reduce"):
+        SwapConfig(64, 128, 4, reduce="atomic")
+    for env, want in (("", "kernel"), ("0", "kernel"), ("1", "last")):
+        monkeypatch.setenv("PAGEDLLM_SWAP_LAST_REDUCE", env)
+        small_m.last_reduce.cache_clear()
+        try:
+            assert small_m.default_config(1, 2048, 4096).reduce == want
+            assert small_m.default_config(1, 128, 2048).reduce == want
+            assert small_m.default_config(1, 5120, 2048).reduce == "kernel"  # split_k 1
+            assert small_m.default_config(1, 3000, 4096).reduce == ("kernel" if small_m.heuristic_config(
+                1, 3000, 4096).split_k == 1 else want)
+        finally:
+            small_m.last_reduce.cache_clear()
+    monkeypatch.setitem(small_m.CONFIGS, (512, 1024), [(16, (32, 128, 2, 4, 3, True))])
+    monkeypatch.setenv("PAGEDLLM_SWAP_LAST_REDUCE", "1")
+    assert small_m.default_config(1, 512, 1024).reduce == "kernel"  # atomic
+    small_m.last_reduce.cache_clear()

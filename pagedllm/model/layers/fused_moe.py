@@ -30,6 +30,7 @@ from torch import nn
 
 from pagedllm.distributed import SINGLE, ParallelState
 from pagedllm.kernels import small_m
+from pagedllm.kernels._triton import fusion_enabled
 from pagedllm.kernels.fused_moe import fused_experts, topk_softmax
 from pagedllm.model.layers.linear import copy_checked
 
@@ -46,13 +47,24 @@ class Router(nn.Module):
     """The gate [E, H] in the model dtype; the logits come out in float32: on CUDA one cuBLAS
     product with float32 output (`torch.mm(..., out_dtype=)`, no cast kernel on the decode
     path), or with PAGEDLLM_SMALL_M_GEMM on for the router, at 1-16 rows the swap-AB kernel
-    writing float32 (kernels/small_m.py); elsewhere in float32 arithmetic."""
+    writing float32 (kernels/small_m.py); elsewhere in float32 arithmetic.
+    With PAGEDLLM_FUSED_ROUTER=1 (off by default, unmeasured), `route` also picks the experts
+    of 1-16 tokens of a 16-bit model on CUDA in the same launch (small_m.route_small)."""
 
     def __init__(self, hidden_size: int, num_experts: int):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(num_experts, hidden_size), requires_grad=False)
         self.mm_out_dtype = True  # cleared once if this torch lacks mm's out_dtype (decided before graph capture)
         self.small_m_gemm = small_m.enabled("router")
+        self.fused_topk = fusion_enabled("ROUTER", default=False)
+
+    def route(self, x: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(topk_weights [T, K] float32, topk_ids [T, K] int64) of x [T, H] in one launch, or None
+        where the fused router is off or does not apply (forward, then topk_softmax)."""
+        if not self.fused_topk:
+            return None
+        routed = small_m.route_small(x, self.weight, top_k, renormalize)
+        return None if routed is None else routed[1:]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, H] -> logits [T, E] float32
@@ -149,6 +161,11 @@ class FusedMoE(nn.Module):
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor, slot_mapping: torch.Tensor | None = None) -> torch.Tensor:
         # x: [T, H], router_logits: [T, E] float32 -> partial output [T, H]
         topk_weights, topk_ids = topk_softmax(router_logits, self.top_k, self.renormalize)
+        return self.run_experts(x, topk_weights, topk_ids, slot_mapping)
+
+    def run_experts(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                    slot_mapping: torch.Tensor | None = None) -> torch.Tensor:
+        # x: [T, H], topk_*: [T, K] (global expert ids) -> partial output [T, H]
         emap = self.expert_map
         if emap is not None and emap.device != x.device:
             emap = self.expert_map = emap.to(x.device)
@@ -171,7 +188,12 @@ class SparseMoeBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, slot_mapping: torch.Tensor | None = None) -> torch.Tensor:
         # x: [T, H] -> [T, H] (all-reduced)
-        out = self.ps.all_reduce(self.experts(x, self.gate(x), slot_mapping))
+        routed = self.gate.route(x, self.experts.top_k, self.experts.renormalize)
+        if routed is None:
+            partial = self.experts(x, self.gate(x), slot_mapping)
+        else:
+            partial = self.experts.run_experts(x, *routed, slot_mapping)
+        out = self.ps.all_reduce(partial)
         if self.shared_expert is not None:
             shared = self.shared_expert(x)
             if self.shared_expert_gate is not None:
