@@ -10,8 +10,7 @@ read per second. Each config is checked against the float32 reference before it 
 The sweep, per shape (compiles dominate the run, so it is staged):
   1. at 1 and 16 rows: BLOCK_N 32/64/128 x BLOCK_K 64/128/256 x split-K 1/2/4/8 (4 warps, 3 stages),
      keeping tiles of 32 x 128 to 128 x 128, two K steps a split, and a sensible program count;
-  2. at 1 and 16 rows: the best of 1 with 4/8 warps x 2-4 stages, and with split-K through
-     float32 atomics instead of the workspace + reduce kernel;
+  2. at 1 and 16 rows: the best of 1 with 4/8 warps x 2-4 stages;
   3. at every row count: cuBLAS, the heuristic default, and the three best of 2 at 1 and 16 rows.
 Past --budget-s seconds, the remaining shapes get --quick's sweep. Prints a table, the best
 config per (shape, rows), and small_m.CONFIGS entries (None where cuBLAS stays ahead by less than
@@ -102,16 +101,12 @@ def stage2(best: list) -> list:
     from dataclasses import replace
 
     cfgs = [replace(c, num_warps=w, num_stages=s) for c in best[:1] for w in (4, 8) for s in (2, 3, 4)]
-    if best and best[0].split_k > 1:
-        cfgs.append(replace(best[0], atomic=True))
     return [c for c in cfgs if shared_bytes(c) <= MAX_SHARED]
 
 
 def fields(cfg) -> tuple:
     f = (cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_warps, cfg.num_stages)
-    if cfg.reduce != "kernel":
-        return f + (cfg.atomic, cfg.reduce)
-    return f + (True,) if cfg.atomic else f
+    return f + (cfg.reduce,) if cfg.reduce != "kernel" else f
 
 
 class ShapeRun:

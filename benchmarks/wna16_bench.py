@@ -62,6 +62,24 @@ def check(out: torch.Tensor, ref: torch.Tensor, what: str) -> float:
     return err
 
 
+def time_configs(cfgs: list, one, many, ref: torch.Tensor, label: str) -> list[tuple[float, object]]:
+    """(us, config) of each config that compiles, in order: `one(cfg)` checked against `ref` first
+    (a wrong result raises), then `many(cfg)` (every layer) timed in a CUDA graph; a config the
+    compiler refuses (shared memory) is skipped with a line."""
+    timed = []
+    for cfg in cfgs:
+        try:
+            check(one(cfg), ref, f"{label} {cfg}")
+            t = graph_time(lambda: many(cfg))
+        except AssertionError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            print(f"  skip {cfg}: {type(e).__name__}: {str(e)[:100]}", flush=True)
+            continue
+        timed.append((t, cfg))
+    return timed
+
+
 def correctness(dev: str) -> None:
     """Random inputs of several shapes, group sizes, both symmetries, 4 and 8 bits, both dtypes."""
     g = torch.Generator(device=dev).manual_seed(1)
@@ -170,22 +188,11 @@ def swap_main(args) -> None:
             if m not in (1, 16) and top:  # rows between: the three best at 1 row
                 sweep_cfgs = top[:3]
             cfgs = [dflt] + [c for c in sweep_cfgs if c != dflt]
-            timed = []
-            best = None
-            for i, cfg in enumerate(cfgs):
-                try:
-                    check(wna16_swap_gemm(x, *news[0], config=cfg), ref, f"{name} m={m} {cfg}")
-                    t = graph_time(
-                        lambda x=x, c=cfg, qs=news: [wna16_swap_gemm(x, q, s, z, config=c) for q, s, z in qs]
-                    )
-                except AssertionError:
-                    raise
-                except Exception as e:  # noqa: BLE001 - a config the compiler refuses (shared memory)
-                    print(f"  skip {cfg}: {type(e).__name__}: {str(e)[:100]}", flush=True)
-                    continue
-                if i == 0:
-                    row["swap_default"] = t
-                timed.append((t, cfg))
+            timed = time_configs(
+                cfgs, lambda c, x=x, qs=news: wna16_swap_gemm(x, *qs[0], config=c),
+                lambda c, x=x, qs=news: [wna16_swap_gemm(x, q, s, z, config=c) for q, s, z in qs], ref,
+                f"{name} m={m}")
+            row["swap_default"] = timed[0][0] if timed and timed[0][1] == dflt else float("nan")
             best = min(timed, key=lambda tc: tc[0])
             if m == 1:
                 top = [c for _, c in sorted(timed, key=lambda tc: tc[0])]
@@ -247,21 +254,13 @@ def main() -> None:
                 row["dense"] = graph_time(lambda: [x @ dequantize_wna16_triton(q, s, z, args.bits, x.dtype)
                                                    for q, s, z in qs])
             cfgs = [default_config(m, n, k, 128, args.bits)] + ([] if args.no_sweep else sweep(m))
-            best = None
-            for i, cfg in enumerate(cfgs):
-                try:
-                    check(wna16_gemm_triton(x, *qs[0], args.bits, config=cfg), ref, f"{name} m={m} {cfg}")
-                    t = graph_time(lambda: [wna16_gemm_triton(x, q, s, z, args.bits, config=cfg) for q, s, z in qs])
-                except AssertionError:
-                    raise
-                except Exception as e:  # noqa: BLE001 - a config the compiler refuses (shared memory)
-                    print(f"  skip {cfg}: {type(e).__name__}: {str(e)[:100]}", flush=True)
-                    continue
-                if i == 0:
-                    row["default"], row["default_cfg"] = t, cfg
-                if best is None or t < best[0]:
-                    best = (t, cfg)
-            row["best"], row["best_cfg"] = best
+            timed = time_configs(
+                cfgs, lambda c, x=x, qs=qs: wna16_gemm_triton(x, *qs[0], args.bits, config=c),
+                lambda c, x=x, qs=qs: [wna16_gemm_triton(x, q, s, z, args.bits, config=c) for q, s, z in qs], ref,
+                f"{name} m={m}")
+            if timed and timed[0][1] == cfgs[0]:
+                row["default"], row["default_cfg"] = timed[0]
+            row["best"], row["best_cfg"] = min(timed, key=lambda tc: tc[0])
             gbs = nbytes / (row["best"] * 1e-6) / 1e9
             dense = f"  dense {row['dense']:7.1f}" if "dense" in row else ""
             print(f"{name:8s} m={m:4d} us/layer: bf16 {row['bf16']:7.1f}{dense}  default {row.get('default', 0):7.1f}  "

@@ -31,7 +31,10 @@ def counters(device: torch.device, size: int) -> torch.Tensor:
     """At least `size` int32 counters on `device`, all zero (see the module docstring). Best first
     called before a CUDA-graph capture (a warm-up call does): a pool grown during a capture would
     be allocated from the graph's memory."""
-    held = _POOLS.setdefault(torch.device(device), [])
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:  # "cuda" and "cuda:0" are one pool
+        device = torch.device("cuda", torch.cuda.current_device())
+    held = _POOLS.setdefault(device, [])
     if not held or held[-1].numel() < size:
         held.append(torch.zeros(max(_MIN_COUNTERS, next_power_of_2(size)), dtype=torch.int32, device=device))
     return held[-1]

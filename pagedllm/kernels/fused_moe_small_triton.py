@@ -48,8 +48,11 @@ from pagedllm.kernels._triton import next_power_of_2
 from pagedllm.kernels.attention import _dot_precision
 from pagedllm.kernels.counters import counters
 
-# (token, expert) pairs up to which fused_experts_triton takes this path: at most 4 tokens of
-# Qwen3-30B-A3B's top-8. A first choice, to be set by `moe_bench.py --small-sweep` on the H200.
+# (token, expert) pairs up to which fused_experts_triton takes this path: 4 tokens of
+# Qwen3-30B-A3B's top-8. H200 sweep (RESULTS.md, eleventh session, call 5), us per layer, this
+# path at the sweep's best tiles (the defaults below, but for gate/up at 2 tokens: 0.5 us apart)
+# against the grouped path: 1 token 25.1 vs 34.1, 2: 44.6 vs 52.6, 4: 70.9 vs 80.4; at 8 tokens
+# (64 pairs) 125.0 vs 128.0, too close to move the bound.
 SMALL_MAX_PAIRS = 32
 # the activation rows padded to the narrow MMA operand's 16 columns
 _PAD_COLS = 16

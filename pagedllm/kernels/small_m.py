@@ -51,12 +51,11 @@ def enabled(use: str) -> bool:
 
 
 # Measured choices per weight shape (N, K) -> [(max rows, config fields or None for cuBLAS), ...]
-# in increasing max rows; a config is (block_n, block_k, split_k, num_warps, num_stages[, atomic]).
+# in increasing max rows; a config is (block_n, block_k, split_k, num_warps, num_stages[, reduce]).
 # From the H200 sweep of benchmarks/small_m_bench.py (RESULTS.md, eleventh session), one config per
 # shape for 1-16 rows (the per-row-count bests differed by under 2%); us per layer at 1 row,
 # cuBLAS -> this: Qwen3-30B-A3B qkv 8.10 -> 7.71, o 8.50 -> 8.00, router (float32 out) 5.36 ->
-# 4.33 (3.61 with float32 atomics, which the table leaves out: the sum's order would vary between
-# runs, and a near-tie of two experts' logits could route a token differently); Llama-3.1-8B qkv
+# 4.33 (3.61 with float32 atomics, since removed: swap_gemm_triton's docstring); Llama-3.1-8B qkv
 # 15.72 -> 14.80, o 12.58 -> 11.83, gate_up and down within 1% (cuBLAS kept); Qwen3-0.6B qkv
 # 5.21 -> 4.84, o 12.63 -> 5.24, gate_up 5.96 -> 5.52, down 6.59 -> 5.76.
 CONFIGS: dict[tuple[int, int], list[tuple[int, tuple | None]]] = {
@@ -103,7 +102,7 @@ def last_reduce() -> bool:
 
 def _with_reduce(cfg):
     """cfg, its workspace split-K reduced by its last program when last_reduce() is on."""
-    if cfg is None or cfg.split_k == 1 or cfg.atomic or not last_reduce():
+    if cfg is None or cfg.split_k == 1 or not last_reduce():
         return cfg
     return dataclasses.replace(cfg, reduce="last")
 

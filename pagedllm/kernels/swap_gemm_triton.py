@@ -27,9 +27,9 @@ Split-K: SPLIT_K programs per N tile each sum a range of K. Three ways to add th
                           back from the L2 (.cg) in the same fixed order, applies the epilogue,
                           writes out and sets the counter back to 0: the reduce kernel's result
                           bit for bit, without its launch (nor its ~0.7 us gap in a CUDA graph)
-    ATOMIC:               each split adds its partial into a zeroed float32 [M, N] with float32
-                          atomics (split 0 adds the bias); a 16-bit output is then one cast.
-                          The order of the adds varies from run to run (not bitwise repeatable).
+(Float32 atomics into the output were measured too, the MoE router 3.61 us against the reduce
+kernel's 4.33, and removed: the order of their adds varies from run to run, and a near-tie of two
+experts' logits could then route a token differently.)
 
 `swap_gemm_topk` (the MoE router of few tokens, float32 logits): the workspace with one counter
 for the whole grid; the last of all programs sums every tile's splits (the logits of all N
@@ -67,7 +67,6 @@ class SwapConfig:
     split_k: int = 1  # programs per N tile, each over a range of K
     num_warps: int = 4
     num_stages: int = 3
-    atomic: bool = False  # split-K partials added with float32 atomics instead of a workspace
     reduce: str = "kernel"  # the workspace's sum: "kernel" (a reduce kernel) or "last" (the last split)
 
     def __post_init__(self) -> None:
@@ -79,7 +78,7 @@ class SwapConfig:
 def _epilogue(acc, s_ptr, b_ptr, rn, n_mask, b_mask, stride_sn,
               SCALED: tl.constexpr, GROUP_K: tl.constexpr, HAS_BIAS: tl.constexpr):  # fmt: skip
     """acc [BLOCK_N, BLOCK_M] (x.T's layout) times the row scales (FP8, GROUP_K 0) plus the bias
-    where b_mask (under ATOMIC only split 0's: the others load nothing)."""
+    where b_mask."""
     if SCALED and GROUP_K == 0:
         acc = acc * tl.load(s_ptr + rn.to(tl.int64) * stride_sn, mask=n_mask, other=0.0)[:, None]
     if HAS_BIAS:
@@ -132,7 +131,7 @@ def _swap_kernel(
     w_ptr,  # [N, K] float8 e4m3 (SCALED) or 16-bit
     s_ptr,  # [N, G] float32 scales (read when SCALED)
     b_ptr,  # [N] bias (read when HAS_BIAS)
-    out_ptr,  # [M, N]: the output (float32 zeros when ATOMIC); written unless the reduce kernel does
+    out_ptr,  # [M, N]: the output; written unless the reduce kernel does
     ws_ptr,  # [SPLIT_K, M, N] float32 workspace (WORKSPACE)
     count_ptr,  # int32 counters, zero between calls (LAST: one per N tile; TOP_K > 0: one)
     topk_weights_ptr,  # [M, TOP_K] float32 (TOP_K > 0)
@@ -140,7 +139,7 @@ def _swap_kernel(
     M, N, K, K_SPLIT,  # K_SPLIT: the K range of one split, a multiple of BLOCK_K
     stride_xm, stride_wn, stride_sn, stride_om,
     SCALED: tl.constexpr, GROUP_K: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
-    SPLIT_K: tl.constexpr, ATOMIC: tl.constexpr,
+    SPLIT_K: tl.constexpr,
     WORKSPACE: tl.constexpr,  # the splits' partials go to ws (reduced by LAST, TOP_K or the reduce kernel)
     LAST: tl.constexpr,  # the last split of an N tile reduces it (reduce "last")
     TOP_K: tl.constexpr,  # > 0: the last program of all reduces every tile and routes (swap_gemm_topk)
@@ -185,15 +184,9 @@ def _swap_kernel(
         else:
             acc += part
     out_mask = n_mask[:, None] & m_mask[None, :]
-    if not WORKSPACE:
-        # linear, so each split may scale its own partial (ATOMIC)
-        b_mask = rn < tl.where(pid_k == 0, N, 0)
-        acc = _epilogue(acc, s_ptr, b_ptr, rn, n_mask, b_mask, stride_sn, SCALED, GROUP_K, HAS_BIAS)
-        out = out_ptr + rm[None, :] * stride_om + rn[:, None]
-        if SPLIT_K == 1:
-            tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
-        else:
-            tl.atomic_add(out, acc, mask=out_mask, sem="relaxed")
+    if not WORKSPACE:  # one split
+        acc = _epilogue(acc, s_ptr, b_ptr, rn, n_mask, n_mask, stride_sn, SCALED, GROUP_K, HAS_BIAS)
+        tl.store(out_ptr + rm[None, :] * stride_om + rn[:, None], acc.to(out_ptr.dtype.element_ty), mask=out_mask)
     else:
         tl.store(ws_ptr + (pid_k * M + rm[None, :]) * N + rn[:, None], acc, mask=out_mask)
         if LAST or TOP_K > 0:
@@ -278,30 +271,21 @@ def swap_gemm(
     scaled = weight_scale is not None
     s = weight_scale if scaled else weight  # an unused pointer when not SCALED
     b = bias if bias is not None else s  # likewise when there is no bias
-    atomic = cfg.atomic and split_k > 1
-    workspace = split_k > 1 and not atomic
+    workspace = split_k > 1
     last = workspace and cfg.reduce == "last"
-    dst = out
-    if atomic and out.dtype != torch.float32:
-        dst = torch.zeros((m, n), dtype=torch.float32, device=x.device)
-    elif atomic:
-        out.zero_()
     ws = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device) if workspace else out
     num_n = triton.cdiv(n, cfg.block_n)
     count = counters(x.device, num_n) if last else out
     _swap_kernel[(num_n, split_k)](
-        x, weight, s, b, dst, ws, count, out, out, m, n, k, k_split,
-        x.stride(0), weight.stride(0), s.stride(0), dst.stride(0),
+        x, weight, s, b, out, ws, count, out, out, m, n, k, k_split,
+        x.stride(0), weight.stride(0), s.stride(0), out.stride(0),
         SCALED=scaled, GROUP_K=group_k, HAS_BIAS=bias is not None, EVEN_K=k_split * split_k == k,
-        SPLIT_K=split_k, ATOMIC=atomic, WORKSPACE=workspace, LAST=last, TOP_K=0, RENORMALIZE=False, BLOCK_E=1,
+        SPLIT_K=split_k, WORKSPACE=workspace, LAST=last, TOP_K=0, RENORMALIZE=False, BLOCK_E=1,
         BLOCK_TOPK=1, BLOCK_M=SWAP_BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         OPERANDS=_operands(x, weight, weight_scale), FP16_MAX_=FP16_MAX, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )  # fmt: skip
-    if atomic:
-        if dst is not out:
-            out.copy_(dst)
-    elif workspace and not last:
+    if workspace and not last:
         block = 1024
         _splitk_reduce_kernel[(triton.cdiv(n, block), m)](
             ws, s, b, out, m, n, s.stride(0), out.stride(0),
@@ -317,7 +301,7 @@ def swap_gemm_topk(
     x: torch.Tensor,  # [M, K] 16-bit, M <= SWAP_BLOCK_M, unit stride along K
     weight: torch.Tensor,  # [E, K] the router's gate, x's dtype, unit stride along K
     logits: torch.Tensor,  # [M, E] float32: written
-    cfg: SwapConfig,  # its split_k, tiles and warps; atomic and reduce are not read
+    cfg: SwapConfig,  # its split_k, tiles and warps; reduce is not read
     top_k: int,
     renormalize: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # (topk_weights [M, top_k] float32, topk_ids [M, top_k] int64)
@@ -335,7 +319,7 @@ def swap_gemm_topk(
     _swap_kernel[(triton.cdiv(n, cfg.block_n), split_k)](
         x, weight, weight, weight, logits, ws, counters(x.device, 1), weights, ids, m, n, k, k_split,
         x.stride(0), weight.stride(0), 0, logits.stride(0),
-        SCALED=False, GROUP_K=0, HAS_BIAS=False, EVEN_K=k_split * split_k == k, SPLIT_K=split_k, ATOMIC=False,
+        SCALED=False, GROUP_K=0, HAS_BIAS=False, EVEN_K=k_split * split_k == k, SPLIT_K=split_k,
         WORKSPACE=True, LAST=False, TOP_K=top_k, RENORMALIZE=renormalize, BLOCK_E=next_power_of_2(n),
         BLOCK_TOPK=next_power_of_2(top_k), BLOCK_M=SWAP_BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         OPERANDS=_operands(x, weight, None), FP16_MAX_=FP16_MAX, num_warps=cfg.num_warps, num_stages=cfg.num_stages,

@@ -1,6 +1,6 @@
 """The 16-bit small-row GEMM (kernels/small_m.py over swap_gemm_triton.py) against its torch
 reference on CUDA (skipped without it): the projection shapes it is meant for at 1-16 rows, float32
-output (the MoE router), bias, split-K through the workspace and through atomics, a strided input,
+output (the MoE router), bias, split-K through the workspace (reduced by a kernel or by the last split), a strided input,
 CUDA-graph capture, the layers behind PAGEDLLM_SMALL_M_GEMM, and an engine run with it on.
 
 The `check_*` functions take a device, so tests/unit/test_small_m_interpret.py runs them on the
@@ -131,8 +131,8 @@ def test_default_config_on_model_shapes(n, k, m):
         (64, 128, 4, 4, 3),
         (128, 64, 3, 8, 4),
         (32, 256, 8, 4, 2),
-        (64, 128, 4, 4, 3, True),
-        (32, 128, 8, 4, 3, True),
+        (64, 128, 4, 4, 3, "last"),
+        (32, 128, 8, 4, 3, "last"),
     ],
 )
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -143,14 +143,14 @@ def test_configs_ragged_shape_bias(config, dtype, out_dtype):
         check_small_m_linear("cuda", dtype, m, 1000, 1992, bias=True, out_dtype=out_dtype, config=config)
 
 
-@pytest.mark.parametrize("atomic", [False, True])
-def test_cuda_graph_replay(atomic):
-    """Captured once (workspace or zeroed buffer from the graph's pool), replayed on new rows."""
+@pytest.mark.parametrize("reduce", ["kernel", "last"])
+def test_cuda_graph_replay(reduce):
+    """Captured once (the workspace from the graph's pool), replayed on new rows."""
     from pagedllm.kernels.small_m import small_m_linear, small_m_linear_torch
     from pagedllm.kernels.swap_gemm_triton import SwapConfig
 
     x, w, b, _ = _inputs(8, 2048, 4096, torch.bfloat16, "cuda", True, 1)
-    cfg = SwapConfig(64, 128, 8, atomic=atomic)
+    cfg = SwapConfig(64, 128, 8, reduce=reduce)
     small_m_linear(x, w, b, config=cfg)  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -164,7 +164,7 @@ def test_cuda_graph_replay(atomic):
 
 def test_layers_behind_the_switch(monkeypatch):
     """With PAGEDLLM_SMALL_M_GEMM=1 the parallel linears and the router take the kernel at 1-16
-    rows (and keep F.linear beyond) with the same results; unset, they never take it."""
+    rows (and keep F.linear beyond) with the same results; with 0, they never take it."""
     from pagedllm.kernels import small_m
     from pagedllm.model.layers.fused_moe import Router
     from pagedllm.model.layers.linear import ColumnParallelLinear, RowParallelLinear

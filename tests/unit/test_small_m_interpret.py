@@ -1,33 +1,34 @@
 """The 16-bit small-row GEMM (kernels/small_m.py, the swap-AB kernel of swap_gemm_triton.py) on the
 CPU: tests/gpu/test_small_m_gpu.py's check through Triton's interpreter at small shapes (1, 3, 5
-and 16 rows; N not a multiple of BLOCK_N, K not of BLOCK_K; bias; split-K through the workspace
-and through atomics; float32 output as the MoE router wants), bfloat16 and float16; the kernel
+and 16 rows; N not a multiple of BLOCK_N, K not of BLOCK_K; bias; split-K through the workspace;
+float32 output as the MoE router wants), bfloat16 and float16; the kernel
 compiled for the H200 (tensor-core MMA, no spills); and the switch and config rules."""
 
 from __future__ import annotations
 
 import importlib.util
+import re
 
 import pytest
 from test_kernels_interpret import run_under_interpreter
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 
-# SwapConfig fields: (block_n, block_k, split_k, num_warps, num_stages[, atomic])
+# SwapConfig fields: (block_n, block_k, split_k, num_warps, num_stages[, reduce])
 _CASES = {
     "one_row": ("check_small_m_linear", [1, 40, 64], {"config": [32, 32, 1, 4, 1]}),
     "rows3_bias_ragged_k": ("check_small_m_linear", [3, 72, 200], {"bias": True, "config": [32, 64, 1, 4, 1]}),
     "rows16_split_k_bias": ("check_small_m_linear", [16, 40, 200], {"bias": True, "config": [16, 32, 3, 4, 1]}),
-    "atomic_split_k_bias": ("check_small_m_linear", [5, 40, 192], {"bias": True, "config": [32, 32, 4, 4, 1, True]}),
+    "rows5_split4_bias": ("check_small_m_linear", [5, 40, 192], {"bias": True, "config": [32, 32, 4, 4, 1]}),
     "float32_out_split_k": (
         "check_small_m_linear",
         [2, 24, 128],
         {"out_dtype": "float32", "config": [16, 32, 2, 4, 1]},
     ),
-    "float32_out_atomic": (
+    "float32_out_split3_bias": (
         "check_small_m_linear",
         [3, 24, 96],
-        {"out_dtype": "float32", "bias": True, "config": [16, 32, 3, 4, 1, True]},
+        {"out_dtype": "float32", "bias": True, "config": [16, 32, 3, 4, 1]},
     ),
     "default_config": ("check_small_m_linear", [4, 40, 256], {}),
     # split-K reduced by the last program of each N tile: the reduce kernel's bits, twice in a row
@@ -73,7 +74,7 @@ def swap_constexprs(split_k: int, block_n: int, block_k: int, **over) -> dict:
     and the reduce kernel unless `over` says otherwise."""
     from pagedllm.kernels import swap_gemm_triton as s
 
-    c = {"SCALED": False, "GROUP_K": 0, "HAS_BIAS": True, "EVEN_K": True, "SPLIT_K": split_k, "ATOMIC": False,
+    c = {"SCALED": False, "GROUP_K": 0, "HAS_BIAS": True, "EVEN_K": True, "SPLIT_K": split_k,
          "WORKSPACE": split_k > 1, "LAST": False, "TOP_K": 0, "RENORMALIZE": False, "BLOCK_E": 1, "BLOCK_TOPK": 1,
          "BLOCK_M": s.SWAP_BLOCK_M, "BLOCK_N": block_n, "BLOCK_K": block_k, "OPERANDS": "weight",
          "FP16_MAX_": s.FP16_MAX}
@@ -125,9 +126,9 @@ def test_last_program_modes_compile_for_sm90(mode, block_n, block_k, split_k, wa
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 @pytest.mark.parametrize(
-    "block_n, block_k, split_k, warps, atomic", [(64, 128, 4, 4, False), (128, 128, 1, 8, False), (32, 256, 8, 4, True)]
+    "block_n, block_k, split_k, warps", [(64, 128, 4, 4), (128, 128, 1, 8), (32, 256, 8, 4)]
 )
-def test_swap_kernel_16bit_compiles_for_sm90(block_n, block_k, split_k, warps, atomic):
+def test_swap_kernel_16bit_compiles_for_sm90(block_n, block_k, split_k, warps):
     """The kernel on bf16 weights compiles for the H200, its products run on tensor cores
     (wgmma for 64-row weight tiles and up, mma.sync below), its tile loads are asynchronous
     copies (pipelined), nothing spills, and the MMA takes the bf16 operands as they are."""
@@ -135,7 +136,7 @@ def test_swap_kernel_16bit_compiles_for_sm90(block_n, block_k, split_k, warps, a
     from pagedllm.kernels.inspect_sm90 import compile_sm90, resources
 
     signature = swap_signature("*fp32" if split_k > 1 else "*bf16")
-    constexprs = swap_constexprs(split_k, block_n, block_k, ATOMIC=atomic, WORKSPACE=split_k > 1 and not atomic)
+    constexprs = swap_constexprs(split_k, block_n, block_k)
     compiled = compile_sm90(s._swap_kernel, signature, constexprs, num_warps=warps, num_stages=3, aligned=SWAP_ALIGNED)
     ptx = compiled.asm["ptx"]
     if block_n >= 64:
@@ -143,8 +144,7 @@ def test_swap_kernel_16bit_compiles_for_sm90(block_n, block_k, split_k, warps, a
     else:
         assert "mma.sync" in ptx and ".bf16.bf16" in ptx
     assert "cp.async" in ptx
-    if atomic:
-        assert "red.global" in ptx or "atom.global" in ptx
+    assert not re.search(r"(^|\s)(red|atom)\.", ptx, re.M)  # the workspace and its reduce kernel: no atomics
     r = resources(compiled)
     if r is not None:
         assert r["stack"] == 0, r
@@ -203,7 +203,7 @@ def test_configs(monkeypatch):
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_last_reduce_switch(monkeypatch):
     """PAGEDLLM_SWAP_LAST_REDUCE=1 turns the split-K workspace configs (table and heuristic) to
-    reduce "last"; unsplit and atomic ones stay; off by default. SwapConfig refuses other reduces."""
+    reduce "last"; unsplit ones stay; off by default. SwapConfig refuses other reduces."""
     from pagedllm.kernels import small_m
     from pagedllm.kernels.swap_gemm_triton import SwapConfig
 
@@ -220,7 +220,4 @@ def test_last_reduce_switch(monkeypatch):
                 1, 3000, 4096).split_k == 1 else want)
         finally:
             small_m.last_reduce.cache_clear()
-    monkeypatch.setitem(small_m.CONFIGS, (512, 1024), [(16, (32, 128, 2, 4, 3, True))])
-    monkeypatch.setenv("PAGEDLLM_SWAP_LAST_REDUCE", "1")
-    assert small_m.default_config(1, 512, 1024).reduce == "kernel"  # atomic
-    small_m.last_reduce.cache_clear()
+
