@@ -292,7 +292,7 @@ def wna16_swap_gemm(
     g = scales.shape[1]
     assert kw * 8 == k and qweight.stride(1) == 1 and scales.shape[0] == n and scales.stride(1) == 1
     assert zeros is None or (zeros.shape == scales.shape and zeros.stride() == scales.stride())
-    assert not (config and config.atomic), "the int4 swap kernel sums its splits through the workspace"
+    assert not (config and config.reduce != "kernel"), "the int4 swap kernel sums its splits with the reduce kernel"
     if x.stride(1) != 1:
         x = x.contiguous()
     group_k = 0 if g == 1 else k // g
