@@ -134,7 +134,8 @@ def stage_layer_counts(num_layers: int, pp: int) -> list[int]:
 
 
 def _resolve_dtype(dtype: str, hf_config: Any, device: str) -> str:
-    from pagedllm.config import _DTYPE_ALIASES, _resolve_dtype as engine_dtype
+    from pagedllm.config import _DTYPE_ALIASES
+    from pagedllm.config_build import _resolve_dtype as engine_dtype
 
     if dtype not in _DTYPE_ALIASES:
         raise ValueError(f"dtype: {dtype!r} is not one of {sorted(_DTYPE_ALIASES)}")
@@ -432,7 +433,7 @@ def run_plan(ns: Any) -> int:
     import json
     import sys
 
-    from pagedllm.config import parse_size
+    from pagedllm.engine.vllm_compat import parse_size
 
     try:
         memory = int(ns.gpu_memory_gib * _GiB) if ns.gpu_memory_gib else GPUS[ns.gpu]

@@ -83,7 +83,7 @@ def resolve_block_size(value: Any, head_dim: int, elem_bytes: int) -> int:
     one block of one layer's K (or V) for one KV head, which is what block-size figures in bytes
     usually describe (4096 bytes = 16 tokens of a 128-dim half-precision head, vLLM's default),
     and mapped to that many tokens, logged."""
-    from pagedllm.config import _check_int
+    from pagedllm.config_build import _check_int
 
     block = _check_int("block_size", value, 1)
     if block <= MAX_BLOCK_SIZE:

@@ -10,8 +10,8 @@ import logging
 import pytest
 
 from pagedllm import LLM, EngineArgs, SamplingParams
-from pagedllm.config import parse_size
 from pagedllm.engine.arg_utils import ACCEPTED
+from pagedllm.engine.vllm_compat import parse_size
 from pagedllm.entrypoints.cli import build_parser, engine_args_from_namespace
 
 GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
