@@ -20,8 +20,8 @@ pagedllm against transformers on the same architecture (see docs/benchmarks.md).
     python benchmarks/moe_bench.py --skip-kernels --skip-latency --router-ab   # router + top-k, ~20 s
 
 --router-ab: the router's product and top-k at 1, 2, 4 tokens, each of 48 layers with its own gate
-weight, in one CUDA graph: cuBLAS (float32 out) + the top-k kernel, the swap-AB kernel (the
-default) + the top-k kernel, and the fused router (PAGEDLLM_FUSED_ROUTER=1: small_m.route_small,
+weight, in one CUDA graph: cuBLAS (float32 out) + the top-k kernel, the swap-AB kernel + the
+top-k kernel (PAGEDLLM_FUSED_ROUTER=0), and the fused router (the default: small_m.route_small,
 one launch); the routing checked equal first.
 """
 

@@ -5,6 +5,7 @@ step, the Triton kernels compiled inside the run, and the step timeline."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import sys
 import time
@@ -56,9 +57,8 @@ def run_ours(llm, prompts, max_tokens, temperature: float, warmup_prompts, profi
 
         llm.llm_engine.step_timing = StepTiming()
         llm.llm_engine.step_log = collections.deque(maxlen=1 << 16)  # the whole run's steps
-        compiled_before = _triton_cache_entries()
         started = time.time()
-        with common.Stopwatch() as watch:
+        with triton_compiles() as compiled, common.Stopwatch() as watch:
             if prof is not None:
                 prof.enable()
             outs = llm.generate(prompts, params, use_tqdm=False)
@@ -77,8 +77,10 @@ def run_ours(llm, prompts, max_tokens, temperature: float, warmup_prompts, profi
         if repeat > 1:
             print(f"  pagedllm run {i + 1}/{repeat}: {row.seconds:.2f} s, others {_pct(row.others_busy)}", flush=True)
         print(f"  pagedllm {llm.llm_engine.step_timing.summary()}", flush=True)
-        if compiled_before is not None:
-            print(f"  Triton kernels compiled during the run: {_triton_cache_entries() - compiled_before}", flush=True)
+        if compiled is not None:
+            print(f"  Triton kernels compiled during the run: {len(compiled)}", flush=True)
+            for line in compiled:
+                print(f"    {line[:400]}", flush=True)
         for line in step_phases(list(llm.llm_engine.step_log), started, started + watch.seconds):
             print(f"  {line}", flush=True)
         runs.append((row, tokens))
@@ -108,14 +110,28 @@ def step_phases(log, started: float, ended: float, edges=(256, 192, 128, 64, 32,
     return out
 
 
-def _triton_cache_entries() -> int | None:
-    """Kernels in Triton's on-disk cache (one folder each), or None without one: a kernel compiled
-    inside a timed run (a shape specialisation the warm-up missed) costs it 0.1-1 s."""
-    path = os.environ.get("TRITON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".triton", "cache")
+@contextlib.contextmanager
+def triton_compiles():
+    """The Triton kernels compiled in this process while inside, as a list of their names with
+    the argument specialisation (Triton's JIT cache hook), or None without triton: a kernel
+    compiled inside a timed run (a specialisation the warm-up missed) costs that step 30-100 ms."""
     try:
-        return len(os.listdir(path))
-    except OSError:
-        return None
+        from triton import knobs
+    except ImportError:
+        yield None
+        return
+    seen: list[str] = []
+
+    def hook(**kwargs) -> bool:
+        seen.append(str(kwargs.get("repr", "?")))
+        return False  # True would skip the compile
+
+    old = knobs.runtime.jit_cache_hook
+    knobs.runtime.jit_cache_hook = hook
+    try:
+        yield seen
+    finally:
+        knobs.runtime.jit_cache_hook = old
 
 
 def _pct(x: float | None) -> str:

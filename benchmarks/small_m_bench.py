@@ -23,7 +23,7 @@ shapes under Triton's interpreter (float16; no timings).
 --last-reduce times only the split-K shapes of small_m.CONFIGS (Qwen3-30B-A3B o and router,
 Llama-3.1-8B o, Qwen3-0.6B o and down) at 1, 4 and 16 rows: cuBLAS, the table's config with its
 reduce kernel, and the same config reduced by the last split (SwapConfig.reduce "last",
-PAGEDLLM_SWAP_LAST_REDUCE=1 in the engine); the reduce kernel's output and the last split's
+the engine's default; PAGEDLLM_SWAP_LAST_REDUCE=0 keeps the kernel); the reduce kernel's output and the last split's
 must be equal bit for bit.
 """
 

@@ -11,10 +11,11 @@ On by default: PAGEDLLM_SMALL_M_GEMM unset, 1 or "all" sends the parallel linear
 router here, "linear" or "router" only one of them, 0 neither. Read once, when a layer is built.
 Per shape, `default_config` may answer None (cuBLAS wins there) and the caller keeps F.linear.
 
-Opt-in, unmeasured on the GPU (off by default): PAGEDLLM_SWAP_LAST_REDUCE=1 has every split-K
-config through the workspace reduce in its last program (SwapConfig.reduce "last") rather than a
-reduce kernel; PAGEDLLM_FUSED_ROUTER=1 routes the MoE router's few tokens in the GEMM's last
-program too (`route_small`: no top-k kernel). Both read once per process.
+On by default since the H200 measured them (RESULTS.md, twelfth session): every split-K config
+reduces its workspace in its last program (SwapConfig.reduce "last") rather than in a reduce
+kernel, 3-19% faster per layer (PAGEDLLM_SWAP_LAST_REDUCE=0 keeps the kernel); and the MoE
+router of 1-16 tokens routes in the GEMM's last program too (`route_small`: no top-k kernel,
+5.17 against 5.63 us; PAGEDLLM_FUSED_ROUTER=0 turns it off). Both read once per process.
 
 Nothing here imports triton at module import, so the layers load on a CPU machine without it.
 """
@@ -96,8 +97,8 @@ def heuristic_config(m: int, n: int, k: int):
 
 @functools.cache
 def last_reduce() -> bool:
-    """PAGEDLLM_SWAP_LAST_REDUCE=1: split-K configs reduce in their last program (read once)."""
-    return os.environ.get("PAGEDLLM_SWAP_LAST_REDUCE", "0").strip() == "1"
+    """Split-K configs reduce in their last program unless PAGEDLLM_SWAP_LAST_REDUCE=0 (read once)."""
+    return os.environ.get("PAGEDLLM_SWAP_LAST_REDUCE", "1").strip() != "0"
 
 
 def _with_reduce(cfg):

@@ -280,7 +280,8 @@ def test_last_program_reduce_replays_in_cuda_graph(mode):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         outs = call()
-    for seed in range(2):
+    for seed in (100, 101):  # not _inputs' seed 1, whose stream made x's rows w's first rows: the
+        # other experts' probabilities then fell below float32's normal range and tied at zero
         x.copy_(torch.randn(x.shape, generator=torch.Generator().manual_seed(seed)).to(x))
         graph.replay()
         torch.cuda.synchronize()
@@ -298,8 +299,8 @@ def test_last_program_reduce_replays_in_cuda_graph(mode):
 
 
 def test_fused_router_in_the_moe_block(monkeypatch):
-    """With PAGEDLLM_FUSED_ROUTER=1 the MoE block routes 1-16 tokens through route_small (more
-    tokens as before) with the unfused block's output; unset, never."""
+    """The MoE block routes 1-16 tokens through route_small (more tokens as before) with the
+    unfused block's output; with PAGEDLLM_FUSED_ROUTER=0, never."""
     from pagedllm.distributed import SINGLE
     from pagedllm.kernels import small_m
     from pagedllm.model.layers.fused_moe import SparseMoeBlock
@@ -309,9 +310,16 @@ def test_fused_router_in_the_moe_block(monkeypatch):
 
     calls = []
     real = small_m.route_small
-    monkeypatch.setattr(small_m, "route_small", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+
+    def counted(*a, **kw):  # the calls that routed (None: did not apply)
+        out = real(*a, **kw)
+        if out is not None:
+            calls.append(1)
+        return out
+
+    monkeypatch.setattr(small_m, "route_small", counted)
     blocks = {}
-    for env in ("1", "0"):
+    for env in ("", "0"):
         monkeypatch.setenv("PAGEDLLM_FUSED_ROUTER", env)
         torch.manual_seed(0)
         block = SparseMoeBlock(Cfg, SINGLE, num_experts=32, top_k=4, intermediate_size=64, renormalize=True,
@@ -320,11 +328,11 @@ def test_fused_router_in_the_moe_block(monkeypatch):
         for p in block.parameters():
             torch.nn.init.normal_(p, std=0.05)
         blocks[env] = block
-    blocks["0"].load_state_dict(blocks["1"].state_dict())
+    blocks["0"].load_state_dict(blocks[""].state_dict())
     for m in (1, 5, 16, 17):
         x = torch.randn(m, 256, device="cuda", dtype=torch.bfloat16)
         calls.clear()
-        fused = blocks["1"](x)
+        fused = blocks[""](x)
         assert len(calls) == (1 if m <= small_m.MAX_ROWS else 0), (m, calls)
         calls.clear()
         torch.testing.assert_close(fused, blocks["0"](x), atol=1e-2, rtol=1e-2)

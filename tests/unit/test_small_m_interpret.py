@@ -177,6 +177,8 @@ def test_configs(monkeypatch):
     two K steps; it agrees with the measured table on most of its shapes; the table overrides it per
     shape and row count, None meaning cuBLAS (as do weights of _CUBLAS_MIN_ELEMENTS); pick()
     declines CPU tensors."""
+    import dataclasses
+
     import torch
 
     from pagedllm.kernels import small_m
@@ -194,22 +196,24 @@ def test_configs(monkeypatch):
     assert agree >= 6, agree
     assert small_m.default_config(1, 28672, 4096) is None and small_m.default_config(1, 8192, 8192) is None
     monkeypatch.setitem(small_m.CONFIGS, (512, 1024), [(4, (32, 128, 2, 4, 3)), (16, None)])
-    assert small_m.default_config(3, 512, 1024) == SwapConfig(32, 128, 2, 4, 3)
+    assert small_m.default_config(3, 512, 1024) == SwapConfig(32, 128, 2, 4, 3, reduce="last")
     assert small_m.default_config(8, 512, 1024) is None
-    assert small_m.default_config(8, 512, 2048) == small_m.heuristic_config(8, 512, 2048)
+    heuristic = small_m.heuristic_config(8, 512, 2048)
+    assert small_m.default_config(8, 512, 2048) == dataclasses.replace(
+        heuristic, reduce="last" if heuristic.split_k > 1 else "kernel")
     assert small_m.pick(torch.zeros(2, 64, dtype=torch.bfloat16), torch.zeros(32, 64, dtype=torch.bfloat16)) is None
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_last_reduce_switch(monkeypatch):
-    """PAGEDLLM_SWAP_LAST_REDUCE=1 turns the split-K workspace configs (table and heuristic) to
-    reduce "last"; unsplit ones stay; off by default. SwapConfig refuses other reduces."""
+    """The split-K workspace configs (table and heuristic) reduce "last" unless
+    PAGEDLLM_SWAP_LAST_REDUCE=0; unsplit ones stay. SwapConfig refuses other reduces."""
     from pagedllm.kernels import small_m
     from pagedllm.kernels.swap_gemm_triton import SwapConfig
 
     with pytest.raises(ValueError, match="reduce"):
         SwapConfig(64, 128, 4, reduce="atomic")
-    for env, want in (("", "kernel"), ("0", "kernel"), ("1", "last")):
+    for env, want in (("", "last"), ("0", "kernel"), ("1", "last")):
         monkeypatch.setenv("PAGEDLLM_SWAP_LAST_REDUCE", env)
         small_m.last_reduce.cache_clear()
         try:

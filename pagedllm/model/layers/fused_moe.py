@@ -48,15 +48,15 @@ class Router(nn.Module):
     product with float32 output (`torch.mm(..., out_dtype=)`, no cast kernel on the decode
     path), or with PAGEDLLM_SMALL_M_GEMM on for the router, at 1-16 rows the swap-AB kernel
     writing float32 (kernels/small_m.py); elsewhere in float32 arithmetic.
-    With PAGEDLLM_FUSED_ROUTER=1 (off by default, unmeasured), `route` also picks the experts
-    of 1-16 tokens of a 16-bit model on CUDA in the same launch (small_m.route_small)."""
+    Unless PAGEDLLM_FUSED_ROUTER=0, `route` also picks the experts of 1-16 tokens of a 16-bit
+    model on CUDA in the same launch (small_m.route_small)."""
 
     def __init__(self, hidden_size: int, num_experts: int):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(num_experts, hidden_size), requires_grad=False)
         self.mm_out_dtype = True  # cleared once if this torch lacks mm's out_dtype (decided before graph capture)
         self.small_m_gemm = small_m.enabled("router")
-        self.fused_topk = fusion_enabled("ROUTER", default=False)
+        self.fused_topk = fusion_enabled("ROUTER")
 
     def route(self, x: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(topk_weights [T, K] float32, topk_ids [T, K] int64) of x [T, H] in one launch, or None
