@@ -5,7 +5,6 @@ step, the Triton kernels compiled inside the run, and the step timeline."""
 from __future__ import annotations
 
 import collections
-import contextlib
 import os
 import sys
 import time
@@ -39,6 +38,7 @@ def best(runs: list, key=lambda r: r.seconds):
 def run_ours(llm, prompts, max_tokens, temperature: float, warmup_prompts, profile: str | None = None,
              wait_quiet: float = 0.0, repeat: int = 1) -> tuple[common.Row, list[list[int]]]:
     from pagedllm import SamplingParams
+    from pagedllm.kernels._triton import recorded_compiles
 
     params = [SamplingParams(temperature=temperature, max_tokens=m, ignore_eos=True) for m in max_tokens]
     # one small warm-up call, excluded: first-call allocations, lazy imports, kernel selection
@@ -58,7 +58,7 @@ def run_ours(llm, prompts, max_tokens, temperature: float, warmup_prompts, profi
         llm.llm_engine.step_timing = StepTiming()
         llm.llm_engine.step_log = collections.deque(maxlen=1 << 16)  # the whole run's steps
         started = time.time()
-        with triton_compiles() as compiled, common.Stopwatch() as watch:
+        with recorded_compiles() as compiled, common.Stopwatch() as watch:
             if prof is not None:
                 prof.enable()
             outs = llm.generate(prompts, params, use_tqdm=False)
@@ -108,30 +108,6 @@ def step_phases(log, started: float, ended: float, edges=(256, 192, 128, 64, 32,
     if rows.get("with prefill"):  # each, in order: the phase whose time varies most between runs
         out.append("with prefill, ms each: " + " ".join(f"{1e3 * dt:.0f}" for dt in rows["with prefill"]))
     return out
-
-
-@contextlib.contextmanager
-def triton_compiles():
-    """The Triton kernels compiled in this process while inside, as a list of their names with
-    the argument specialisation (Triton's JIT cache hook), or None without triton: a kernel
-    compiled inside a timed run (a specialisation the warm-up missed) costs that step 30-100 ms."""
-    try:
-        from triton import knobs
-    except ImportError:
-        yield None
-        return
-    seen: list[str] = []
-
-    def hook(**kwargs) -> bool:
-        seen.append(str(kwargs.get("repr", "?")))
-        return False  # True would skip the compile
-
-    old = knobs.runtime.jit_cache_hook
-    knobs.runtime.jit_cache_hook = hook
-    try:
-        yield seen
-    finally:
-        knobs.runtime.jit_cache_hook = old
 
 
 def _pct(x: float | None) -> str:

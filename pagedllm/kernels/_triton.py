@@ -1,9 +1,10 @@
 """When to use the Triton kernels: a tensor on CUDA and an importable `triton`; which opt-in
-fusions are on. Nothing here imports triton at module import, so `pagedllm.kernels` loads on a
-CPU machine without it."""
+fusions are on; which kernels were compiled. Nothing here imports triton at module import, so
+`pagedllm.kernels` loads on a CPU machine without it."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
@@ -34,3 +35,29 @@ def fusion_enabled(option: str, default: bool = True) -> bool:
     (kernels/small_m.py `route_small`), on by default."""
     value = os.environ.get(f"PAGEDLLM_FUSED_{option}", "").strip()
     return default if not value else value != "0"
+
+
+@contextlib.contextmanager
+def recorded_compiles():
+    """Yields the list of the Triton kernels this process compiles while inside (each the name
+    with its argument specialisation, from Triton's JIT cache hook), or None without triton. A
+    kernel compiled on the serving path (a specialisation no warm-up reached) stalls its step
+    for 30-100 ms."""
+    try:
+        from triton import knobs
+
+        old = knobs.runtime.jit_cache_hook
+    except (ImportError, AttributeError):  # no triton, or one older than its knobs (3.4)
+        yield None
+        return
+    seen: list[str] = []
+
+    def hook(**kwargs) -> bool:
+        seen.append(str(kwargs.get("repr", "?")))
+        return False  # True would skip the compile
+
+    knobs.runtime.jit_cache_hook = hook
+    try:
+        yield seen
+    finally:
+        knobs.runtime.jit_cache_hook = old

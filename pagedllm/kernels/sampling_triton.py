@@ -61,7 +61,9 @@ def _take(best, best_i, base, cols, hi, u, greedy, inv_t, mask_base, mrow, HAS_M
     return tl.where(upd, s, best), tl.where(upd, cols, best_i)
 
 
-@triton.jit
+# the chunk count takes whatever value the batch size gives: not specialized (Triton would
+# compile other variants for 1 and for multiples of 16, e.g. Llama-3's 16 and 32 chunks)
+@triton.jit(do_not_specialize=["chunks"])
 def _sample_kernel(
     logits_ptr,  # [S, V] float32 or 16-bit
     stride,
@@ -120,7 +122,7 @@ def _sample_kernel(
         tl.store(out_ptr + row, idx.to(tl.int64))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["chunks"])
 def _sample_reduce_kernel(part_val_ptr, part_idx_ptr, out_ptr, V, chunks, BLOCK_C: tl.constexpr):
     """A row's token from its chunks' bests: the highest score, the first index on ties (as one
     pass over the row would pick)."""
@@ -135,6 +137,9 @@ def _sample_reduce_kernel(part_val_ptr, part_idx_ptr, out_ptr, V, chunks, BLOCK_
 
 # programs to aim for: a few per SM of a large GPU, so that a handful of rows still fills it
 _TARGET_PROGRAMS = 1024
+# the reduction reads up to this many chunks at once whatever the batch (one compile); only a
+# caller's small `block` over a large vocabulary has more possible chunks
+_MAX_REDUCE_WIDTH = 1024
 
 
 def sample_triton(logits: torch.Tensor, temperature: torch.Tensor, greedy: torch.Tensor,
@@ -152,7 +157,10 @@ def sample_triton(logits: torch.Tensor, temperature: torch.Tensor, greedy: torch
     of its chunks. The random numbers are indexed by column, so the draw is the same for any
     `chunks`; `block` (the columns a program reads at once, a power of two >= 4) groups the
     columns that share a Philox draw, so it changes the draw. The chunk count is a runtime
-    value: the many batch sizes of a run compile no new kernels (the reduction's width aside)."""
+    value and the reduction is as wide as the most chunks a row of V columns can have: the many
+    batch sizes of a run compile no new kernels. (A width of next_power_of_2(chunks) compiled a
+    new reduction each time the running batch crossed a power of two: 5 compiles of 30-55 ms
+    each inside W1's timed run on the H200, all in its first 18 steps.)"""
     s, v = logits.shape
     if s * v >= 2**31:
         raise ValueError(f"sample_triton: {s} rows x {v} tokens exceed the int32 random offsets")
@@ -185,6 +193,6 @@ def sample_triton(logits: torch.Tensor, temperature: torch.Tensor, greedy: torch
                                 HAS_MASK=has_mask, FAST_LOG=os.environ.get("TRITON_INTERPRET") != "1",
                                 num_warps=8 if block >= 2048 else 4)
     if chunks > 1:
-        _sample_reduce_kernel[(s,)](part_val, part_idx, out, v, chunks, BLOCK_C=next_power_of_2(chunks),
-                                    num_warps=1)
+        width = next_power_of_2(blocks) if blocks <= _MAX_REDUCE_WIDTH else next_power_of_2(chunks)
+        _sample_reduce_kernel[(s,)](part_val, part_idx, out, v, chunks, BLOCK_C=width, num_warps=1)
     return out

@@ -145,3 +145,21 @@ def test_sample(vocab, rows):
         assert ((out >= 0) & (out < vocab)).all()
         return
     check_sample("cuda", torch.float32, vocab, rows)
+
+
+def test_batch_sizes_compile_no_new_sampler():
+    """Once the sampler has run at one batch size, no other batch size of a serving run (1-300
+    rows of a 151,936-token vocabulary, Qwen3's; 128,256, Llama-3's, whose chunk counts include
+    16 and 32) compiles a kernel: a compile inside a step stalls it for 30-100 ms."""
+    from pagedllm.kernels._triton import recorded_compiles
+    from pagedllm.kernels.sampling_triton import sample_triton
+
+    seed = torch.tensor([1], dtype=torch.int64, device="cuda")
+    for vocab in (151936, 128256):
+        logits = torch.randn(300, vocab, device="cuda")
+        temp, greedy = torch.full((300,), 0.6, device="cuda"), torch.zeros(300, dtype=torch.bool, device="cuda")
+        sample_triton(logits[:1], temp[:1], greedy[:1], seed)
+        with recorded_compiles() as compiled:
+            for rows in list(range(2, 40)) + list(range(40, 301, 7)):
+                sample_triton(logits[:rows], temp[:rows], greedy[:rows], seed)
+        assert compiled == [], compiled
