@@ -61,3 +61,57 @@ def recorded_compiles():
         yield seen
     finally:
         knobs.runtime.jit_cache_hook = old
+
+
+@functools.cache
+def _pdl_supported(device_index: int) -> bool:
+    """Programmatic dependent launch needs an sm_90+ device and a triton with grid dependency
+    control (`tl.extra.cuda.gdc_wait`, the `launch_pdl` launch option: 3.4 and later)."""
+    if not triton_available() or torch.cuda.get_device_capability(device_index)[0] < 9:
+        return False
+    try:
+        import triton.language.extra.cuda as tl_cuda
+        from triton.backends.nvidia.compiler import CUDAOptions
+    except ImportError:
+        return False
+    return hasattr(tl_cuda, "gdc_wait") and "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {})
+
+
+_PDL_MODES = ("0", "1", "prefetch")
+
+
+@functools.cache
+def _pdl_mode() -> str:
+    """PAGEDLLM_PDL (read once): 0 (the default until the H200 measures it), 1 (kernels launched
+    with programmatic dependent launch), or prefetch (1, and the small-row GEMMs ask L2 for their
+    first weight tiles before they wait)."""
+    value = os.environ.get("PAGEDLLM_PDL", "0").strip().lower() or "0"
+    if value not in _PDL_MODES:
+        raise ValueError(f"PAGEDLLM_PDL={value!r}: expected one of {', '.join(_PDL_MODES)}")
+    return value
+
+
+def pdl(x: torch.Tensor) -> dict:
+    """The launch options and switch of a kernel that keeps the PDL rules (kernels/pdl_triton.py)
+    for work on x's device: {"PDL": True, "launch_pdl": True} when PAGEDLLM_PDL is on and the
+    device and triton support it, else {"PDL": False} (the launch as before)."""
+    if x.is_cuda and _pdl_mode() != "0" and _pdl_supported(x.device.index or 0):
+        return {"PDL": True, "launch_pdl": True}
+    return {"PDL": False}
+
+
+def pdl_weights(x: torch.Tensor, weight: torch.Tensor, block_k: int, tiles: int = 2) -> dict:
+    """pdl(x) for a GEMM kernel with a PREFETCH_K switch (pdl_triton.prefetch_rows_l2), which
+    PAGEDLLM_PDL=prefetch sets to `tiles` K steps where the weight rows' addresses at every
+    K step are 16-byte aligned (the bulk prefetch's requirement)."""
+    opts = pdl(x)
+    size = weight.element_size()
+    if (
+        opts["PDL"]
+        and _pdl_mode() == "prefetch"
+        and weight.data_ptr() % 16 == 0
+        and weight.stride(0) * size % 16 == 0
+        and block_k * size % 16 == 0
+    ):
+        opts["PREFETCH_K"] = tiles * block_k
+    return opts

@@ -8,7 +8,8 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedllm.kernels._triton import next_power_of_2
+from pagedllm.kernels._triton import next_power_of_2, pdl
+from pagedllm.kernels.pdl_triton import pdl_release, pdl_wait
 
 
 @triton.jit
@@ -20,7 +21,10 @@ def _act_and_mul_kernel(
     d,
     BLOCK: tl.constexpr,
     GELU_TANH: tl.constexpr,  # False: silu(gate) * up; True: gelu_tanh(gate) * up
+    PDL: tl.constexpr = False,  # kernels/pdl_triton.py
 ):
+    pdl_release(PDL)
+    pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < d
@@ -57,5 +61,5 @@ def _act_and_mul(x: torch.Tensor, gelu_tanh: bool) -> torch.Tensor:
     if t > 0:
         grid = (t, triton.cdiv(d, block))
         _act_and_mul_kernel[grid](x2, out, x2.stride(0), out.stride(0), d, BLOCK=block, GELU_TANH=gelu_tanh,
-                                  num_warps=4)  # fmt: skip
+                                  num_warps=4, **pdl(x2))  # fmt: skip
     return out.view(*x.shape[:-1], d)

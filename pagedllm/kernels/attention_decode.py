@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedllm.kernels._triton import next_power_of_2
+from pagedllm.kernels._triton import next_power_of_2, pdl
 from pagedllm.kernels.attention import (
     _LOG2E,
     _attend_keys,
@@ -37,6 +37,7 @@ from pagedllm.kernels.attention import (
     window_cap_args,
 )
 from pagedllm.kernels.counters import counters
+from pagedllm.kernels.pdl_triton import pdl_release, pdl_wait
 
 
 @triton.jit
@@ -95,7 +96,10 @@ def _decode_kernel(
     LAST_REDUCE: tl.constexpr = False,  # (SPLIT) the last split of a (request, kv head) merges them all
     BLOCK_S: tl.constexpr = 16,  # (LAST_REDUCE) splits' maxima read a round
     MERGE_UNROLL: tl.constexpr = 4,  # (LAST_REDUCE) splits merged a round
+    PDL: tl.constexpr = False,  # kernels/pdl_triton.py
 ):  # fmt: skip
+    pdl_release(PDL)
+    pdl_wait(PDL)
     # The split count is the grid's third dimension, a runtime value: a new count (it follows
     # the batch size and the longest context) needs no new compile, which would stall serving
     # for a second or more. SPLIT (count > 1) picks partial outputs over the final one.
@@ -209,7 +213,10 @@ def _decode_reduce_kernel(
     stride_ot, stride_oh,
     num_splits,
     HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr = False,  # kernels/pdl_triton.py
 ):  # fmt: skip
+    pdl_release(PDL)
+    pdl_wait(PDL)
     req = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     row = req * tl.num_programs(1) + head
@@ -357,12 +364,12 @@ def decode_attention_triton(
     grid = (b, hkv, num_splits) if order is None else (hkv, b, num_splits)
     _decode_kernel[grid](
         *args, BLOCK_G=max(16, next_power_of_2(group)), DOT_PRECISION=_dot_precision(q.dtype),
-        Q_AS_FP16=dot_dtype_fp16(q.dtype, k_cache.dtype), **common,
+        Q_AS_FP16=dot_dtype_fp16(q.dtype, k_cache.dtype), **common, **pdl(q),
     )  # fmt: skip
     if num_splits > 1 and not last:
         _decode_reduce_kernel[(b, hq)](
             part_out, part_max, part_sum, out, out.stride(0), out.stride(1), num_splits,
             HEAD_DIM=d, BLOCK_S=max(MAX_SPLITS, next_power_of_2(num_splits)), BLOCK_D=block_d,
-            num_warps=4 if block_d <= 128 else 8,
+            num_warps=4 if block_d <= 128 else 8, **pdl(q),
         )  # fmt: skip
     return out

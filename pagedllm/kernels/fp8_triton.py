@@ -28,8 +28,9 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedllm.kernels._triton import next_power_of_2
+from pagedllm.kernels._triton import next_power_of_2, pdl_weights
 from pagedllm.kernels.fp8 import FP8_MAX, MIN_SCALE
+from pagedllm.kernels.pdl_triton import pdl_release, pdl_wait, prefetch_rows_l2
 from pagedllm.kernels.swap_gemm_triton import SWAP_BLOCK_M, SwapConfig, swap_gemm
 
 
@@ -45,12 +46,17 @@ def _fp8_gemv_kernel(
     GROUP_K: tl.constexpr,  # 0: one scale per row (G = 1); else the K width of a scale group
     HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False, PREFETCH_K: tl.constexpr = 0,  # kernels/pdl_triton.py
 ):  # fmt: skip
+    pdl_release(PDL)
     m = tl.program_id(0).to(tl.int64)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rn < N
     rn64 = rn.to(tl.int64)
     rk = tl.arange(0, BLOCK_K)
+    if PREFETCH_K > 0:
+        prefetch_rows_l2(w_ptr + rn64 * stride_wn, n_mask, 0, K, PREFETCH_K)
+    pdl_wait(PDL)
     w_rows = w_ptr + rn64[:, None] * stride_wn
     x_row = x_ptr + m * stride_xm
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
@@ -87,16 +93,21 @@ def _fp8_gemv_unrolled_kernel(
     stride_xm, stride_wn, stride_sn, stride_om,
     GROUP_K: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
+    PDL: tl.constexpr = False, PREFETCH_K: tl.constexpr = 0,  # kernels/pdl_triton.py
 ):  # fmt: skip
     # The GEMV with more weight bytes in flight per thread: each iteration loads UNROLL tiles
     # [BLOCK_N, BLOCK_K] before using any, and folds each tile's products into a [BLOCK_N]
     # accumulator at once (so the registers a tile needs do not grow the accumulator).
     # K must be a multiple of BLOCK_K * UNROLL (the dispatcher checks).
+    pdl_release(PDL)
     m = tl.program_id(0).to(tl.int64)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rn < N
     rn64 = rn.to(tl.int64)
     rk = tl.arange(0, BLOCK_K)
+    if PREFETCH_K > 0:
+        prefetch_rows_l2(w_ptr + rn64 * stride_wn, n_mask, 0, K, PREFETCH_K)
+    pdl_wait(PDL)
     w_rows = w_ptr + rn64[:, None] * stride_wn
     x_row = x_ptr + m * stride_xm
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -227,6 +238,7 @@ def fp8_gemm_triton(
             x.stride(0), weight.stride(0), weight_scale.stride(0), out.stride(0),
             GROUP_K=group_k, HAS_BIAS=bias is not None, EVEN_K=even_k,
             BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
+            **pdl_weights(x, weight, block_k),
         )  # fmt: skip
     elif kind == "gemv_unrolled":
         unroll = split_k  # the config's last field
@@ -236,6 +248,7 @@ def fp8_gemm_triton(
             x.stride(0), weight.stride(0), weight_scale.stride(0), out.stride(0),
             GROUP_K=group_k, HAS_BIAS=bias is not None,
             BLOCK_N=block_n, BLOCK_K=block_k, UNROLL=unroll, num_warps=num_warps, num_stages=num_stages,
+            **pdl_weights(x, weight, block_k, tiles=unroll),
         )  # fmt: skip
     elif kind == "swap":
         swap_gemm(x, weight, bias, out, SwapConfig(block_n, block_k, split_k, num_warps, num_stages),

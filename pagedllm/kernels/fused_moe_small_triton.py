@@ -44,9 +44,10 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedllm.kernels._triton import next_power_of_2
+from pagedllm.kernels._triton import next_power_of_2, pdl
 from pagedllm.kernels.attention import _dot_precision
 from pagedllm.kernels.counters import counters
+from pagedllm.kernels.pdl_triton import pdl_release, pdl_wait
 
 # (token, expert) pairs up to which fused_experts_triton takes this path: 4 tokens of
 # Qwen3-30B-A3B's top-8. H200 sweep (RESULTS.md, eleventh session, call 5), us per layer, this
@@ -91,7 +92,10 @@ def _small_gate_up_kernel(
     stride_xm, stride_we, stride_wn, stride_hm,
     HAS_MAP: tl.constexpr, HAS_LOAD: tl.constexpr, HAS_SLOTS: tl.constexpr, EVEN_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PAD_COLS: tl.constexpr,
+    PDL: tl.constexpr = False,  # kernels/pdl_triton.py (the weights' addresses need the routing)
 ):  # fmt: skip
+    pdl_release(PDL)
+    pdl_wait(PDL)
     pair = tl.program_id(0)
     pid_n = tl.program_id(1)
     token = pair // top_k
@@ -155,7 +159,10 @@ def _small_down_kernel(
     HAS_MAP: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
     EXPERTS_PER_PROGRAM: tl.constexpr, BLOCK_EXPERTS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PAD_COLS: tl.constexpr,
+    PDL: tl.constexpr = False,  # kernels/pdl_triton.py
 ):  # fmt: skip
+    pdl_release(PDL)
+    pdl_wait(PDL)
     token = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -256,7 +263,7 @@ def small_gate_up(
         inter, hidden, top_k, x.stride(0), w13.stride(0), w13.stride(1), h.stride(0),
         HAS_MAP=expert_map is not None, HAS_LOAD=expert_load is not None, HAS_SLOTS=slot_mapping is not None,
         EVEN_K=hidden % block_k == 0, DOT_PRECISION=_dot_precision(x.dtype), BLOCK_N=block_n, BLOCK_K=block_k,
-        PAD_COLS=_PAD_COLS, num_warps=num_warps, num_stages=num_stages,
+        PAD_COLS=_PAD_COLS, num_warps=num_warps, num_stages=num_stages, **pdl(x),
     )  # fmt: skip
     return h
 
@@ -293,6 +300,7 @@ def small_down(
         HAS_MAP=expert_map is not None, EVEN_K=inter % block_k == 0, DOT_PRECISION=_dot_precision(h.dtype),
         SPLIT=split, EXPERTS_PER_PROGRAM=per_program, BLOCK_EXPERTS=next_power_of_2(per_program),
         BLOCK_N=block_n, BLOCK_K=block_k, PAD_COLS=_PAD_COLS, num_warps=num_warps, num_stages=num_stages,
+        **pdl(h),
     )  # fmt: skip
     return out
 

@@ -17,10 +17,16 @@ def compile_sm90(kernel: Any, signature: dict, constexprs: dict, num_warps: int,
     """`kernel` compiled for sm_90, with the 16-divisibility hints a real launch gives aligned
     pointers and the integer arguments named in `aligned` (without them the loads are neither
     vectorized nor pipelined, so the code would not be what the device runs)."""
+    import inspect
+
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    # constexprs left out take their defaults (a launch would), all in parameter order
+    constexprs = {p.name: constexprs[p.name] if p.name in constexprs else p.default for p in kernel.params
+                  if p.name in constexprs or (p.is_constexpr and p.name not in signature
+                                              and p.default is not inspect.Parameter.empty)}
     names = list(signature) + list(constexprs)
     hinted = [n for n, t in signature.items() if t.startswith("*") or n in aligned]
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in hinted}

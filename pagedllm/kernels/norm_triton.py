@@ -13,7 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedllm.kernels._triton import next_power_of_2
+from pagedllm.kernels._triton import next_power_of_2, pdl
+from pagedllm.kernels.pdl_triton import pdl_release, pdl_wait
 
 
 @triton.jit
@@ -33,10 +34,14 @@ def _rms_norm_kernel(
     eps,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,  # kernels/pdl_triton.py
 ):
+    pdl_release(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < hidden
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)  # a weight: before the wait
+    pdl_wait(PDL)
     x = tl.load(x_ptr + (row // inner) * stride_x + (row % inner) * stride_x_inner + cols, mask=mask, other=0.0)
     in_dtype = x.dtype
     if HAS_RESIDUAL:
@@ -46,7 +51,6 @@ def _rms_norm_kernel(
     xf = x.to(tl.float32)
     var = tl.sum(xf * xf, axis=0) / hidden
     y = (xf * tl.rsqrt(var + eps)).to(in_dtype).to(tl.float32)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * stride_out + cols, (w * y).to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -88,7 +92,7 @@ def _launch(x, residual, weight, eps):
             x2, r2, weight, out, res_out,
             stride_x, stride_inner, inner, r2.stride(0), out.stride(0), res_out.stride(0),
             hidden, eps,
-            HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=num_warps,
+            HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=num_warps, **pdl(x2),
         )  # fmt: skip
     return out.view(*x.shape[:-1], hidden), res_out.view(*x.shape[:-1], hidden)
 

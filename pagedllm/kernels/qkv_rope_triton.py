@@ -20,7 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedllm.kernels._triton import next_power_of_2
+from pagedllm.kernels._triton import next_power_of_2, pdl
+from pagedllm.kernels.pdl_triton import pdl_release, pdl_wait
 from pagedllm.kernels.attention import fp8_max
 
 
@@ -65,7 +66,10 @@ def _qkv_rope_store_kernel(
     BLOCK_SIZE: tl.constexpr,  # the cache's tokens per block
     HAS_NORM: tl.constexpr,
     FP8_MAX: tl.constexpr,  # > 0: an FP8 cache, values scaled and saturated to +-FP8_MAX
+    PDL: tl.constexpr = False,  # kernels/pdl_triton.py
 ):  # fmt: skip
+    pdl_release(PDL)
+    pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     hb = tl.program_id(1)
     num_q_blocks = tl.cdiv(num_q_heads, BLOCK_H)
@@ -168,6 +172,6 @@ def qkv_norm_rope_store_triton(
         num_heads, num_kv_heads, eps, 1.0 / k_scale, 1.0 / v_scale,
         HEAD_DIM=d, HALF=half, BLOCK_HALF=next_power_of_2(half), BLOCK_H=bh, BLOCK_SIZE=k_cache.shape[1],
         HAS_NORM=has_norm, FP8_MAX=fp8_max(k_cache.dtype),
-        num_warps=max(1, min(8, bh * next_power_of_2(d) // 256)),
+        num_warps=max(1, min(8, bh * next_power_of_2(d) // 256)), **pdl(qkv),
     )  # fmt: skip
     return q_out

@@ -49,8 +49,9 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedllm.kernels._triton import next_power_of_2
+from pagedllm.kernels._triton import next_power_of_2, pdl, pdl_weights
 from pagedllm.kernels.counters import counters
+from pagedllm.kernels.pdl_triton import pdl_release, pdl_wait, prefetch_rows_l2
 
 # the padded row count (the narrow MMA operand): the kernel serves at most this many rows
 SWAP_BLOCK_M = 16
@@ -147,7 +148,11 @@ def _swap_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     OPERANDS: tl.constexpr,  # "fp16", "weight" or "fp32" (the module docstring)
     FP16_MAX_: tl.constexpr,
+    PDL: tl.constexpr = False,  # kernels/pdl_triton.py
+    PREFETCH_K: tl.constexpr = 0,  # > 0 (with PDL): the first PREFETCH_K columns of the weight rows
+    # are asked of L2 before the wait
 ):  # fmt: skip
+    pdl_release(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -160,6 +165,9 @@ def _swap_kernel(
     x_cols = x_ptr + rm.to(tl.int64)[None, :] * stride_xm  # [1, BLOCK_M]: x.T's columns
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     k_start = pid_k * K_SPLIT
+    if PREFETCH_K > 0:
+        prefetch_rows_l2(w_ptr + rn64 * stride_wn, n_mask, k_start, tl.minimum(k_start + K_SPLIT, K), PREFETCH_K)
+    pdl_wait(PDL)
     for k0 in range(k_start, k_start + K_SPLIT, BLOCK_K):
         kk = k0 + rk
         if EVEN_K:
@@ -227,7 +235,10 @@ def _splitk_reduce_kernel(
     M, N, stride_sn, stride_om,
     SPLIT_K: tl.constexpr, SCALED: tl.constexpr, GROUP_K: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,  # kernels/pdl_triton.py
 ):  # fmt: skip
+    pdl_release(PDL)
+    pdl_wait(PDL)
     m = tl.program_id(1)
     rn = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = rn < N
@@ -283,13 +294,14 @@ def swap_gemm(
         SPLIT_K=split_k, WORKSPACE=workspace, LAST=last, TOP_K=0, RENORMALIZE=False, BLOCK_E=1,
         BLOCK_TOPK=1, BLOCK_M=SWAP_BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         OPERANDS=_operands(x, weight, weight_scale), FP16_MAX_=FP16_MAX, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        num_stages=cfg.num_stages, **pdl_weights(x, weight, cfg.block_k),
     )  # fmt: skip
     if workspace and not last:
         block = 1024
         _splitk_reduce_kernel[(triton.cdiv(n, block), m)](
             ws, s, b, out, m, n, s.stride(0), out.stride(0),
             SPLIT_K=split_k, SCALED=scaled, GROUP_K=group_k, HAS_BIAS=bias is not None, BLOCK=block, num_warps=4,
+            **pdl(x),
         )  # fmt: skip
 
 
@@ -323,5 +335,6 @@ def swap_gemm_topk(
         WORKSPACE=True, LAST=False, TOP_K=top_k, RENORMALIZE=renormalize, BLOCK_E=next_power_of_2(n),
         BLOCK_TOPK=next_power_of_2(top_k), BLOCK_M=SWAP_BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         OPERANDS=_operands(x, weight, None), FP16_MAX_=FP16_MAX, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **pdl_weights(x, weight, cfg.block_k),
     )  # fmt: skip
     return weights, ids

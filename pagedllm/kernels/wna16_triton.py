@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from pagedllm.kernels._triton import pdl
+from pagedllm.kernels.pdl_triton import pdl_release, pdl_wait
 from pagedllm.kernels.wna16 import pack_factor
 
 # rows up to which the gemv kernel runs (benchmarks/wna16_bench.py)
@@ -44,7 +46,10 @@ def _wna16_gemv_kernel(
     BITS: tl.constexpr, GROUP_K: tl.constexpr,  # GROUP_K 0: one scale row (per channel)
     HAS_ZERO: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, EVEN: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr,
+    PDL: tl.constexpr = False,  # kernels/pdl_triton.py
 ):  # fmt: skip
+    pdl_release(PDL)
+    pdl_wait(PDL)
     P: tl.constexpr = 32 // BITS
     MASK: tl.constexpr = (1 << BITS) - 1
     m = tl.program_id(0).to(tl.int64)
@@ -250,7 +255,7 @@ def wna16_gemm_triton(
             x.stride(0), qweight.stride(0), scales.stride(0), out.stride(0),
             BITS=bits, GROUP_K=group_k, HAS_ZERO=zeros is not None, HAS_BIAS=bias is not None,
             SPLIT_K=split_k, EVEN=kw_per_split * split_k == kw,
-            BLOCK_N=block_n, BLOCK_KW=block_kw, num_warps=num_warps, num_stages=num_stages,
+            BLOCK_N=block_n, BLOCK_KW=block_kw, num_warps=num_warps, num_stages=num_stages, **pdl(x),
         )  # fmt: skip
         return out if split_k == 1 else out.to(x.dtype)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)

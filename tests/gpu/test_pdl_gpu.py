@@ -1,0 +1,116 @@
+"""Programmatic dependent launch (PAGEDLLM_PDL=1 / prefetch, kernels/pdl_triton.py) on the GPU
+(sm_90+; skipped elsewhere): a batch-1 decode layer's chain of our kernels -- residual add + norm,
+the swap-AB GEMM (split-K reduced by its last split and by the reduce kernel), decode attention
+over splits and its reduce, the fused MoE router and the small-batch experts, the FP8 GEMVs,
+SiLU-and-mul -- captured in a CUDA graph with PDL and replayed on new inputs gives what the
+same chain gives without PDL, bit for bit; and an engine's greedy tokens are the same with and
+without it. A kernel that read or wrote before its wait would race and differ."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+HAS_SM90 = (torch.cuda.is_available() and importlib.util.find_spec("triton") is not None
+            and torch.cuda.get_device_capability()[0] >= 9)
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_SM90, reason="needs an sm_90+ GPU and triton")]
+
+
+def _set_mode(monkeypatch, mode: str) -> None:
+    from pagedllm.kernels import _triton
+
+    monkeypatch.setenv("PAGEDLLM_PDL", mode)
+    _triton._pdl_mode.cache_clear()
+
+
+def _params(seed: int = 0) -> dict:
+    from pagedllm.kernels.fp8 import quantize_fp8_torch
+
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape, std=0.02):
+        return (torch.randn(*shape, generator=g) * std).to("cuda", torch.bfloat16)
+
+    hidden, heads, d, ctx, bs, experts = 2048, 32, 128, 3000, 16, 32
+    blocks = -(-ctx // bs)
+    p = {"norm": 1 + rnd(hidden), "wq": rnd(heads * d, hidden), "wo": rnd(hidden, heads * d),
+         "k": rnd(blocks, bs, 4, d, std=1.0), "v": rnd(blocks, bs, 4, d, std=1.0),
+         "bt": torch.randperm(blocks, generator=g).to("cuda", torch.int32)[None, :],
+         "lens": torch.tensor([ctx], dtype=torch.int32, device="cuda"), "ctx": ctx,
+         "router": rnd(experts, hidden), "w13": rnd(experts, 2 * 768, hidden), "w2": rnd(experts, hidden, 768)}
+    for name, shape in (("f13", (2 * 4096, hidden)), ("f2", (hidden, 4096))):
+        p[name], p[name + "_s"] = quantize_fp8_torch(rnd(*shape).float())
+        p[name], p[name + "_s"] = p[name].cuda(), p[name + "_s"].cuda()
+    return p
+
+
+def _chain(x: torch.Tensor, res: torch.Tensor, p: dict) -> torch.Tensor:
+    from pagedllm.kernels.activation_triton import silu_and_mul_triton
+    from pagedllm.kernels.attention_decode import decode_attention_triton
+    from pagedllm.kernels.fp8_triton import fp8_gemm_triton
+    from pagedllm.kernels.fused_moe_small_triton import fused_experts_small
+    from pagedllm.kernels.norm_triton import fused_add_rms_norm_triton, rms_norm_triton
+    from pagedllm.kernels.small_m import route_small, small_m_linear
+    from pagedllm.kernels.swap_gemm_triton import SwapConfig
+
+    h, r = fused_add_rms_norm_triton(x, res, p["norm"], 1e-6)
+    # the reduce kernel here, the last split (the default) for wo
+    q = small_m_linear(h, p["wq"], config=SwapConfig(64, 128, 4, 4, 3, reduce="kernel")).view(1, 32, 128)
+    att = decode_attention_triton(q, p["k"], p["v"], p["bt"], p["lens"], torch.empty_like(q), 0.088,
+                                  max_seq_len=p["ctx"], last_reduce=False)
+    o = small_m_linear(att.view(1, -1), p["wo"])
+    h2, r2 = fused_add_rms_norm_triton(o, r, p["norm"], 1e-6)
+    _, weights, ids = route_small(h2, p["router"], 4, True)
+    moe = fused_experts_small(h2, p["w13"], p["w2"], weights, ids)
+    dense = fp8_gemm_triton(silu_and_mul_triton(fp8_gemm_triton(rms_norm_triton(moe, p["norm"], 1e-6), p["f13"],
+                                                                  p["f13_s"])), p["f2"], p["f2_s"])
+    return dense + r2
+
+
+@pytest.mark.parametrize("mode", ["1", "prefetch"])
+def test_decode_layer_chain_in_a_cuda_graph(monkeypatch, mode):
+    p = _params()
+    gen = torch.Generator().manual_seed(1)
+    inputs = [(torch.randn(1, 2048, generator=gen).to("cuda", torch.bfloat16),
+               torch.randn(1, 2048, generator=gen).to("cuda", torch.bfloat16)) for _ in range(3)]
+    _set_mode(monkeypatch, "0")
+    refs = [_chain(x, r, p) for x, r in inputs]
+    _set_mode(monkeypatch, mode)
+    x, res = inputs[0][0].clone(), inputs[0][1].clone()
+    torch.testing.assert_close(_chain(x, res, p), refs[0], atol=0, rtol=0)  # eager, compiles
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = _chain(x, res, p)
+    for (xi, ri), ref in zip(reversed(inputs), reversed(refs)):
+        x.copy_(xi)
+        res.copy_(ri)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, ref)
+    _set_mode(monkeypatch, "0")
+
+
+def test_engine_greedy_tokens_equal_with_pdl(tmp_path, tokenizer_dir, monkeypatch):
+    """A tiny Qwen3-MoE in bf16 (CUDA graphs, decode batches of 1-4): the same greedy tokens with
+    PAGEDLLM_PDL=prefetch as without."""
+    from moe_utils import save_moe_model, tiny_moe_config
+    from test_engine_gpu import prompts_of
+
+    from pagedllm import LLM, SamplingParams
+
+    path, _ = save_moe_model(tiny_moe_config("qwen3_moe", hidden_size=256, num_attention_heads=8,
+                                             initializer_range=0.05), str(tmp_path), tokenizer_dir)
+    prompts = prompts_of([9, 50, 120, 3], seed=5)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    tokens = {}
+    for mode in ("0", "prefetch"):
+        _set_mode(monkeypatch, mode)
+        llm = LLM(path, dtype="bfloat16", max_model_len=512, gpu_memory_utilization=0.2, max_num_seqs=8)
+        tokens[mode] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        del llm
+        torch.cuda.empty_cache()
+    _set_mode(monkeypatch, "0")
+    assert tokens["prefetch"] == tokens["0"]

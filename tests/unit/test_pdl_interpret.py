@@ -1,0 +1,136 @@
+"""Programmatic dependent launch (PAGEDLLM_PDL, kernels/pdl_triton.py) in every kernel that has the
+switch, compiled for the H200 (sm_90) on this machine: with PDL each kernel's PTX lets the next
+kernel launch and waits for the one before it, and nothing is stored, counted or read from an
+earlier kernel before that wait (the rule that makes an early start safe); with
+PAGEDLLM_PDL=prefetch the GEMVs ask L2 for their first weight tiles before it; without PDL the
+kernels are as before. The switch's parsing and its refusal on the CPU run here too; the GPU tests
+(tests/gpu/test_pdl_gpu.py) run the kernels."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from test_kernels_interpret import pytestmark  # noqa: F401  (skips without triton)
+
+_FLOATS = {"eps", "qk_scale", "v_scale", "soft_cap", "inv_k_scale", "inv_v_scale"}
+
+
+def _signature(kernel, **types) -> dict:
+    """The kernel's runtime arguments in parameter order: `types` where given, else a pointer
+    to bf16 for *_ptr, float32 for the scales and eps, int32 for the rest."""
+    sig = {}
+    for p in kernel.params:
+        if p.is_constexpr:
+            continue
+        sig[p.name] = types.get(p.name) or ("*bf16" if p.name.endswith("_ptr") else
+                                            "fp32" if p.name in _FLOATS else "i32")
+    return sig
+
+
+def _cases():
+    """(name, kernel, signature, constexprs, num_warps, weight loads allowed before the wait)."""
+    from test_fused_moe_interpret import _DOWN_SIG, _GATE_UP_SIG, _down_constexprs
+    from test_small_m_interpret import swap_constexprs, swap_signature
+
+    from pagedllm.kernels import activation_triton, attention_decode, fp8_triton, fused_moe_small_triton
+    from pagedllm.kernels import norm_triton, qkv_rope_triton, swap_gemm_triton, wna16_triton
+
+    fp8_gemv = _signature(fp8_triton._fp8_gemv_kernel, w_ptr="*fp8e4nv", s_ptr="*fp32")
+    decode = {"GROUP": 4, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "BLOCK_G": 16, "BLOCK_N": 64, "BLOCK_D": 128,
+              "SPLIT": True, "DOT_PRECISION": "tf32", "Q_AS_FP16": False}
+    return [
+        ("rms_norm", norm_triton._rms_norm_kernel, _signature(norm_triton._rms_norm_kernel),
+         {"HAS_RESIDUAL": True, "BLOCK": 1024}, 2, True),
+        ("act_and_mul", activation_triton._act_and_mul_kernel, _signature(activation_triton._act_and_mul_kernel),
+         {"BLOCK": 1024, "GELU_TANH": False}, 4, False),
+        ("qkv_rope", qkv_rope_triton._qkv_rope_store_kernel,
+         _signature(qkv_rope_triton._qkv_rope_store_kernel, pos_ptr="*i64", cos_ptr="*fp32", sin_ptr="*fp32",
+                    slot_ptr="*i64"),
+         {"HEAD_DIM": 128, "HALF": 64, "BLOCK_HALF": 64, "BLOCK_H": 4, "BLOCK_SIZE": 16, "HAS_NORM": True,
+          "FP8_MAX": 0.0}, 2, False),
+        ("decode", attention_decode._decode_kernel,
+         _signature(attention_decode._decode_kernel, block_tables_ptr="*i32", seq_lens_ptr="*i32",
+                    order_ptr="*i32", part_out_ptr="*fp32", part_max_ptr="*fp32", part_sum_ptr="*fp32",
+                    count_ptr="*i32"), decode, 4, False),
+        ("decode_reduce", attention_decode._decode_reduce_kernel,
+         _signature(attention_decode._decode_reduce_kernel, part_out_ptr="*fp32", part_max_ptr="*fp32",
+                    part_sum_ptr="*fp32"), {"HEAD_DIM": 128, "BLOCK_S": 64, "BLOCK_D": 128}, 4, False),
+        ("swap", swap_gemm_triton._swap_kernel, swap_signature("*fp32"),
+         swap_constexprs(4, 64, 128, PREFETCH_K=256), 4, True),
+        ("swap_last", swap_gemm_triton._swap_kernel, swap_signature("*bf16"),
+         swap_constexprs(4, 64, 128, LAST=True), 4, False),
+        ("splitk_reduce", swap_gemm_triton._splitk_reduce_kernel,
+         _signature(swap_gemm_triton._splitk_reduce_kernel, ws_ptr="*fp32"),
+         {"SPLIT_K": 4, "SCALED": False, "GROUP_K": 0, "HAS_BIAS": True, "BLOCK": 1024}, 4, False),
+        ("fp8_gemv", fp8_triton._fp8_gemv_kernel, fp8_gemv,
+         {"GROUP_K": 0, "HAS_BIAS": False, "EVEN_K": True, "BLOCK_N": 8, "BLOCK_K": 256, "PREFETCH_K": 512}, 4,
+         True),
+        ("fp8_gemv_unrolled", fp8_triton._fp8_gemv_unrolled_kernel, fp8_gemv,
+         {"GROUP_K": 0, "HAS_BIAS": False, "BLOCK_N": 32, "BLOCK_K": 256, "UNROLL": 2, "PREFETCH_K": 512}, 4,
+         True),
+        ("moe_gate_up", fused_moe_small_triton._small_gate_up_kernel, _GATE_UP_SIG,
+         {"HAS_MAP": True, "HAS_LOAD": True, "HAS_SLOTS": True, "EVEN_K": True, "DOT_PRECISION": "tf32",
+          "BLOCK_N": 64, "BLOCK_K": 128, "PAD_COLS": 16}, 4, False),
+        ("moe_down", fused_moe_small_triton._small_down_kernel, _DOWN_SIG,
+         {"HAS_MAP": True, "EVEN_K": True, "DOT_PRECISION": "tf32", **_down_constexprs((64, 128, 4, 3, 1)),
+          "BLOCK_N": 64, "BLOCK_K": 128, "PAD_COLS": 16}, 4, False),
+        ("wna16_gemv", wna16_triton._wna16_gemv_kernel, _signature(wna16_triton._wna16_gemv_kernel, w_ptr="*i32"),
+         {"BITS": 4, "GROUP_K": 128, "HAS_ZERO": False, "HAS_BIAS": False, "SPLIT_K": 1, "EVEN": True,
+          "BLOCK_N": 128, "BLOCK_KW": 16}, 4, False),
+    ]
+
+
+CASES = ["rms_norm", "act_and_mul", "qkv_rope", "decode", "decode_reduce", "swap", "swap_last", "splitk_reduce",
+         "fp8_gemv", "fp8_gemv_unrolled", "moe_gate_up", "moe_down", "wna16_gemv"]
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_pdl_kernel_waits_before_it_touches_data(name):
+    from pagedllm.kernels.inspect_sm90 import compile_sm90
+
+    _, kernel, signature, constexprs, warps, weight_loads_first = next(c for c in _cases() if c[0] == name)
+    ptx = compile_sm90(kernel, signature, {**constexprs, "PDL": True}, num_warps=warps, num_stages=2).asm["ptx"]
+    assert "griddepcontrol.launch_dependents" in ptx, "the next kernel is never released"
+    wait = ptx.find("griddepcontrol.wait")
+    assert wait >= 0, "no wait for the kernel before"
+    first_write = re.search(r"\b(st\.global|atom\.|red\.|cp\.async\.bulk\.global)", ptx)
+    assert first_write is not None and first_write.start() > wait, "a store or count before the wait"
+    loads_before = re.findall(r"\b(ld\.global|cp\.async\.(?:cg|ca))", ptx[:wait])
+    if not weight_loads_first:
+        assert not loads_before, f"{len(loads_before)} loads before the wait"
+    prefetch = ptx.find("cp.async.bulk.prefetch.L2")
+    if constexprs.get("PREFETCH_K", 0) > 0:
+        assert 0 <= prefetch < wait, "the weight prefetch is not issued before the wait"
+    else:
+        assert prefetch < 0
+
+
+def test_without_pdl_the_kernel_is_unchanged():
+    """PDL False (the default) compiles no grid dependency control and no prefetch."""
+    from pagedllm.kernels.inspect_sm90 import compile_sm90
+
+    _, kernel, signature, constexprs, warps, _ = next(c for c in _cases() if c[0] == "fp8_gemv")
+    constexprs = {**constexprs, "PREFETCH_K": 0}
+    ptx = compile_sm90(kernel, signature, constexprs, num_warps=warps, num_stages=2).asm["ptx"]
+    assert "griddepcontrol" not in ptx and "prefetch" not in ptx
+
+
+def test_pdl_switch(monkeypatch):
+    """PAGEDLLM_PDL: 0 by default, 1 or prefetch; anything else a ValueError naming it; on a CPU
+    tensor always off (the launch as before); PREFETCH_K only with prefetch and aligned rows."""
+    import torch
+
+    from pagedllm.kernels import _triton
+
+    for value, mode in (("", "0"), ("0", "0"), ("1", "1"), ("prefetch", "prefetch")):
+        monkeypatch.setenv("PAGEDLLM_PDL", value)
+        _triton._pdl_mode.cache_clear()
+        assert _triton._pdl_mode() == mode
+        assert _triton.pdl(torch.zeros(2)) == {"PDL": False}
+        assert _triton.pdl_weights(torch.zeros(2), torch.zeros(4, 8), 128) == {"PDL": False}
+    monkeypatch.setenv("PAGEDLLM_PDL", "yes")
+    _triton._pdl_mode.cache_clear()
+    with pytest.raises(ValueError, match="PAGEDLLM_PDL"):
+        _triton._pdl_mode()
+    _triton._pdl_mode.cache_clear()
