@@ -11,11 +11,12 @@ writes the final output itself. The split count is a runtime value (the grid's t
 dimension), so a step with a new count compiles nothing. A sliding-window layer splits only the
 window's keys [seq_len - W, seq_len); a soft-capped one caps each score (see _attend_tile).
 
-With PAGEDLLM_DECODE_LAST_REDUCE=1 (off by default, unmeasured on the GPU) no reduce kernel runs:
-after storing its partials, each program counts itself done on its (request, kv head)'s counter
-(kernels/counters.py: a barrier, then an acq_rel atomic at gpu scope), and the split that counts
-last merges all the splits in split order (`_merge_splits`, read back from the L2), writes the
-output and sets the counter back to zero. Same grid and buffers, so CUDA graphs capture it alike.
+"The last split merges" (decode_last_reduce): no reduce kernel runs; after storing its partials,
+each program counts itself done on its (request, kv head)'s counter (kernels/counters.py: a
+barrier, then an acq_rel atomic at gpu scope), and the split that counts last merges all the
+splits in split order (`_merge_splits`, read back from the L2), writes the output and sets the
+counter back to zero. Same grid and buffers, so CUDA graphs capture it alike. By default it runs
+for 16-bit caches split at most LAST_REDUCE_MAX_SPLITS ways, where the H200 measured it faster.
 """
 
 from __future__ import annotations
@@ -295,11 +296,28 @@ def decode_config(cache_itemsize: int) -> tuple[int, int, int]:
     return block_n, warps, stages
 
 
+# The last split merges the splits when there are at most this many (16-bit caches). H200,
+# benchmarks/decode_sweep.py --last-reduce-ab (RESULTS.md, twelfth session), last split / reduce
+# kernel per layer: 9 splits x0.84-0.96 at every context of 128-4,096 tokens; 17 mixed
+# (x0.83-1.05); 32 x0.81-0.91 below 1,024 tokens but x1.16-1.27 at 2,048-4,096, where one
+# program's serial merge of 32 partials outlasts the reduce kernel's parallel one. (FP8 caches,
+# whose kernel sits at 255 registers, were not measured: they keep the reduce kernel.)
+LAST_REDUCE_MAX_SPLITS = 9
+
+
 @functools.cache
-def decode_last_reduce() -> bool:
-    """PAGEDLLM_DECODE_LAST_REDUCE=1: the last split merges the partials, no reduce kernel (read
-    once per process)."""
-    return os.environ.get("PAGEDLLM_DECODE_LAST_REDUCE", "0").strip() == "1"
+def _last_reduce_forced() -> bool | None:
+    """PAGEDLLM_DECODE_LAST_REDUCE: 1 always, 0 never, unset the measured rule (read once)."""
+    value = os.environ.get("PAGEDLLM_DECODE_LAST_REDUCE", "").strip()
+    return None if not value else value != "0"
+
+
+def decode_last_reduce(num_splits: int, cache_itemsize: int) -> bool:
+    """Whether the last of `num_splits` (> 1) splits merges them instead of a reduce kernel."""
+    forced = _last_reduce_forced()
+    if forced is not None:
+        return forced
+    return cache_itemsize == 2 and num_splits <= LAST_REDUCE_MAX_SPLITS
 
 
 def decode_attention_triton(
@@ -320,7 +338,7 @@ def decode_attention_triton(
     sliding_window: int | None = None,  # attend to the last sliding_window keys only
     logits_soft_cap: float | None = None,  # scores -> cap * tanh(scores / cap)
     order: torch.Tensor | None = None,  # [>= B] int32: the requests in the order programs take them
-    last_reduce: bool | None = None,  # with splits: the last split merges them (None: decode_last_reduce())
+    last_reduce: bool | None = None,  # with splits: the last split merges them (None: decode_last_reduce)
 ) -> torch.Tensor:
     b, hq, d = q.shape
     _, bs, hkv, _ = k_cache.shape
@@ -345,7 +363,8 @@ def decode_attention_triton(
         part_sum = torch.empty((b, hq, num_splits), dtype=torch.float32, device=q.device)
     else:
         part_out = part_max = part_sum = out  # unused
-    last = num_splits > 1 and (decode_last_reduce() if last_reduce is None else last_reduce)
+    last = num_splits > 1 and (decode_last_reduce(num_splits, k_cache.element_size()) if last_reduce is None
+                               else last_reduce)
     window_cap, switches = window_cap_args(sliding_window, logits_soft_cap)
     args = (
         q, k_cache, v_cache, block_tables, seq_lens, seq_lens if order is None else order, out, part_out, part_max,

@@ -25,3 +25,18 @@ def test_bad_override_names_the_variable(monkeypatch, raw):
     monkeypatch.setenv("PAGEDLLM_DECODE_CONFIG", raw)
     with pytest.raises(ValueError, match="PAGEDLLM_DECODE_CONFIG"):
         attention_decode.decode_config(2)
+
+
+@pytest.mark.parametrize("env,want", [("", {(4, 2): True, (9, 2): True, (10, 2): False, (32, 2): False,
+                                           (4, 1): False, (4, 4): False}),
+                                      ("1", {(32, 2): True, (4, 1): True}), ("0", {(4, 2): False})])
+def test_last_reduce_rule(monkeypatch, env, want):
+    """The last split merges the splits of 16-bit caches split at most LAST_REDUCE_MAX_SPLITS ways
+    (the H200's measured wins), not FP8 or float32 ones; PAGEDLLM_DECODE_LAST_REDUCE=1/0 forces it."""
+    monkeypatch.setenv("PAGEDLLM_DECODE_LAST_REDUCE", env)
+    attention_decode._last_reduce_forced.cache_clear()
+    try:
+        for (splits, itemsize), on in want.items():
+            assert attention_decode.decode_last_reduce(splits, itemsize) == on, (splits, itemsize)
+    finally:
+        attention_decode._last_reduce_forced.cache_clear()
