@@ -52,7 +52,7 @@ def recorded_compiles():
         return
     seen: list[str] = []
 
-    def hook(**kwargs) -> bool:
+    def hook(*args, **kwargs) -> bool:
         seen.append(str(kwargs.get("repr", "?")))
         return False  # True would skip the compile
 

@@ -159,8 +159,8 @@ def sample_triton(logits: torch.Tensor, temperature: torch.Tensor, greedy: torch
     columns that share a Philox draw, so it changes the draw. The chunk count is a runtime
     value and the reduction is as wide as the most chunks a row of V columns can have: the many
     batch sizes of a run compile no new kernels. (A width of next_power_of_2(chunks) compiled a
-    new reduction each time the running batch crossed a power of two: 5 compiles of 30-55 ms
-    each inside W1's timed run on the H200, all in its first 18 steps.)"""
+    new reduction each time the running batch crossed a power of two: five times as W1's batch
+    grows to 256, as many compiles as W1's timed run showed on the H200, each stalling a step.)"""
     s, v = logits.shape
     if s * v >= 2**31:
         raise ValueError(f"sample_triton: {s} rows x {v} tokens exceed the int32 random offsets")

@@ -150,7 +150,8 @@ def test_sample(vocab, rows):
 def test_batch_sizes_compile_no_new_sampler():
     """Once the sampler has run at one batch size, no other batch size of a serving run (1-300
     rows of a 151,936-token vocabulary, Qwen3's; 128,256, Llama-3's, whose chunk counts include
-    16 and 32) compiles a kernel: a compile inside a step stalls it for 30-100 ms."""
+    16 and 32) compiles a kernel: a compile inside a step stalls it for 30-100 ms. (A column block
+    no other test uses makes the first call compile, which shows the recorder sees compiles.)"""
     from pagedllm.kernels._triton import recorded_compiles
     from pagedllm.kernels.sampling_triton import sample_triton
 
@@ -158,8 +159,10 @@ def test_batch_sizes_compile_no_new_sampler():
     for vocab in (151936, 128256):
         logits = torch.randn(300, vocab, device="cuda")
         temp, greedy = torch.full((300,), 0.6, device="cuda"), torch.zeros(300, dtype=torch.bool, device="cuda")
-        sample_triton(logits[:1], temp[:1], greedy[:1], seed)
+        with recorded_compiles() as first:
+            sample_triton(logits[:1], temp[:1], greedy[:1], seed, block=512)
+        assert first, "the first call compiled nothing the recorder saw"
         with recorded_compiles() as compiled:
             for rows in list(range(2, 40)) + list(range(40, 301, 7)):
-                sample_triton(logits[:rows], temp[:rows], greedy[:rows], seed)
+                sample_triton(logits[:rows], temp[:rows], greedy[:rows], seed, block=512)
         assert compiled == [], compiled
