@@ -46,13 +46,16 @@ def sweep(m: int) -> list[tuple]:
         cfgs = [("gemv", 1, bn, bk, w, 2, 1) for bn in (32, 64, 128) for bk in (256, 1024) for w in (4, 8)]
         cfgs += [("gemv", 1, bn, 512, 4, 2, s) for bn in (32, 64) for s in (1, 2, 4)]
         return cfgs
+    # "dotj" (each word loaded once, wna16_triton.py) beside "dot"; its 128 x 256 tiles spill on sm_90
     if m <= 16:
-        return [("gemv", 1, 64, 512, 4, 2, 1)] + [("dot", 16, bn, bk, 4, st, 1) for bn in (32, 64, 128)
-                                                  for bk, st in ((64, 4), (128, 3))]
+        return [("gemv", 1, 64, 512, 4, 2, 1)] + [(kind, 16, bn, bk, 4, st, 1) for kind in ("dot", "dotj")
+                                                  for bn in (32, 64, 128) for bk, st in ((64, 4), (128, 3))]
     if m <= 64:
-        return [("dot", bm, bn, 64, w, 3, 1) for bm in (32, 64) for bn in (64, 128) for w in (4, 8)]
+        return [(kind, bm, bn, 64, w, 3, 1) for kind in ("dot", "dotj") for bm in (32, 64) for bn in (64, 128)
+                for w in (4, 8)]
     return [("dot", bm, bn, bk, w, 3, 1) for bm in (64, 128) for bn in (128, 256) for bk in (64, 128)
-            for w in (4, 8)] + [("dot", 128, 64, 64, 4, 4, 1)]
+            for w in (4, 8)] + [("dot", 128, 64, 64, 4, 4, 1)] + [
+        ("dotj", bm, 128, bk, w, st, 1) for bm in (64, 128) for bk in (64, 128) for w in (4, 8) for st in (3, 4)]
 
 
 def check(out: torch.Tensor, ref: torch.Tensor, what: str) -> float:

@@ -13,6 +13,11 @@ reference there.
     dot (more rows): [BLOCK_M, BLOCK_K] x [BLOCK_K, BLOCK_N] through `tl.dot`; the weight tile is
       read as words (each word row serves P rows of the tile), dequantized to the activations'
       dtype with its group's scale, then multiplied.
+    dotj (the same product; swept by benchmarks/wna16_bench.py, not yet a default): each word of
+      the tile is loaded once ([BLOCK_K / P, BLOCK_N] words, not a word per row of the tile), its
+      P values taken apart by shifts and interleaved back into the tile's rows (`_join_rows`);
+      with one scale row per tile (per channel, or groups a multiple of BLOCK_K) the tile is
+      the exact integers q - zero and the scale multiplies the product instead, once per tile.
 - `dequantize_wna16_triton`: the whole weight as [K, N] in a 16-bit dtype (the prefill path).
 """
 
@@ -156,6 +161,58 @@ def _dequant_tile(w_ptr, s_ptr, z_ptr, k0, kk, rn, k_mask, n_mask, stride_wk, st
 
 
 @triton.jit
+def _join_rows(w, BITS: tl.constexpr):
+    """Words [R, C] int32 -> [R * P, C] float32: row P * r + i holds value i of word row r (its
+    bits BITS * i), as unsigned integers (exact)."""
+    MASK: tl.constexpr = (1 << BITS) - 1
+    v0 = (w & MASK).to(tl.float32)
+    v1 = ((w >> BITS) & MASK).to(tl.float32)
+    v2 = ((w >> (2 * BITS)) & MASK).to(tl.float32)
+    v3 = ((w >> (3 * BITS)) & MASK).to(tl.float32)
+    if BITS == 4:
+        v4 = ((w >> 16) & MASK).to(tl.float32)
+        v5 = ((w >> 20) & MASK).to(tl.float32)
+        v6 = ((w >> 24) & MASK).to(tl.float32)
+        v7 = ((w >> 28) & MASK).to(tl.float32)
+        # tl.join adds its axis last, so the outermost join is the fastest index: bit-reversed tree
+        v = tl.join(tl.join(tl.join(v0, v4), tl.join(v2, v6)), tl.join(tl.join(v1, v5), tl.join(v3, v7)))
+        v = v.reshape(w.shape[0], w.shape[1], 8)
+    else:
+        v = tl.join(tl.join(v0, v2), tl.join(v1, v3)).reshape(w.shape[0], w.shape[1], 4)
+    return v.permute(0, 2, 1).reshape(w.shape[0] * (32 // BITS), w.shape[1])
+
+
+@triton.jit
+def _dequant_tile_joined(w_ptr, s_ptr, z_ptr, k0, rn, n_mask, stride_wk, stride_sg,
+                         BITS: tl.constexpr, GROUP_K: tl.constexpr, HAS_ZERO: tl.constexpr,
+                         BLOCK_K: tl.constexpr, SCALE_AFTER: tl.constexpr):  # fmt: skip
+    """The weight tile [BLOCK_K, BLOCK_N] of inputs k0 .. k0 + BLOCK_K (K a multiple of BLOCK_K),
+    float32, from its words loaded once: q - zero, times the scale of each row's group unless
+    SCALE_AFTER (one scale row for the tile, or per channel: the caller scales the product)."""
+    P: tl.constexpr = 32 // BITS
+    rw = k0 // P + tl.arange(0, BLOCK_K // P)
+    w = tl.load(w_ptr + rw[:, None] * stride_wk + rn[None, :], mask=n_mask[None, :], other=0)
+    q = _join_rows(w, BITS)
+    if SCALE_AFTER:
+        if HAS_ZERO:
+            z_row = z_ptr + rn
+            if GROUP_K > 0:
+                z_row += (k0 // GROUP_K) * stride_sg
+            q -= tl.load(z_row, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        else:
+            q -= 1 << (BITS - 1)
+        return q
+    kk = k0 + tl.arange(0, BLOCK_K)
+    s_off = (kk // GROUP_K)[:, None] * stride_sg + rn[None, :]
+    s = tl.load(s_ptr + s_off, mask=n_mask[None, :], other=0.0).to(tl.float32)
+    if HAS_ZERO:
+        q -= tl.load(z_ptr + s_off, mask=n_mask[None, :], other=0.0).to(tl.float32)
+    else:
+        q -= 1 << (BITS - 1)
+    return q * s
+
+
+@triton.jit
 def _wna16_gemm_kernel(
     x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr,
     M, N, K,
@@ -163,7 +220,10 @@ def _wna16_gemm_kernel(
     BITS: tl.constexpr, GROUP_K: tl.constexpr, HAS_ZERO: tl.constexpr, HAS_BIAS: tl.constexpr,
     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    JOIN: tl.constexpr = False,  # "dotj": each word loaded once (_dequant_tile_joined); needs EVEN_K
 ):  # fmt: skip
+    # with JOIN, one scale row per tile multiplies the tile's product, not its weights
+    SCALE_AFTER: tl.constexpr = JOIN and (GROUP_K == 0 or GROUP_K % BLOCK_K == 0)
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     n_mask = rn < N
@@ -178,9 +238,17 @@ def _wna16_gemm_kernel(
         else:
             k_mask = kk < K
         x = tl.load(x_rows + kk[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-        w = _dequant_tile(w_ptr, s_ptr, z_ptr, k0, kk, rn, k_mask, n_mask, stride_wk, stride_sg,
-                          BITS, GROUP_K, HAS_ZERO, GROUP_K > 0 and GROUP_K % BLOCK_K == 0)
-        acc = tl.dot(x, w.to(x.dtype), acc, input_precision=DOT_PRECISION)
+        if JOIN:
+            w = _dequant_tile_joined(w_ptr, s_ptr, z_ptr, k0, rn, n_mask, stride_wk, stride_sg,
+                                     BITS, GROUP_K, HAS_ZERO, BLOCK_K, SCALE_AFTER)
+        else:
+            w = _dequant_tile(w_ptr, s_ptr, z_ptr, k0, kk, rn, k_mask, n_mask, stride_wk, stride_sg,
+                              BITS, GROUP_K, HAS_ZERO, GROUP_K > 0 and GROUP_K % BLOCK_K == 0)
+        if SCALE_AFTER and GROUP_K > 0:  # q - zero is exact in 16 bits; the group's scale after
+            s = tl.load(s_ptr + (k0 // GROUP_K) * stride_sg + rn, mask=n_mask, other=0.0).to(tl.float32)
+            acc += tl.dot(x, w.to(x.dtype), input_precision=DOT_PRECISION) * s[None, :]
+        else:
+            acc = tl.dot(x, w.to(x.dtype), acc, input_precision=DOT_PRECISION)
     if GROUP_K == 0:
         acc = acc * tl.load(s_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     if HAS_BIAS:
@@ -262,12 +330,16 @@ def wna16_gemm_triton(
     if m == 0:
         return out
     assert block_k % p == 0
+    join = kind == "dotj"
+    if join and (k % block_k or (group_k and group_k % block_k and block_k % group_k)):
+        raise ValueError(f"the dotj kernel needs K ({k}) a multiple of BLOCK_K ({block_k}) and groups "
+                         f"({group_k}) a multiple or a divisor of it")
     _wna16_gemm_kernel[(triton.cdiv(n, block_n), triton.cdiv(m, block_m))](
         x, qweight, scales, z, b, out, m, n, k,
         x.stride(0), qweight.stride(0), scales.stride(0), out.stride(0),
         BITS=bits, GROUP_K=group_k, HAS_ZERO=zeros is not None, HAS_BIAS=bias is not None,
         EVEN_K=k % block_k == 0, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", JOIN=join,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return out

@@ -122,7 +122,8 @@ def test_wna16_gemm(dtype, m, n, k, bits, group_k, symmetric):
 
 @pytest.mark.parametrize("config", [("gemv", 1, 32, 512, 4, 2, 1), ("gemv", 1, 64, 1024, 8, 2, 4),
                                     ("gemv", 1, 128, 256, 4, 2, 2), ("dot", 16, 64, 64, 4, 3, 1),
-                                    ("dot", 64, 128, 128, 8, 3, 1), ("dot", 128, 256, 64, 8, 3, 1)])
+                                    ("dot", 64, 128, 128, 8, 3, 1), ("dot", 128, 256, 64, 8, 3, 1),
+                                    ("dotj", 64, 128, 128, 8, 3, 1), ("dotj", 128, 128, 64, 8, 4, 1)])
 def test_wna16_configs(config):
     m = 1 if config[0] == "gemv" else 80
     check_wna16_gemm("cuda", torch.bfloat16, m, 6144, 4096, 4, 128, False, bias=True, config=config)

@@ -1,6 +1,6 @@
 """The integer weight-only kernels (tests/gpu/test_wna16_gpu.py's checks) on the CPU through
 Triton's interpreter, at small shapes, against their torch references: the GEMV (split-K, ragged
-K) and the tensor-core GEMM (one scale row per tile, and tiles spanning several groups) over 4 and
+K) and the tensor-core GEMMs, "dot" and "dotj" (one scale row per tile, and tiles spanning several groups) over 4 and
 8 bits, group and per-channel scales, symmetric and asymmetric zeros, bias; the dequantization
 kernel. float32 and float16 activations (bf16 through `tl.dot` does not run in the interpreter,
 see test_kernels_interpret.py)."""
@@ -27,6 +27,11 @@ _CASES = {
                                    {"bias": True, "config": ["dot", 16, 32, 128, 4, 1, 1]}),
     "dot_channel_sym": ("check_wna16_gemm", [9, 32, 128, 4, None, True], {"config": ["dot", 16, 32, 32, 4, 1, 1]}),
     "dot_int8_asym": ("check_wna16_gemm", [9, 32, 96, 8, 32, False], {"config": ["dot", 16, 16, 32, 4, 1, 1]}),
+    "dotj_g64_sym_scale_after": ("check_wna16_gemm", [9, 40, 256, 4, 64, True], {"config": ["dotj", 16, 32, 64, 4, 1, 1]}),
+    "dotj_tile_spans_groups_asym_bias": ("check_wna16_gemm", [17, 40, 256, 4, 32, False],
+                                         {"bias": True, "config": ["dotj", 16, 32, 128, 4, 1, 1]}),
+    "dotj_channel_asym": ("check_wna16_gemm", [5, 32, 128, 4, None, False], {"config": ["dotj", 16, 32, 64, 4, 1, 1]}),
+    "dotj_int8_g64_asym": ("check_wna16_gemm", [9, 32, 128, 8, 64, False], {"config": ["dotj", 16, 16, 32, 4, 1, 1]}),
     "default_configs": ("check_wna16_gemm", [6, 40, 256, 4, 128, False], {}),
     "dequant_g32_asym": ("check_wna16_dequant", [40, 256, 4, 32, False], {}),
     "dequant_int8_channel": ("check_wna16_dequant", [24, 96, 8, None, True], {}),
@@ -43,3 +48,32 @@ def interpreter_results() -> dict[str, str | None]:
 def test_wna16_kernel_under_interpreter(interpreter_results, key):
     error = interpreter_results[key]
     assert error is None, f"{key} differs from its torch reference under TRITON_INTERPRET=1:\n{error}"
+
+
+@pytest.mark.parametrize("tiles", [(64, 128, 128, 8, 3), (128, 128, 64, 8, 4)])
+def test_dotj_compiles_for_sm90(tiles):
+    """The "dotj" GEMM compiles for the H200 at the bench's large-batch tiles: on the tensor cores
+    (wgmma), its weight words pipelined (cp.async), nothing spilled, and its shared memory under
+    60% of the "dot" kernel's (which stages an int32 word for every row of its weight tile; 46%
+    and 52% at these tiles with Triton 3.9)."""
+    from pagedllm.kernels import wna16_triton as w
+    from pagedllm.kernels.inspect_sm90 import compile_sm90, resources
+
+    sig = {"x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*bf16", "b_ptr": "*bf16",
+           "out_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_wk": "i32",
+           "stride_sg": "i32", "stride_om": "i32"}
+    bm, bn, bk, warps, stages = tiles
+    shared = {}
+    for join in (False, True):
+        constexprs = {"BITS": 4, "GROUP_K": 128, "HAS_ZERO": False, "HAS_BIAS": False, "EVEN_K": True,
+                      "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "DOT_PRECISION": "tf32", "JOIN": join}
+        compiled = compile_sm90(w._wna16_gemm_kernel, sig, constexprs, warps, stages,
+                                aligned=("N", "K", "stride_xm", "stride_wk", "stride_sg", "stride_om"))
+        ptx = compiled.asm["ptx"]
+        assert "wgmma.mma_async" in ptx and "cp.async" in ptx
+        r = resources(compiled)
+        if r is None:
+            pytest.skip("Triton's cuobjdump is not there")
+        assert r["stack"] == 0, r
+        shared[join] = r["shared"]
+    assert shared[True] < 0.6 * shared[False], shared
