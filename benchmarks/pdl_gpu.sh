@@ -33,6 +33,8 @@ moe() {  # mode round
     --latency-iters 2 --output-json "$OUT/moe_$1_$2.json" > "$OUT/moe_$1_$2.log" 2>&1
   echo "moe PDL=$1 round $2 rc=$?: $(grep -E 'batch 1:' "$OUT/moe_$1_$2.log")"
 }
+$PY -c "import torch, triton; from pagedllm.kernels._triton import _pdl_supported; \
+print('triton', triton.__version__, '- PDL supported here:', _pdl_supported(0))"
 if [[ " $STEPS " == *" tests "* ]] && fits 150 tests; then
   timeout 150 $PY -m pytest -q tests/gpu/test_pdl_gpu.py tests/gpu/test_sampling_gpu.py \
     "tests/gpu/test_small_m_gpu.py::test_fused_router_in_the_moe_block" \

@@ -78,6 +78,10 @@ def test_decode_layer_chain_in_a_cuda_graph(monkeypatch, mode):
     _set_mode(monkeypatch, "0")
     refs = [_chain(x, r, p) for x, r in inputs]
     _set_mode(monkeypatch, mode)
+    from pagedllm.kernels import _triton
+
+    if not _triton.pdl(p["norm"])["PDL"]:
+        pytest.skip("this triton has no programmatic dependent launch (tl.extra.cuda.gdc_wait, launch_pdl)")
     x, res = inputs[0][0].clone(), inputs[0][1].clone()
     torch.testing.assert_close(_chain(x, res, p), refs[0], atol=0, rtol=0)  # eager, compiles
     torch.cuda.synchronize()
