@@ -77,3 +77,5 @@ for name in ("W2 bf16", "W2 FP8", "MoE batch 1"):
         cells.append(f"{statistics.median(v):.3f} ({'/'.join(f'{x:.3f}' for x in v)})" if v else "-")
     print(f"{name:<14}" + "".join(f"{c:>18}" for c in cells))
 PYEOF
+# the device returns only a few files: every log and JSON in one archive
+tar czf /tmp/pdl_gpu_logs.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/pdl_gpu_logs.tgz "$OUT/"
