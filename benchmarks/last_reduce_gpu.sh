@@ -3,9 +3,11 @@
 # measurements first, about 3): each A/B alone, then Qwen3-30B-A3B batch-1 decode (dummy bf16,
 # moe_bench.py's W2 method) with all three switches off and on, then the GPU tests of the new
 # code. Logs and JSON to $OUT; a summary last.
-#   PAGEDLLM_SWAP_LAST_REDUCE=1   split-K GEMMs of 1-16 rows reduced by their last split
-#   PAGEDLLM_FUSED_ROUTER=1       MoE router + softmax/top-k in one launch (1-16 tokens)
-#   PAGEDLLM_DECODE_LAST_REDUCE=1 decode attention's splits merged by the last split
+#   PAGEDLLM_SWAP_LAST_REDUCE     split-K GEMMs of 1-16 rows reduced by their last split (default on)
+#   PAGEDLLM_FUSED_ROUTER         MoE router + softmax/top-k in one launch, 1-16 tokens (default on)
+#   PAGEDLLM_DECODE_LAST_REDUCE   decode attention's splits merged by the last split (default: 16-bit
+#                                 caches split at most 9 ways); each forced to 0 / 1 here
+# (RESULTS.md, twelfth session: what this script measured and the defaults it led to)
 #     bash benchmarks/last_reduce_gpu.sh            # from the repo root
 set -uo pipefail
 [ -f benchmarks/moe_bench.py ] || { echo "run from the repo root"; exit 2; }
