@@ -53,6 +53,12 @@ def _cases():
          _signature(attention_decode._decode_kernel, block_tables_ptr="*i32", seq_lens_ptr="*i32",
                     order_ptr="*i32", part_out_ptr="*fp32", part_max_ptr="*fp32", part_sum_ptr="*fp32",
                     count_ptr="*i32"), decode, 4, False),
+        ("decode_last_ordered", attention_decode._decode_kernel,
+         _signature(attention_decode._decode_kernel, block_tables_ptr="*i32", seq_lens_ptr="*i32",
+                    order_ptr="*i32", part_out_ptr="*fp32", part_max_ptr="*fp32", part_sum_ptr="*fp32",
+                    count_ptr="*i32"),
+         {**decode, "ORDERED": True, "LAST_REDUCE": True, "BLOCK_S": attention_decode.MERGE_BLOCK_S,
+          "MERGE_UNROLL": attention_decode.MERGE_UNROLL}, 4, False),
         ("decode_reduce", attention_decode._decode_reduce_kernel,
          _signature(attention_decode._decode_reduce_kernel, part_out_ptr="*fp32", part_max_ptr="*fp32",
                     part_sum_ptr="*fp32"), {"HEAD_DIM": 128, "BLOCK_S": 64, "BLOCK_D": 128}, 4, False),
@@ -60,6 +66,12 @@ def _cases():
          swap_constexprs(4, 64, 128, PREFETCH_K=256), 4, True),
         ("swap_last", swap_gemm_triton._swap_kernel, swap_signature("*bf16"),
          swap_constexprs(4, 64, 128, LAST=True), 4, False),
+        ("swap_router_prefetch", swap_gemm_triton._swap_kernel, swap_signature("*fp32"),
+         swap_constexprs(8, 64, 128, HAS_BIAS=False, TOP_K=8, RENORMALIZE=True, BLOCK_E=128, BLOCK_TOPK=8,
+                         PREFETCH_K=256), 4, True),
+        ("swap_fp8_prefetch", swap_gemm_triton._swap_kernel,
+         swap_signature("*bf16", weight="*fp8e4nv", scale="*fp32"),
+         swap_constexprs(1, 64, 128, SCALED=True, HAS_BIAS=False, OPERANDS="fp16", PREFETCH_K=256), 4, True),
         ("splitk_reduce", swap_gemm_triton._splitk_reduce_kernel,
          _signature(swap_gemm_triton._splitk_reduce_kernel, ws_ptr="*fp32"),
          {"SPLIT_K": 4, "SCALED": False, "GROUP_K": 0, "HAS_BIAS": True, "BLOCK": 1024}, 4, False),
@@ -68,6 +80,9 @@ def _cases():
          True),
         ("fp8_gemv_unrolled", fp8_triton._fp8_gemv_unrolled_kernel, fp8_gemv,
          {"GROUP_K": 0, "HAS_BIAS": False, "BLOCK_N": 32, "BLOCK_K": 256, "UNROLL": 2, "PREFETCH_K": 512}, 4,
+         True),
+        ("fp8_gemv_blocks", fp8_triton._fp8_gemv_kernel, fp8_gemv,
+         {"GROUP_K": 128, "HAS_BIAS": True, "EVEN_K": True, "BLOCK_N": 16, "BLOCK_K": 128, "PREFETCH_K": 256}, 4,
          True),
         ("moe_gate_up", fused_moe_small_triton._small_gate_up_kernel, _GATE_UP_SIG,
          {"HAS_MAP": True, "HAS_LOAD": True, "HAS_SLOTS": True, "EVEN_K": True, "DOT_PRECISION": "tf32",
@@ -81,8 +96,9 @@ def _cases():
     ]
 
 
-CASES = ["rms_norm", "act_and_mul", "qkv_rope", "decode", "decode_reduce", "swap", "swap_last", "splitk_reduce",
-         "fp8_gemv", "fp8_gemv_unrolled", "moe_gate_up", "moe_down", "wna16_gemv"]
+CASES = ["rms_norm", "act_and_mul", "qkv_rope", "decode", "decode_last_ordered", "decode_reduce", "swap",
+         "swap_last", "swap_router_prefetch", "swap_fp8_prefetch", "splitk_reduce", "fp8_gemv", "fp8_gemv_unrolled",
+         "fp8_gemv_blocks", "moe_gate_up", "moe_down", "wna16_gemv"]
 
 
 @pytest.mark.parametrize("name", CASES)
