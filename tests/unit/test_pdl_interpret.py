@@ -33,8 +33,16 @@ def _cases():
     from test_fused_moe_interpret import _DOWN_SIG, _GATE_UP_SIG, _down_constexprs
     from test_small_m_interpret import swap_constexprs, swap_signature
 
-    from pagedllm.kernels import activation_triton, attention_decode, fp8_triton, fused_moe_small_triton
-    from pagedllm.kernels import norm_triton, qkv_rope_triton, swap_gemm_triton, wna16_triton
+    from pagedllm.kernels import (
+        activation_triton,
+        attention_decode,
+        fp8_triton,
+        fused_moe_small_triton,
+        norm_triton,
+        qkv_rope_triton,
+        swap_gemm_triton,
+        wna16_triton,
+    )
 
     fp8_gemv = _signature(fp8_triton._fp8_gemv_kernel, w_ptr="*fp8e4nv", s_ptr="*fp32")
     decode = {"GROUP": 4, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "BLOCK_G": 16, "BLOCK_N": 64, "BLOCK_D": 128,
