@@ -10,13 +10,9 @@
 # (RESULTS.md, twelfth session: what this script measured and the defaults it led to)
 #     bash benchmarks/last_reduce_gpu.sh            # from the repo root
 set -uo pipefail
-[ -f benchmarks/moe_bench.py ] || { echo "run from the repo root"; exit 2; }
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 OUT=${OUT:-./last-reduce-out}
-mkdir -p "$OUT"
-PY=${PYTHON:-python3}
 BUDGET=${BUDGET:-560}   # seconds; a step that could overrun it is skipped
-fits() { [ $((SECONDS + $1)) -le "$BUDGET" ] || { echo "skipped $2 (${SECONDS} s used)"; return 1; }; }
+. benchmarks/gpu_common.sh
 step() {  # name seconds command...: runs it with a timeout, logs to $OUT/name.log
   local name=$1 limit=$2; shift 2
   fits "$limit" "$name" || return

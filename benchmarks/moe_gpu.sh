@@ -7,13 +7,9 @@
 #   bash benchmarks/moe_gpu.sh            # from the repo root
 # CPU smoke of the script itself: PYTHON=.venv/bin/python BENCH_EXTRA="--tiny --output-len 8" bash benchmarks/moe_gpu.sh
 set -uo pipefail
-[ -f benchmarks/moe_bench.py ] || { echo "run from the repo root"; exit 2; }
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 OUT=${OUT:-./moe-gpu-out}
-mkdir -p "$OUT"
-PY=${PYTHON:-python3}
 BUDGET=${BUDGET:-230}   # seconds; a step that could overrun it is skipped
-fits() { [ $((SECONDS + $1)) -le "$BUDGET" ] || { echo "skipped $2 (${SECONDS} s used)"; return 1; }; }
+. benchmarks/gpu_common.sh
 
 fits 80 tests && { timeout 80 $PY -m pytest -q tests/gpu/test_fused_moe.py > "$OUT/tests.log" 2>&1
   echo "tests rc=$? at ${SECONDS} s: $(tail -1 "$OUT/tests.log")"; grep -E "^FAILED|Error" "$OUT/tests.log" | head -5; }

@@ -9,16 +9,11 @@
 #     OUT=$OUT bash benchmarks/pdl_gpu.sh              # from the repo root; carry tokenizer/
 #     ROUNDS=1 STEPS="tests w2" bash benchmarks/pdl_gpu.sh   # STEPS: any of tests w2 moe
 set -uo pipefail
-[ -f benchmarks/latency.py ] || { echo "run from the repo root"; exit 2; }
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-[ -d tokenizer ] && export PAGEDLLM_TOKENIZER_DIR=${PAGEDLLM_TOKENIZER_DIR:-$PWD/tokenizer}
 OUT=${OUT:-./pdl-gpu-out}
-mkdir -p "$OUT"
-PY=${PYTHON:-python3}
 ROUNDS=${ROUNDS:-2}
 STEPS=${STEPS:-tests w2 moe}
 BUDGET=${BUDGET:-570}   # seconds; a run that could overrun it is skipped
-fits() { [ $((SECONDS + $1)) -le "$BUDGET" ] || { echo "skipped $2 (${SECONDS} s used)"; return 1; }; }
+. benchmarks/gpu_common.sh
 
 w2() {  # quant mode round
   fits 45 "w2 $1 $2" || return
