@@ -10,7 +10,7 @@ import numpy as np
 
 def plot(path: str, results: list, m: dict[str, Any], duration: float, title: str,
          per_second: np.ndarray, concurrency: np.ndarray) -> None:
-    """results: serve.RequestResult; per_second / concurrency: serve.timelines(ok, duration)."""
+    """results: serve.RequestResult; per_second / concurrency: serve_metrics.timelines(ok, duration)."""
     import matplotlib
 
     matplotlib.use("Agg")

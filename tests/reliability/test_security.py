@@ -51,17 +51,17 @@ def test_every_v1_route_needs_the_key(rel_server):
 
 
 def test_key_is_compared_in_constant_time(monkeypatch):
-    from pagedllm.entrypoints.openai import api_server
+    from pagedllm.entrypoints.openai import guard as guard_module
 
     compared: list[tuple[int, int]] = []
-    real = api_server.hmac.compare_digest
+    real = guard_module.hmac.compare_digest
 
     def spy(a, b):
         compared.append((len(a), len(b)))
         return real(a, b)
 
-    monkeypatch.setattr(api_server.hmac, "compare_digest", spy)
-    guard = api_server.GuardMiddleware(None, api_key="s3cret-key", max_body_size=1)
+    monkeypatch.setattr(guard_module.hmac, "compare_digest", spy)
+    guard = guard_module.GuardMiddleware(None, api_key="s3cret-key", max_body_size=1)
     for header, ok in [(b"Bearer s3cret-key", True), (b"Bearer s3cret-kex", False), (b"Bearer s", False),
                        (b"Bearer " + b"s" * 10_000, False), (b"Bearer ", False), (b"", False),
                        (b"Basic s3cret-key", False), (b"bearer s3cret-key", True)]:

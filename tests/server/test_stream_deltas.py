@@ -189,7 +189,7 @@ def test_text_chunk_frames_are_pydantics_bytes():
         CompletionStreamResponse,
         DeltaMessage,
     )
-    from pagedllm.entrypoints.openai.serving_engine import TextChunks, sse
+    from pagedllm.entrypoints.openai.streaming import TextChunks, sse
 
     def chat(i, text):
         return ChatCompletionStreamResponse(id="chatcmpl-1f", created=1764700000, model='ti"ny',

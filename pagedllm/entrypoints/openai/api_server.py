@@ -1,6 +1,6 @@
 """The OpenAI-compatible HTTP server: FastAPI routes over an AsyncLLMEngine, run by uvicorn.
 
-Owns the app (routes, error shapes, the guard middleware for body size and API key), the
+Owns the app (routes, error shapes, the guard middleware of guard.py for body size and API key), the
 per-server Prometheus registry, and the process lifecycle: load the engine, serve, and on
 SIGTERM / SIGINT stop accepting, give in-flight requests `--shutdown-timeout` seconds, abort
 the rest (their streams end with finish_reason "abort"), and exit 0. If the engine loop dies,
@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
-import hmac
 import logging
 import os
 import signal
@@ -34,6 +32,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pagedllm.engine.async_engine import AsyncLLMEngine
 from pagedllm.engine.fault_injection import StepFault
+from pagedllm.entrypoints.openai.guard import GuardMiddleware, error_response
 from pagedllm.entrypoints.openai.protocol import (
     APIError,
     ChatCompletionRequest,
@@ -41,11 +40,11 @@ from pagedllm.entrypoints.openai.protocol import (
     ModelCard,
     ModelList,
 )
-from pagedllm.entrypoints.server_options import add_cors, api_keys, startup_lines, uvicorn_options
 from pagedllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from pagedllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from pagedllm.entrypoints.openai.serving_engine import parse_body, to_api_error
 from pagedllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization, add_tokenization_routes
+from pagedllm.entrypoints.server_options import add_cors, api_keys, startup_lines, uvicorn_options
 
 logger = logging.getLogger("pagedllm.entrypoints.openai.api_server")
 
@@ -56,99 +55,6 @@ STATS_LOG_INTERVAL_S = 5.0
 DEAD_ENGINE_GRACE_S = 2.0
 DEAD_ENGINE_SHUTDOWN_S = 3.0
 EXIT_ENGINE_DEAD = 1
-
-
-def error_response(err: APIError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status_code, headers=err.headers)
-
-
-class GuardMiddleware:
-    """Pure ASGI (so streaming is untouched): before any route runs, reject bodies larger than
-    `max_body_size` (413) and, when an API key is set, /v1 requests without it (401)."""
-
-    def __init__(self, app: Any, *, api_key: str | list[str] | None, max_body_size: int) -> None:
-        self.app = app
-        # Only the key's digest is kept; comparing digests takes the same time whatever the
-        # length or content of the key that was sent.
-        keys = [api_key] if isinstance(api_key, str) else list(api_key or [])
-        self.api_keys = [hashlib.sha256(k.encode()).digest() for k in keys if k]
-        self.api_key = self.api_keys or None
-        self.max_body_size = max_body_size
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = dict(scope.get("headers") or [])
-        path: str = scope.get("path", "")
-        root = scope.get("root_path", "")
-        if root and path.startswith(root):  # behind --root-path the path still carries the prefix
-            path = path[len(root):]
-        if self.api_key is not None and (path == "/v1" or path.startswith("/v1/")) and scope["method"] != "OPTIONS":
-            if not self._authorized(headers.get(b"authorization", b"")):
-                await self._reject(scope, receive, send, APIError(
-                    "Incorrect or missing API key; send it as 'Authorization: Bearer KEY'.",
-                    401, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"},
-                ))
-                return
-        length = headers.get(b"content-length")
-        if length is not None:
-            try:
-                size = int(length)
-            except ValueError:
-                await self._reject(scope, receive, send, APIError("invalid Content-Length header"))
-                return
-            if size > self.max_body_size:
-                await self._reject(scope, receive, send, self._too_large(size))
-                return
-            await self.app(scope, receive, send)
-            return
-        if scope["method"] in ("POST", "PUT", "PATCH"):
-            # No Content-Length (chunked): read up to the limit here, then replay it to the app.
-            chunks, total = [], 0
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    return
-                body = message.get("body", b"")
-                total += len(body)
-                if total > self.max_body_size:
-                    await self._reject(scope, receive, send, self._too_large(total))
-                    return
-                chunks.append(body)
-                if not message.get("more_body", False):
-                    break
-            replayed = False
-
-            async def replay() -> dict:
-                nonlocal replayed
-                if not replayed:
-                    replayed = True
-                    return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
-                return await receive()
-
-            await self.app(scope, replay, send)
-            return
-        await self.app(scope, receive, send)
-
-    def _authorized(self, header: bytes) -> bool:
-        scheme, _, key = header.partition(b" ")
-        key = key.strip() if scheme.lower() == b"bearer" else b""
-        # Constant time: equal-length digests, compared without an early exit.
-        digest = hashlib.sha256(key).digest()
-        # every key is compared (no early exit), so the time says nothing about which matched
-        matched = [hmac.compare_digest(digest, k) for k in self.api_keys]
-        return any(matched) and bool(key)
-
-    def _too_large(self, size: int) -> APIError:
-        return APIError(
-            f"request body of {size} bytes exceeds the limit of {self.max_body_size} bytes",
-            413, code="request_too_large",
-        )
-
-    @staticmethod
-    async def _reject(scope: dict, receive: Any, send: Any, err: APIError) -> None:
-        await error_response(err)(scope, receive, send)
 
 
 def build_app(

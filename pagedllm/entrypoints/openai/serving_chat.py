@@ -36,17 +36,16 @@ from pagedllm.entrypoints.openai.protocol import (
     UsageInfo,
     random_id,
 )
-from pagedllm.entrypoints.openai.serving_engine import (
+from pagedllm.entrypoints.openai.serving_engine import OpenAIServing, to_api_error
+from pagedllm.entrypoints.openai.streaming import (
     SSE_DONE,
     ClientDisconnected,
-    OpenAIServing,
     TextChunks,
     TextDeltas,
     cancel_on_disconnect,
     prepend,
     sse,
     sse_error,
-    to_api_error,
 )
 from pagedllm.entrypoints.openai.structured_outputs import (
     check_tools,
@@ -345,7 +344,7 @@ class OpenAIServingChat(OpenAIServing):
             if include_usage:
                 yield chunk(None, self.usage(num_prompt_tokens, sum(num_tokens), num_cached))
         except Exception as e:  # noqa: BLE001 - the status line is gone; report in the stream
-            yield sse_error(e)
+            yield sse_error(to_api_error(e))
         finally:
             await outputs.aclose()  # type: ignore[attr-defined]
         yield SSE_DONE

@@ -27,17 +27,16 @@ from pagedllm.entrypoints.openai.protocol import (
     UsageInfo,
     random_id,
 )
-from pagedllm.entrypoints.openai.serving_engine import (
+from pagedllm.entrypoints.openai.serving_engine import OpenAIServing, to_api_error
+from pagedllm.entrypoints.openai.streaming import (
     SSE_DONE,
     ClientDisconnected,
-    OpenAIServing,
     TextChunks,
     TextDeltas,
     cancel_on_disconnect,
     prepend,
     sse,
     sse_error,
-    to_api_error,
 )
 from pagedllm.entrypoints.openai.structured_outputs import request_structured_outputs
 from pagedllm.outputs import CompletionOutput, Logprob, RequestOutput
@@ -281,7 +280,7 @@ class OpenAIServingCompletion(OpenAIServing):
                     )
                 )
         except Exception as e:  # noqa: BLE001 - the status line is gone; report in the stream
-            yield sse_error(e)
+            yield sse_error(to_api_error(e))
         finally:
             await outputs.aclose()  # type: ignore[attr-defined]
         yield SSE_DONE

@@ -1,6 +1,7 @@
-"""What the completion and chat endpoints share: model-name checks, tokenization off the event
-loop, prompt validation, SamplingParams from a request, logprob formatting, and the plumbing of
-streams (merging several requests' streams, noticing a client that went away, SSE framing).
+"""The way into the completion and chat endpoints, which they share: request bodies parsed and
+errors mapped to OpenAI's, model-name checks, tokenization off the event loop, prompt
+validation, SamplingParams from a request, logprob formatting, and admission to the engine. The
+way out (SSE framing, merged streams, disconnects, text deltas) is streaming.py.
 
 Every user mistake becomes an APIError with a 4xx status here, before the engine sees the
 request; the engine's own checks are the second line, not the first.
@@ -9,14 +10,12 @@ request; the engine's own checks are the second line, not the first.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-import pydantic_core
 from pydantic import BaseModel, ValidationError
 
 from pagedllm.engine.async_engine import (
@@ -26,13 +25,8 @@ from pagedllm.engine.async_engine import (
     RequestFailedError,
 )
 from pagedllm.entrypoints.json_body import JSONBodyError, parse_json_object
-from pagedllm.entrypoints.openai.protocol import (
-    APIError,
-    ErrorInfo,
-    ErrorResponse,
-    PromptTokenUsageInfo,
-    UsageInfo,
-)
+from pagedllm.entrypoints.openai.protocol import APIError, PromptTokenUsageInfo, UsageInfo
+from pagedllm.entrypoints.openai.streaming import merge_async_iterators
 from pagedllm.outputs import Logprob
 from pagedllm.sampling_params import RequestOutputKind, SamplingParams
 
@@ -132,121 +126,6 @@ def validation_error(e: ValidationError) -> APIError:
     if len(errors) > 4:
         parts.append(f"... and {len(errors) - 4} more")
     return APIError("invalid request: " + "; ".join(parts), 400, param=params[0] if params else None)
-
-
-def sse(payload: BaseModel | dict[str, Any]) -> str:
-    data = payload.model_dump_json() if isinstance(payload, BaseModel) else json.dumps(payload)
-    return f"data: {data}\n\n"
-
-
-def sse_error(e: BaseException) -> str:
-    err = to_api_error(e)
-    body = ErrorResponse(error=ErrorInfo(message=err.message, type=err.type, param=err.param, code=err.code))
-    return sse(body)
-
-
-SSE_DONE = "data: [DONE]\n\n"
-
-# what a template chunk holds where a real one has its choice index and text
-_TEMPLATE_INDEX = 918273645
-_TEMPLATE_TEXT = "\x01pagedllm template text\x01"
-
-
-class TextChunks:
-    """The SSE frame of a response's plainest chunk (a choice index and its new text; no
-    logprobs, finish reason, tool calls or usage), the commonest one in a stream: cut from a
-    frame that pydantic wrote for the response once, with the text encoded by pydantic's own
-    JSON serializer, so the bytes are those of `sse(model)` at a fifth of its cost per chunk.
-    `make(index, text)` -> the chunk model with those placeholders; `frame` is None (use the
-    models) if the placeholders cannot be found exactly once."""
-
-    __slots__ = ("_parts",)
-
-    def __init__(self, make: Any) -> None:
-        raw = sse(make(_TEMPLATE_INDEX, _TEMPLATE_TEXT))
-        text = pydantic_core.to_json(_TEMPLATE_TEXT).decode()
-        idx = str(_TEMPLATE_INDEX)
-        self._parts: tuple[str, str, str] | None = None
-        if raw.count(idx) == 1 and raw.count(text) == 1 and raw.index(idx) < raw.index(text):
-            head, rest = raw.split(idx)
-            mid, tail = rest.split(text)
-            self._parts = (head, mid, tail)
-
-    def frame(self, index: int, text: str) -> str | None:
-        if self._parts is None:
-            return None
-        head, mid, tail = self._parts
-        return f"{head}{index}{mid}{pydantic_core.to_json(text).decode()}{tail}"
-
-
-async def _next(it: AsyncIterator[T]) -> T:
-    return await it.__anext__()
-
-
-async def merge_async_iterators(iterators: Sequence[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
-    """Yield (index of the iterator, item) as items arrive from any of them. Closing the merged
-    iterator closes every source (which aborts their requests)."""
-    if len(iterators) == 1:
-        try:
-            async for item in iterators[0]:
-                yield 0, item
-        finally:
-            await iterators[0].aclose()  # type: ignore[attr-defined]
-        return
-    pending: dict[asyncio.Future, int] = {
-        asyncio.ensure_future(_next(it)): i for i, it in enumerate(iterators)
-    }
-    try:
-        while pending:
-            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for fut in done:
-                i = pending.pop(fut)
-                try:
-                    item = fut.result()
-                except StopAsyncIteration:
-                    continue
-                yield i, item
-                pending[asyncio.ensure_future(_next(iterators[i]))] = i
-    finally:
-        for fut in pending:
-            fut.cancel()
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
-        for it in iterators:
-            await it.aclose()  # type: ignore[attr-defined]
-
-
-async def _wait_for_disconnect(raw_request: Any) -> None:
-    while True:
-        message = await raw_request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-class ClientDisconnected(Exception):
-    pass
-
-
-async def cancel_on_disconnect(coro: Awaitable[T], raw_request: Any) -> T:
-    """Run `coro`; if the client disconnects first, cancel it (its requests are aborted) and
-    raise ClientDisconnected."""
-    task = asyncio.ensure_future(coro)
-    watcher = asyncio.ensure_future(_wait_for_disconnect(raw_request))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:
-        task.cancel()
-        raise
-    finally:
-        watcher.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()
-    try:
-        await task
-    except (asyncio.CancelledError, Exception):  # noqa: BLE001 - the client is gone anyway
-        pass
-    raise ClientDisconnected()
 
 
 class OpenAIServing:
@@ -463,38 +342,3 @@ class OpenAIServing:
         except Exception as e:  # noqa: BLE001
             await stream.aclose()  # type: ignore[attr-defined]
             raise to_api_error(e) from None
-
-
-async def prepend(first: T, rest: AsyncIterator[T]) -> AsyncIterator[T]:
-    try:
-        yield first
-        async for item in rest:
-            yield item
-    finally:
-        await rest.aclose()  # type: ignore[attr-defined]
-
-
-class TextDeltas:
-    """A streamed choice's text from the engine's deltas: what can go out now, holding back a
-    trailing partial UTF-8 character (U+FFFD) until more text or the end comes. (The engine's
-    text already holds back what could begin a stop string.) `sent` counts what went out."""
-
-    __slots__ = ("held", "sent")
-
-    def __init__(self) -> None:
-        self.held = ""
-        self.sent = 0
-
-    def take(self, text: str, finished: bool) -> str:
-        if self.held:
-            text = self.held + text
-        end = len(text)
-        if not finished:
-            while end > 0 and text[end - 1] == "\ufffd":
-                end -= 1
-        if end == len(text):
-            self.held = ""
-        else:
-            text, self.held = text[:end], text[end:]
-        self.sent += len(text)
-        return text
