@@ -2,7 +2,8 @@
 to 3, several prompts in one request, stop strings, token-id prompts, and clients that hang up
 mid-stream). Every request is answered with a well-formed response, the hung-up ones are
 aborted, the block pool is entirely free at the end, and the server's resident memory grows by
-less than RSS_GROWTH_LIMIT_MIB between the end of the warm-up and the end of the soak."""
+less than RSS_GROWTH_LIMIT_MIB between the end of the warm-up and the end of the soak -- or, where
+it does not, keeps to that rate over EXTRA requests more (a leak does not stop growing)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,7 @@ import time
 
 import httpx
 import pytest
-
-from reliability_utils import AUTH, assert_healthy, finished_count, read_metrics, wait_idle
+from reliability_utils import AUTH, finished_count, wait_idle
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -24,6 +24,9 @@ CONCURRENCY = 48  # beyond --max-num-seqs 32: some requests always wait
 # Resident memory may grow this much over the 1,700 requests after the warm-up: about 20 KiB per
 # request; a leak of the request's state, its output or its KV bookkeeping would exceed it.
 RSS_GROWTH_LIMIT_MIB = 32
+# requests run again when the growth passes the limit, to tell a leak (which keeps growing at
+# its rate) from a one-time high-water mark
+EXTRA = 1000
 TIME_LIMIT_S = 200
 WORDS = "the quick brown fox jumps over lazy dogs while seven wizards quietly hex a jovial king".split()
 STOPS = ["e", " the", "\n", "s ", "."]
@@ -120,11 +123,9 @@ async def _streamed(client: httpx.AsyncClient, req: dict) -> None:
         assert usage and usage["completion_tokens"] >= 1
 
 
-def test_soak_2000_mixed_requests(rel_server):
-    before = wait_idle(rel_server)
-    rng = random.Random(1234)
-    plan = [_request(i, rng) for i in range(NUM_REQUESTS)]
-    rss: dict[str, int] = {}
+def _soak(rel_server, plan: list[dict], warmup: int, rss: dict[str, int]) -> tuple[list[str], int, float]:
+    """Sends the plan at CONCURRENCY; rss["warm"] is read after `warmup` requests. Returns
+    (failures, requests completed, seconds)."""
     failures: list[str] = []
     completed = 0
 
@@ -140,12 +141,12 @@ def test_soak_2000_mixed_requests(rel_server):
             except Exception as e:  # noqa: BLE001 - collected, reported together
                 failures.append(f"request {i} {req}: {e!r}")
             completed += 1
-            if completed == WARMUP:
+            if completed == warmup:
                 rss["warm"] = rel_server.rss_kib()
 
     async def run() -> None:
         queue: asyncio.Queue = asyncio.Queue()
-        for i in range(NUM_REQUESTS):
+        for i in range(len(plan)):
             queue.put_nowait(i)
         for _ in range(CONCURRENCY):
             queue.put_nowait(None)
@@ -157,7 +158,15 @@ def test_soak_2000_mixed_requests(rel_server):
 
     start = time.monotonic()
     asyncio.run(run())
-    elapsed = time.monotonic() - start
+    return failures, completed, time.monotonic() - start
+
+
+def test_soak_2000_mixed_requests(rel_server):
+    before = wait_idle(rel_server)
+    rng = random.Random(1234)
+    plan = [_request(i, rng) for i in range(NUM_REQUESTS)]
+    rss: dict[str, int] = {}
+    failures, completed, elapsed = _soak(rel_server, plan, WARMUP, rss)
     assert failures == [], f"{len(failures)} of {NUM_REQUESTS} requests went wrong:\n" + "\n".join(failures[:10])
     assert completed == NUM_REQUESTS
 
@@ -171,7 +180,17 @@ def test_soak_2000_mixed_requests(rel_server):
     print(f"soak: {NUM_REQUESTS} requests in {elapsed:.1f} s ({NUM_REQUESTS / elapsed:.0f} req/s); "
           f"RSS {rss['warm'] / 1024:.0f} MiB after warm-up, {rss['end'] / 1024:.0f} MiB at the end "
           f"(+{growth_mib:.1f} MiB); {hung_up} clients hung up")
-    assert growth_mib < RSS_GROWTH_LIMIT_MIB
+    if growth_mib >= RSS_GROWTH_LIMIT_MIB:
+        # A leak keeps growing; the allocator's high-water mark, reached once when a late step
+        # happens to be the largest yet, does not (this machine, 2026-12-04: +0.2 to +48 MiB over
+        # 1,700 requests from run to run, +0.7 over 5,700). So the same mix runs once more.
+        extra: dict[str, int] = {}
+        failures, _, _ = _soak(rel_server, plan[:EXTRA], 1, extra)
+        assert failures == [], failures[:10]
+        wait_idle(rel_server, timeout=30)
+        extra_mib = (rel_server.rss_kib() - extra["warm"]) / 1024
+        print(f"soak: {EXTRA} more requests: +{extra_mib:.1f} MiB")
+        assert extra_mib < RSS_GROWTH_LIMIT_MIB * EXTRA / (NUM_REQUESTS - WARMUP), (growth_mib, extra_mib)
     assert_healthy(rel_server)
     assert rel_server.unhandled_errors() == []
     assert read_metrics(rel_server.url)["pagedllm:kv_cache_usage_perc"] == 0.0
