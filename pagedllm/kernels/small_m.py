@@ -108,8 +108,10 @@ def _with_reduce(cfg):
     return dataclasses.replace(cfg, reduce="last")
 
 
+@functools.cache
 def default_config(m: int, n: int, k: int):
-    """The SwapConfig for an [m, k] x [n, k].T product, or None where cuBLAS is the better choice."""
+    """The SwapConfig for an [m, k] x [n, k].T product, or None where cuBLAS is the better choice.
+    Cached: every eager decode step asks it once a linear."""
     from pagedllm.kernels.swap_gemm_triton import SwapConfig
 
     for max_rows, fields in CONFIGS.get((n, k), ()):

@@ -172,7 +172,7 @@ def test_switch(monkeypatch):
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
-def test_configs(monkeypatch):
+def test_configs(monkeypatch, request):
     """The heuristic splits K while the programs stay within _TARGET_PROGRAMS, each split keeping
     two K steps; it agrees with the measured table on most of its shapes; the table overrides it per
     shape and row count, None meaning cuBLAS (as do weights of _CUBLAS_MIN_ELEMENTS); pick()
@@ -196,6 +196,8 @@ def test_configs(monkeypatch):
     assert agree >= 6, agree
     assert small_m.default_config(1, 28672, 4096) is None and small_m.default_config(1, 8192, 8192) is None
     monkeypatch.setitem(small_m.CONFIGS, (512, 1024), [(4, (32, 128, 2, 4, 3)), (16, None)])
+    small_m.default_config.cache_clear()  # its answers were cached from the table before
+    request.addfinalizer(small_m.default_config.cache_clear)  # and must not outlive the patch
     assert small_m.default_config(3, 512, 1024) == SwapConfig(32, 128, 2, 4, 3, reduce="last")
     assert small_m.default_config(8, 512, 1024) is None
     heuristic = small_m.heuristic_config(8, 512, 2048)
@@ -216,6 +218,7 @@ def test_last_reduce_switch(monkeypatch):
     for env, want in (("", "last"), ("0", "kernel"), ("1", "last")):
         monkeypatch.setenv("PAGEDLLM_SWAP_LAST_REDUCE", env)
         small_m.last_reduce.cache_clear()
+        small_m.default_config.cache_clear()
         try:
             assert small_m.default_config(1, 2048, 4096).reduce == want
             assert small_m.default_config(1, 128, 2048).reduce == want
@@ -224,4 +227,5 @@ def test_last_reduce_switch(monkeypatch):
                 1, 3000, 4096).split_k == 1 else want)
         finally:
             small_m.last_reduce.cache_clear()
+            small_m.default_config.cache_clear()
 

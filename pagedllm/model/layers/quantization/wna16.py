@@ -22,7 +22,7 @@ rank must be a multiple of the group size), except with desc_act, where every ra
 groups and its part of g_idx says which each input uses, and per channel, where every rank
 keeps the one group's scales.
 
-With PAGEDLLM_WNA16_SWAP=1 (off by default: not yet measured), 4-bit layers are stored instead in
+With PAGEDLLM_WNA16_SWAP=1 (off by default: it loses at one row, kernels/wna16.py), 4-bit layers are stored instead in
 the N-major layout of the swap-AB tensor-core kernel (kernels/wna16.py), converted last, from the
 rank's own (already sharded, already act-order sorted) weights; 8-bit layers keep the K-packed one.
 
