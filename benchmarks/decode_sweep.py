@@ -8,6 +8,7 @@ generated: uniform 100-2048 here) and with 1,024 each; the split count is the en
     python benchmarks/decode_sweep.py [--out best.json]
     python benchmarks/decode_sweep.py --order-ab       # longest-first program order, a few tiles
     python benchmarks/decode_sweep.py --last-reduce-ab # reduce kernel vs the last split's merge, ~1 min
+    python benchmarks/decode_sweep.py --v-layout-ab    # V blocks key-major vs head_dim-major, ~2 min
 
 Prints one line per config and, last, the best per cache dtype beside the default; --out writes
 {"bf16": "block_n,warps,stages", "fp8": ...} for PAGEDLLM_DECODE_CONFIG. With --order-ab,
@@ -20,6 +21,10 @@ kv heads) and Llama-3.1-8B's (32, 8), head_dim 128, bf16 cache, batch 1, 2, 4 at
 takes it; each point timed as decode steps run (a CUDA graph of LAYERS calls, each on its own
 cache, replayed) with the reduce kernel and with the last split merging the splits
 (PAGEDLLM_DECODE_LAST_REDUCE=1); the two outputs checked equal to a bf16 ulp first.
+
+The FP8 cache is in the engine's layout, V blocks stored key-major (attention/backend.py).
+--v-layout-ab: each cache dtype with V blocks key-major ("-vt") and head_dim-major ("-hd"; FP8's
+layout before, bf16's now), a few tiles each, the table showing both.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.kernels_bench import paged_batch  # noqa: E402
+from pagedllm.attention.backend import key_major_view, v_cache_view  # noqa: E402
 from pagedllm.attention.torch_backend import paged_attention_torch  # noqa: E402
 from pagedllm.kernels.attention_decode import (  # noqa: E402
     _num_sms,
@@ -96,6 +102,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--graph-max-seq-len", type=int, default=4096, help="the bound the split count is taken from")
     ap.add_argument("--order-ab", action="store_true", help="a few tiles, each in request order and longest first")
+    ap.add_argument("--v-layout-ab", action="store_true",
+                    help="a few tiles, V blocks key-major and head_dim-major, bf16 and FP8 caches")
     ap.add_argument("--last-reduce-ab", action="store_true",
                     help="batch 1-4, contexts 128-4096: reduce kernel vs the last split's merge")
     args = ap.parse_args()
@@ -117,27 +125,35 @@ def main() -> None:
     print(f"# decode sweep: B={b}, Hq={HQ} Hkv={HKV} D={HD} bs={BS}, splits={splits}", flush=True)
     best: dict[str, tuple[float, tuple[int, int, int]]] = {}
     table = []
-    for cache in ("bf16", "fp8"):
-        default = decode_config(1 if cache == "fp8" else 2)
+    caches = ("bf16-hd", "bf16-vt", "fp8-hd", "fp8-vt") if args.v_layout_ab else ("bf16", "fp8")
+    for cache in caches:
+        fp8 = cache.startswith("fp8")
+        default = decode_config(1 if fp8 else 2)
         for load, seq_lens in loads.items():
             batch, nb = paged_batch([1] * b, seq_lens, b, BS, "cuda", gen)
             q = torch.randn(b, HQ, HD, device="cuda", dtype=torch.bfloat16)
             kc = torch.randn(nb, BS, HKV, HD, device="cuda", dtype=torch.bfloat16)
             vc = torch.randn_like(kc)
             k_scale = v_scale = 1.0
-            if cache == "fp8":
+            if fp8:
                 k_scale = v_scale = 0.02
                 kc, vc = (kc / k_scale).to(FP8), (vc / v_scale).to(FP8)
-            ref = paged_attention_torch(q, kc.to(torch.bfloat16) * k_scale if cache == "fp8" else kc,
-                                        vc.to(torch.bfloat16) * v_scale if cache == "fp8" else vc,
+            ref = paged_attention_torch(q, kc.to(torch.bfloat16) * k_scale if fp8 else kc,
+                                        vc.to(torch.bfloat16) * v_scale if fp8 else vc,
                                         batch, HD**-0.5)  # fmt: skip
+            if cache.endswith("-vt"):
+                vc = key_major_view(torch.empty_like(vc)).copy_(vc)
+            elif cache == "fp8":
+                vc = v_cache_view(torch.empty_like(vc)).copy_(vc)  # the engine's layout
             out = torch.empty_like(q)
             kv_bytes = 2 * sum(seq_lens) * HKV * HD * kc.element_size()
             results = {}
             configs = list(itertools.product((64, 128, 256), (4, 8), (2, 3, 4)))
             orders = [None]
+            if args.order_ab or args.v_layout_ab:
+                configs = list(dict.fromkeys([default, (64, 4, 2), (64, 4, 3), (128, 4, 3), (128, 4, 4),
+                                              (128, 8, 3), (256, 8, 3)]))
             if args.order_ab:
-                configs = list(dict.fromkeys([default, (64, 4, 3), (64, 4, 4), (128, 4, 3)]))
                 orders.append(torch.argsort(batch.seq_lens, descending=True).to(torch.int32))
             for (bn, w, st), order in itertools.product(configs, orders):
                 def run(bn=bn, w=w, st=st, order=order):
@@ -160,7 +176,7 @@ def main() -> None:
                       flush=True)  # fmt: skip
             cfg = min(results, key=results.get)
             table.append((cache, load, default, results.get(default, float("nan")), cfg, results[cfg], kv_bytes))
-            if load == "w1-mix" and len(cfg) == 3:
+            if load == "w1-mix" and len(cfg) == 3 and cache in ("bf16", "fp8"):
                 best[cache] = (results[cfg], cfg)
     print("\n=== decode kernel, us (TB/s) ===")
     for cache, load, d, dms, cfg, ms, nbytes in table:

@@ -5,11 +5,17 @@ into the paged cache (through `slot_mapping`), and attending each request's quer
 whole context (cached prefix + the new tokens) through its block table. It never allocates
 blocks and never looks at requests; the runner builds `ForwardBatch` once per step.
 
-Paged KV layout, per layer (K and V alike):
+Paged KV layout, per layer (K and V alike, as the tensors index):
 
     cache[num_blocks, block_size, num_kv_heads, head_dim]
     request r, token position p  ->  block_tables[r, p // block_size], offset p % block_size
-    slot = block_id * block_size + offset   (cache.view(-1, H, D)[slot])
+    slot = block_id * block_size + offset   (cache.view(-1, H, D)[slot] when contiguous)
+
+In memory, the V blocks of FP8 caches are stored [num_kv_heads, head_dim, block_size] (a head's
+keys fastest; `v_blocks_transposed`): the V cache is then a strided view with the same indexing
+(`v_cache_view`). The product P V reduces over keys, and a tensor core's operand wants the
+reduced dimension contiguous; 16-bit values get transposed on the way from shared memory
+(ldmatrix.trans) but FP8 ones cannot, so the attention kernels read FP8 V blocks key-major.
 
 Requests in a batch are ordered decodes first (query_len == 1), then prefill chunks:
 
@@ -23,6 +29,24 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
+
+
+def v_blocks_transposed(cache_dtype: torch.dtype) -> bool:
+    """Whether the V cache's blocks are stored [Hkv, D, block_size]: FP8 caches."""
+    return cache_dtype.itemsize == 1
+
+
+def v_cache_view(v: torch.Tensor) -> torch.Tensor:
+    """The V cache of a contiguous [N, bs, Hkv, D] tensor: itself, or for FP8 its blocks stored
+    key-major (`key_major_view`)."""
+    return key_major_view(v) if v_blocks_transposed(v.dtype) else v
+
+
+def key_major_view(v: torch.Tensor) -> torch.Tensor:
+    """A contiguous [N, bs, Hkv, D] tensor's memory read as blocks [Hkv, D, bs], viewed back as
+    [N, bs, Hkv, D] (strides: 1 along bs, bs along D)."""
+    n, bs, h, d = v.shape
+    return v.view(n, h, d, bs).permute(0, 3, 1, 2)
 
 
 class AttentionMetadata:

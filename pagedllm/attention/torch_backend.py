@@ -29,7 +29,6 @@ def store_kv_torch(
     k_scale: float = 1.0,  # FP8 caches: stored = value / scale, saturated to the format's range
     v_scale: float = 1.0,
 ) -> None:
-    n, bs, h, d = k_cache.shape
     if all_valid is None:
         all_valid = bool((slot_mapping >= 0).all())
     if not all_valid:
@@ -40,10 +39,20 @@ def store_kv_torch(
         top = float(torch.finfo(k_cache.dtype).max)
         # (multiplied by the inverse, as the Triton store does: the same bytes)
         k = (k.float() * (1.0 / k_scale)).clamp(-top, top).to(k_cache.dtype).view(torch.uint8)
-        v = (v.float() * (1.0 / v_scale)).clamp(-top, top).to(v_cache.dtype).view(torch.uint8)
+        # a NaN in V is stored as 0: the Triton kernels read whole V blocks (attention/backend.py)
+        v = v.float()
+        v = (v.masked_fill(v.isnan(), 0.0) * (1.0 / v_scale)).clamp(-top, top).to(v_cache.dtype).view(torch.uint8)
         k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
-    k_cache.view(n * bs, h, d).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
-    v_cache.view(n * bs, h, d).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+    _store_rows(k_cache, slot_mapping, k.to(k_cache.dtype))
+    _store_rows(v_cache, slot_mapping, v.to(v_cache.dtype))
+
+
+def _store_rows(cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> None:
+    n, bs, h, d = cache.shape
+    if cache.is_contiguous():
+        cache.view(n * bs, h, d).index_copy_(0, slots, rows)
+    else:  # a strided view: FP8 V blocks stored key-major (attention/backend.py)
+        cache[slots // bs, slots % bs] = rows
 
 
 @dataclass(slots=True)

@@ -46,11 +46,11 @@ def _store_kv_kernel(
     k_ptr,  # [T, Hkv, D]
     v_ptr,  # [T, Hkv, D]
     k_cache_ptr,  # [N, bs, Hkv, D]
-    v_cache_ptr,  # [N, bs, Hkv, D]
+    v_cache_ptr,  # [N, bs, Hkv, D] (strided: FP8 V blocks are stored [Hkv, D, bs])
     slot_ptr,  # [T] int64, -1 = skip
     stride_kt, stride_kh, stride_vt, stride_vh,
     stride_kcb, stride_kcs, stride_kch,
-    stride_vcb, stride_vcs, stride_vch,
+    stride_vcb, stride_vcs, stride_vch, stride_vcd,
     num_kv_heads,
     inv_k_scale, inv_v_scale,  # 1 / the cache's scales (FP8 caches; 1.0 otherwise)
     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -68,10 +68,11 @@ def _store_kv_kernel(
     k = tl.load(k_ptr + t * stride_kt + heads[:, None] * stride_kh + dims[None, :], mask=mask)
     v = tl.load(v_ptr + t * stride_vt + heads[:, None] * stride_vh + dims[None, :], mask=mask)
     kc = k_cache_ptr + block * stride_kcb + offset * stride_kcs + heads[:, None] * stride_kch + dims[None, :]
-    vc = v_cache_ptr + block * stride_vcb + offset * stride_vcs + heads[:, None] * stride_vch + dims[None, :]
+    vc = (v_cache_ptr + block * stride_vcb + offset * stride_vcs + heads[:, None] * stride_vch
+          + dims[None, :] * stride_vcd)
     if FP8_MAX > 0:
         k = tl.clamp(k.to(tl.float32) * inv_k_scale, -FP8_MAX, FP8_MAX)
-        v = tl.clamp(v.to(tl.float32) * inv_v_scale, -FP8_MAX, FP8_MAX)
+        v = tl.clamp(tl.where(v == v, v.to(tl.float32), 0.0) * inv_v_scale, -FP8_MAX, FP8_MAX)  # NaN: 0
     tl.store(kc, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(vc, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
@@ -93,6 +94,18 @@ def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
+def v_transposed(v_cache: torch.Tensor) -> bool:
+    """Whether a V cache [N, bs, Hkv, D] is the strided view of blocks stored [Hkv, D, bs]
+    (attention/backend.py's v_cache_view), which the attention kernels read key-major."""
+    return v_cache.stride(-1) != 1
+
+
+def v_layout_ok(v_cache: torch.Tensor) -> bool:
+    """head_dim contiguous, or the key-major blocks of v_cache_view exactly."""
+    _, bs, h, d = v_cache.shape
+    return v_cache.stride(-1) == 1 or v_cache.stride()[1:] == (1, d * bs, bs)
+
+
 def store_kv_triton(
     k: torch.Tensor,  # [T, Hkv, D]
     v: torch.Tensor,  # [T, Hkv, D]
@@ -105,14 +118,14 @@ def store_kv_triton(
     t, hkv, d = k.shape
     if t == 0:
         return
-    assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1, "the cache's head_dim must be contiguous"
+    assert k_cache.stride(-1) == 1 and v_layout_ok(v_cache), "the cache's head_dim must be contiguous"
     k, v = _last_dim_contiguous(k), _last_dim_contiguous(v)
     block_h, block_d = next_power_of_2(hkv), next_power_of_2(d)
     _store_kv_kernel[(t,)](
         k, v, k_cache, v_cache, slot_mapping,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), v_cache.stride(3),
         hkv, 1.0 / k_scale, 1.0 / v_scale,
         HEAD_DIM=d, BLOCK_SIZE=k_cache.shape[1], BLOCK_H=block_h, BLOCK_D=block_d,
         FP8_MAX=fp8_max(k_cache.dtype),
@@ -161,16 +174,37 @@ def _attend_tile(
 
 @triton.jit
 def _attend_keys(
-    q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, keys, key_mask, valid, kv_head, dims, dim_mask,
+    q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, n0, keys, key_mask, kv_end, valid, kv_head, dims, dim_mask,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, qk_scale,
     BLOCK_SIZE: tl.constexpr, DOT_PRECISION: tl.constexpr, soft_cap, SOFT_CAP: tl.constexpr,
+    V_T: tl.constexpr = False,
 ):  # fmt: skip
-    """Gathers the K and V rows `keys` of one kv head and takes the online-softmax step over
-    them (`valid` [M, N]: which (query, key) pairs count)."""
-    k = _load_kv_tile(k_cache_ptr, bt_row, keys, key_mask, kv_head, dims, dim_mask,
-                      stride_kb, stride_ks, stride_kh, BLOCK_SIZE)  # fmt: skip
-    v = _load_kv_tile(v_cache_ptr, bt_row, keys, key_mask, kv_head, dims, dim_mask,
-                      stride_vb, stride_vs, stride_vh, BLOCK_SIZE)  # fmt: skip
+    """Gathers the K and V rows `keys` = n0 + [0, BLOCK_N) of one kv head (key_mask: keys <
+    kv_end) and takes the online-softmax step over them (`valid` [M, N]: which (query, key)
+    pairs count).
+
+    V_T: V blocks stored [Hkv, D, bs] (v_transposed). Whole blocks are read, so each block's
+    keys are contiguous bytes the loads vectorize (the callers start tiles on block boundaries;
+    the hints say so), and the dot's operand has the keys it reduces over contiguous: no
+    byte-wise transpose. The slots past kv_end in a block are read too and meet p = 0: they
+    hold zeros or what an earlier request stored, never a NaN (FP8 stores write NaN as 0 and
+    saturate infinities)."""
+    if V_T:
+        blk = keys // BLOCK_SIZE
+        block_mask = blk * BLOCK_SIZE < kv_end
+        page = tl.load(bt_row + blk, mask=block_mask, other=0).to(tl.int64)
+        offset = keys % BLOCK_SIZE
+        k = tl.load(k_cache_ptr + page[:, None] * stride_kb + offset[:, None] * stride_ks + kv_head * stride_kh
+                    + dims[None, :], mask=key_mask[:, None] & dim_mask[None, :], other=0.0)  # fmt: skip
+        RUN: tl.constexpr = BLOCK_SIZE if BLOCK_SIZE < keys.shape[0] else keys.shape[0]
+        offs = page[:, None] * stride_vb + offset[:, None] + kv_head * stride_vh + dims[None, :] * BLOCK_SIZE
+        offs = tl.max_contiguous(tl.multiple_of(offs, [RUN, 1]), [RUN, 1])
+        v = tl.load(v_cache_ptr + offs, mask=block_mask[:, None] & dim_mask[None, :], other=0.0)
+    else:
+        k = _load_kv_tile(k_cache_ptr, bt_row, keys, key_mask, kv_head, dims, dim_mask,
+                          stride_kb, stride_ks, stride_kh, BLOCK_SIZE)  # fmt: skip
+        v = _load_kv_tile(v_cache_ptr, bt_row, keys, key_mask, kv_head, dims, dim_mask,
+                          stride_vb, stride_vs, stride_vh, BLOCK_SIZE)  # fmt: skip
     return _attend_tile(q, acc, m_i, l_i, k, v, valid, qk_scale, DOT_PRECISION, soft_cap, SOFT_CAP)
 
 
@@ -213,6 +247,7 @@ def _prefill_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr, Q_AS_FP16: tl.constexpr,
     SLIDING: tl.constexpr = False, SOFT_CAP: tl.constexpr = False,
+    V_T: tl.constexpr = False,  # V blocks stored [Hkv, D, bs] (v_transposed); stride_vs is then 1
 ):  # fmt: skip
     q_block = tl.program_id(0)
     req = first_req + tl.program_id(1)
@@ -254,33 +289,35 @@ def _prefill_kernel(
         # one loop from the first row's first key, causal and window masks on every tile; the
         # two loops below then run no iteration
         lo = tl.maximum(ctx + m0 - window + 1, 0)
+        if V_T:
+            lo = (lo // BLOCK_SIZE) * BLOCK_SIZE  # tiles on block boundaries; the window mask holds
         for n0 in range(lo, end, BLOCK_N):
             keys = n0 + offs_n
             key_mask = keys < end
             qpos = ctx + rows[:, None]
             valid = key_mask[None, :] & (keys[None, :] <= qpos) & (keys[None, :] > qpos - window)
             acc, m_i, l_i = _attend_keys(
-                q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, keys, key_mask, valid, kv_head, dims, dim_mask,
-                stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, qk_scale,
-                BLOCK_SIZE, DOT_PRECISION, soft_cap, SOFT_CAP)  # fmt: skip
+                q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, n0, keys, key_mask, end, valid, kv_head, dims,
+                dim_mask, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, qk_scale,
+                BLOCK_SIZE, DOT_PRECISION, soft_cap, SOFT_CAP, V_T)  # fmt: skip
         full_end = 0
         diag_start = end
     for n0 in range(0, full_end, BLOCK_N):
         keys = n0 + offs_n
         key_mask = keys < full_end
         acc, m_i, l_i = _attend_keys(
-            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, keys, key_mask, key_mask[None, :], kv_head, dims,
-            dim_mask, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, qk_scale,
-            BLOCK_SIZE, DOT_PRECISION, soft_cap, SOFT_CAP)  # fmt: skip
+            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, n0, keys, key_mask, full_end, key_mask[None, :],
+            kv_head, dims, dim_mask, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, qk_scale,
+            BLOCK_SIZE, DOT_PRECISION, soft_cap, SOFT_CAP, V_T)  # fmt: skip
 
     for n0 in range(diag_start, end, BLOCK_N):
         keys = n0 + offs_n
         key_mask = keys < end
         valid = key_mask[None, :] & (keys[None, :] <= ctx + rows[:, None])
         acc, m_i, l_i = _attend_keys(
-            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, keys, key_mask, valid, kv_head, dims, dim_mask,
-            stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, qk_scale,
-            BLOCK_SIZE, DOT_PRECISION, soft_cap, SOFT_CAP)  # fmt: skip
+            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, n0, keys, key_mask, end, valid, kv_head, dims,
+            dim_mask, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, qk_scale,
+            BLOCK_SIZE, DOT_PRECISION, soft_cap, SOFT_CAP, V_T)  # fmt: skip
 
     l_i = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc * (v_scale / l_i)[:, None]
@@ -325,7 +362,7 @@ def prefill_attention_triton(
     _, bs, hkv, _ = k_cache.shape
     if num_reqs == 0 or max_query_len == 0:
         return out
-    assert hq % hkv == 0 and out.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
+    assert hq % hkv == 0 and out.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_layout_ok(v_cache)
     q = _last_dim_contiguous(q)
     block_m, block_n, num_warps, num_stages = config or _prefill_config(d, q.dtype)
     grid = (triton.cdiv(max_query_len, block_m), num_reqs, hq)
@@ -340,6 +377,6 @@ def prefill_attention_triton(
         *window_cap, GROUP=hq // hkv, HEAD_DIM=d, BLOCK_SIZE=bs,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=next_power_of_2(d),
         DOT_PRECISION=_dot_precision(q.dtype), Q_AS_FP16=dot_dtype_fp16(q.dtype, k_cache.dtype), **switches,
-        num_warps=num_warps, num_stages=num_stages,
+        V_T=v_transposed(v_cache), num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return out

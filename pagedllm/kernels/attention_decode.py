@@ -35,6 +35,8 @@ from pagedllm.kernels.attention import (
     _dot_precision,
     _last_dim_contiguous,
     dot_dtype_fp16,
+    v_layout_ok,
+    v_transposed,
     window_cap_args,
 )
 from pagedllm.kernels.counters import counters
@@ -42,8 +44,21 @@ from pagedllm.kernels.pdl_triton import pdl_release, pdl_wait
 
 
 @triton.jit
+def _window_first(seq_len, window, SLIDING: tl.constexpr, ALIGN: tl.constexpr):
+    """The first key the splits share out: 0, or a sliding window's first key seq_len - W,
+    rounded down to a multiple of ALIGN (a V cache read key-major starts tiles on block
+    boundaries; the keys below the window are then masked by the caller)."""
+    first = 0
+    if SLIDING:
+        first = tl.maximum(seq_len - window, 0)
+        if ALIGN > 1:
+            first = (first // ALIGN) * ALIGN
+    return first
+
+
+@triton.jit
 def _partition(seq_lens_ptr, order_ptr, window, BLOCK_N: tl.constexpr, SLIDING: tl.constexpr,
-               ORDERED: tl.constexpr):  # fmt: skip
+               ORDERED: tl.constexpr, ALIGN: tl.constexpr = 1):  # fmt: skip
     """This program's (request, kv head, split) and its keys [start, end): the request's context
     (a sliding window's last W keys) cut into the grid's num_splits partitions of whole tiles.
     The grid is (requests, kv heads, splits); ORDERED: (kv heads, requests, splits), the
@@ -61,10 +76,8 @@ def _partition(seq_lens_ptr, order_ptr, window, BLOCK_N: tl.constexpr, SLIDING: 
     split = tl.program_id(2)
     num_splits = tl.num_programs(2)
     seq_len = tl.load(seq_lens_ptr + req)
-    first = 0
-    if SLIDING:
-        # the window's keys [seq_len - W, seq_len) are what the splits share out
-        first = tl.maximum(seq_len - window, 0)
+    # the window's keys [seq_len - W, seq_len) are what the splits share out
+    first = _window_first(seq_len, window, SLIDING, ALIGN)
     part_len = tl.cdiv(tl.cdiv(seq_len - first, num_splits), BLOCK_N) * BLOCK_N
     start = first + split * part_len
     return req, kv_head, num_kv_heads, split, num_splits, start, tl.minimum(start + part_len, seq_len)
@@ -98,6 +111,7 @@ def _decode_kernel(
     BLOCK_S: tl.constexpr = 16,  # (LAST_REDUCE) splits' maxima read a round
     MERGE_UNROLL: tl.constexpr = 4,  # (LAST_REDUCE) splits merged a round
     PDL: tl.constexpr = False,  # kernels/pdl_triton.py
+    V_T: tl.constexpr = False,  # V blocks stored [Hkv, D, bs] (attention.v_transposed); stride_vs is then 1
 ):  # fmt: skip
     pdl_release(PDL)
     pdl_wait(PDL)
@@ -105,7 +119,7 @@ def _decode_kernel(
     # the batch size and the longest context) needs no new compile, which would stall serving
     # for a second or more. SPLIT (count > 1) picks partial outputs over the final one.
     req, kv_head, num_kv_heads, split, num_splits, start, end = _partition(
-        seq_lens_ptr, order_ptr, window, BLOCK_N, SLIDING, ORDERED)
+        seq_lens_ptr, order_ptr, window, BLOCK_N, SLIDING, ORDERED, BLOCK_SIZE if V_T else 1)
 
     g = tl.arange(0, BLOCK_G)  # rows: the query heads of this kv head's group (padded to >= 16)
     g_mask = g < GROUP
@@ -124,13 +138,19 @@ def _decode_kernel(
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     offs_n = tl.arange(0, BLOCK_N)
+    win_lo = 0
+    if SLIDING and V_T:  # the partitions start on a block boundary below the window: mask those keys
+        win_lo = tl.maximum(tl.load(seq_lens_ptr + req) - window, 0)
     for n0 in range(start, end, BLOCK_N):
         keys = n0 + offs_n
         key_mask = keys < end
+        valid = key_mask[None, :]
+        if SLIDING and V_T:
+            valid = valid & (keys >= win_lo)[None, :]
         acc, m_i, l_i = _attend_keys(
-            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, keys, key_mask, key_mask[None, :], kv_head, dims,
+            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, n0, keys, key_mask, end, valid, kv_head, dims,
             dim_mask, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, qk_scale,
-            BLOCK_SIZE, DOT_PRECISION, soft_cap, SOFT_CAP)  # fmt: skip
+            BLOCK_SIZE, DOT_PRECISION, soft_cap, SOFT_CAP, V_T)  # fmt: skip
 
     acc = acc * v_scale
     if not SPLIT:
@@ -160,7 +180,7 @@ def _decode_kernel(
             if done == num_splits - 1:
                 # the splits holding keys: _partition's cut of the request's context
                 seq_len = tl.load(seq_lens_ptr + req)
-                num_keys = seq_len - (tl.maximum(seq_len - window, 0) if SLIDING else 0)
+                num_keys = seq_len - _window_first(seq_len, window, SLIDING, BLOCK_SIZE if V_T else 1)
                 part_len = tl.cdiv(tl.cdiv(num_keys, num_splits), BLOCK_N) * BLOCK_N
                 live = tl.cdiv(num_keys, tl.maximum(part_len, 1))
                 _merge_splits(part_out_ptr, part_max_ptr, part_sum_ptr, out_ptr, row - split, num_splits, live,
@@ -344,7 +364,7 @@ def decode_attention_triton(
     _, bs, hkv, _ = k_cache.shape
     if b == 0:
         return out
-    assert hq % hkv == 0 and out.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
+    assert hq % hkv == 0 and out.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_layout_ok(v_cache)
     q = _last_dim_contiguous(q)
     group = hq // hkv
     if num_splits is None:
@@ -376,8 +396,8 @@ def decode_attention_triton(
         block_tables.stride(0), *window_cap,
     )  # fmt: skip
     common = dict(GROUP=group, HEAD_DIM=d, BLOCK_SIZE=bs, BLOCK_N=block_n, BLOCK_D=block_d, SPLIT=num_splits > 1,
-                  ORDERED=order is not None, LAST_REDUCE=last, **switches, num_warps=num_warps,
-                  num_stages=num_stages)  # fmt: skip
+                  ORDERED=order is not None, LAST_REDUCE=last, V_T=v_transposed(v_cache), **switches,
+                  num_warps=num_warps, num_stages=num_stages)  # fmt: skip
     if last:
         common.update(BLOCK_S=MERGE_BLOCK_S, MERGE_UNROLL=MERGE_UNROLL)
     grid = (b, hkv, num_splits) if order is None else (hkv, b, num_splits)

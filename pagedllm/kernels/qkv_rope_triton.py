@@ -22,7 +22,7 @@ import triton.language as tl
 
 from pagedllm.kernels._triton import next_power_of_2, pdl
 from pagedllm.kernels.pdl_triton import pdl_release, pdl_wait
-from pagedllm.kernels.attention import fp8_max
+from pagedllm.kernels.attention import v_layout_ok, fp8_max
 
 
 @triton.jit
@@ -57,10 +57,10 @@ def _qkv_rope_store_kernel(
     cos_ptr, sin_ptr,  # [max_pos, D] float32
     qw_ptr, kw_ptr,  # [D] q_norm / k_norm weights (read when HAS_NORM)
     q_out_ptr,  # [T, Hq, D]
-    k_cache_ptr, v_cache_ptr,  # [N, bs, Hkv, D]
+    k_cache_ptr, v_cache_ptr,  # [N, bs, Hkv, D] (V strided: FP8 V blocks are stored [Hkv, D, bs])
     slot_ptr,  # [T] int64, -1 = skip
     stride_qkv, stride_qot, stride_qoh, stride_cos, stride_sin,
-    stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
+    stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch, stride_vcd,
     num_q_heads, num_kv_heads, eps, inv_k_scale, inv_v_scale,
     HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,  # the cache's tokens per block
@@ -107,17 +107,19 @@ def _qkv_rope_store_kernel(
             block = slot // BLOCK_SIZE
             offset = slot % BLOCK_SIZE
             kc = k_cache_ptr + block * stride_kcb + offset * stride_kcs + heads[:, None] * stride_kch + cols[None, :]
-            vc = v_cache_ptr + block * stride_vcb + offset * stride_vcs + heads[:, None] * stride_vch + cols[None, :]
+            vc = (v_cache_ptr + block * stride_vcb + offset * stride_vcs + heads[:, None] * stride_vch
+                  + cols[None, :] * stride_vcd)
             if FP8_MAX > 0:
                 k1 = tl.clamp(k1.to(tl.float32) * inv_k_scale, -FP8_MAX, FP8_MAX)
                 k2 = tl.clamp(k2.to(tl.float32) * inv_k_scale, -FP8_MAX, FP8_MAX)
-                v1 = tl.clamp(v1.to(tl.float32) * inv_v_scale, -FP8_MAX, FP8_MAX)
-                v2 = tl.clamp(v2.to(tl.float32) * inv_v_scale, -FP8_MAX, FP8_MAX)
+                # a NaN is stored as 0: the attention kernels read whole FP8 V blocks (v_transposed)
+                v1 = tl.clamp(tl.where(v1 == v1, v1.to(tl.float32), 0.0) * inv_v_scale, -FP8_MAX, FP8_MAX)
+                v2 = tl.clamp(tl.where(v2 == v2, v2.to(tl.float32), 0.0) * inv_v_scale, -FP8_MAX, FP8_MAX)
             cdt = k_cache_ptr.dtype.element_ty
             tl.store(kc, k1.to(cdt), mask=mask)
             tl.store(kc + HALF, k2.to(cdt), mask=mask)
             tl.store(vc, v1.to(cdt), mask=mask)
-            tl.store(vc + HALF, v2.to(cdt), mask=mask)
+            tl.store(vc + HALF * stride_vcd, v2.to(cdt), mask=mask)
 
 
 def default_block_h(num_tokens: int, num_heads: int) -> int:
@@ -148,7 +150,7 @@ def qkv_norm_rope_store_triton(
     d = head_dim
     assert d % 2 == 0 and cos_cache.shape[-1] == d, "rotary needs an even head_dim equal to the cache width"
     assert qkv.shape[-1] == (num_heads + 2 * num_kv_heads) * d, "qkv width is not (Hq + 2 Hkv) * head_dim"
-    assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1, "the cache's head_dim must be contiguous"
+    assert k_cache.stride(-1) == 1 and v_layout_ok(v_cache), "the cache's head_dim must be contiguous"
     if qkv.stride(-1) != 1:
         qkv = qkv.contiguous()
     cos_cache = cos_cache if cos_cache.stride(-1) == 1 else cos_cache.contiguous()
@@ -168,7 +170,7 @@ def qkv_norm_rope_store_triton(
         qkv, positions, cos_cache, sin_cache, qw, kw, q_out, k_cache, v_cache, slot_mapping,
         qkv.stride(0), q_out.stride(0), q_out.stride(1), cos_cache.stride(0), sin_cache.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), v_cache.stride(3),
         num_heads, num_kv_heads, eps, 1.0 / k_scale, 1.0 / v_scale,
         HEAD_DIM=d, HALF=half, BLOCK_HALF=next_power_of_2(half), BLOCK_H=bh, BLOCK_SIZE=k_cache.shape[1],
         HAS_NORM=has_norm, FP8_MAX=fp8_max(k_cache.dtype),

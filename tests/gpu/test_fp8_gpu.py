@@ -20,6 +20,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_kernels import ATTENTION_TOL, _attention_inputs, make_batch  # noqa: E402
 
+from pagedllm.attention.backend import v_cache_view  # noqa: E402
 from pagedllm.attention.torch_backend import TorchAttentionBackend, paged_attention_torch  # noqa: E402
 from pagedllm.kernels.fp8 import (  # noqa: E402
     FP8_DTYPE,
@@ -188,11 +189,17 @@ def test_fp8_gemv_under_cuda_graph():
 CACHE_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 
 
-def _fp8_inputs(batch, num_blocks, block_size, hq, hkv, head_dim, dtype, device, seed, cache_dtype, k_scale, v_scale):
+def _fp8_inputs(batch, num_blocks, block_size, hq, hkv, head_dim, dtype, device, seed, cache_dtype, k_scale, v_scale,
+                v_contiguous=False):
+    """The V cache in the engine's layout for FP8 (blocks stored [Hkv, D, bs], a strided view:
+    attention/backend.py), or contiguous (v_contiguous: the kernels' other path)."""
     q, k, v, kc, vc = _attention_inputs(batch, num_blocks, block_size, hq, hkv, head_dim, dtype, device, seed)
     # the cached prefix: values stored by earlier steps, at the cache's scales
     kc = (kc.float() * 2.0 / k_scale).to(cache_dtype)
     vc = (vc.float() * 2.0 / v_scale).to(cache_dtype)
+    if not v_contiguous:
+        vc = v_cache_view(torch.empty_like(vc)).copy_(vc)
+        assert vc.stride(-1) == block_size
     return q, k * 2.0, v * 2.0, kc, vc
 
 
@@ -219,25 +226,35 @@ def check_fp8_reference(device, dtype, query_lens, seq_lens, num_decodes, hq, hk
 
 
 def check_fp8_backend(device, dtype, query_lens, seq_lens, num_decodes, hq, hkv, head_dim, block_size,
-                      cache="fp8_e4m3", k_scale=1.0, v_scale=1.0, num_splits=None, seed=0):
+                      cache="fp8_e4m3", k_scale=1.0, v_scale=1.0, num_splits=None, seed=0, v_contiguous=False,
+                      sliding_window=None, logits_soft_cap=None, nan_token=False):
     """The Triton backend against the torch backend, both on FP8 caches: the stored bytes are
-    equal and the outputs close."""
+    equal and the outputs close. nan_token: the first new token's V holds a NaN, which both
+    store as 0 (the kernels read whole V blocks, so no slot may hold one)."""
     from pagedllm.attention.triton_backend import TritonAttentionBackend
     from pagedllm.kernels import attention_decode
 
     cd = CACHE_DTYPES[cache]
     batch, num_blocks = make_batch(query_lens, seq_lens, num_decodes, block_size, device, seed)
     q, k, v, kc, vc = _fp8_inputs(batch, num_blocks, block_size, hq, hkv, head_dim, dtype, device, seed, cd,
-                                  k_scale, v_scale)
+                                  k_scale, v_scale, v_contiguous)
+    if nan_token:
+        v[0, 0, 1] = float("nan")
     kc_ref, vc_ref = kc.clone(), vc.clone()
+    assert vc_ref.stride() == vc.stride()
+    opts = dict(sliding_window=sliding_window, logits_soft_cap=logits_soft_cap)
     splits = attention_decode.decode_num_splits
     if num_splits is not None:
         attention_decode.decode_num_splits = lambda *a: num_splits
     try:
-        out = TritonAttentionBackend().forward(q, k, v, kc, vc, batch, head_dim**-0.5, k_scale, v_scale)
+        out = TritonAttentionBackend().forward(q, k, v, kc, vc, batch, head_dim**-0.5, k_scale, v_scale, **opts)
     finally:
         attention_decode.decode_num_splits = splits
-    ref = TorchAttentionBackend().forward(q, k, v, kc_ref, vc_ref, batch, head_dim**-0.5, k_scale, v_scale)
+    ref = TorchAttentionBackend().forward(q, k, v, kc_ref, vc_ref, batch, head_dim**-0.5, k_scale, v_scale, **opts)
+    if nan_token:
+        slot = int(batch.slot_mapping[0])
+        stored = vc[slot // block_size, slot % block_size, 0, 1]
+        assert int(stored.view(torch.uint8)) == 0, f"a NaN in V was stored as {stored}"
     assert torch.equal(kc.view(torch.uint8), kc_ref.view(torch.uint8)), "K cache bytes differ"
     assert torch.equal(vc.view(torch.uint8), vc_ref.view(torch.uint8)), "V cache bytes differ"
     atol, rtol = ATTENTION_TOL[dtype]
@@ -245,20 +262,23 @@ def check_fp8_backend(device, dtype, query_lens, seq_lens, num_decodes, hq, hkv,
 
 
 def check_fp8_decode(device, dtype, seq_lens, hq, hkv, head_dim, block_size, cache="fp8_e4m3", k_scale=1.0,
-                     v_scale=1.0, num_splits=None, seed=0):
+                     v_scale=1.0, num_splits=None, seed=0, v_contiguous=False, sliding_window=None,
+                     last_reduce=None):
     """The decode kernel on an FP8 cache against the torch reference over the dequantized cache
-    in float32."""
+    in float32 (a sliding window's partitions start on a block boundary, the keys below the
+    window masked)."""
     from pagedllm.kernels.attention_decode import decode_attention_triton
 
     b = len(seq_lens)
     batch, num_blocks = make_batch([1] * b, seq_lens, b, block_size, device, seed)
     q, _, _, kc, vc = _fp8_inputs(batch, num_blocks, block_size, hq, hkv, head_dim, dtype, device, seed,
-                                  CACHE_DTYPES[cache], k_scale, v_scale)  # fmt: skip
+                                  CACHE_DTYPES[cache], k_scale, v_scale, v_contiguous)  # fmt: skip
     out = torch.full_like(q, float("nan"))
     decode_attention_triton(q, kc, vc, batch.block_tables, batch.seq_lens, out, head_dim**-0.5,
                             max_seq_len=batch.max_seq_len, num_splits=num_splits, k_scale=k_scale,
-                            v_scale=v_scale)  # fmt: skip
-    ref = paged_attention_torch(q.float(), kc.float() * k_scale, vc.float() * v_scale, batch, head_dim**-0.5)
+                            v_scale=v_scale, sliding_window=sliding_window, last_reduce=last_reduce)  # fmt: skip
+    ref = paged_attention_torch(q.float(), kc.float() * k_scale, vc.float() * v_scale, batch, head_dim**-0.5,
+                                sliding_window=sliding_window)
     atol, rtol = ATTENTION_TOL[dtype]
     torch.testing.assert_close(out.float(), ref, atol=atol, rtol=rtol)
 

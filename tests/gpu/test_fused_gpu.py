@@ -23,6 +23,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_kernels import ELEMENTWISE_TOL, _close, _randn, _rope_cache  # noqa: E402
 
+from pagedllm.attention.backend import v_cache_view  # noqa: E402
 from pagedllm.kernels.qkv_rope import qkv_norm_rope_store_torch  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available() and importlib.util.find_spec("triton") is not None
@@ -43,6 +44,7 @@ def _qkv_inputs(device, dtype, num_tokens, hq, hkv, head_dim, block_size, cache,
     cache_dtype = _CACHE_DTYPES[cache] or dtype
     kc = _randn(num_blocks, block_size, hkv, head_dim, dtype=torch.float32, device=device, gen=g).to(cache_dtype)
     vc = _randn(num_blocks, block_size, hkv, head_dim, dtype=torch.float32, device=device, gen=g).to(cache_dtype)
+    vc = v_cache_view(torch.empty_like(vc)).copy_(vc)  # the engine's layout (FP8: blocks stored key-major)
     qw = _randn(head_dim, dtype=dtype, device=device, gen=g) * 0.1 + 1
     kw = _randn(head_dim, dtype=dtype, device=device, gen=g) * 0.1 + 1
     return qkv, pos, cos, sin, kc, vc, slots.to(device), qw, kw

@@ -20,6 +20,7 @@ from pagedllm import LLM, SamplingParams
 from pagedllm.config import EngineArgs
 from pagedllm.distributed import ParallelState
 from pagedllm.kernels.fp8 import FP8_MAX, dequantize_fp8_torch, quantize_fp8_torch
+from pagedllm.model.layers.attention import Attention
 from pagedllm.model.loader import build_model
 
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -211,6 +212,14 @@ def test_fp8_kv_cache_layout_and_plan(plain):
         llm = LLM(plain, kv_cache_memory="4MiB", max_model_len=256, kv_cache_dtype=dtype)
         w = llm.llm_engine.executor.worker
         plans[dtype] = (w.kv_cache.dtype, w.num_gpu_blocks, w.precision["kv_cache"])
+        # V blocks of an FP8 cache are stored [Hkv, D, bs] (keys fastest), viewed [N, bs, Hkv, D]
+        layers = [m for m in w.model.modules() if isinstance(m, Attention)]
+        for i, layer in enumerate(layers):
+            n, bs, h, d = w.kv_cache[i, 1].shape
+            assert layer.v_cache.data_ptr() == w.kv_cache[i, 1].data_ptr() and layer.v_cache.shape == (n, bs, h, d)
+            key_major = (bs * h * d, 1, d * bs, bs)
+            assert layer.v_cache.stride() == (key_major if dtype == "fp8" else (bs * h * d, h * d, d, 1))
+            assert layer.k_cache.is_contiguous()
     assert plans["auto"][0] == torch.float32 and plans["fp8"][0] == torch.float8_e4m3fn
     assert plans["fp8"][1] == 4 * plans["auto"][1]  # 1 byte instead of 4: four times the tokens
     assert plans["fp8"][2] == "fp8_e4m3"

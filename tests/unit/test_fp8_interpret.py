@@ -42,11 +42,24 @@ _CASES = {
     "kv_e4m3_split_k": ("check_fp8_backend", [], dict(_MIXED, cache="fp8_e4m3", num_splits=3)),
     "kv_e5m2": ("check_fp8_backend", [], dict(_MIXED, cache="fp8_e5m2", k_scale=0.5, v_scale=2.0)),
     "kv_reference_semantics": ("check_fp8_reference", [], dict(_MIXED, cache="fp8_e4m3", k_scale=0.5, v_scale=2.0)),
+    # the engine keeps FP8 V blocks key-major (attention/backend.py); the kernels' other path, a
+    # contiguous V, and the key-major one with 32-token blocks, a NaN stored as 0, a window + cap
+    "kv_e4m3_v_contiguous": ("check_fp8_backend", [], dict(_MIXED, cache="fp8_e4m3", num_splits=3,
+                                                           v_contiguous=True)),
+    "kv_e4m3_bs32_nan": ("check_fp8_backend", [], dict(_MIXED, block_size=32, cache="fp8_e4m3", v_scale=0.3,
+                                                       nan_token=True)),
+    "kv_e4m3_window_softcap": ("check_fp8_backend", [], dict(_MIXED, cache="fp8_e4m3", num_splits=3,
+                                                             sliding_window=12, logits_soft_cap=2.0)),
     # the decode kernels alone on FP8 caches (seq_lens, hq, hkv, head_dim, block_size)
     "decode_e4m3": ("check_fp8_decode", [[1, 40, 9, 70], 4, 2, 16, 16], {"k_scale": 0.05, "v_scale": 0.3,
                                                                       "num_splits": 2}),
     "decode_e5m2_group4_split_k": ("check_fp8_decode", [[1, 40, 9, 70], 8, 2, 16, 16],
                                    {"cache": "fp8_e5m2", "k_scale": 0.5, "v_scale": 2.0, "num_splits": 3}),
+    # a window not starting on a block boundary: the splits start on one, the keys below masked
+    "decode_e4m3_window_last_reduce": ("check_fp8_decode", [[1, 40, 9, 70], 4, 2, 16, 16],
+                                       {"sliding_window": 21, "num_splits": 3, "last_reduce": True}),
+    "decode_e4m3_v_contiguous": ("check_fp8_decode", [[1, 40, 9, 70], 4, 2, 16, 16],
+                                 {"num_splits": 2, "v_contiguous": True}),
 }
 _DTYPES = ["float32", "float16"]
 

@@ -62,8 +62,11 @@ def test_qkv_rope_store_compiles_for_sm90(cache, has_norm):
     signature.update(dict.fromkeys(["stride_qkv", "stride_qot", "stride_qoh", "stride_cos", "stride_sin",
                                     "stride_kcb", "stride_kcs", "stride_kch", "stride_vcb", "stride_vcs",
                                     "stride_vch", "num_q_heads", "num_kv_heads"], "i32"))
+    if cache == "*fp8e4nv":  # FP8 V blocks are stored key-major: head_dim at stride block_size (bf16: 1)
+        signature["stride_vcd"] = "i32"
     signature.update(dict.fromkeys(["eps", "inv_k_scale", "inv_v_scale"], "fp32"))
     constexprs = {"HEAD_DIM": 128, "HALF": 64, "BLOCK_HALF": 64, "BLOCK_H": 4, "BLOCK_SIZE": 16,
+                  **({} if cache == "*fp8e4nv" else {"stride_vcd": 1}),
                   "HAS_NORM": has_norm, "FP8_MAX": 448.0 if cache == "*fp8e4nv" else 0.0}
     compiled = _compile_sm90(r._qkv_rope_store_kernel, signature, constexprs, num_warps=2, num_stages=1)
     ptx = compiled.asm["ptx"]

@@ -9,7 +9,7 @@ from torch import nn
 
 from typing import Any
 
-from pagedllm.attention.backend import AttentionBackend, ForwardBatch
+from pagedllm.attention.backend import AttentionBackend, ForwardBatch, v_cache_view
 from pagedllm.kernels.qkv_rope import qkv_norm_rope_store
 
 
@@ -86,4 +86,5 @@ def bind_kv_cache(model: nn.Module, k_caches: list[torch.Tensor], v_caches: list
     if len(layers) != len(k_caches):
         raise RuntimeError(f"{len(layers)} attention layers but {len(k_caches)} caches")
     for layer, kc, vc in zip(layers, k_caches, v_caches):
-        layer.k_cache, layer.v_cache, layer.backend = kc, vc, backend
+        # FP8 V blocks are stored key-major (attention/backend.py): a view with the same indexing
+        layer.k_cache, layer.v_cache, layer.backend = kc, v_cache_view(vc), backend
