@@ -25,6 +25,7 @@ Requests in a batch are ordered decodes first (query_len == 1), then prefill chu
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -32,8 +33,12 @@ import torch
 
 
 def v_blocks_transposed(cache_dtype: torch.dtype) -> bool:
-    """Whether the V cache's blocks are stored [Hkv, D, block_size]: FP8 caches."""
-    return cache_dtype.itemsize == 1
+    """Whether the V cache's blocks are stored [Hkv, D, block_size]: FP8 caches, and 16-bit ones
+    under PAGEDLLM_V_TRANSPOSED=1 (to compare the layouts on a GPU; never float32, which the CPU
+    backend's C kernel reads contiguous)."""
+    if cache_dtype.itemsize == 1:
+        return True
+    return cache_dtype.itemsize == 2 and os.environ.get("PAGEDLLM_V_TRANSPOSED", "") == "1"
 
 
 def v_cache_view(v: torch.Tensor) -> torch.Tensor:

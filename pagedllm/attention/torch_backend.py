@@ -43,6 +43,10 @@ def store_kv_torch(
         v = v.float()
         v = (v.masked_fill(v.isnan(), 0.0) * (1.0 / v_scale)).clamp(-top, top).to(v_cache.dtype).view(torch.uint8)
         k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
+    elif not v_cache.is_contiguous():  # key-major 16-bit V: what the kernels' finite_v stores
+        top = float(torch.finfo(v_cache.dtype).max)
+        v = v.float()
+        v = v.masked_fill(v.isnan(), 0.0).clamp(-top, top)
     _store_rows(k_cache, slot_mapping, k.to(k_cache.dtype))
     _store_rows(v_cache, slot_mapping, v.to(v_cache.dtype))
 

@@ -55,6 +55,7 @@ def _store_kv_kernel(
     inv_k_scale, inv_v_scale,  # 1 / the cache's scales (FP8 caches; 1.0 otherwise)
     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     FP8_MAX: tl.constexpr,  # > 0: an FP8 cache, values scaled and saturated to +-FP8_MAX
+    V_MAX: tl.constexpr = 0.0,  # > 0: a 16-bit V cache read key-major (v_store_max)
 ):  # fmt: skip
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + t).to(tl.int64)
@@ -72,9 +73,26 @@ def _store_kv_kernel(
           + dims[None, :] * stride_vcd)
     if FP8_MAX > 0:
         k = tl.clamp(k.to(tl.float32) * inv_k_scale, -FP8_MAX, FP8_MAX)
-        v = tl.clamp(tl.where(v == v, v.to(tl.float32), 0.0) * inv_v_scale, -FP8_MAX, FP8_MAX)  # NaN: 0
+        v = tl.clamp(finite_v(v) * inv_v_scale, -FP8_MAX, FP8_MAX)
+    elif V_MAX > 0:
+        v = tl.clamp(finite_v(v), -V_MAX, V_MAX)
     tl.store(kc, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(vc, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def finite_v(v):
+    """V in float32 with a NaN as 0, as a key-major cache stores it (the callers saturate the
+    infinities): the attention kernels read whole key-major V blocks, and p = 0 in a slot past
+    the context cancels neither. (Compared in float32: the interpreter compares bf16 bits.)"""
+    x = v.to(tl.float32)
+    return tl.where(x == x, x, 0.0)
+
+
+def v_store_max(v_cache: torch.Tensor) -> float:
+    """The saturation bound of a 16-bit (or float32) V cache read key-major; 0.0 for any other
+    (FP8 caches saturate to fp8_max anyway)."""
+    return float(torch.finfo(v_cache.dtype).max) if v_transposed(v_cache) and v_cache.dtype.itemsize > 1 else 0.0
 
 
 def fp8_max(cache_dtype: torch.dtype) -> float:
@@ -128,7 +146,7 @@ def store_kv_triton(
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), v_cache.stride(3),
         hkv, 1.0 / k_scale, 1.0 / v_scale,
         HEAD_DIM=d, BLOCK_SIZE=k_cache.shape[1], BLOCK_H=block_h, BLOCK_D=block_d,
-        FP8_MAX=fp8_max(k_cache.dtype),
+        FP8_MAX=fp8_max(k_cache.dtype), V_MAX=v_store_max(v_cache),
         num_warps=4 if block_h * block_d <= 2048 else 8,
     )  # fmt: skip
 

@@ -22,7 +22,7 @@ import triton.language as tl
 
 from pagedllm.kernels._triton import next_power_of_2, pdl
 from pagedllm.kernels.pdl_triton import pdl_release, pdl_wait
-from pagedllm.kernels.attention import v_layout_ok, fp8_max
+from pagedllm.kernels.attention import finite_v, fp8_max, v_layout_ok, v_store_max
 
 
 @triton.jit
@@ -67,6 +67,7 @@ def _qkv_rope_store_kernel(
     HAS_NORM: tl.constexpr,
     FP8_MAX: tl.constexpr,  # > 0: an FP8 cache, values scaled and saturated to +-FP8_MAX
     PDL: tl.constexpr = False,  # kernels/pdl_triton.py
+    V_MAX: tl.constexpr = 0.0,  # > 0: a 16-bit V cache read key-major (attention.v_store_max)
 ):  # fmt: skip
     pdl_release(PDL)
     pdl_wait(PDL)
@@ -113,8 +114,10 @@ def _qkv_rope_store_kernel(
                 k1 = tl.clamp(k1.to(tl.float32) * inv_k_scale, -FP8_MAX, FP8_MAX)
                 k2 = tl.clamp(k2.to(tl.float32) * inv_k_scale, -FP8_MAX, FP8_MAX)
                 # a NaN is stored as 0: the attention kernels read whole FP8 V blocks (v_transposed)
-                v1 = tl.clamp(tl.where(v1 == v1, v1.to(tl.float32), 0.0) * inv_v_scale, -FP8_MAX, FP8_MAX)
-                v2 = tl.clamp(tl.where(v2 == v2, v2.to(tl.float32), 0.0) * inv_v_scale, -FP8_MAX, FP8_MAX)
+                v1 = tl.clamp(finite_v(v1) * inv_v_scale, -FP8_MAX, FP8_MAX)
+                v2 = tl.clamp(finite_v(v2) * inv_v_scale, -FP8_MAX, FP8_MAX)
+            elif V_MAX > 0:
+                v1, v2 = tl.clamp(finite_v(v1), -V_MAX, V_MAX), tl.clamp(finite_v(v2), -V_MAX, V_MAX)
             cdt = k_cache_ptr.dtype.element_ty
             tl.store(kc, k1.to(cdt), mask=mask)
             tl.store(kc + HALF, k2.to(cdt), mask=mask)
@@ -173,7 +176,7 @@ def qkv_norm_rope_store_triton(
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), v_cache.stride(3),
         num_heads, num_kv_heads, eps, 1.0 / k_scale, 1.0 / v_scale,
         HEAD_DIM=d, HALF=half, BLOCK_HALF=next_power_of_2(half), BLOCK_H=bh, BLOCK_SIZE=k_cache.shape[1],
-        HAS_NORM=has_norm, FP8_MAX=fp8_max(k_cache.dtype),
+        HAS_NORM=has_norm, FP8_MAX=fp8_max(k_cache.dtype), V_MAX=v_store_max(v_cache),
         num_warps=max(1, min(8, bh * next_power_of_2(d) // 256)), **pdl(qkv),
     )  # fmt: skip
     return q_out

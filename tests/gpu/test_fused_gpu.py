@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_kernels import ELEMENTWISE_TOL, _close, _randn, _rope_cache  # noqa: E402
 
-from pagedllm.attention.backend import v_cache_view  # noqa: E402
+from pagedllm.attention.backend import key_major_view, v_cache_view  # noqa: E402
 from pagedllm.kernels.qkv_rope import qkv_norm_rope_store_torch  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available() and importlib.util.find_spec("triton") is not None
@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs CU
 _CACHE_DTYPES = {"auto": None, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 
 
-def _qkv_inputs(device, dtype, num_tokens, hq, hkv, head_dim, block_size, cache, seed):
+def _qkv_inputs(device, dtype, num_tokens, hq, hkv, head_dim, block_size, cache, seed, v_key_major=False):
     g = torch.Generator().manual_seed(seed)
     max_pos = 4096
     cos, sin = (c.to(device) for c in _rope_cache(max_pos, head_dim))
@@ -44,7 +44,8 @@ def _qkv_inputs(device, dtype, num_tokens, hq, hkv, head_dim, block_size, cache,
     cache_dtype = _CACHE_DTYPES[cache] or dtype
     kc = _randn(num_blocks, block_size, hkv, head_dim, dtype=torch.float32, device=device, gen=g).to(cache_dtype)
     vc = _randn(num_blocks, block_size, hkv, head_dim, dtype=torch.float32, device=device, gen=g).to(cache_dtype)
-    vc = v_cache_view(torch.empty_like(vc)).copy_(vc)  # the engine's layout (FP8: blocks stored key-major)
+    # the engine's layout (FP8: blocks stored key-major), or key-major whatever the dtype
+    vc = (key_major_view if v_key_major else v_cache_view)(torch.empty_like(vc)).copy_(vc)
     qw = _randn(head_dim, dtype=dtype, device=device, gen=g) * 0.1 + 1
     kw = _randn(head_dim, dtype=dtype, device=device, gen=g) * 0.1 + 1
     return qkv, pos, cos, sin, kc, vc, slots.to(device), qw, kw
@@ -79,11 +80,16 @@ def _cache_close(actual, expected, scale, what, act_dtype, tol=ELEMENTWISE_TOL):
 
 
 def check_qkv_rope_store(device, dtype, num_tokens, hq, hkv, head_dim, block_size, qk_norm=False,
-                         cache="auto", k_scale=1.0, v_scale=1.0, block_h=None, seed=0):
+                         cache="auto", k_scale=1.0, v_scale=1.0, block_h=None, seed=0, v_key_major=False):
+    """v_key_major: V blocks stored [Hkv, D, bs], and a NaN and an infinity in the first stored
+    token's V (stored as 0 and saturated, as store_kv_torch does)."""
     from pagedllm.kernels.qkv_rope_triton import qkv_norm_rope_store_triton
 
     qkv, pos, cos, sin, kc, vc, slots, qw, kw = _qkv_inputs(device, dtype, num_tokens, hq, hkv, head_dim,
-                                                            block_size, cache, seed)  # fmt: skip
+                                                            block_size, cache, seed, v_key_major)  # fmt: skip
+    if v_key_major:
+        first = int(torch.nonzero(slots >= 0)[0])
+        qkv[first, (hq + hkv) * head_dim:][:2] = torch.tensor([float("nan"), float("inf")], dtype=dtype)
     norms = (qw, kw) if qk_norm else (None, None)
     before = qkv.clone()
     kc_ref, vc_ref = kc.clone(), vc.clone()
@@ -96,7 +102,7 @@ def check_qkv_rope_store(device, dtype, num_tokens, hq, hkv, head_dim, block_siz
     _close(q, q_ref, tol, "q")
     _cache_close(kc, kc_ref, k_scale, "k cache", dtype, tol)
     _cache_close(vc, vc_ref, v_scale, "v cache", dtype)
-    assert torch.equal(qkv, before), "qkv must not be written"
+    assert torch.equal(qkv.view(torch.uint8), before.view(torch.uint8)), "qkv must not be written"
     # the slots of padding tokens and every other slot keep what they held
     written = torch.zeros(kc.shape[0] * kc.shape[1], dtype=torch.bool, device=device)
     written[slots[slots >= 0]] = True

@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from pagedllm.attention.backend import ForwardBatch
+from pagedllm.attention.backend import ForwardBatch, key_major_view
 from pagedllm.attention.torch_backend import TorchAttentionBackend, paged_attention_torch, store_kv_torch
 from pagedllm.kernels.activation import silu_and_mul_torch
 from pagedllm.kernels.norm import fused_add_rms_norm_torch, rms_norm_torch
@@ -168,7 +168,9 @@ def _attention_inputs(batch, num_blocks, block_size, hq, hkv, head_dim, dtype, d
     return q, k, v, k_cache, v_cache
 
 
-def check_store_kv(device, dtype, num_tokens, hkv, head_dim, block_size, seed=0):
+def check_store_kv(device, dtype, num_tokens, hkv, head_dim, block_size, seed=0, v_key_major=False):
+    """v_key_major: the V cache's blocks stored [Hkv, D, bs] (attention/backend.py), where a NaN
+    in V is stored as 0 and an infinity saturated (the kernels read whole V blocks)."""
     from pagedllm.kernels.attention import store_kv_triton
 
     g = torch.Generator().manual_seed(seed)
@@ -180,10 +182,19 @@ def check_store_kv(device, dtype, num_tokens, hkv, head_dim, block_size, seed=0)
     k, v = kvh[:, :hkv], kvh[:, hkv:]  # strided views, like a split of the fused projection
     kc = _randn(num_blocks, block_size, hkv, head_dim, dtype=dtype, device=device, gen=g)
     vc = _randn(num_blocks, block_size, hkv, head_dim, dtype=dtype, device=device, gen=g)
+    if v_key_major:
+        vc = key_major_view(torch.empty_like(vc)).copy_(vc)
+        first = int(torch.nonzero(slots >= 0)[0])
+        kvh[first, hkv, :3] = torch.tensor([float("nan"), float("inf"), -float("inf")], dtype=dtype)
     kc_ref, vc_ref = kc.clone(), vc.clone()
     store_kv_triton(k, v, kc, vc, slots)
     store_kv_torch(k, v, kc_ref, vc_ref, slots)
     assert torch.equal(kc, kc_ref) and torch.equal(vc, vc_ref), "store_kv differs from the reference"
+    if v_key_major:
+        slot = int(slots[first])
+        top = torch.finfo(dtype).max
+        assert vc[slot // block_size, slot % block_size, 0, :3].tolist() == [0.0, top, -top]
+        assert bool(vc.isfinite().all()), "a key-major V cache must hold finite values only"
 
 
 def check_decode(device, dtype, seq_lens, hq, hkv, head_dim, block_size, num_splits=None, seed=0,
@@ -246,9 +257,10 @@ def check_prefill(device, dtype, query_lens, seq_lens, hq, hkv, head_dim, block_
 
 
 def check_backend(device, dtype, query_lens, seq_lens, num_decodes, hq, hkv, head_dim, block_size, seed=0, pad_tokens=0,
-                  backend=None, sliding_window=None, logits_soft_cap=None, order_decodes=False):
+                  backend=None, sliding_window=None, logits_soft_cap=None, order_decodes=False, v_key_major=False):
     """The whole backend (store + decode + prefill; default Triton) against TorchAttentionBackend;
-    order_decodes: the Triton backend's step metadata orders the decodes longest first."""
+    order_decodes: the Triton backend's step metadata orders the decodes longest first;
+    v_key_major: V blocks stored [Hkv, D, bs] (FP8's layout, PAGEDLLM_V_TRANSPOSED for 16 bits)."""
     if backend is None:
         from pagedllm.attention.triton_backend import TritonAttentionBackend
 
@@ -259,6 +271,8 @@ def check_backend(device, dtype, query_lens, seq_lens, num_decodes, hq, hkv, hea
     if order_decodes:
         assert batch.attn_metadata is not None or num_decodes < 2, "no decode order was built"
     q, k, v, k_cache, v_cache = _attention_inputs(batch, num_blocks, block_size, hq, hkv, head_dim, dtype, device, seed)
+    if v_key_major:
+        v_cache = key_major_view(torch.empty_like(v_cache)).copy_(v_cache)
     kc_ref, vc_ref = k_cache.clone(), v_cache.clone()
     opts = dict(sliding_window=sliding_window, logits_soft_cap=logits_soft_cap)
     out = backend.forward(q, k, v, k_cache, v_cache, batch, head_dim**-0.5, **opts)

@@ -225,6 +225,24 @@ def test_fp8_kv_cache_layout_and_plan(plain):
     assert plans["fp8"][2] == "fp8_e4m3"
 
 
+def test_v_key_major_switch_keeps_16_bit_tokens(plain, monkeypatch):
+    """PAGEDLLM_V_TRANSPOSED=1 stores a 16-bit cache's V blocks key-major too (to compare the
+    layouts on a GPU): the same greedy tokens, through prefix hits and a preemption by swap."""
+    prompts = [[(5 * i + j) % 3000 + 3 for j in range(20 + 7 * i)] for i in range(5)]
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    got = {}
+    for switch in ("0", "1"):
+        monkeypatch.setenv("PAGEDLLM_V_TRANSPOSED", switch)
+        llm = LLM(plain, dtype="bfloat16", block_size=4, max_model_len=128, max_num_seqs=5,
+                  preemption_mode="swap", swap_space=0.01, kv_cache_memory=2 * 2 * 4 * 2 * 64 * 2 * 40)
+        layer = next(m for m in llm.llm_engine.executor.worker.model.modules() if isinstance(m, Attention))
+        assert (layer.v_cache.stride(-1) == 4) == (switch == "1")
+        got[switch] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        got[switch] += [o.outputs[0].token_ids for o in llm.generate(prompts[-1:], params, use_tqdm=False)]
+        assert llm.llm_engine.scheduler.num_swap_outs > 0 and llm.llm_engine.get_stats().prefix_cache_hits > 0
+    assert got["1"] == got["0"]
+
+
 def test_fp8_kv_cache_swap_and_prefix_caching_keep_tokens(plain):
     """Preemption by swap copies FP8 blocks out and back unchanged, and prefix-cache hits read
     the FP8 blocks another request wrote: the tokens equal an uninterrupted run's."""

@@ -135,8 +135,8 @@ def test_gemv_kernel_compiles_for_sm90():
 @pytest.mark.parametrize("cache", ["bf16", "fp8e4nv"])
 def test_ordered_decode_grid_costs_no_registers(cache):
     """The longest-first decode order (PAGEDLLM_DECODE_ORDER) compiles for the H200 at the default
-    tiles with the registers of the plain grid: the order's (kv head, request) both stay program
-    ids (one linear id decoded by division cost 18 registers, one CTA less per SM)."""
+    tiles with as many CTAs per SM as the plain grid: the order's (kv head, request) both stay
+    program ids (one linear id decoded by division cost 18 registers, one CTA less per SM)."""
     from pagedllm.kernels import attention_decode as ad
     from pagedllm.kernels.inspect_sm90 import DECODE_STRIDES, compile_sm90, decode_signature, resources
 
@@ -146,14 +146,16 @@ def test_ordered_decode_grid_costs_no_registers(cache):
         constexprs = {"GROUP": 2, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "BLOCK_G": 16, "BLOCK_N": block_n,
                       "BLOCK_D": 128, "SPLIT": False, "DOT_PRECISION": "tf32", "Q_AS_FP16": cache != "bf16",
                       "SLIDING": False, "SOFT_CAP": False, "ORDERED": ordered, "LAST_REDUCE": False,
-                      "BLOCK_S": 16, "MERGE_UNROLL": 4}
+                      "BLOCK_S": 16, "MERGE_UNROLL": 4, "V_T": cache != "bf16"}
         compiled = compile_sm90(ad._decode_kernel, decode_signature(cache), constexprs, num_warps=warps,
                                 num_stages=stages, aligned=DECODE_STRIDES)
         r = resources(compiled)
         if r is None:
             pytest.skip("Triton's cuobjdump is not there")
         regs[ordered] = r["regs"]
-    assert regs[True] <= regs[False], regs
+    # what registers decide: the CTAs an SM holds (64K registers; 126 against 124 for FP8 here)
+    per_sm = {k: 65536 // (v * 32 * warps) for k, v in regs.items()}
+    assert per_sm[True] >= per_sm[False], (regs, per_sm)
 
 
 @pytest.mark.parametrize("cache", ["bf16", "fp8e4nv"])
@@ -162,10 +164,9 @@ def test_decode_last_reduce_compiles_for_sm90(cache, group):
     """The decode kernel whose last split merges the splits (PAGEDLLM_DECODE_LAST_REDUCE) compiles
     for the H200 at the default tiles with the counting protocol in its PTX: the partials' stores,
     a barrier, the acq_rel gpu-scope count, the partials read back from the L2. Llama-3.1-8B's
-    group 4 and Qwen3-30B-A3B's 8. For bf16 caches: nothing spilled, and no more registers than
-    the kernel without splits (the merge runs after the main loop; 86-96 here against 95-96).
-    (The FP8 kernel sits at 255 registers in every mode with this Triton, and its reduce-kernel
-    split mode spills 8-32 bytes: not asserted.)"""
+    group 4 and Qwen3-30B-A3B's 8, each cache in the engine's layout (FP8: V blocks key-major).
+    For bf16 caches: nothing spilled, and no more registers than the kernel without splits (the
+    merge runs after the main loop; 86-96 here against 95-96)."""
     from test_small_m_interpret import check_last_program_ptx
 
     from pagedllm.kernels import attention_decode as ad
@@ -177,7 +178,7 @@ def test_decode_last_reduce_compiles_for_sm90(cache, group):
         constexprs = {"GROUP": group, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "BLOCK_G": 16, "BLOCK_N": block_n,
                       "BLOCK_D": 128, "SPLIT": split, "DOT_PRECISION": "tf32", "Q_AS_FP16": cache != "bf16",
                       "SLIDING": False, "SOFT_CAP": False, "ORDERED": False, "LAST_REDUCE": last,
-                      "BLOCK_S": ad.MERGE_BLOCK_S, "MERGE_UNROLL": ad.MERGE_UNROLL}
+                      "BLOCK_S": ad.MERGE_BLOCK_S, "MERGE_UNROLL": ad.MERGE_UNROLL, "V_T": cache != "bf16"}
         compiled = compile_sm90(ad._decode_kernel, decode_signature(cache), constexprs, num_warps=warps,
                                 num_stages=stages, aligned=DECODE_STRIDES)
         if last:
@@ -189,3 +190,32 @@ def test_decode_last_reduce_compiles_for_sm90(cache, group):
     if cache == "bf16":
         assert regs[True]["stack"] == 0, regs
         assert regs[True]["regs"] <= regs[False]["regs"], regs
+
+
+@pytest.mark.parametrize("group", [2, 4, 8])
+def test_fp8_decode_reads_key_major_v_without_byte_loads(group):
+    """The FP8 decode kernel at its default tiles, compiled for the H200: with V blocks stored
+    key-major (the engine's FP8 layout) the P.V operand comes out of shared memory in words,
+    and the kernel needs about half the registers (128 here; 254 with V head_dim-major, whose
+    operand is gathered a byte at a time: 128 ld.shared.u8 a thread a tile)."""
+    import re
+
+    from pagedllm.kernels import attention_decode as ad
+    from pagedllm.kernels.inspect_sm90 import DECODE_STRIDES, compile_sm90, decode_signature, resources
+
+    block_n, warps, stages = ad.DECODE_CONFIGS[1]
+    got = {}
+    for v_t in (False, True):
+        constexprs = {"GROUP": group, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "BLOCK_G": 16, "BLOCK_N": block_n,
+                      "BLOCK_D": 128, "SPLIT": True, "DOT_PRECISION": "tf32", "Q_AS_FP16": True, "SLIDING": False,
+                      "SOFT_CAP": False, "ORDERED": False, "LAST_REDUCE": False, "V_T": v_t}
+        compiled = compile_sm90(ad._decode_kernel, decode_signature("fp8e4nv"), constexprs, num_warps=warps,
+                                num_stages=stages, aligned=DECODE_STRIDES)
+        r = resources(compiled)
+        if r is None:
+            pytest.skip("Triton's cuobjdump is not there")
+        bytes_loads = len(re.findall(r"ld\.shared(?:\.v\d)?\.[usb]8", compiled.asm["ptx"]))
+        got[v_t] = (bytes_loads, r["regs"], r["stack"])
+    assert got[False][0] > 0, got  # the check sees the byte gathers where they are
+    assert got[True][0] == 0 and got[True][2] == 0, got
+    assert got[True][1] <= 0.6 * got[False][1], got

@@ -21,6 +21,7 @@ _CASES = {
     "norm_rope_store_fp8": ("check_qkv_rope_store", [6, 4, 2, 16, 16],
                             {"qk_norm": True, "cache": "fp8_e4m3", "k_scale": 0.05, "v_scale": 0.3}),
     "rope_store_e5m2": ("check_qkv_rope_store", [6, 4, 2, 16, 16], {"cache": "fp8_e5m2", "k_scale": 0.5}),
+    "rope_store_v_key_major": ("check_qkv_rope_store", [6, 4, 2, 16, 16], {"v_key_major": True}),
     "norm_rope_store_vs_unfused": ("check_qkv_rope_store_equals_unfused_triton", [5, 4, 2, 16, 16],
                                    {"qk_norm": True}),
     "rope_store_vs_unfused": ("check_qkv_rope_store_equals_unfused_triton", [5, 4, 2, 16, 16], {}),

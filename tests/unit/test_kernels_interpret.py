@@ -37,6 +37,7 @@ _CASES = {
     "rotary_gqa": ("check_rotary", [4, 6, 2, 16], {"max_pos": 64}),
     "store_kv_bs16": ("check_store_kv", [21, 2, 16, 16], {}),
     "store_kv_bs32": ("check_store_kv", [21, 3, 24, 32], {}),
+    "store_kv_v_key_major": ("check_store_kv", [21, 2, 16, 16], {"v_key_major": True}),
     # decode: GQA 4/2, a context long enough for several tiles; forced 1 and 3 splits, then the heuristic
     "decode_one_split": ("check_decode", [[1, 70, 17], 4, 2, 16, 16], {"num_splits": 1}),
     "decode_split_k": ("check_decode", [[1, 70, 17], 4, 2, 16, 32], {"num_splits": 3}),
@@ -70,8 +71,14 @@ _CASES = {
                                      {"config": (16, 16, 1, 1), "sliding_window": 7}),
     "backend_window_softcap": ("check_backend", [[1, 1, 6, 18], [9, 30, 6, 40], 2, 4, 2, 16, 16],
                                {"sliding_window": 12, "logits_soft_cap": 2.0}),
+    # V blocks stored key-major (FP8's layout; PAGEDLLM_V_TRANSPOSED for 16-bit caches), 32-token
+    # blocks and a window that starts inside a block
+    "backend_v_key_major": ("check_backend", [[1, 1, 6, 18], [9, 30, 6, 40], 2, 4, 2, 16, 32], {"v_key_major": True}),
+    "backend_window_v_key_major": ("check_backend", [[1, 1, 1, 6, 18], [9, 70, 30, 6, 40], 3, 4, 2, 16, 16],
+                                   {"sliding_window": 21, "logits_soft_cap": 2.0, "v_key_major": True}),
 }
 _DOTLESS = {"rms_norm", "silu_and_mul", "gelu_tanh_and_mul", "rotary_gqa", "store_kv_bs16", "store_kv_bs32",
+            "store_kv_v_key_major",
             "sample", "sample_bitmask", "sample_chunks"}
 _DTYPES = ["float32", "float16", "bfloat16"]
 _LOGITS_DTYPES = {"sample", "sample_bitmask", "sample_chunks"}  # logits: float32, or a 16-bit LM head's bfloat16
