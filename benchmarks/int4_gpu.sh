@@ -6,6 +6,9 @@
 #   bash benchmarks/int4_gpu.sh [tests] [bench] [bench8] [w2] [w1]      # default: all
 #   ... [swaptests] [swap] [w2swap]: the 4-bit swap-AB kernel (PAGEDLLM_WNA16_SWAP=1): its GPU tests,
 #   its sweep beside bf16 and the int4 GEMV (wna16_bench.py --swap, ~2 min), W2 int4 with it on
+#   ... [gemvptests] [gemvp] [w2gemvp]: the packed 16-bit GEMV (PAGEDLLM_WNA16_GEMV=packed): its GPU
+#   tests, the one-row sweep of it beside the float32 GEMV (wna16_bench.py --rows 1), W2 gptq with
+#   and without it, alternated (W2_ROUNDS, default 2)
 #   W2_QUANTS="gptq" restricts W2's weights (default: bf16 fp8 gptq); W1_QUANTS likewise (bf16 gptq);
 #   W2_ITERS (default 3); W1_ARGS: extra throughput.py options (e.g. a shorter --output-len-range)
 set -uo pipefail
@@ -28,6 +31,15 @@ for step in $STEPS; do
               --output-json "$OUT/w2_gptq_swap.json" > "$OUT/w2_gptq_swap.log" 2>&1
             echo "W2 gptq, swap-AB kernel: $(grep -E '^pagedllm:' "$OUT/w2_gptq_swap.log")"
             grep -E "precision|Error|error" "$OUT/w2_gptq_swap.log" | head -3 ;;
+    gemvptests) $PY -m pytest -q -x tests/gpu/test_wna16_gpu.py -k gemvp 2>&1 | tail -4 | tee "$OUT/gemvptests.log" ;;
+    gemvp) $PY benchmarks/wna16_bench.py --rows 1 --skip-check 2>&1 | tee "$OUT/gemvp.log" | grep -vE "^  skip|Warning|warn" ;;
+    w2gemvp) for r in $(seq "${W2_ROUNDS:-2}"); do
+               for mode in plain packed; do
+                 PAGEDLLM_WNA16_GEMV=$mode $PY benchmarks/latency.py --peer none --iters ${W2_ITERS:-3} --quantization gptq \
+                   --output-json "$OUT/w2_gptq_${mode}_$r.json" > "$OUT/w2_gptq_${mode}_$r.log" 2>&1
+                 echo "W2 gptq, GEMV $mode, round $r: $(grep -E '^pagedllm:' "$OUT/w2_gptq_${mode}_$r.log")"
+               done
+             done ;;
     bench8) $PY benchmarks/wna16_bench.py --bits 8 --no-sweep --skip-check --rows 1 64 > "$OUT/bench8.log" 2>&1; tail -12 "$OUT/bench8.log" ;;
     w2) for q in ${W2_QUANTS:-bf16 fp8 gptq}; do
           $PY benchmarks/latency.py --peer none --iters ${W2_ITERS:-3} $(qflag $q) --output-json "$OUT/w2_$q.json" > "$OUT/w2_$q.log" 2>&1

@@ -43,8 +43,10 @@ ROWS = [1, 16, 64, 256]
 
 def sweep(m: int) -> list[tuple]:
     if m <= 4:
-        cfgs = [("gemv", 1, bn, bk, w, 2, 1) for bn in (32, 64, 128) for bk in (256, 1024) for w in (4, 8)]
-        cfgs += [("gemv", 1, bn, 512, 4, 2, s) for bn in (32, 64) for s in (1, 2, 4)]
+        # "gemvp": the packed 16-bit GEMV (wna16_triton.py), beside the float32 one
+        cfgs = [(kind, 1, bn, bk, w, 2, 1) for kind in ("gemv", "gemvp") for bn in (32, 64, 128)
+                for bk in (256, 1024) for w in (4, 8)]
+        cfgs += [(kind, 1, bn, 512, 4, 2, s) for kind in ("gemv", "gemvp") for bn in (32, 64) for s in (1, 2, 4)]
         return cfgs
     # "dotj" (each word loaded once, wna16_triton.py) beside "dot"; its 128 x 256 tiles spill on sm_90
     if m <= 16:

@@ -10,6 +10,9 @@ reference there.
       the activation is multiplied by 2**-s instead (exact: a power of two). Values above bit 23
       come from `word >> 16` the same way. Scales (and asymmetric zeros) are gathered per word
       row, so any BLOCK_KW works with any group size.
+    gemvp (few rows, 4 bits, 16-bit activations; PAGEDLLM_WNA16_GEMV=packed until measured): the
+      gemv's tiles in packed 16-bit arithmetic, a word's two halves at a time, through inline PTX
+      (`_wna16_gemv_packed_kernel`): about 23-26 instructions a word on sm_90 against 42.
     dot (more rows): [BLOCK_M, BLOCK_K] x [BLOCK_K, BLOCK_N] through `tl.dot`; the weight tile is
       read as words (each word row serves P rows of the tile), dequantized to the activations'
       dtype with its group's scale, then multiplied.
@@ -22,6 +25,9 @@ reference there.
 """
 
 from __future__ import annotations
+
+import functools
+import os
 
 import torch
 import triton
@@ -113,6 +119,192 @@ def _wna16_gemv_kernel(
             if HAS_ZERO:
                 part -= z_row[None, :] * xsum[:, None]
             acc += part
+    y = tl.sum(acc, axis=0)
+    if GROUP_K == 0:
+        y = y * tl.load(s_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        if pid_k == 0:
+            y = y + tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
+    out = out_ptr + m * stride_om + rn
+    if SPLIT_K == 1:
+        tl.store(out, y.to(out_ptr.dtype.element_ty), mask=n_mask)
+    else:
+        tl.atomic_add(out, y, mask=n_mask)
+
+
+# One word of 4-bit values against its eight activations, in packed 16-bit arithmetic (inline
+# PTX, sm_90): $1 the word (inputs k0..k7 at nibbles 0..7), $2..$5 the activation pairs (x0, x4),
+# (x1, x5), (x2, x6), (x3, x7) as two 16-bit floats in one register, $6 / $7 the offset pairs
+# (MAGIC + zero) and (fp16) -(64 + zero); $0 the float32 sum of the eight products.
+# lop3 (w & mask) | magic reads two nibbles of a word -- k_i in the low half, k_i+4 in the high --
+# as the floats MAGIC + q; fp16 (10 mantissa bits) also takes bits 4-7 as 1024 + 16 q, so one
+# shift serves four nibbles; bf16 (7 bits) shifts for each.
+_GEMVP_ASM_F16 = tl.constexpr("""{
+.reg .b32 t, q0, q1, q2, q3, a, c;
+.reg .b16 lo, hi;
+.reg .f32 flo, fhi;
+lop3.b32 q0, $1, 0x000F000F, 0x64006400, 0xEA;
+lop3.b32 q1, $1, 0x00F000F0, 0x64006400, 0xEA;
+shr.u32 t, $1, 8;
+lop3.b32 q2, t, 0x000F000F, 0x64006400, 0xEA;
+lop3.b32 q3, t, 0x00F000F0, 0x64006400, 0xEA;
+mov.b32 c, 0x2C002C00;
+sub.f16x2 q0, q0, $6;
+fma.rn.f16x2 q1, q1, c, $7;
+sub.f16x2 q2, q2, $6;
+fma.rn.f16x2 q3, q3, c, $7;
+mul.rn.f16x2 a, q0, $2;
+fma.rn.f16x2 a, q1, $3, a;
+fma.rn.f16x2 a, q2, $4, a;
+fma.rn.f16x2 a, q3, $5, a;
+mov.b32 {lo, hi}, a;
+cvt.f32.f16 flo, lo;
+cvt.f32.f16 fhi, hi;
+add.f32 $0, flo, fhi;
+}""")
+_GEMVP_ASM_BF16 = tl.constexpr("""{
+.reg .b32 t, q0, q1, q2, q3, a, blo, bhi;
+.reg .f32 flo, fhi;
+lop3.b32 q0, $1, 0x000F000F, 0x43004300, 0xEA;
+shr.u32 t, $1, 4;
+lop3.b32 q1, t, 0x000F000F, 0x43004300, 0xEA;
+shr.u32 t, $1, 8;
+lop3.b32 q2, t, 0x000F000F, 0x43004300, 0xEA;
+shr.u32 t, $1, 12;
+lop3.b32 q3, t, 0x000F000F, 0x43004300, 0xEA;
+sub.rn.bf16x2 q0, q0, $6;
+sub.rn.bf16x2 q1, q1, $6;
+sub.rn.bf16x2 q2, q2, $6;
+sub.rn.bf16x2 q3, q3, $6;
+mul.rn.bf16x2 a, q0, $2;
+fma.rn.bf16x2 a, q1, $3, a;
+fma.rn.bf16x2 a, q2, $4, a;
+fma.rn.bf16x2 a, q3, $5, a;
+shl.b32 blo, a, 16;
+and.b32 bhi, a, 0xFFFF0000;
+mov.b32 flo, blo;
+mov.b32 fhi, bhi;
+add.f32 $0, flo, fhi;
+}""")
+
+
+@triton.jit
+def _pair_bits(lo, hi):
+    """Two int32 tensors of 16-bit patterns (in their low halves) -> one int32 holding both."""
+    return (lo & 0xFFFF) | (hi << 16)
+
+
+@triton.jit
+def _halves(bits, FP16: tl.constexpr):
+    """Pairs [R, C] int32 -> [R, C, 2]: the two 16-bit floats of each register, fp16 as fp16,
+    bf16 as the float32 of its bits (exact; the interpreter's bf16 arithmetic is not)."""
+    if FP16:
+        return tl.join(bits.to(tl.int16), (bits >> 16).to(tl.int16)).to(tl.float16, bitcast=True)
+    return tl.join(bits << 16, bits & -65536).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _gemvp_word_emulated(w, x04, x15, x26, x37, off, off_hi, FP16: tl.constexpr):
+    """_GEMVP_ASM_F16 / _BF16 step by step in Triton ops, on the same registers (the
+    interpreter's path): the masks, shifts and offsets are the PTX's; bf16 products and sums
+    round as float32 here."""
+    if FP16:
+        t = (w >> 8) & 0x00FFFFFF
+        q0 = _halves((w & 0x000F000F) | 0x64006400, True) - _halves(off, True)
+        q1 = _halves((w & 0x00F000F0) | 0x64006400, True) * 0.0625 + _halves(off_hi, True)
+        q2 = _halves((t & 0x000F000F) | 0x64006400, True) - _halves(off, True)
+        q3 = _halves((t & 0x00F000F0) | 0x64006400, True) * 0.0625 + _halves(off_hi, True)
+    else:
+        q0 = _halves((w & 0x000F000F) | 0x43004300, False) - _halves(off, False)
+        q1 = _halves(((w >> 4) & 0x000F000F) | 0x43004300, False) - _halves(off, False)
+        q2 = _halves(((w >> 8) & 0x000F000F) | 0x43004300, False) - _halves(off, False)
+        q3 = _halves(((w >> 12) & 0x000F000F) | 0x43004300, False) - _halves(off, False)
+    a = q0 * _halves(x04, FP16) + q1 * _halves(x15, FP16) + q2 * _halves(x26, FP16) + q3 * _halves(x37, FP16)
+    return tl.sum(a.to(tl.float32), axis=2)
+
+
+@triton.jit
+def _wna16_gemv_packed_kernel(
+    x_ptr,  # [M, K] activations, float16 or bfloat16 (rows 4-byte aligned: read as int32 pairs)
+    w_ptr,  # [K/8, N] int32, 4-bit values
+    s_ptr,  # [G, N] scales
+    z_ptr,  # [G, N] zeros (read when HAS_ZERO)
+    b_ptr,  # [N] bias (read when HAS_BIAS)
+    out_ptr,  # [M, N] (float32 when SPLIT_K > 1: atomically summed)
+    N, KW, KW_PER_SPLIT,
+    stride_xm, stride_wk, stride_sg, stride_om,
+    GROUP_K: tl.constexpr,  # 0: one scale row (per channel)
+    HAS_ZERO: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, EVEN: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr,
+    ASM: tl.constexpr = True,  # False: the PTX's steps in Triton ops (_gemvp_word_emulated; the interpreter)
+    PDL: tl.constexpr = False,  # kernels/pdl_triton.py
+):  # fmt: skip
+    """The 4-bit GEMV in packed 16-bit arithmetic (`gemvp`). The gemv kernel spends about 42
+    instructions a word in float32 (sm_90 SASS), more than the SM issues at the memory's pace;
+    here a word costs about 16 (fp16) / 19 (bf16) in _GEMVP_ASM_*: one lop3 takes two values as
+    16-bit floats MAGIC + q, one subtraction (or fma) gives q - zero exactly, and the products
+    with the activation pairs add up two lanes at a time over the word's eight inputs (rounded
+    as 16-bit products and sums are), then in float32. The activation pairs (x_j, x_j+4) are
+    assembled once per word row from the row read as int32 (x_2i, x_2i+1) pairs."""
+    pdl_release(PDL)
+    pdl_wait(PDL)
+    act: tl.constexpr = x_ptr.dtype.element_ty
+    FP16: tl.constexpr = act == tl.float16
+    MAGIC_F: tl.constexpr = 1024.0 if FP16 else 128.0
+    m = tl.program_id(0).to(tl.int64)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    pid_k = tl.program_id(2)
+    n_mask = rn < N
+    ri = tl.arange(0, BLOCK_KW)
+    x_row = x_ptr + m * stride_xm
+    x_words = x_row.to(tl.pointer_type(tl.int32))
+    kw_lo = pid_k * KW_PER_SPLIT
+    kw_hi = tl.minimum(kw_lo + KW_PER_SPLIT, KW)
+    if GROUP_K == 0:
+        if HAS_ZERO:
+            zero = tl.load(z_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        else:
+            zero = tl.full([1, BLOCK_N], 8.0, tl.float32)
+    acc = tl.zeros([BLOCK_KW, BLOCK_N], dtype=tl.float32)
+    for kw0 in range(kw_lo, kw_hi, BLOCK_KW):
+        rows = kw0 + ri
+        if EVEN:
+            r_mask = ri < BLOCK_KW
+        else:
+            r_mask = rows < kw_hi
+        w = tl.load(w_ptr + rows[:, None] * stride_wk + rn[None, :], mask=r_mask[:, None] & n_mask[None, :], other=0)
+        if GROUP_K > 0:
+            s_off = (rows * 8 // GROUP_K)[:, None] * stride_sg + rn[None, :]
+            s_mask = r_mask[:, None] & n_mask[None, :]
+            if HAS_ZERO:
+                zero = tl.load(z_ptr + s_off, mask=s_mask, other=0.0).to(tl.float32)
+            else:
+                zero = tl.full([BLOCK_KW, BLOCK_N], 8.0, tl.float32)
+        # q - zero = (MAGIC + q) - (MAGIC + zero); fp16's high nibbles 1024 + 16 q: x / 16 - (64 + zero)
+        offset = (MAGIC_F + zero).to(act)
+        offset_hi = (-(MAGIC_F / 16) - zero).to(act)
+        xw0 = tl.load(x_words + rows * 4, mask=r_mask, other=0)  # (x0, x1) of each word row
+        xw1 = tl.load(x_words + rows * 4 + 1, mask=r_mask, other=0)  # (x2, x3)
+        xw2 = tl.load(x_words + rows * 4 + 2, mask=r_mask, other=0)  # (x4, x5)
+        xw3 = tl.load(x_words + rows * 4 + 3, mask=r_mask, other=0)  # (x6, x7)
+        x04 = _pair_bits(xw0, xw2)[:, None]
+        x15 = _pair_bits(xw0 >> 16, xw2 >> 16)[:, None]
+        x26 = _pair_bits(xw1, xw3)[:, None]
+        x37 = _pair_bits(xw1 >> 16, xw3 >> 16)[:, None]
+        off = offset.to(tl.int16, bitcast=True).to(tl.int32)
+        off = _pair_bits(off, off)
+        off_hi = offset_hi.to(tl.int16, bitcast=True).to(tl.int32)
+        off_hi = _pair_bits(off_hi, off_hi)
+        if ASM:
+            wsum = tl.inline_asm_elementwise(
+                _GEMVP_ASM_F16 if FP16 else _GEMVP_ASM_BF16, "=f,r,r,r,r,r,r,r", [w, x04, x15, x26, x37, off, off_hi],
+                dtype=tl.float32, is_pure=True, pack=1)  # fmt: skip
+        else:
+            wsum = _gemvp_word_emulated(w, x04, x15, x26, x37, off, off_hi, FP16)
+        if GROUP_K > 0:
+            acc += wsum * tl.load(s_ptr + s_off, mask=s_mask, other=0.0).to(tl.float32)
+        else:
+            acc += wsum
     y = tl.sum(acc, axis=0)
     if GROUP_K == 0:
         y = y * tl.load(s_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
@@ -273,6 +465,15 @@ def _wna16_dequant_kernel(w_ptr, s_ptr, z_ptr, out_ptr, N, K, stride_wk, stride_
              mask=k_mask[:, None] & n_mask[None, :])
 
 
+@functools.cache
+def gemv_kind(dtype: torch.dtype) -> str:
+    """The few-row 4-bit kernel for activations of `dtype`: "gemv", or "gemvp" (packed 16-bit
+    arithmetic, 16-bit activations) under PAGEDLLM_WNA16_GEMV=packed -- off until the H200
+    measures it (benchmarks/int4_gpu.sh). Read once per process."""
+    packed = os.environ.get("PAGEDLLM_WNA16_GEMV", "").strip() == "packed"
+    return "gemvp" if packed and dtype in (torch.float16, torch.bfloat16) else "gemv"
+
+
 def default_config(m: int, n: int, k: int, group_k: int, bits: int) -> tuple:
     """(kind, BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, SPLIT_K) for an [m, k] x [k, n]
     product; BLOCK_K counts inputs (a multiple of 32 // bits). From the H200 sweep of
@@ -308,9 +509,15 @@ def wna16_gemm_triton(
     group_k = 0 if g == 1 else k // g
     assert group_k == 0 or group_k % p == 0
     kind, block_m, block_n, block_k, num_warps, num_stages, split_k = config or default_config(m, n, k, group_k, bits)
+    if config is None and kind == "gemv" and bits == 4:
+        kind = gemv_kind(x.dtype)
     z = zeros if zeros is not None else scales  # unused pointer when HAS_ZERO is False
     b = bias if bias is not None else scales
-    if kind == "gemv":
+    if kind in ("gemv", "gemvp"):
+        packed = kind == "gemvp"
+        if packed and (bits != 4 or x.dtype not in (torch.float16, torch.bfloat16)):
+            raise ValueError(f"the gemvp kernel takes 4-bit weights and 16-bit activations, got {bits} bits "
+                             f"and {x.dtype}")
         block_kw = block_k // p
         kw_per_split = triton.cdiv(triton.cdiv(kw, split_k), block_kw) * block_kw
         split_k = triton.cdiv(kw, kw_per_split)
@@ -318,12 +525,17 @@ def wna16_gemm_triton(
                else torch.empty((m, n), dtype=x.dtype, device=x.device))
         if m == 0:
             return out.to(x.dtype)
-        _wna16_gemv_kernel[(m, triton.cdiv(n, block_n), split_k)](
+        common = dict(GROUP_K=group_k, HAS_ZERO=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=split_k,
+                      EVEN=kw_per_split * split_k == kw, BLOCK_N=block_n, BLOCK_KW=block_kw, num_warps=num_warps,
+                      num_stages=num_stages, **pdl(x))
+        if packed:  # the interpreter runs no PTX: the same arithmetic in Triton ops
+            assert x.stride(0) % 2 == 0 and x.data_ptr() % 4 == 0, "gemvp reads activation rows as int32 pairs"
+            common["ASM"] = os.environ.get("TRITON_INTERPRET") != "1"
+        else:
+            common["BITS"] = bits
+        (_wna16_gemv_packed_kernel if packed else _wna16_gemv_kernel)[(m, triton.cdiv(n, block_n), split_k)](
             x, qweight, scales, z, b, out, n, kw, kw_per_split,
-            x.stride(0), qweight.stride(0), scales.stride(0), out.stride(0),
-            BITS=bits, GROUP_K=group_k, HAS_ZERO=zeros is not None, HAS_BIAS=bias is not None,
-            SPLIT_K=split_k, EVEN=kw_per_split * split_k == kw,
-            BLOCK_N=block_n, BLOCK_KW=block_kw, num_warps=num_warps, num_stages=num_stages, **pdl(x),
+            x.stride(0), qweight.stride(0), scales.stride(0), out.stride(0), **common,
         )  # fmt: skip
         return out if split_k == 1 else out.to(x.dtype)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)

@@ -129,6 +129,31 @@ def test_wna16_configs(config):
     check_wna16_gemm("cuda", torch.bfloat16, m, 6144, 4096, 4, 128, False, bias=True, config=config)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("m,n,k", [(1, 4096, 4096), (3, 1000, 2048), (1, 4096, 14336), (2, 28672, 4096)])
+@pytest.mark.parametrize("group_k,symmetric", [(128, True), (32, False), (64, True), (None, False)])
+@pytest.mark.parametrize("tile", [(32, 1024, 8, 1), (64, 512, 4, 4), (128, 256, 4, 2)])
+def test_wna16_gemvp(dtype, m, n, k, group_k, symmetric, tile):
+    """The packed 16-bit GEMV's PTX (the interpreter runs only its Triton-op twin) against the
+    torch reference: both activation types, groups and per channel, split-K, a ragged K tile."""
+    bn, bk, warps, split = tile
+    check_wna16_gemm("cuda", dtype, m, n, k, 4, group_k, symmetric, bias=m % 2 == 0,
+                     config=("gemvp", 1, bn, bk, warps, 2, split))
+
+
+def test_wna16_gemvp_switch(monkeypatch):
+    """PAGEDLLM_WNA16_GEMV=packed: the 4-bit linear's few-row product runs the gemvp kernel."""
+    from pagedllm.kernels import wna16_triton
+
+    monkeypatch.setenv("PAGEDLLM_WNA16_GEMV", "packed")
+    wna16_triton.gemv_kind.cache_clear()
+    try:
+        assert wna16_triton.gemv_kind(torch.bfloat16) == "gemvp" and wna16_triton.gemv_kind(torch.float32) == "gemv"
+        check_wna16_gemm("cuda", torch.bfloat16, 1, 4096, 4096, 4, 128, True)
+    finally:
+        wna16_triton.gemv_kind.cache_clear()
+
+
 @pytest.mark.parametrize("bits,group_k,symmetric", [(4, 128, True), (4, 32, False), (8, None, False)])
 def test_wna16_dequant(bits, group_k, symmetric):
     check_wna16_dequant("cuda", torch.bfloat16, 1000, 4096, bits, group_k, symmetric)

@@ -35,18 +35,30 @@ _CASES = {
                           {"config": ["dotj", 16, 32, 64, 4, 1, 1]}),
     "dotj_int8_g64_asym": ("check_wna16_gemm", [9, 32, 128, 8, 64, False], {"config": ["dotj", 16, 16, 32, 4, 1, 1]}),
     "default_configs": ("check_wna16_gemm", [6, 40, 256, 4, 128, False], {}),
+    # the packed 16-bit GEMV (its Triton-op path here; the GPU runs its PTX): 16-bit activations only
+    "gemvp_g32_sym": ("check_wna16_gemm", [1, 48, 256, 4, 32, True], {"config": ["gemvp", 1, 16, 128, 4, 1, 1]}),
+    "gemvp_g64_asym_split_bias": ("check_wna16_gemm", [2, 40, 256, 4, 64, False],
+                                  {"bias": True, "config": ["gemvp", 1, 16, 64, 4, 1, 2]}),
+    "gemvp_channel_asym_ragged": ("check_wna16_gemm", [1, 32, 192, 4, None, False],
+                                  {"config": ["gemvp", 1, 32, 128, 4, 1, 1]}),
     "dequant_g32_asym": ("check_wna16_dequant", [40, 256, 4, 32, False], {}),
     "dequant_int8_channel": ("check_wna16_dequant", [24, 96, 8, None, True], {}),
 }
 _DTYPES = ["float32", "float16"]
 
 
+def _keys():
+    for name in _CASES:
+        for dtype in ("float16", "bfloat16") if name.startswith("gemvp") else _DTYPES:
+            yield f"{name}:{dtype}"
+
+
 @pytest.fixture(scope="module")
 def interpreter_results() -> dict[str, str | None]:
-    return run_under_interpreter("test_wna16_gpu.py", {f"{n}:{d}": c for n, c in _CASES.items() for d in _DTYPES})
+    return run_under_interpreter("test_wna16_gpu.py", {key: _CASES[key.split(":")[0]] for key in _keys()})
 
 
-@pytest.mark.parametrize("key", [f"{n}:{d}" for n in _CASES for d in _DTYPES])
+@pytest.mark.parametrize("key", list(_keys()))
 def test_wna16_kernel_under_interpreter(interpreter_results, key):
     error = interpreter_results[key]
     assert error is None, f"{key} differs from its torch reference under TRITON_INTERPRET=1:\n{error}"
