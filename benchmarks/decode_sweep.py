@@ -20,7 +20,8 @@ kv heads) and Llama-3.1-8B's (32, 8), head_dim 128, bf16 cache, batch 1, 2, 4 at
 128-4096 tokens each, the split count from --graph-max-seq-len as a CUDA graph of the engine
 takes it; each point timed as decode steps run (a CUDA graph of LAYERS calls, each on its own
 cache, replayed) with the reduce kernel and with the last split merging the splits
-(PAGEDLLM_DECODE_LAST_REDUCE=1); the two outputs checked equal to a bf16 ulp first.
+(PAGEDLLM_DECODE_LAST_REDUCE=1), the merge reading 4, 8 and 16 splits a round (MERGE_UNROLL);
+the outputs checked equal to a bf16 ulp first.
 
 The FP8 cache is in the engine's layout, V blocks stored key-major (attention/backend.py).
 --v-layout-ab: each cache dtype with V blocks key-major ("-vt") and head_dim-major ("-hd"; FP8's
@@ -66,7 +67,9 @@ def last_reduce_ab(graph_max_seq_len: int) -> list[dict]:
     rows = []
     print(f"# decode, reduce kernel vs last split: bf16 cache, D={HD} bs={BS}, {LAYERS} layers a graph, "
           f"splits from max_seq_len {graph_max_seq_len}; us per layer", flush=True)
-    print(f"{'model':9s} {'batch':>5s} {'context':>7s} {'splits':>6s} {'kernel':>8s} {'last':>8s}  last/kernel")
+    unrolls = (4, 8, 16)  # splits the merge reads a round (attention_decode.MERGE_UNROLL: 4)
+    print(f"{'model':9s} {'batch':>5s} {'context':>7s} {'splits':>6s} {'kernel':>8s} "
+          + " ".join(f"{'last u' + str(u):>9s}" for u in unrolls) + "  best last/kernel")
     for model, (hq, hkv) in LAST_REDUCE_MODELS.items():
         for b, ctx in itertools.product((1, 2, 4), (128, 512, 1024, 2048, 4096)):
             batch, nb = paged_batch([1] * b, [ctx] * b, b, BS, "cuda", gen)
@@ -75,22 +78,24 @@ def last_reduce_ab(graph_max_seq_len: int) -> list[dict]:
                        torch.randn(nb, BS, hkv, HD, device="cuda", dtype=torch.bfloat16)) for _ in range(LAYERS)]
             outs = [torch.empty_like(q) for _ in range(LAYERS)]
 
-            def step(last, caches=caches, outs=outs, q=q, batch=batch):
+            def step(unroll, caches=caches, outs=outs, q=q, batch=batch):  # unroll 0: the reduce kernel
                 for (kc, vc), out in zip(caches, outs):
                     decode_attention_triton(q, kc, vc, batch.block_tables, batch.seq_lens, out, HD**-0.5,
-                                            max_seq_len=graph_max_seq_len, last_reduce=last)  # fmt: skip
+                                            max_seq_len=graph_max_seq_len, last_reduce=unroll > 0,
+                                            merge_unroll=unroll or None)  # fmt: skip
                 return outs[0]
 
-            kernel_out = step(False).clone()
-            err = (step(True).float() - kernel_out.float()).abs().max().item()
-            assert err <= 1.6e-2 * max(kernel_out.float().abs().max().item(), 1.0), f"{model} b={b} {ctx}: {err}"
-            t = {last: common.graph_time(lambda last=last: step(last), LAYERS, reps=20, rounds=3)
-                 for last in (False, True)}  # fmt: skip
+            kernel_out = step(0).clone()
+            for u in unrolls:
+                err = (step(u).float() - kernel_out.float()).abs().max().item()
+                assert err <= 1.6e-2 * max(kernel_out.float().abs().max().item(), 1.0), f"{model} b={b} {ctx} u{u}: {err}"
+            t = {u: common.graph_time(lambda u=u: step(u), LAYERS, reps=20, rounds=3) for u in (0, *unrolls)}
             splits = decode_num_splits(b, hkv, graph_max_seq_len, _num_sms(0))
-            rows.append({"model": model, "batch": b, "context": ctx, "splits": splits, "kernel_us": t[False],
-                         "last_us": t[True]})  # fmt: skip
-            print(f"{model:9s} {b:5d} {ctx:7d} {splits:6d} {t[False]:8.2f} {t[True]:8.2f}  x{t[True] / t[False]:.3f}",
-                  flush=True)  # fmt: skip
+            best = min(unrolls, key=t.get)
+            rows.append({"model": model, "batch": b, "context": ctx, "splits": splits, "kernel_us": t[0],
+                         "last_us": t[4], **{f"last_u{u}_us": t[u] for u in unrolls}})  # fmt: skip
+            print(f"{model:9s} {b:5d} {ctx:7d} {splits:6d} {t[0]:8.2f} " + " ".join(f"{t[u]:9.2f}" for u in unrolls)
+                  + f"  u{best} x{t[best] / t[0]:.3f}", flush=True)  # fmt: skip
             del caches, outs
     torch.cuda.empty_cache()
     return rows

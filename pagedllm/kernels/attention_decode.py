@@ -359,6 +359,7 @@ def decode_attention_triton(
     logits_soft_cap: float | None = None,  # scores -> cap * tanh(scores / cap)
     order: torch.Tensor | None = None,  # [>= B] int32: the requests in the order programs take them
     last_reduce: bool | None = None,  # with splits: the last split merges them (None: decode_last_reduce)
+    merge_unroll: int | None = None,  # (last_reduce) splits merged a round (None: MERGE_UNROLL)
 ) -> torch.Tensor:
     b, hq, d = q.shape
     _, bs, hkv, _ = k_cache.shape
@@ -399,7 +400,7 @@ def decode_attention_triton(
                   ORDERED=order is not None, LAST_REDUCE=last, V_T=v_transposed(v_cache), **switches,
                   num_warps=num_warps, num_stages=num_stages)  # fmt: skip
     if last:
-        common.update(BLOCK_S=MERGE_BLOCK_S, MERGE_UNROLL=MERGE_UNROLL)
+        common.update(BLOCK_S=MERGE_BLOCK_S, MERGE_UNROLL=merge_unroll or MERGE_UNROLL)
     grid = (b, hkv, num_splits) if order is None else (hkv, b, num_splits)
     _decode_kernel[grid](
         *args, BLOCK_G=max(16, next_power_of_2(group)), DOT_PRECISION=_dot_precision(q.dtype),

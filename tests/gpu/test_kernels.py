@@ -198,7 +198,7 @@ def check_store_kv(device, dtype, num_tokens, hkv, head_dim, block_size, seed=0,
 
 
 def check_decode(device, dtype, seq_lens, hq, hkv, head_dim, block_size, num_splits=None, seed=0,
-                 sliding_window=None, logits_soft_cap=None, order=None, last_reduce=False, calls=1):
+                 sliding_window=None, logits_soft_cap=None, order=None, last_reduce=False, calls=1, merge_unroll=None):
     """Decode kernel alone (num_splits None: the heuristic for the batch's max_seq_len), with a
     sliding window and a logit soft cap when given;
     order "desc" / "shuffled": the programs take the requests longest first / in a random order
@@ -221,7 +221,8 @@ def check_decode(device, dtype, seq_lens, hq, hkv, head_dim, block_size, num_spl
             q = torch.randn(q.shape, generator=torch.Generator().manual_seed(seed + call)).to(q)
         decode_attention_triton(
             q, k_cache, v_cache, batch.block_tables, batch.seq_lens, out, head_dim**-0.5,
-            max_seq_len=batch.max_seq_len, num_splits=num_splits, order=order, last_reduce=last_reduce, **opts,
+            max_seq_len=batch.max_seq_len, num_splits=num_splits, order=order, last_reduce=last_reduce,
+            merge_unroll=merge_unroll, **opts,
         )  # fmt: skip
         ref = paged_attention_torch(q, k_cache, v_cache, batch, head_dim**-0.5, **opts)
         _close(out, ref, ATTENTION_TOL, f"decode splits={num_splits} order={order is not None} {opts}")

@@ -64,6 +64,8 @@ _CASES = {
     # 21 of 40 splits holding keys: several rounds of the merge's maxima and outputs
     "decode_last_reduce_many_splits": ("check_decode", [[1300, 5], 4, 2, 16, 16],
                                        {"num_splits": 40, "last_reduce": True}),
+    "decode_last_reduce_unroll_8": ("check_decode", [[1300, 5], 4, 2, 16, 16],
+                                    {"num_splits": 40, "last_reduce": True, "merge_unroll": 8}),
     "decode_last_reduce_ordered_window": ("check_decode", [[1, 70, 17, 40], 8, 2, 16, 16],
                                           {"num_splits": 4, "order": "desc", "sliding_window": 20,
                                            "last_reduce": True}),
