@@ -33,12 +33,13 @@ import torch
 
 
 def v_blocks_transposed(cache_dtype: torch.dtype) -> bool:
-    """Whether the V cache's blocks are stored [Hkv, D, block_size]: FP8 caches, and 16-bit ones
-    under PAGEDLLM_V_TRANSPOSED=1 (to compare the layouts on a GPU; never float32, which the CPU
-    backend's C kernel reads contiguous)."""
-    if cache_dtype.itemsize == 1:
-        return True
-    return cache_dtype.itemsize == 2 and os.environ.get("PAGEDLLM_V_TRANSPOSED", "") == "1"
+    """Whether the V cache's blocks are stored [Hkv, D, block_size]: FP8 caches. To compare the
+    layouts on a GPU, PAGEDLLM_V_TRANSPOSED=1 makes 16-bit caches key-major too and =0 keeps FP8
+    ones head_dim-major (float32 never changes: the CPU backend's C kernel reads it contiguous)."""
+    switch = os.environ.get("PAGEDLLM_V_TRANSPOSED", "").strip()
+    if switch == "0":
+        return False
+    return cache_dtype.itemsize == 1 or (switch == "1" and cache_dtype.itemsize == 2)
 
 
 def v_cache_view(v: torch.Tensor) -> torch.Tensor:

@@ -243,6 +243,21 @@ def test_v_key_major_switch_keeps_16_bit_tokens(plain, monkeypatch):
     assert got["1"] == got["0"]
 
 
+def test_fp8_v_layout_switch_keeps_tokens(plain, monkeypatch):
+    """PAGEDLLM_V_TRANSPOSED=0 keeps an FP8 cache's V blocks head_dim-major (the layout before):
+    the same greedy tokens as the key-major default."""
+    prompts = [[(3 * i + j) % 3000 + 3 for j in range(30 + 9 * i)] for i in range(4)]
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    got = {}
+    for switch in ("", "0"):
+        monkeypatch.setenv("PAGEDLLM_V_TRANSPOSED", switch)
+        llm = LLM(plain, kv_cache_memory="4MiB", max_model_len=128, kv_cache_dtype="fp8")
+        layer = next(m for m in llm.llm_engine.executor.worker.model.modules() if isinstance(m, Attention))
+        assert layer.v_cache.is_contiguous() == (switch == "0")
+        got[switch] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert got["0"] == got[""]
+
+
 def test_fp8_kv_cache_swap_and_prefix_caching_keep_tokens(plain):
     """Preemption by swap copies FP8 blocks out and back unchanged, and prefix-cache hits read
     the FP8 blocks another request wrote: the tokens equal an uninterrupted run's."""
