@@ -101,12 +101,22 @@ def _cases():
         ("wna16_gemv", wna16_triton._wna16_gemv_kernel, _signature(wna16_triton._wna16_gemv_kernel, w_ptr="*i32"),
          {"BITS": 4, "GROUP_K": 128, "HAS_ZERO": False, "HAS_BIAS": False, "SPLIT_K": 1, "EVEN": True,
           "BLOCK_N": 128, "BLOCK_KW": 16}, 4, False),
+        ("wna16_gemvp", wna16_triton._wna16_gemv_packed_kernel,
+         _signature(wna16_triton._wna16_gemv_packed_kernel, w_ptr="*i32"),
+         {"GROUP_K": 128, "HAS_ZERO": True, "HAS_BIAS": False, "SPLIT_K": 1, "EVEN": True, "BLOCK_N": 32,
+          "BLOCK_KW": 128}, 8, False),
+        # an FP8 cache as the engine lays it out: V blocks key-major
+        ("decode_fp8_key_major", attention_decode._decode_kernel,
+         _signature(attention_decode._decode_kernel, k_cache_ptr="*fp8e4nv", v_cache_ptr="*fp8e4nv",
+                    block_tables_ptr="*i32", seq_lens_ptr="*i32", order_ptr="*i32", part_out_ptr="*fp32",
+                    part_max_ptr="*fp32", part_sum_ptr="*fp32", count_ptr="*i32"),
+         {**decode, "BLOCK_N": 128, "Q_AS_FP16": True, "V_T": True}, 4, False),
     ]
 
 
 CASES = ["rms_norm", "act_and_mul", "qkv_rope", "decode", "decode_last_ordered", "decode_reduce", "swap",
          "swap_last", "swap_router_prefetch", "swap_fp8_prefetch", "splitk_reduce", "fp8_gemv", "fp8_gemv_unrolled",
-         "fp8_gemv_blocks", "moe_gate_up", "moe_down", "wna16_gemv"]
+         "fp8_gemv_blocks", "moe_gate_up", "moe_down", "wna16_gemv", "wna16_gemvp", "decode_fp8_key_major"]
 
 
 @pytest.mark.parametrize("name", CASES)
