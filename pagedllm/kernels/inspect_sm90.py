@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import tempfile
+from collections import Counter
 from typing import Any
 
 
@@ -54,6 +55,56 @@ def resources(compiled: Any) -> dict | None:
     return {"regs": field.get("REG", 0), "stack": field.get("STACK", 0),
             "shared": max(field.get("SHARED", 0), compiled.metadata.shared),
             "cp_async": "cp.async" in ptx, "v4": bool(re.search(r"ld\.global[.a-z0-9]*\.v4", ptx))}
+
+
+def sass(compiled: Any) -> str | None:
+    """The kernel's SASS as nvdisasm prints it (None without Triton's nvdisasm)."""
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+    if not os.path.exists(tool):
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        return subprocess.run([tool, "-c", f.name], capture_output=True, text=True).stdout
+
+
+def main_loop(sass_text: str) -> Counter:
+    """The instructions of the largest loop of a SASS listing (the span of its longest backward
+    branch), counted by opcode with the load/store width kept (LDS.U8, LDG.E.128 ...); empty when
+    there is no loop. What one thread issues per iteration."""
+    label_at: dict[str, int] = {}
+    pending: list[str] = []
+    insts: list[tuple[int, str]] = []
+    for line in sass_text.splitlines():
+        line = line.strip()
+        label = re.match(r"\.(L_x_\d+):", line)
+        if label:
+            pending.append(label.group(1))
+            continue
+        inst = re.search(r"/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
+        if inst:
+            addr = int(inst.group(1), 16)
+            for name in pending:
+                label_at[name] = addr
+            pending = []
+            insts.append((addr, inst.group(2).strip()))
+    span = None
+    for addr, text in insts:
+        target = re.search(r"BRA\s+(?:`\()?\.?(L_x_\d+)", text)
+        if target and label_at.get(target.group(1), addr) < addr:
+            lo = label_at[target.group(1)]
+            if span is None or addr - lo > span[1] - span[0]:
+                span = (lo, addr)
+    if span is None:
+        return Counter()
+    ops = Counter()
+    for addr, text in insts:
+        if span[0] <= addr <= span[1]:
+            op = re.match(r"(?:@!?U?P\w+\s+)?(\S+)", text).group(1)
+            ops[op if op.startswith(("LD", "ST")) else op.split(".")[0]] += 1
+    return ops
 
 
 DECODE_STRIDES = ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kb", "stride_ks", "stride_kh",
