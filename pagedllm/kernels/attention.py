@@ -161,7 +161,13 @@ def _load_kv_tile(
 ):  # fmt: skip
     """Gathers the rows `keys` [BLOCK_N] of one kv head through the block table -> [BLOCK_N, BLOCK_D]."""
     page = tl.load(bt_row_ptr + keys // BLOCK_SIZE, mask=key_mask, other=0).to(tl.int64)
-    offset = keys % BLOCK_SIZE
+    return _kv_rows(cache_ptr, page, keys % BLOCK_SIZE, key_mask, kv_head, dims, dim_mask, stride_b, stride_s,
+                    stride_h)  # fmt: skip
+
+
+@triton.jit
+def _kv_rows(cache_ptr, page, offset, key_mask, kv_head, dims, dim_mask, stride_b, stride_s, stride_h):
+    """The rows at (page, offset) [BLOCK_N] of one kv head -> [BLOCK_N, BLOCK_D] (head_dim contiguous)."""
     ptrs = cache_ptr + page[:, None] * stride_b + offset[:, None] * stride_s + kv_head * stride_h + dims[None, :]
     return tl.load(ptrs, mask=key_mask[:, None] & dim_mask[None, :], other=0.0)
 
@@ -192,14 +198,13 @@ def _attend_tile(
 
 @triton.jit
 def _attend_keys(
-    q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, n0, keys, key_mask, kv_end, valid, kv_head, dims, dim_mask,
+    q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, keys, key_mask, kv_end, valid, kv_head, dims, dim_mask,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, qk_scale,
     BLOCK_SIZE: tl.constexpr, DOT_PRECISION: tl.constexpr, soft_cap, SOFT_CAP: tl.constexpr,
     V_T: tl.constexpr = False,
 ):  # fmt: skip
-    """Gathers the K and V rows `keys` = n0 + [0, BLOCK_N) of one kv head (key_mask: keys <
-    kv_end) and takes the online-softmax step over them (`valid` [M, N]: which (query, key)
-    pairs count).
+    """Gathers the K and V rows `keys` [BLOCK_N] of one kv head (key_mask: keys < kv_end) and
+    takes the online-softmax step over them (`valid` [M, N]: which (query, key) pairs count).
 
     V_T: V blocks stored [Hkv, D, bs] (v_transposed). Whole blocks are read, so each block's
     keys are contiguous bytes the loads vectorize (the callers start tiles on block boundaries;
@@ -212,8 +217,7 @@ def _attend_keys(
         block_mask = blk * BLOCK_SIZE < kv_end
         page = tl.load(bt_row + blk, mask=block_mask, other=0).to(tl.int64)
         offset = keys % BLOCK_SIZE
-        k = tl.load(k_cache_ptr + page[:, None] * stride_kb + offset[:, None] * stride_ks + kv_head * stride_kh
-                    + dims[None, :], mask=key_mask[:, None] & dim_mask[None, :], other=0.0)  # fmt: skip
+        k = _kv_rows(k_cache_ptr, page, offset, key_mask, kv_head, dims, dim_mask, stride_kb, stride_ks, stride_kh)
         RUN: tl.constexpr = BLOCK_SIZE if BLOCK_SIZE < keys.shape[0] else keys.shape[0]
         offs = page[:, None] * stride_vb + offset[:, None] + kv_head * stride_vh + dims[None, :] * BLOCK_SIZE
         offs = tl.max_contiguous(tl.multiple_of(offs, [RUN, 1]), [RUN, 1])
@@ -315,7 +319,7 @@ def _prefill_kernel(
             qpos = ctx + rows[:, None]
             valid = key_mask[None, :] & (keys[None, :] <= qpos) & (keys[None, :] > qpos - window)
             acc, m_i, l_i = _attend_keys(
-                q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, n0, keys, key_mask, end, valid, kv_head, dims,
+                q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, keys, key_mask, end, valid, kv_head, dims,
                 dim_mask, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, qk_scale,
                 BLOCK_SIZE, DOT_PRECISION, soft_cap, SOFT_CAP, V_T)  # fmt: skip
         full_end = 0
@@ -324,7 +328,7 @@ def _prefill_kernel(
         keys = n0 + offs_n
         key_mask = keys < full_end
         acc, m_i, l_i = _attend_keys(
-            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, n0, keys, key_mask, full_end, key_mask[None, :],
+            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, keys, key_mask, full_end, key_mask[None, :],
             kv_head, dims, dim_mask, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, qk_scale,
             BLOCK_SIZE, DOT_PRECISION, soft_cap, SOFT_CAP, V_T)  # fmt: skip
 
@@ -333,7 +337,7 @@ def _prefill_kernel(
         key_mask = keys < end
         valid = key_mask[None, :] & (keys[None, :] <= ctx + rows[:, None])
         acc, m_i, l_i = _attend_keys(
-            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, n0, keys, key_mask, end, valid, kv_head, dims,
+            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, keys, key_mask, end, valid, kv_head, dims,
             dim_mask, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, qk_scale,
             BLOCK_SIZE, DOT_PRECISION, soft_cap, SOFT_CAP, V_T)  # fmt: skip
 

@@ -148,7 +148,7 @@ def _decode_kernel(
         if SLIDING and V_T:
             valid = valid & (keys >= win_lo)[None, :]
         acc, m_i, l_i = _attend_keys(
-            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, n0, keys, key_mask, end, valid, kv_head, dims,
+            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, keys, key_mask, end, valid, kv_head, dims,
             dim_mask, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, qk_scale,
             BLOCK_SIZE, DOT_PRECISION, soft_cap, SOFT_CAP, V_T)  # fmt: skip
 
