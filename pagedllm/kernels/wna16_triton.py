@@ -465,6 +465,11 @@ def _wna16_dequant_kernel(w_ptr, s_ptr, z_ptr, out_ptr, N, K, stride_wk, stride_
              mask=k_mask[:, None] & n_mask[None, :])
 
 
+def _rows_as_int32_pairs(x: torch.Tensor) -> bool:
+    """Whether gemvp can read x's rows as int32 pairs (every row 4-byte aligned)."""
+    return (x.shape[0] <= 1 or x.stride(0) % 2 == 0) and x.data_ptr() % 4 == 0
+
+
 @functools.cache
 def gemv_kind(dtype: torch.dtype) -> str:
     """The few-row 4-bit kernel for activations of `dtype`: "gemv", or "gemvp" (packed 16-bit
@@ -509,7 +514,7 @@ def wna16_gemm_triton(
     group_k = 0 if g == 1 else k // g
     assert group_k == 0 or group_k % p == 0
     kind, block_m, block_n, block_k, num_warps, num_stages, split_k = config or default_config(m, n, k, group_k, bits)
-    if config is None and kind == "gemv" and bits == 4:
+    if config is None and kind == "gemv" and bits == 4 and _rows_as_int32_pairs(x):
         kind = gemv_kind(x.dtype)
     z = zeros if zeros is not None else scales  # unused pointer when HAS_ZERO is False
     b = bias if bias is not None else scales
@@ -529,7 +534,9 @@ def wna16_gemm_triton(
                       EVEN=kw_per_split * split_k == kw, BLOCK_N=block_n, BLOCK_KW=block_kw, num_warps=num_warps,
                       num_stages=num_stages, **pdl(x))
         if packed:  # the interpreter runs no PTX: the same arithmetic in Triton ops
-            assert x.stride(0) % 2 == 0 and x.data_ptr() % 4 == 0, "gemvp reads activation rows as int32 pairs"
+            if not _rows_as_int32_pairs(x):
+                raise ValueError("the gemvp kernel reads activation rows as int32 pairs: each must start "
+                                 "4-byte aligned")
             common["ASM"] = os.environ.get("TRITON_INTERPRET") != "1"
         else:
             common["BITS"] = bits

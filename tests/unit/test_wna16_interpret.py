@@ -91,3 +91,19 @@ def test_dotj_compiles_for_sm90(tiles):
         assert r["stack"] == 0, r
         shared[join] = r["shared"]
     assert shared[True] < 0.6 * shared[False], shared
+
+
+def test_gemvp_needs_rows_aligned_as_int32_pairs():
+    """gemvp reads the activations' rows as int32 pairs: a row starting mid-word (a view at an odd
+    element) is a ValueError for an explicit gemvp config, and the default dispatch keeps gemv
+    for it (PAGEDLLM_WNA16_GEMV=packed)."""
+    import torch
+
+    from pagedllm.kernels import wna16_triton
+    from pagedllm.kernels.wna16 import quantize_wna16_torch
+
+    x = torch.randn(1, 129, dtype=torch.float16)[:, 1:]  # 128 values from an odd element
+    qw, s, _ = quantize_wna16_torch(torch.randn(16, 128) * 0.05, 4, 32, True, torch.float16)
+    assert not wna16_triton._rows_as_int32_pairs(x) and wna16_triton._rows_as_int32_pairs(x.clone())
+    with pytest.raises(ValueError, match="int32 pairs"):
+        wna16_triton.wna16_gemm_triton(x, qw, s, None, 4, config=("gemvp", 1, 16, 128, 4, 1, 1))
