@@ -51,8 +51,9 @@ def gemv_rows():
     for kind in ("gemv", "gemvp"):
         for dt in ("bf16", "fp16"):
             sig = {"x_ptr": f"*{dt}", "w_ptr": "*i32", "s_ptr": f"*{dt}", "z_ptr": f"*{dt}", "b_ptr": f"*{dt}",
-                   "out_ptr": f"*{dt}", "N": "i32", "KW": "i32", "KW_PER_SPLIT": "i32", "stride_xm": "i32",
-                   "stride_wk": "i32", "stride_sg": "i32", "stride_om": "i32"}
+                   "out_ptr": f"*{dt}", "ws_ptr": "*fp32", "count_ptr": "*i32", "M": "i32", "N": "i32",
+                   "KW": "i32", "KW_PER_SPLIT": "i32", "stride_xm": "i32", "stride_wk": "i32", "stride_sg": "i32",
+                   "stride_om": "i32"}
             const = dict(GROUP_K=128, HAS_ZERO=False, HAS_BIAS=False, SPLIT_K=1, EVEN=True, BLOCK_N=block_n,
                          BLOCK_KW=block_kw, **({"BITS": 4} if kind == "gemv" else {}))
             kernel = w._wna16_gemv_kernel if kind == "gemv" else w._wna16_gemv_packed_kernel

@@ -97,7 +97,8 @@ def heuristic_config(m: int, n: int, k: int):
 
 @functools.cache
 def last_reduce() -> bool:
-    """Split-K configs reduce in their last program unless PAGEDLLM_SWAP_LAST_REDUCE=0 (read once)."""
+    """Split-K configs reduce in their last program unless PAGEDLLM_SWAP_LAST_REDUCE=0 (read once):
+    the swap-AB GEMM and the integer GEMVs (wna16_triton.py)."""
     return os.environ.get("PAGEDLLM_SWAP_LAST_REDUCE", "1").strip() != "0"
 
 

@@ -3,7 +3,8 @@ reference there.
 
 - `wna16_gemm_triton`: x [M, K] @ dequant(qweight [K/P, N], scales, zeros).T, two kernels:
     gemv (few rows, no tensor cores): a program owns BLOCK_N outputs of one row and a K range
-      (SPLIT_K > 1: several programs per column block, summed by float32 atomics). It streams
+      (SPLIT_K > 1: several programs per column block, the last of them adding the splits in split
+      order from a workspace -- `_gemv_store`; float32 atomics under PAGEDLLM_SWAP_LAST_REDUCE=0). It streams
       [BLOCK_KW, BLOCK_N] tiles of words (coalesced along N) and takes the P values of each word
       apart without shifts where it can: `(word & mask) | 0x4B000000` read as a float is
       2**23 + q * 2**s exactly (s + bits <= 23), so one subtraction gives (q - zero) * 2**s and
@@ -34,7 +35,9 @@ import triton
 import triton.language as tl
 
 from pagedllm.kernels._triton import pdl
+from pagedllm.kernels.counters import counters
 from pagedllm.kernels.pdl_triton import pdl_release, pdl_wait
+from pagedllm.kernels.small_m import last_reduce
 from pagedllm.kernels.wna16 import pack_factor
 
 # rows up to which the gemv kernel runs (benchmarks/wna16_bench.py)
@@ -45,19 +48,49 @@ _MAGIC_F = tl.constexpr(8388608.0)
 
 
 @triton.jit
+def _gemv_store(y, out_ptr, ws_ptr, count_ptr, m, rn, n_mask, stride_om, M, N, SPLIT_K: tl.constexpr,
+                LAST: tl.constexpr):  # fmt: skip
+    """A GEMV program's part y [BLOCK_N] (float32) of row m: the output itself (one split), added
+    into the float32 output by atomics, or (LAST) stored to the workspace, the split that counts
+    itself last on its (row, column block) counter adding the splits in split order -- no memset
+    or cast kernel around the GEMV, the same sum every call (kernels/counters.py)."""
+    out = out_ptr + m * stride_om + rn
+    if SPLIT_K == 1:
+        tl.store(out, y.to(out_ptr.dtype.element_ty), mask=n_mask)
+    elif LAST:
+        tl.store(ws_ptr + (tl.program_id(2) * M + m) * N + rn, y, mask=n_mask)
+        # every thread's stores before the barrier, the barrier before the count, whose release
+        # publishes them at gpu scope (and whose acquire orders the last split's loads after it)
+        tl.debug_barrier()
+        counter = count_ptr + m * tl.num_programs(1) + tl.program_id(1)
+        done = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+        if done == SPLIT_K - 1:
+            acc = tl.zeros(rn.shape, dtype=tl.float32)
+            for i in tl.static_range(SPLIT_K):
+                acc += tl.load(ws_ptr + (i * M + m) * N + rn, mask=n_mask, other=0.0, cache_modifier=".cg")
+            tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
+            tl.store(counter, 0)  # zero again for the next call (or graph replay)
+    else:
+        tl.atomic_add(out, y, mask=n_mask)
+
+
+@triton.jit
 def _wna16_gemv_kernel(
     x_ptr,  # [M, K] activations
     w_ptr,  # [K/P, N] int32
     s_ptr,  # [G, N] scales
     z_ptr,  # [G, N] zeros (read when HAS_ZERO)
     b_ptr,  # [N] bias (read when HAS_BIAS)
-    out_ptr,  # [M, N] (float32 when SPLIT_K > 1: atomically summed)
-    N, KW, KW_PER_SPLIT,
+    out_ptr,  # [M, N] (float32 when SPLIT_K > 1 and not LAST: atomically summed)
+    ws_ptr,  # [SPLIT_K, M, N] float32 (read when LAST)
+    count_ptr,  # int32 counters, zero between calls (LAST: one per row and column block)
+    M, N, KW, KW_PER_SPLIT,
     stride_xm, stride_wk, stride_sg, stride_om,
     BITS: tl.constexpr, GROUP_K: tl.constexpr,  # GROUP_K 0: one scale row (per channel)
     HAS_ZERO: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, EVEN: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr,
     PDL: tl.constexpr = False,  # kernels/pdl_triton.py
+    LAST: tl.constexpr = False,  # (SPLIT_K > 1) the last split of a row's column block adds them (_gemv_store)
 ):  # fmt: skip
     pdl_release(PDL)
     pdl_wait(PDL)
@@ -125,11 +158,7 @@ def _wna16_gemv_kernel(
     if HAS_BIAS:
         if pid_k == 0:
             y = y + tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
-    out = out_ptr + m * stride_om + rn
-    if SPLIT_K == 1:
-        tl.store(out, y.to(out_ptr.dtype.element_ty), mask=n_mask)
-    else:
-        tl.atomic_add(out, y, mask=n_mask)
+    _gemv_store(y, out_ptr, ws_ptr, count_ptr, m, rn, n_mask, stride_om, M, N, SPLIT_K, LAST)
 
 
 # One word of 4-bit values against its eight activations, in packed 16-bit arithmetic (inline
@@ -230,14 +259,17 @@ def _wna16_gemv_packed_kernel(
     s_ptr,  # [G, N] scales
     z_ptr,  # [G, N] zeros (read when HAS_ZERO)
     b_ptr,  # [N] bias (read when HAS_BIAS)
-    out_ptr,  # [M, N] (float32 when SPLIT_K > 1: atomically summed)
-    N, KW, KW_PER_SPLIT,
+    out_ptr,  # [M, N] (float32 when SPLIT_K > 1 and not LAST: atomically summed)
+    ws_ptr,  # [SPLIT_K, M, N] float32 (read when LAST)
+    count_ptr,  # int32 counters, zero between calls (LAST: one per row and column block)
+    M, N, KW, KW_PER_SPLIT,
     stride_xm, stride_wk, stride_sg, stride_om,
     GROUP_K: tl.constexpr,  # 0: one scale row (per channel)
     HAS_ZERO: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, EVEN: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr,
     ASM: tl.constexpr = True,  # False: the PTX's steps in Triton ops (_gemvp_word_emulated; the interpreter)
     PDL: tl.constexpr = False,  # kernels/pdl_triton.py
+    LAST: tl.constexpr = False,  # (SPLIT_K > 1) the last split of a row's column block adds them (_gemv_store)
 ):  # fmt: skip
     """The 4-bit GEMV in packed 16-bit arithmetic (`gemvp`). The gemv kernel spends about 42
     instructions a word in float32 (sm_90 SASS), more than the SM issues at the memory's pace;
@@ -311,11 +343,7 @@ def _wna16_gemv_packed_kernel(
     if HAS_BIAS:
         if pid_k == 0:
             y = y + tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
-    out = out_ptr + m * stride_om + rn
-    if SPLIT_K == 1:
-        tl.store(out, y.to(out_ptr.dtype.element_ty), mask=n_mask)
-    else:
-        tl.atomic_add(out, y, mask=n_mask)
+    _gemv_store(y, out_ptr, ws_ptr, count_ptr, m, rn, n_mask, stride_om, M, N, SPLIT_K, LAST)
 
 
 @triton.jit
@@ -502,6 +530,7 @@ def wna16_gemm_triton(
     bits: int,
     bias: torch.Tensor | None = None,  # [N]
     config: tuple | None = None,  # see default_config
+    reduce_last: bool | None = None,  # gemv split-K: the last split adds the splits (None: small_m.last_reduce)
 ) -> torch.Tensor:  # [M, N] in x's dtype
     p = pack_factor(bits)
     m, k = x.shape
@@ -526,13 +555,18 @@ def wna16_gemm_triton(
         block_kw = block_k // p
         kw_per_split = triton.cdiv(triton.cdiv(kw, split_k), block_kw) * block_kw
         split_k = triton.cdiv(kw, kw_per_split)
-        out = (torch.zeros((m, n), dtype=torch.float32, device=x.device) if split_k > 1
+        n_blocks = triton.cdiv(n, block_n)
+        last = split_k > 1 and (last_reduce() if reduce_last is None else reduce_last)
+        atomics = split_k > 1 and not last
+        out = (torch.zeros((m, n), dtype=torch.float32, device=x.device) if atomics
                else torch.empty((m, n), dtype=x.dtype, device=x.device))
         if m == 0:
             return out.to(x.dtype)
+        ws = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device) if last else out
+        count = counters(x.device, m * n_blocks) if last else qweight
         common = dict(GROUP_K=group_k, HAS_ZERO=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=split_k,
-                      EVEN=kw_per_split * split_k == kw, BLOCK_N=block_n, BLOCK_KW=block_kw, num_warps=num_warps,
-                      num_stages=num_stages, **pdl(x))
+                      EVEN=kw_per_split * split_k == kw, BLOCK_N=block_n, BLOCK_KW=block_kw, LAST=last,
+                      num_warps=num_warps, num_stages=num_stages, **pdl(x))
         if packed:  # the interpreter runs no PTX: the same arithmetic in Triton ops
             if not _rows_as_int32_pairs(x):
                 raise ValueError("the gemvp kernel reads activation rows as int32 pairs: each must start "
@@ -540,11 +574,11 @@ def wna16_gemm_triton(
             common["ASM"] = os.environ.get("TRITON_INTERPRET") != "1"
         else:
             common["BITS"] = bits
-        (_wna16_gemv_packed_kernel if packed else _wna16_gemv_kernel)[(m, triton.cdiv(n, block_n), split_k)](
-            x, qweight, scales, z, b, out, n, kw, kw_per_split,
+        (_wna16_gemv_packed_kernel if packed else _wna16_gemv_kernel)[(m, n_blocks, split_k)](
+            x, qweight, scales, z, b, out, ws, count, m, n, kw, kw_per_split,
             x.stride(0), qweight.stride(0), scales.stride(0), out.stride(0), **common,
         )  # fmt: skip
-        return out if split_k == 1 else out.to(x.dtype)
+        return out.to(x.dtype) if atomics else out
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return out

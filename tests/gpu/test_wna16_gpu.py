@@ -52,16 +52,21 @@ def _close(out, ref, dtype):
     torch.testing.assert_close(out.float() / scale, ref.float() / scale, atol=atol, rtol=rtol)
 
 
-def check_wna16_gemm(device, dtype, m, n, k, bits=4, group_k=128, symmetric=True, bias=False, config=None, seed=0):
+def check_wna16_gemm(device, dtype, m, n, k, bits=4, group_k=128, symmetric=True, bias=False, config=None, seed=0,
+                     reduce_last=None, calls=1):
+    """reduce_last: split-K summed by the last split (True) or by float32 atomics (False);
+    calls: run again on new activations (the last split leaves its counters at zero)."""
     from pagedllm.kernels.wna16_triton import wna16_gemm_triton
 
     g = torch.Generator().manual_seed(seed)
     qw, s, z = _weights(n, k, bits, group_k, symmetric, device, g)
-    x = torch.randn(m, k, generator=g).to(device=device, dtype=dtype)
     b = (torch.randn(n, generator=g) * 0.1).to(device=device, dtype=dtype) if bias else None
-    out = wna16_gemm_triton(x, qw, s, z, bits, b, config=tuple(config) if config else None)
-    assert out.dtype == dtype and out.shape == (m, n)
-    _close(out, wna16_linear_torch(x, qw, s, z, bits, b), dtype)
+    for _ in range(calls):
+        x = torch.randn(m, k, generator=g).to(device=device, dtype=dtype)
+        out = wna16_gemm_triton(x, qw, s, z, bits, b, config=tuple(config) if config else None,
+                                reduce_last=reduce_last)
+        assert out.dtype == dtype and out.shape == (m, n)
+        _close(out, wna16_linear_torch(x, qw, s, z, bits, b), dtype)
 
 
 def check_wna16_dequant(device, dtype, n, k, bits=4, group_k=128, symmetric=True, seed=0):
@@ -139,6 +144,18 @@ def test_wna16_gemvp(dtype, m, n, k, group_k, symmetric, tile):
     bn, bk, warps, split = tile
     check_wna16_gemm("cuda", dtype, m, n, k, 4, group_k, symmetric, bias=m % 2 == 0,
                      config=("gemvp", 1, bn, bk, warps, 2, split))
+
+
+@pytest.mark.parametrize("kind", ["gemv", "gemvp"])
+@pytest.mark.parametrize("reduce_last", [True, False])
+def test_wna16_gemv_split_k(kind, reduce_last):
+    """Split-K of the GEMVs, summed by the last split (the default) or by atomics, three calls in
+    a row (the counters back at zero after each), the down projection's shape."""
+    check_wna16_gemm("cuda", torch.bfloat16, 2, 4096, 14336, 4, 128, True, bias=True,
+                     config=(kind, 1, 32, 512, 4, 2, 4), reduce_last=reduce_last, calls=3)
+    from pagedllm.kernels.counters import counters
+
+    assert int(counters(torch.device("cuda"), 1).count_nonzero()) == 0
 
 
 def test_wna16_gemvp_switch(monkeypatch):

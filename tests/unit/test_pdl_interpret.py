@@ -45,6 +45,9 @@ def _cases():
     )
 
     fp8_gemv = _signature(fp8_triton._fp8_gemv_kernel, w_ptr="*fp8e4nv", s_ptr="*fp32")
+
+    def wna16_sig(kernel):
+        return _signature(kernel, w_ptr="*i32", out_ptr="*fp32", ws_ptr="*fp32", count_ptr="*i32")
     decode = {"GROUP": 4, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "BLOCK_G": 16, "BLOCK_N": 64, "BLOCK_D": 128,
               "SPLIT": True, "DOT_PRECISION": "tf32", "Q_AS_FP16": False}
     return [
@@ -98,13 +101,13 @@ def _cases():
         ("moe_down", fused_moe_small_triton._small_down_kernel, _DOWN_SIG,
          {"HAS_MAP": True, "EVEN_K": True, "DOT_PRECISION": "tf32", **_down_constexprs((64, 128, 4, 3, 1)),
           "BLOCK_N": 64, "BLOCK_K": 128, "PAD_COLS": 16}, 4, False),
-        ("wna16_gemv", wna16_triton._wna16_gemv_kernel, _signature(wna16_triton._wna16_gemv_kernel, w_ptr="*i32"),
+        ("wna16_gemv", wna16_triton._wna16_gemv_kernel, wna16_sig(wna16_triton._wna16_gemv_kernel),
          {"BITS": 4, "GROUP_K": 128, "HAS_ZERO": False, "HAS_BIAS": False, "SPLIT_K": 1, "EVEN": True,
           "BLOCK_N": 128, "BLOCK_KW": 16}, 4, False),
-        ("wna16_gemvp", wna16_triton._wna16_gemv_packed_kernel,
-         _signature(wna16_triton._wna16_gemv_packed_kernel, w_ptr="*i32"),
-         {"GROUP_K": 128, "HAS_ZERO": True, "HAS_BIAS": False, "SPLIT_K": 1, "EVEN": True, "BLOCK_N": 32,
-          "BLOCK_KW": 128}, 8, False),
+        ("wna16_gemvp_split_last", wna16_triton._wna16_gemv_packed_kernel,
+         wna16_sig(wna16_triton._wna16_gemv_packed_kernel),
+         {"GROUP_K": 128, "HAS_ZERO": True, "HAS_BIAS": False, "SPLIT_K": 4, "LAST": True, "EVEN": True,
+          "BLOCK_N": 32, "BLOCK_KW": 64}, 4, False),
         # an FP8 cache as the engine lays it out: V blocks key-major
         ("decode_fp8_key_major", attention_decode._decode_kernel,
          _signature(attention_decode._decode_kernel, k_cache_ptr="*fp8e4nv", v_cache_ptr="*fp8e4nv",
@@ -116,7 +119,7 @@ def _cases():
 
 CASES = ["rms_norm", "act_and_mul", "qkv_rope", "decode", "decode_last_ordered", "decode_reduce", "swap",
          "swap_last", "swap_router_prefetch", "swap_fp8_prefetch", "splitk_reduce", "fp8_gemv", "fp8_gemv_unrolled",
-         "fp8_gemv_blocks", "moe_gate_up", "moe_down", "wna16_gemv", "wna16_gemvp", "decode_fp8_key_major"]
+         "fp8_gemv_blocks", "moe_gate_up", "moe_down", "wna16_gemv", "wna16_gemvp_split_last", "decode_fp8_key_major"]
 
 
 @pytest.mark.parametrize("name", CASES)

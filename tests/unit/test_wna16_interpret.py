@@ -41,6 +41,12 @@ _CASES = {
                                   {"bias": True, "config": ["gemvp", 1, 16, 64, 4, 1, 2]}),
     "gemvp_channel_asym_ragged": ("check_wna16_gemm", [1, 32, 192, 4, None, False],
                                   {"config": ["gemvp", 1, 32, 128, 4, 1, 1]}),
+    # split-K summed by the last split of each (row, column block), twice in a row; and by atomics
+    "gemv_split_last_twice": ("check_wna16_gemm", [3, 40, 512, 4, 64, True],
+                              {"bias": True, "config": ["gemv", 1, 16, 64, 4, 1, 3], "reduce_last": True,
+                               "calls": 2}),
+    "gemv_split_atomics": ("check_wna16_gemm", [2, 40, 512, 4, 64, False],
+                           {"config": ["gemv", 1, 16, 64, 4, 1, 3], "reduce_last": False}),
     "dequant_g32_asym": ("check_wna16_dequant", [40, 256, 4, 32, False], {}),
     "dequant_int8_channel": ("check_wna16_dequant", [24, 96, 8, None, True], {}),
 }
@@ -107,3 +113,26 @@ def test_gemvp_needs_rows_aligned_as_int32_pairs():
     assert not wna16_triton._rows_as_int32_pairs(x) and wna16_triton._rows_as_int32_pairs(x.clone())
     with pytest.raises(ValueError, match="int32 pairs"):
         wna16_triton.wna16_gemm_triton(x, qw, s, None, 4, config=("gemvp", 1, 16, 128, 4, 1, 1))
+
+
+@pytest.mark.parametrize("kind", ["gemv", "gemvp"])
+def test_gemv_last_split_reduces_for_sm90(kind):
+    """The GEMVs' split-K summed by the last split compiles for the H200 with the counting
+    protocol in its PTX (the partials' stores, a barrier, the acq_rel gpu-scope count, the
+    partials read back from the L2), spilling nothing."""
+    from test_small_m_interpret import check_last_program_ptx
+
+    from pagedllm.kernels import wna16_triton as w
+    from pagedllm.kernels.inspect_sm90 import compile_sm90, resources
+
+    sig = {"x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*bf16", "b_ptr": "*bf16",
+           "out_ptr": "*bf16", "ws_ptr": "*fp32", "count_ptr": "*i32", "M": "i32", "N": "i32", "KW": "i32",
+           "KW_PER_SPLIT": "i32", "stride_xm": "i32", "stride_wk": "i32", "stride_sg": "i32", "stride_om": "i32"}
+    const = dict(GROUP_K=128, HAS_ZERO=False, HAS_BIAS=True, SPLIT_K=4, EVEN=True, BLOCK_N=32, BLOCK_KW=64, LAST=True,
+                 **({"BITS": 4} if kind == "gemv" else {}))
+    kernel = w._wna16_gemv_kernel if kind == "gemv" else w._wna16_gemv_packed_kernel
+    compiled = compile_sm90(kernel, sig, const, 4, 2, aligned=("N", "KW", "KW_PER_SPLIT", "stride_xm", "stride_wk",
+                                                              "stride_sg", "stride_om"))
+    check_last_program_ptx(compiled.asm["ptx"])
+    r = resources(compiled)
+    assert r is None or r["stack"] == 0, r
