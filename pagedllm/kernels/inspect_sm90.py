@@ -37,19 +37,26 @@ def compile_sm90(kernel: Any, signature: dict, constexprs: dict, num_warps: int,
                                                                        "num_stages": num_stages})
 
 
-def resources(compiled: Any) -> dict | None:
-    """What cuobjdump reports of a compiled kernel -- registers a thread, stack bytes (spills),
-    shared memory bytes -- and whether its PTX has asynchronous copies and 16-byte global loads;
-    None without Triton's cuobjdump."""
+def _on_cubin(compiled: Any, tool: str, *args: str) -> str | None:
+    """The output of one of Triton's bundled CUDA tools run on the kernel's cubin (None without it)."""
     import triton
 
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    if not os.path.exists(tool):
+    path = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", tool)
+    if not os.path.exists(path):
         return None
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(compiled.asm["cubin"])
         f.flush()
-        usage = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+        return subprocess.run([path, *args, f.name], capture_output=True, text=True).stdout
+
+
+def resources(compiled: Any) -> dict | None:
+    """What cuobjdump reports of a compiled kernel -- registers a thread, stack bytes (spills),
+    shared memory bytes -- and whether its PTX has asynchronous copies and 16-byte global loads;
+    None without Triton's cuobjdump."""
+    usage = _on_cubin(compiled, "cuobjdump", "--dump-resource-usage")
+    if usage is None:
+        return None
     field = {k: int(v) for k, v in re.findall(r"(REG|STACK|SHARED):(\d+)", usage)}
     ptx = compiled.asm["ptx"]
     return {"regs": field.get("REG", 0), "stack": field.get("STACK", 0),
@@ -59,15 +66,7 @@ def resources(compiled: Any) -> dict | None:
 
 def sass(compiled: Any) -> str | None:
     """The kernel's SASS as nvdisasm prints it (None without Triton's nvdisasm)."""
-    import triton
-
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
-    if not os.path.exists(tool):
-        return None
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(compiled.asm["cubin"])
-        f.flush()
-        return subprocess.run([tool, "-c", f.name], capture_output=True, text=True).stdout
+    return _on_cubin(compiled, "nvdisasm", "-c")
 
 
 def main_loop(sass_text: str) -> Counter:

@@ -48,6 +48,20 @@ _MAGIC_F = tl.constexpr(8388608.0)
 
 
 @triton.jit
+def _gemv_finish(acc, s_ptr, b_ptr, out_ptr, ws_ptr, count_ptr, m, rn, n_mask, pid_k, stride_om, M, N,
+                 GROUP_K: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, LAST: tl.constexpr):  # fmt: skip
+    """The GEMVs' end: the [BLOCK_KW, BLOCK_N] partial sums added over rows, the per-channel
+    scale, the bias (split 0), stored (_gemv_store)."""
+    y = tl.sum(acc, axis=0)
+    if GROUP_K == 0:
+        y = y * tl.load(s_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        if pid_k == 0:
+            y = y + tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
+    _gemv_store(y, out_ptr, ws_ptr, count_ptr, m, rn, n_mask, stride_om, M, N, SPLIT_K, LAST)
+
+
+@triton.jit
 def _gemv_store(y, out_ptr, ws_ptr, count_ptr, m, rn, n_mask, stride_om, M, N, SPLIT_K: tl.constexpr,
                 LAST: tl.constexpr):  # fmt: skip
     """A GEMV program's part y [BLOCK_N] (float32) of row m: the output itself (one split), added
@@ -152,13 +166,8 @@ def _wna16_gemv_kernel(
             if HAS_ZERO:
                 part -= z_row[None, :] * xsum[:, None]
             acc += part
-    y = tl.sum(acc, axis=0)
-    if GROUP_K == 0:
-        y = y * tl.load(s_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
-    if HAS_BIAS:
-        if pid_k == 0:
-            y = y + tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
-    _gemv_store(y, out_ptr, ws_ptr, count_ptr, m, rn, n_mask, stride_om, M, N, SPLIT_K, LAST)
+    _gemv_finish(acc, s_ptr, b_ptr, out_ptr, ws_ptr, count_ptr, m, rn, n_mask, pid_k, stride_om, M, N, GROUP_K,
+                 HAS_BIAS, SPLIT_K, LAST)  # fmt: skip
 
 
 # One word of 4-bit values against its eight activations, in packed 16-bit arithmetic (inline
@@ -337,13 +346,8 @@ def _wna16_gemv_packed_kernel(
             acc += wsum * tl.load(s_ptr + s_off, mask=s_mask, other=0.0).to(tl.float32)
         else:
             acc += wsum
-    y = tl.sum(acc, axis=0)
-    if GROUP_K == 0:
-        y = y * tl.load(s_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
-    if HAS_BIAS:
-        if pid_k == 0:
-            y = y + tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
-    _gemv_store(y, out_ptr, ws_ptr, count_ptr, m, rn, n_mask, stride_om, M, N, SPLIT_K, LAST)
+    _gemv_finish(acc, s_ptr, b_ptr, out_ptr, ws_ptr, count_ptr, m, rn, n_mask, pid_k, stride_om, M, N, GROUP_K,
+                 HAS_BIAS, SPLIT_K, LAST)  # fmt: skip
 
 
 @triton.jit
