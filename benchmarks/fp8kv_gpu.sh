@@ -15,11 +15,13 @@ STEPS=${STEPS:-tests sweep w1}
 BUDGET=${BUDGET:-570}   # seconds; a run that could overrun it is skipped
 . benchmarks/gpu_common.sh
 
-if [[ " $STEPS " == *" tests "* ]] && fits 150 tests; then
+if [[ " $STEPS " == *" tests "* ]] && fits 210 tests; then
   timeout 100 $PY -m pytest -q tests/gpu/test_fp8_gpu.py -k "backend or decode or reference" > "$OUT/tests.log" 2>&1
   echo "fp8 attention tests rc=$? at ${SECONDS} s: $(tail -1 "$OUT/tests.log")"
-  timeout 50 $PY -m pytest -q tests/gpu/test_fused_gpu.py -k "fp8 or e5m2" > "$OUT/tests_fused.log" 2>&1
+  timeout 50 $PY -m pytest -q tests/gpu/test_fused_gpu.py -k "fp8 or e5m2 or key_major" > "$OUT/tests_fused.log" 2>&1
   echo "fused rope-store FP8 tests rc=$? at ${SECONDS} s: $(tail -1 "$OUT/tests_fused.log")"
+  timeout 60 $PY -m pytest -q tests/gpu/test_kernels.py -k "key_major" > "$OUT/tests_key_major.log" 2>&1
+  echo "16-bit key-major V tests rc=$? at ${SECONDS} s: $(tail -1 "$OUT/tests_key_major.log")"
   grep -hE "^(FAILED|ERROR)" "$OUT"/tests*.log | head -6
 fi
 if [[ " $STEPS " == *" sweep "* ]] && fits 150 sweep; then

@@ -227,6 +227,13 @@ def test_qkv_rope_store_fp8_cache(cache, k_scale, v_scale, qk_norm):
     check_qkv_rope_store("cuda", torch.bfloat16, 64, 32, 8, 128, 16, qk_norm, cache, k_scale, v_scale)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_qkv_rope_store_v_key_major(dtype):
+    """A 16-bit V cache stored key-major (PAGEDLLM_V_TRANSPOSED=1): the fused store writes each
+    head_dim value at its key-major place, a NaN as 0 and an infinity saturated."""
+    check_qkv_rope_store("cuda", dtype, 64, 32, 8, 128, 16, True, v_key_major=True)
+
+
 @pytest.mark.parametrize("block_h", [1, 2, 8, 32])
 def test_qkv_rope_store_block_h(block_h):
     check_qkv_rope_store("cuda", torch.bfloat16, 9, 32, 8, 128, 16, True, block_h=block_h)

@@ -364,6 +364,19 @@ def test_backend_mixed_batch(dtype, block_size, hq, hkv, head_dim):
                   order_decodes=True)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_backend_v_key_major(dtype, block_size):
+    """V blocks stored key-major (FP8's layout; PAGEDLLM_V_TRANSPOSED=1 for 16-bit caches): the
+    whole backend against the torch backend, with and without a sliding window (one starting
+    inside a block)."""
+    query_lens = [1, 1, 1, 1, 300, 64, 7]
+    seq_lens = [5, 129, 4000, 48, 300, 1064, 519]
+    check_backend("cuda", dtype, query_lens, seq_lens, 4, 32, 8, 128, block_size, pad_tokens=3, v_key_major=True)
+    check_backend("cuda", dtype, query_lens, seq_lens, 4, 32, 8, 128, block_size, v_key_major=True,
+                  sliding_window=1001, logits_soft_cap=30.0)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16])
 def test_backend_only_decodes_and_only_prefills(dtype):
     check_backend("cuda", dtype, [1] * 9, [3, 70, 900, 1, 16, 17, 2047, 5000, 31], 9, 32, 8, 128, 16)
