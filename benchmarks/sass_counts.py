@@ -7,6 +7,12 @@ with that version for the device's code; the figures are not timings).
 
     python benchmarks/sass_counts.py [--what decode gemv]
 
+With the device's Triton (3.6) beside this tree's (the figures in RESULTS.md were taken so):
+
+    python3 -m venv /tmp/t36 && /tmp/t36/bin/pip install triton==3.6.0
+    echo $PWD/.venv/lib/python3.11/site-packages > /tmp/t36/lib/python3.11/site-packages/zz_venv.pth
+    PYTHONPATH=. /tmp/t36/bin/python benchmarks/sass_counts.py
+
 decode: the paged decode kernel at its default tiles, bf16 and FP8 caches, V blocks head_dim-major
 ("hd") and key-major ("vt", FP8's layout), Qwen3-0.6B's group 2 and Llama-3.1-8B's 4: instructions
 a warp issues per tile, per key, registers. gemv: the 4-bit GEMV (float32 arithmetic) and gemvp
