@@ -6,7 +6,7 @@
 #   bash benchmarks/int4_gpu.sh [tests] [bench] [bench8] [w2] [w1]      # default: all
 #   ... [swaptests] [swap] [w2swap]: the 4-bit swap-AB kernel (PAGEDLLM_WNA16_SWAP=1): its GPU tests,
 #   its sweep beside bf16 and the int4 GEMV (wna16_bench.py --swap, ~2 min), W2 int4 with it on
-#   ... [gemvptests] [gemvp] [w2gemvp]: the packed 16-bit GEMV (PAGEDLLM_WNA16_GEMV=packed): its GPU
+#   ... [gemvptests] [gemvp] [w2gemvp]: the packed 16-bit GEMV (the default; PAGEDLLM_WNA16_GEMV=plain off): its GPU
 #   tests, the one-row sweep of it beside the float32 GEMV (wna16_bench.py --rows 1), W2 gptq with
 #   and without it, alternated (W2_ROUNDS, default 2)
 #   W2_QUANTS="gptq" restricts W2's weights (default: bf16 fp8 gptq); W1_QUANTS likewise (bf16 gptq);

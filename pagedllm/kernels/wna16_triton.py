@@ -11,9 +11,10 @@ reference there.
       the activation is multiplied by 2**-s instead (exact: a power of two). Values above bit 23
       come from `word >> 16` the same way. Scales (and asymmetric zeros) are gathered per word
       row, so any BLOCK_KW works with any group size.
-    gemvp (few rows, 4 bits, 16-bit activations; PAGEDLLM_WNA16_GEMV=packed until measured): the
-      gemv's tiles in packed 16-bit arithmetic, a word's two halves at a time, through inline PTX
-      (`_wna16_gemv_packed_kernel`): about 23-26 instructions a word on sm_90 against 42.
+    gemvp (few rows, 4 bits, 16-bit activations; the default there, PAGEDLLM_WNA16_GEMV=plain keeps
+      gemv): the gemv's tiles in packed 16-bit arithmetic, a word's two halves at a time, through
+      inline PTX (`_wna16_gemv_packed_kernel`): about 23-26 instructions a word on sm_90 against
+      42; W2 Llama-3.1-8B gptq on the H200 3.24 -> 2.96 ms/token.
     dot (more rows): [BLOCK_M, BLOCK_K] x [BLOCK_K, BLOCK_N] through `tl.dot`; the weight tile is
       read as words (each word row serves P rows of the tile), dequantized to the activations'
       dtype with its group's scale, then multiplied.
@@ -504,11 +505,11 @@ def _rows_as_int32_pairs(x: torch.Tensor) -> bool:
 
 @functools.cache
 def gemv_kind(dtype: torch.dtype) -> str:
-    """The few-row 4-bit kernel for activations of `dtype`: "gemv", or "gemvp" (packed 16-bit
-    arithmetic, 16-bit activations) under PAGEDLLM_WNA16_GEMV=packed -- off until the H200
-    measures it (benchmarks/int4_gpu.sh). Read once per process."""
-    packed = os.environ.get("PAGEDLLM_WNA16_GEMV", "").strip() == "packed"
-    return "gemvp" if packed and dtype in (torch.float16, torch.bfloat16) else "gemv"
+    """The few-row 4-bit kernel for activations of `dtype`: "gemvp" (packed 16-bit arithmetic) for
+    16-bit activations, "gemv" for float32 or under PAGEDLLM_WNA16_GEMV=plain. H200 (thirteenth
+    session, RESULTS.md): W2 Llama-3.1-8B gptq 3.24 -> 2.96 ms/token. Read once per process."""
+    plain = os.environ.get("PAGEDLLM_WNA16_GEMV", "").strip() == "plain"
+    return "gemv" if plain or dtype not in (torch.float16, torch.bfloat16) else "gemvp"
 
 
 def default_config(m: int, n: int, k: int, group_k: int, bits: int) -> tuple:

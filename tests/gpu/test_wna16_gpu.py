@@ -158,14 +158,17 @@ def test_wna16_gemv_split_k(kind, reduce_last):
     assert int(counters(torch.device("cuda"), 1).count_nonzero()) == 0
 
 
-def test_wna16_gemvp_switch(monkeypatch):
-    """PAGEDLLM_WNA16_GEMV=packed: the 4-bit linear's few-row product runs the gemvp kernel."""
+@pytest.mark.parametrize("switch", ["", "plain"])
+def test_wna16_gemvp_switch(monkeypatch, switch):
+    """The 4-bit linear's few-row product runs gemvp for 16-bit activations unless
+    PAGEDLLM_WNA16_GEMV=plain (gemv, as float32 activations always do)."""
     from pagedllm.kernels import wna16_triton
 
-    monkeypatch.setenv("PAGEDLLM_WNA16_GEMV", "packed")
+    monkeypatch.setenv("PAGEDLLM_WNA16_GEMV", switch)
     wna16_triton.gemv_kind.cache_clear()
     try:
-        assert wna16_triton.gemv_kind(torch.bfloat16) == "gemvp" and wna16_triton.gemv_kind(torch.float32) == "gemv"
+        assert wna16_triton.gemv_kind(torch.bfloat16) == ("gemv" if switch else "gemvp")
+        assert wna16_triton.gemv_kind(torch.float32) == "gemv"
         check_wna16_gemm("cuda", torch.bfloat16, 1, 4096, 4096, 4, 128, True)
     finally:
         wna16_triton.gemv_kind.cache_clear()
