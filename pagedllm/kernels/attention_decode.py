@@ -332,8 +332,18 @@ def _last_reduce_forced() -> bool | None:
     return None if not value else value != "0"
 
 
-def decode_last_reduce(num_splits: int, cache_itemsize: int) -> bool:
-    """Whether the last of `num_splits` (> 1) splits merges them instead of a reduce kernel."""
+# Triton 3.6 cannot compile the merge for 16-wide heads (BLOCK_D 16: an assertion in its
+# OptimizeThreadLocality pass, met on the H200 by a tiny test model in the thirteenth session and
+# reproduced by kernels/inspect_sm90.compile_sm90 on the CPU; 32 and wider compile): narrower heads
+# keep the reduce kernel whatever PAGEDLLM_DECODE_LAST_REDUCE says.
+LAST_REDUCE_MIN_BLOCK_D = 32
+
+
+def decode_last_reduce(num_splits: int, cache_itemsize: int, block_d: int = 128) -> bool:
+    """Whether the last of `num_splits` (> 1) splits merges them instead of a reduce kernel
+    (heads padded to `block_d`)."""
+    if block_d < LAST_REDUCE_MIN_BLOCK_D:
+        return False
     forced = _last_reduce_forced()
     if forced is not None:
         return forced
@@ -384,7 +394,7 @@ def decode_attention_triton(
         part_sum = torch.empty((b, hq, num_splits), dtype=torch.float32, device=q.device)
     else:
         part_out = part_max = part_sum = out  # unused
-    last = num_splits > 1 and (decode_last_reduce(num_splits, k_cache.element_size()) if last_reduce is None
+    last = num_splits > 1 and (decode_last_reduce(num_splits, k_cache.element_size(), block_d) if last_reduce is None
                                else last_reduce)
     window_cap, switches = window_cap_args(sliding_window, logits_soft_cap)
     args = (

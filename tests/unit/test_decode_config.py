@@ -40,3 +40,16 @@ def test_last_reduce_rule(monkeypatch, env, want):
             assert attention_decode.decode_last_reduce(splits, itemsize) == on, (splits, itemsize)
     finally:
         attention_decode._last_reduce_forced.cache_clear()
+
+
+@pytest.mark.parametrize("env", ["", "1"])
+def test_last_reduce_keeps_the_reduce_kernel_for_16_wide_heads(monkeypatch, env):
+    """Heads narrower than LAST_REDUCE_MIN_BLOCK_D keep the reduce kernel even when forced (Triton 3.6
+    cannot compile the merge at BLOCK_D 16); 32 and wider follow the rule."""
+    monkeypatch.setenv("PAGEDLLM_DECODE_LAST_REDUCE", env)
+    attention_decode._last_reduce_forced.cache_clear()
+    try:
+        assert not attention_decode.decode_last_reduce(4, 2, 16)
+        assert attention_decode.decode_last_reduce(4, 2, 32) and attention_decode.decode_last_reduce(4, 2, 128)
+    finally:
+        attention_decode._last_reduce_forced.cache_clear()

@@ -158,6 +158,24 @@ def test_ordered_decode_grid_costs_no_registers(cache):
     assert per_sm[True] >= per_sm[False], (regs, per_sm)
 
 
+@pytest.mark.parametrize("head_dim", [32, 64])
+@pytest.mark.parametrize("ordered", [False, True])
+def test_decode_last_reduce_compiles_for_narrow_heads(head_dim, ordered):
+    """The merge compiles for sm_90 at the narrowest heads the rule lets it run at
+    (attention_decode.LAST_REDUCE_MIN_BLOCK_D; at 16 Triton 3.6 asserts), with the pointers'
+    alignment hints a launch gives (without them the 16-wide variant compiled too)."""
+    from pagedllm.kernels import attention_decode as ad
+    from pagedllm.kernels.inspect_sm90 import DECODE_STRIDES, compile_sm90, decode_signature
+
+    assert head_dim >= ad.LAST_REDUCE_MIN_BLOCK_D
+    constexprs = {"GROUP": 4, "HEAD_DIM": head_dim, "BLOCK_SIZE": 16, "BLOCK_G": 16, "BLOCK_N": 64, "BLOCK_D": head_dim,
+                  "SPLIT": True, "DOT_PRECISION": "tf32", "Q_AS_FP16": False, "SLIDING": False, "SOFT_CAP": False,
+                  "ORDERED": ordered, "LAST_REDUCE": True, "BLOCK_S": ad.MERGE_BLOCK_S,
+                  "MERGE_UNROLL": ad.MERGE_UNROLL}
+    compile_sm90(ad._decode_kernel, decode_signature("bf16"), constexprs, num_warps=4, num_stages=2,
+                 aligned=DECODE_STRIDES)
+
+
 @pytest.mark.parametrize("cache", ["bf16", "fp8e4nv"])
 @pytest.mark.parametrize("group", [4, 8])
 def test_decode_last_reduce_compiles_for_sm90(cache, group):
