@@ -109,7 +109,7 @@ def _decode_kernel(
     SLIDING: tl.constexpr = False, SOFT_CAP: tl.constexpr = False, ORDERED: tl.constexpr = False,
     LAST_REDUCE: tl.constexpr = False,  # (SPLIT) the last split of a (request, kv head) merges them all
     BLOCK_S: tl.constexpr = 16,  # (LAST_REDUCE) splits' maxima read a round
-    MERGE_UNROLL: tl.constexpr = 4,  # (LAST_REDUCE) splits merged a round
+    MERGE_UNROLL: tl.constexpr = 8,  # (LAST_REDUCE) splits merged a round
     PDL: tl.constexpr = False,  # kernels/pdl_triton.py
     V_T: tl.constexpr = False,  # V blocks stored [Hkv, D, bs] (attention.v_transposed); stride_vs is then 1
 ):  # fmt: skip
@@ -274,7 +274,9 @@ MAX_SPLITS = 64
 # their outputs: first guesses, within the registers of the kernel without splits on sm_90 (a
 # [16, 64] tile of maxima took 109-113 at groups 4-8 against 94-96)
 MERGE_BLOCK_S = 16
-MERGE_UNROLL = 4
+# H200 (thirteenth session, decode_sweep.py --last-reduce-ab): 8 a round beat 4 at 9 and 17 splits
+# (x0.85-0.93 and x0.84-0.98 of the reduce kernel, Llama-3.1-8B's heads) and equalled it elsewhere
+MERGE_UNROLL = 8
 
 
 def decode_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:

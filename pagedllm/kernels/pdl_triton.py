@@ -19,7 +19,7 @@ Waiting is transitive: a kernel's wait returns once the kernel before it has fin
 one finished only after its own wait had returned. A kernel launched without PDL (cuBLAS, torch)
 waits for everything before it as usual.
 
-Both helpers compile to nothing when PDL is False (the interpreter, older GPUs, the default).
+Both helpers compile to nothing when PDL is False (the interpreter, older GPUs, PAGEDLLM_PDL=0).
 """
 
 from __future__ import annotations

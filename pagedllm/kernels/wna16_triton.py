@@ -35,7 +35,6 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedllm.kernels._triton import pdl
 from pagedllm.kernels.counters import counters
 from pagedllm.kernels.pdl_triton import pdl_release, pdl_wait
 from pagedllm.kernels.small_m import last_reduce
@@ -571,7 +570,8 @@ def wna16_gemm_triton(
         count = counters(x.device, m * n_blocks) if last else qweight
         common = dict(GROUP_K=group_k, HAS_ZERO=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=split_k,
                       EVEN=kw_per_split * split_k == kw, BLOCK_N=block_n, BLOCK_KW=block_kw, LAST=last,
-                      num_warps=num_warps, num_stages=num_stages, **pdl(x))
+                      num_warps=num_warps, num_stages=num_stages)  # no PDL: the H200 measured it a loss here
+        # (W2 gptq, PAGEDLLM_PDL=1: gemv 3.24 -> 3.83, gemvp 2.96 -> 3.00 ms/token)
         if packed:  # the interpreter runs no PTX: the same arithmetic in Triton ops
             if not _rows_as_int32_pairs(x):
                 raise ValueError("the gemvp kernel reads activation rows as int32 pairs: each must start "

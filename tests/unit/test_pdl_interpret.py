@@ -154,13 +154,13 @@ def test_without_pdl_the_kernel_is_unchanged():
 
 
 def test_pdl_switch(monkeypatch):
-    """PAGEDLLM_PDL: 0 by default, 1 or prefetch; anything else a ValueError naming it; on a CPU
+    """PAGEDLLM_PDL: 1 by default, 0 or prefetch; anything else a ValueError naming it; on a CPU
     tensor always off (the launch as before); PREFETCH_K only with prefetch and aligned rows."""
     import torch
 
     from pagedllm.kernels import _triton
 
-    for value, mode in (("", "0"), ("0", "0"), ("1", "1"), ("prefetch", "prefetch")):
+    for value, mode in (("", "1"), ("0", "0"), ("1", "1"), ("prefetch", "prefetch")):
         monkeypatch.setenv("PAGEDLLM_PDL", value)
         _triton._pdl_mode.cache_clear()
         assert _triton._pdl_mode() == mode
