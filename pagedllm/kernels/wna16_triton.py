@@ -2,19 +2,7 @@
 reference there.
 
 - `wna16_gemm_triton`: x [M, K] @ dequant(qweight [K/P, N], scales, zeros).T, two kernels:
-    gemv (few rows, no tensor cores): a program owns BLOCK_N outputs of one row and a K range
-      (SPLIT_K > 1: several programs per column block, the last of them adding the splits in split
-      order from a workspace -- `_gemv_store`; float32 atomics under PAGEDLLM_SWAP_LAST_REDUCE=0). It streams
-      [BLOCK_KW, BLOCK_N] tiles of words (coalesced along N) and takes the P values of each word
-      apart without shifts where it can: `(word & mask) | 0x4B000000` read as a float is
-      2**23 + q * 2**s exactly (s + bits <= 23), so one subtraction gives (q - zero) * 2**s and
-      the activation is multiplied by 2**-s instead (exact: a power of two). Values above bit 23
-      come from `word >> 16` the same way. Scales (and asymmetric zeros) are gathered per word
-      row, so any BLOCK_KW works with any group size.
-    gemvp (few rows, 4 bits, 16-bit activations; the default there, PAGEDLLM_WNA16_GEMV=plain keeps
-      gemv): the gemv's tiles in packed 16-bit arithmetic, a word's two halves at a time, through
-      inline PTX (`_wna16_gemv_packed_kernel`): about 23-26 instructions a word on sm_90 against
-      42; W2 Llama-3.1-8B gptq on the H200 3.24 -> 2.96 ms/token.
+    gemv / gemvp (few rows): wna16_gemv_triton.py.
     dot (more rows): [BLOCK_M, BLOCK_K] x [BLOCK_K, BLOCK_N] through `tl.dot`; the weight tile is
       read as words (each word row serves P rows of the tile), dequantized to the activations'
       dtype with its group's scale, then multiplied.
@@ -28,7 +16,6 @@ reference there.
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
@@ -36,318 +23,17 @@ import triton
 import triton.language as tl
 
 from pagedllm.kernels.counters import counters
-from pagedllm.kernels.pdl_triton import pdl_release, pdl_wait
 from pagedllm.kernels.small_m import last_reduce
 from pagedllm.kernels.wna16 import pack_factor
-
-# rows up to which the gemv kernel runs (benchmarks/wna16_bench.py)
-GEMV_MAX_ROWS = 4
-
-_MAGIC = tl.constexpr(0x4B000000)  # the bits of float32 2**23
-_MAGIC_F = tl.constexpr(8388608.0)
-
-
-@triton.jit
-def _gemv_finish(acc, s_ptr, b_ptr, out_ptr, ws_ptr, count_ptr, m, rn, n_mask, pid_k, stride_om, M, N,
-                 GROUP_K: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, LAST: tl.constexpr):  # fmt: skip
-    """The GEMVs' end: the [BLOCK_KW, BLOCK_N] partial sums added over rows, the per-channel
-    scale, the bias (split 0), stored (_gemv_store)."""
-    y = tl.sum(acc, axis=0)
-    if GROUP_K == 0:
-        y = y * tl.load(s_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
-    if HAS_BIAS:
-        if pid_k == 0:
-            y = y + tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
-    _gemv_store(y, out_ptr, ws_ptr, count_ptr, m, rn, n_mask, stride_om, M, N, SPLIT_K, LAST)
-
-
-@triton.jit
-def _gemv_store(y, out_ptr, ws_ptr, count_ptr, m, rn, n_mask, stride_om, M, N, SPLIT_K: tl.constexpr,
-                LAST: tl.constexpr):  # fmt: skip
-    """A GEMV program's part y [BLOCK_N] (float32) of row m: the output itself (one split), added
-    into the float32 output by atomics, or (LAST) stored to the workspace, the split that counts
-    itself last on its (row, column block) counter adding the splits in split order -- no memset
-    or cast kernel around the GEMV, the same sum every call (kernels/counters.py)."""
-    out = out_ptr + m * stride_om + rn
-    if SPLIT_K == 1:
-        tl.store(out, y.to(out_ptr.dtype.element_ty), mask=n_mask)
-    elif LAST:
-        tl.store(ws_ptr + (tl.program_id(2) * M + m) * N + rn, y, mask=n_mask)
-        # every thread's stores before the barrier, the barrier before the count, whose release
-        # publishes them at gpu scope (and whose acquire orders the last split's loads after it)
-        tl.debug_barrier()
-        counter = count_ptr + m * tl.num_programs(1) + tl.program_id(1)
-        done = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-        if done == SPLIT_K - 1:
-            acc = tl.zeros(rn.shape, dtype=tl.float32)
-            for i in tl.static_range(SPLIT_K):
-                acc += tl.load(ws_ptr + (i * M + m) * N + rn, mask=n_mask, other=0.0, cache_modifier=".cg")
-            tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
-            tl.store(counter, 0)  # zero again for the next call (or graph replay)
-    else:
-        tl.atomic_add(out, y, mask=n_mask)
-
-
-@triton.jit
-def _wna16_gemv_kernel(
-    x_ptr,  # [M, K] activations
-    w_ptr,  # [K/P, N] int32
-    s_ptr,  # [G, N] scales
-    z_ptr,  # [G, N] zeros (read when HAS_ZERO)
-    b_ptr,  # [N] bias (read when HAS_BIAS)
-    out_ptr,  # [M, N] (float32 when SPLIT_K > 1 and not LAST: atomically summed)
-    ws_ptr,  # [SPLIT_K, M, N] float32 (read when LAST)
-    count_ptr,  # int32 counters, zero between calls (LAST: one per row and column block)
-    M, N, KW, KW_PER_SPLIT,
-    stride_xm, stride_wk, stride_sg, stride_om,
-    BITS: tl.constexpr, GROUP_K: tl.constexpr,  # GROUP_K 0: one scale row (per channel)
-    HAS_ZERO: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, EVEN: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr,
-    PDL: tl.constexpr = False,  # kernels/pdl_triton.py
-    LAST: tl.constexpr = False,  # (SPLIT_K > 1) the last split of a row's column block adds them (_gemv_store)
-):  # fmt: skip
-    pdl_release(PDL)
-    pdl_wait(PDL)
-    P: tl.constexpr = 32 // BITS
-    MASK: tl.constexpr = (1 << BITS) - 1
-    m = tl.program_id(0).to(tl.int64)
-    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    pid_k = tl.program_id(2)
-    n_mask = rn < N
-    ri = tl.arange(0, BLOCK_KW)
-    x_row = x_ptr + m * stride_xm
-    kw_lo = pid_k * KW_PER_SPLIT
-    kw_hi = tl.minimum(kw_lo + KW_PER_SPLIT, KW)
-    if HAS_ZERO and GROUP_K == 0:
-        z_row = tl.load(z_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
-    acc = tl.zeros([BLOCK_KW, BLOCK_N], dtype=tl.float32)
-    for kw0 in range(kw_lo, kw_hi, BLOCK_KW):
-        rows = kw0 + ri
-        if EVEN:
-            w = tl.load(w_ptr + rows[:, None] * stride_wk + rn[None, :], mask=n_mask[None, :], other=0)
-        else:
-            r_mask = rows < kw_hi
-            w = tl.load(w_ptr + rows[:, None] * stride_wk + rn[None, :], mask=r_mask[:, None] & n_mask[None, :],
-                        other=0)
-        hi = w >> 16
-        part = tl.zeros([BLOCK_KW, BLOCK_N], dtype=tl.float32)
-        xsum = tl.zeros([BLOCK_KW], dtype=tl.float32)
-        for j in tl.static_range(P):
-            if EVEN:
-                xj = tl.load(x_row + rows * P + j).to(tl.float32)
-            else:
-                xj = tl.load(x_row + rows * P + j, mask=r_mask, other=0.0).to(tl.float32)
-            if j * BITS + BITS <= 23:
-                src = w
-                sh = j * BITS
-            else:
-                src = hi
-                sh = j * BITS - 16
-            bits = (src & (MASK << sh)) | _MAGIC
-            if HAS_ZERO:
-                q = bits.to(tl.float32, bitcast=True) - _MAGIC_F  # q * 2**sh
-                xsum += xj
-            else:  # symmetric: the zero 2**(BITS-1) folds into the subtraction
-                q = bits.to(tl.float32, bitcast=True) - (_MAGIC_F + (1 << (BITS - 1 + sh)))
-            part += q * (xj * (1.0 / (1 << sh)))[:, None]
-        if GROUP_K > 0:
-            g = rows * P // GROUP_K
-            s_off = g[:, None] * stride_sg + rn[None, :]
-            if EVEN:
-                s_mask = n_mask[None, :]
-            else:
-                s_mask = r_mask[:, None] & n_mask[None, :]
-            s = tl.load(s_ptr + s_off, mask=s_mask, other=0.0).to(tl.float32)
-            if HAS_ZERO:
-                z = tl.load(z_ptr + s_off, mask=s_mask, other=0.0).to(tl.float32)
-                part -= z * xsum[:, None]
-            acc += part * s
-        else:
-            if HAS_ZERO:
-                part -= z_row[None, :] * xsum[:, None]
-            acc += part
-    _gemv_finish(acc, s_ptr, b_ptr, out_ptr, ws_ptr, count_ptr, m, rn, n_mask, pid_k, stride_om, M, N, GROUP_K,
-                 HAS_BIAS, SPLIT_K, LAST)  # fmt: skip
-
-
-# One word of 4-bit values against its eight activations, in packed 16-bit arithmetic (inline
-# PTX, sm_90): $1 the word (inputs k0..k7 at nibbles 0..7), $2..$5 the activation pairs (x0, x4),
-# (x1, x5), (x2, x6), (x3, x7) as two 16-bit floats in one register, $6 / $7 the offset pairs
-# (MAGIC + zero) and (fp16) -(64 + zero); $0 the float32 sum of the eight products.
-# lop3 (w & mask) | magic reads two nibbles of a word -- k_i in the low half, k_i+4 in the high --
-# as the floats MAGIC + q; fp16 (10 mantissa bits) also takes bits 4-7 as 1024 + 16 q, so one
-# shift serves four nibbles; bf16 (7 bits) shifts for each.
-_GEMVP_ASM_F16 = tl.constexpr("""{
-.reg .b32 t, q0, q1, q2, q3, a, c;
-.reg .b16 lo, hi;
-.reg .f32 flo, fhi;
-lop3.b32 q0, $1, 0x000F000F, 0x64006400, 0xEA;
-lop3.b32 q1, $1, 0x00F000F0, 0x64006400, 0xEA;
-shr.u32 t, $1, 8;
-lop3.b32 q2, t, 0x000F000F, 0x64006400, 0xEA;
-lop3.b32 q3, t, 0x00F000F0, 0x64006400, 0xEA;
-mov.b32 c, 0x2C002C00;
-sub.f16x2 q0, q0, $6;
-fma.rn.f16x2 q1, q1, c, $7;
-sub.f16x2 q2, q2, $6;
-fma.rn.f16x2 q3, q3, c, $7;
-mul.rn.f16x2 a, q0, $2;
-fma.rn.f16x2 a, q1, $3, a;
-fma.rn.f16x2 a, q2, $4, a;
-fma.rn.f16x2 a, q3, $5, a;
-mov.b32 {lo, hi}, a;
-cvt.f32.f16 flo, lo;
-cvt.f32.f16 fhi, hi;
-add.f32 $0, flo, fhi;
-}""")
-_GEMVP_ASM_BF16 = tl.constexpr("""{
-.reg .b32 t, q0, q1, q2, q3, a, blo, bhi;
-.reg .f32 flo, fhi;
-lop3.b32 q0, $1, 0x000F000F, 0x43004300, 0xEA;
-shr.u32 t, $1, 4;
-lop3.b32 q1, t, 0x000F000F, 0x43004300, 0xEA;
-shr.u32 t, $1, 8;
-lop3.b32 q2, t, 0x000F000F, 0x43004300, 0xEA;
-shr.u32 t, $1, 12;
-lop3.b32 q3, t, 0x000F000F, 0x43004300, 0xEA;
-sub.rn.bf16x2 q0, q0, $6;
-sub.rn.bf16x2 q1, q1, $6;
-sub.rn.bf16x2 q2, q2, $6;
-sub.rn.bf16x2 q3, q3, $6;
-mul.rn.bf16x2 a, q0, $2;
-fma.rn.bf16x2 a, q1, $3, a;
-fma.rn.bf16x2 a, q2, $4, a;
-fma.rn.bf16x2 a, q3, $5, a;
-shl.b32 blo, a, 16;
-and.b32 bhi, a, 0xFFFF0000;
-mov.b32 flo, blo;
-mov.b32 fhi, bhi;
-add.f32 $0, flo, fhi;
-}""")
-
-
-@triton.jit
-def _pair_bits(lo, hi):
-    """Two int32 tensors of 16-bit patterns (in their low halves) -> one int32 holding both."""
-    return (lo & 0xFFFF) | (hi << 16)
-
-
-@triton.jit
-def _halves(bits, FP16: tl.constexpr):
-    """Pairs [R, C] int32 -> [R, C, 2]: the two 16-bit floats of each register, fp16 as fp16,
-    bf16 as the float32 of its bits (exact; the interpreter's bf16 arithmetic is not)."""
-    if FP16:
-        return tl.join(bits.to(tl.int16), (bits >> 16).to(tl.int16)).to(tl.float16, bitcast=True)
-    return tl.join(bits << 16, bits & -65536).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _gemvp_word_emulated(w, x04, x15, x26, x37, off, off_hi, FP16: tl.constexpr):
-    """_GEMVP_ASM_F16 / _BF16 step by step in Triton ops, on the same registers (the
-    interpreter's path): the masks, shifts and offsets are the PTX's; bf16 products and sums
-    round as float32 here."""
-    if FP16:
-        t = (w >> 8) & 0x00FFFFFF
-        q0 = _halves((w & 0x000F000F) | 0x64006400, True) - _halves(off, True)
-        q1 = _halves((w & 0x00F000F0) | 0x64006400, True) * 0.0625 + _halves(off_hi, True)
-        q2 = _halves((t & 0x000F000F) | 0x64006400, True) - _halves(off, True)
-        q3 = _halves((t & 0x00F000F0) | 0x64006400, True) * 0.0625 + _halves(off_hi, True)
-    else:
-        q0 = _halves((w & 0x000F000F) | 0x43004300, False) - _halves(off, False)
-        q1 = _halves(((w >> 4) & 0x000F000F) | 0x43004300, False) - _halves(off, False)
-        q2 = _halves(((w >> 8) & 0x000F000F) | 0x43004300, False) - _halves(off, False)
-        q3 = _halves(((w >> 12) & 0x000F000F) | 0x43004300, False) - _halves(off, False)
-    a = q0 * _halves(x04, FP16) + q1 * _halves(x15, FP16) + q2 * _halves(x26, FP16) + q3 * _halves(x37, FP16)
-    return tl.sum(a.to(tl.float32), axis=2)
-
-
-@triton.jit
-def _wna16_gemv_packed_kernel(
-    x_ptr,  # [M, K] activations, float16 or bfloat16 (rows 4-byte aligned: read as int32 pairs)
-    w_ptr,  # [K/8, N] int32, 4-bit values
-    s_ptr,  # [G, N] scales
-    z_ptr,  # [G, N] zeros (read when HAS_ZERO)
-    b_ptr,  # [N] bias (read when HAS_BIAS)
-    out_ptr,  # [M, N] (float32 when SPLIT_K > 1 and not LAST: atomically summed)
-    ws_ptr,  # [SPLIT_K, M, N] float32 (read when LAST)
-    count_ptr,  # int32 counters, zero between calls (LAST: one per row and column block)
-    M, N, KW, KW_PER_SPLIT,
-    stride_xm, stride_wk, stride_sg, stride_om,
-    GROUP_K: tl.constexpr,  # 0: one scale row (per channel)
-    HAS_ZERO: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, EVEN: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr,
-    ASM: tl.constexpr = True,  # False: the PTX's steps in Triton ops (_gemvp_word_emulated; the interpreter)
-    PDL: tl.constexpr = False,  # kernels/pdl_triton.py
-    LAST: tl.constexpr = False,  # (SPLIT_K > 1) the last split of a row's column block adds them (_gemv_store)
-):  # fmt: skip
-    """The 4-bit GEMV in packed 16-bit arithmetic (`gemvp`). The gemv kernel spends about 42
-    instructions a word in float32 (sm_90 SASS), more than the SM issues at the memory's pace;
-    here a word costs about 16 (fp16) / 19 (bf16) in _GEMVP_ASM_*: one lop3 takes two values as
-    16-bit floats MAGIC + q, one subtraction (or fma) gives q - zero exactly, and the products
-    with the activation pairs add up two lanes at a time over the word's eight inputs (rounded
-    as 16-bit products and sums are), then in float32. The activation pairs (x_j, x_j+4) are
-    assembled once per word row from the row read as int32 (x_2i, x_2i+1) pairs."""
-    pdl_release(PDL)
-    pdl_wait(PDL)
-    act: tl.constexpr = x_ptr.dtype.element_ty
-    FP16: tl.constexpr = act == tl.float16
-    MAGIC_F: tl.constexpr = 1024.0 if FP16 else 128.0
-    m = tl.program_id(0).to(tl.int64)
-    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    pid_k = tl.program_id(2)
-    n_mask = rn < N
-    ri = tl.arange(0, BLOCK_KW)
-    x_row = x_ptr + m * stride_xm
-    x_words = x_row.to(tl.pointer_type(tl.int32))
-    kw_lo = pid_k * KW_PER_SPLIT
-    kw_hi = tl.minimum(kw_lo + KW_PER_SPLIT, KW)
-    if GROUP_K == 0:
-        if HAS_ZERO:
-            zero = tl.load(z_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        else:
-            zero = tl.full([1, BLOCK_N], 8.0, tl.float32)
-    acc = tl.zeros([BLOCK_KW, BLOCK_N], dtype=tl.float32)
-    for kw0 in range(kw_lo, kw_hi, BLOCK_KW):
-        rows = kw0 + ri
-        if EVEN:
-            r_mask = ri < BLOCK_KW
-        else:
-            r_mask = rows < kw_hi
-        w = tl.load(w_ptr + rows[:, None] * stride_wk + rn[None, :], mask=r_mask[:, None] & n_mask[None, :], other=0)
-        if GROUP_K > 0:
-            s_off = (rows * 8 // GROUP_K)[:, None] * stride_sg + rn[None, :]
-            s_mask = r_mask[:, None] & n_mask[None, :]
-            if HAS_ZERO:
-                zero = tl.load(z_ptr + s_off, mask=s_mask, other=0.0).to(tl.float32)
-            else:
-                zero = tl.full([BLOCK_KW, BLOCK_N], 8.0, tl.float32)
-        # q - zero = (MAGIC + q) - (MAGIC + zero); fp16's high nibbles 1024 + 16 q: x / 16 - (64 + zero)
-        offset = (MAGIC_F + zero).to(act)
-        offset_hi = (-(MAGIC_F / 16) - zero).to(act)
-        xw0 = tl.load(x_words + rows * 4, mask=r_mask, other=0)  # (x0, x1) of each word row
-        xw1 = tl.load(x_words + rows * 4 + 1, mask=r_mask, other=0)  # (x2, x3)
-        xw2 = tl.load(x_words + rows * 4 + 2, mask=r_mask, other=0)  # (x4, x5)
-        xw3 = tl.load(x_words + rows * 4 + 3, mask=r_mask, other=0)  # (x6, x7)
-        x04 = _pair_bits(xw0, xw2)[:, None]
-        x15 = _pair_bits(xw0 >> 16, xw2 >> 16)[:, None]
-        x26 = _pair_bits(xw1, xw3)[:, None]
-        x37 = _pair_bits(xw1 >> 16, xw3 >> 16)[:, None]
-        off = offset.to(tl.int16, bitcast=True).to(tl.int32)
-        off = _pair_bits(off, off)
-        off_hi = offset_hi.to(tl.int16, bitcast=True).to(tl.int32)
-        off_hi = _pair_bits(off_hi, off_hi)
-        if ASM:
-            wsum = tl.inline_asm_elementwise(
-                _GEMVP_ASM_F16 if FP16 else _GEMVP_ASM_BF16, "=f,r,r,r,r,r,r,r", [w, x04, x15, x26, x37, off, off_hi],
-                dtype=tl.float32, is_pure=True, pack=1)  # fmt: skip
-        else:
-            wsum = _gemvp_word_emulated(w, x04, x15, x26, x37, off, off_hi, FP16)
-        if GROUP_K > 0:
-            acc += wsum * tl.load(s_ptr + s_off, mask=s_mask, other=0.0).to(tl.float32)
-        else:
-            acc += wsum
-    _gemv_finish(acc, s_ptr, b_ptr, out_ptr, ws_ptr, count_ptr, m, rn, n_mask, pid_k, stride_om, M, N, GROUP_K,
-                 HAS_BIAS, SPLIT_K, LAST)  # fmt: skip
+from pagedllm.kernels.wna16_gemv_triton import (  # noqa: F401 (the GEMVs' names, as before the split)
+    _MAGIC,
+    _MAGIC_F,
+    GEMV_MAX_ROWS,
+    _rows_as_int32_pairs,
+    _wna16_gemv_kernel,
+    _wna16_gemv_packed_kernel,
+    gemv_kind,
+)
 
 
 @triton.jit
@@ -495,20 +181,6 @@ def _wna16_dequant_kernel(w_ptr, s_ptr, z_ptr, out_ptr, N, K, stride_wk, stride_
         w = w * tl.load(s_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     tl.store(out_ptr + kk.to(tl.int64)[:, None] * stride_ok + rn[None, :], w.to(out_ptr.dtype.element_ty),
              mask=k_mask[:, None] & n_mask[None, :])
-
-
-def _rows_as_int32_pairs(x: torch.Tensor) -> bool:
-    """Whether gemvp can read x's rows as int32 pairs (every row 4-byte aligned)."""
-    return (x.shape[0] <= 1 or x.stride(0) % 2 == 0) and x.data_ptr() % 4 == 0
-
-
-@functools.cache
-def gemv_kind(dtype: torch.dtype) -> str:
-    """The few-row 4-bit kernel for activations of `dtype`: "gemvp" (packed 16-bit arithmetic) for
-    16-bit activations, "gemv" for float32 or under PAGEDLLM_WNA16_GEMV=plain. H200 (thirteenth
-    session, RESULTS.md): W2 Llama-3.1-8B gptq 3.24 -> 2.96 ms/token. Read once per process."""
-    plain = os.environ.get("PAGEDLLM_WNA16_GEMV", "").strip() == "plain"
-    return "gemv" if plain or dtype not in (torch.float16, torch.bfloat16) else "gemvp"
 
 
 def default_config(m: int, n: int, k: int, group_k: int, bits: int) -> tuple:
