@@ -15,9 +15,9 @@ def kv_cache_dtype(cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
     return _FP8_CACHE_DTYPES.get(cache_dtype, model_dtype)
 
 
-def get_attention_backend(name: str | None, device: str, cache_dtype: torch.dtype = torch.bfloat16) -> AttentionBackend:
+def get_attention_backend(name: str | None, device: str) -> AttentionBackend:
     """`name` None picks the default: triton on CUDA (when importable), cpu on the CPU (when its
-    C kernel builds), torch otherwise. `cache_dtype`: the KV cache's element type."""
+    C kernel builds), torch otherwise."""
     if name is None:
         name = "torch"
         if device == "cpu":
@@ -40,7 +40,7 @@ def get_attention_backend(name: str | None, device: str, cache_dtype: torch.dtyp
     if name == "triton":
         from pagedllm.attention.triton_backend import TritonAttentionBackend
 
-        return TritonAttentionBackend(cache_dtype)
+        return TritonAttentionBackend()
     if name == "cpu":
         from pagedllm.attention.cpu_backend import CpuAttentionBackend
         from pagedllm.kernels import cpu_kernels

@@ -24,10 +24,10 @@ from pagedllm.kernels.attention_decode import decode_attention_triton
 class TritonMetadata(AttentionMetadata):
     """The step's decodes by descending context length (int32 [num_decodes]), sorted once on the
     device for all layers: the decode kernel's programs take the longest first, so that the grid's
-    tail is short work. On by default for 16-bit caches, off for FP8 ones (H200, eleventh session
-    in benchmarks/RESULTS.md: the bf16 kernel at W1's mixed lengths 311.5 -> 279.4 us and W1
-    1.044x alternated; the FP8 kernel 255.8 -> 256.3 us, 200.8 -> 204.4 at 300 tokens);
-    PAGEDLLM_DECODE_ORDER=1 / 0 forces it either way."""
+    tail is short work. On by default (H200, RESULTS.md: the bf16 kernel at W1's mixed lengths
+    311.5 -> 279.4 us and W1 1.044x alternated, eleventh session; the FP8 kernel, V blocks
+    key-major, 221.0 -> 201.2 us and W1 with an FP8 cache 1.049x, fourteenth session);
+    PAGEDLLM_DECODE_ORDER=0 turns it off."""
 
     __slots__ = ("decode_order",)
 
@@ -39,9 +39,8 @@ class TritonAttentionBackend(AttentionBackend):
     name = "triton"
     attends_stored_kv = True
 
-    def __init__(self, cache_dtype: torch.dtype = torch.bfloat16) -> None:
-        forced = os.environ.get("PAGEDLLM_DECODE_ORDER", "").strip()
-        self.order_decodes = forced == "1" if forced else cache_dtype.itemsize == 2
+    def __init__(self) -> None:
+        self.order_decodes = os.environ.get("PAGEDLLM_DECODE_ORDER", "1").strip() != "0"
 
     def build_metadata(self, batch: ForwardBatch, block_size: int) -> AttentionMetadata | None:
         nd = batch.num_decodes

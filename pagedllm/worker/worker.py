@@ -112,7 +112,7 @@ class Worker:
         )
         logger.info("%sprecision: %s", self._tag(), ", ".join(f"{k} {v}" for k, v in self.precision.items()))
         self.kv_dtype = kv_cache_dtype(config.cache_config.cache_dtype, torch_dtype(mc.dtype))
-        self.backend = get_attention_backend(config.attention_backend, config.device, self.kv_dtype)
+        self.backend = get_attention_backend(config.attention_backend, config.device)
         self.runner = ModelRunner(config, self.model, self.backend, self.device, ps)
         self.num_gpu_blocks = 0
         self.num_cpu_blocks = 0

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Where the open issues' workloads spend a step, on the H200 in one call (about 9 minutes):
+# kernel profiles of Qwen3-30B-A3B at batch 1 (issue 15), W2 with 4-bit gptq weights (issue 19)
+# and W1 with an FP8 KV cache (issue 14); the decode kernel's longest-first order against request
+# order (decode_sweep.py --order-ab, bf16 and FP8 caches); W1 with an FP8 cache in request order
+# (A) and longest first (B, PAGEDLLM_DECODE_ORDER=1) alternated. More steps, not in the default:
+# moeprof0 (the MoE profile with PDL off, whose kernels then do not overlap: their own times),
+# moemerge (Qwen3-30B-A3B batch 1, the decode reduce kernel (A) against the last split merging (B,
+# PAGEDLLM_DECODE_LAST_REDUCE=1), alternated), w1kv (W1 bf16 KV (A) against FP8 KV (B), ab_w1.sh).
+# Logs in $OUT; a summary last.
+#     OUT=$OUT bash benchmarks/where_gpu.sh
+#     STEPS="moeprof w1order" bash benchmarks/where_gpu.sh   # any of moeprof w2int4prof w1fp8prof order w1order
+#                                                             # moeprof0 moemerge w1kv
+set -uo pipefail
+OUT=${OUT:-./where-gpu-out}
+ROUNDS=${ROUNDS:-1}
+STEPS=${STEPS:-moeprof w2int4prof w1fp8prof order w1order}
+BUDGET=${BUDGET:-570}
+. benchmarks/gpu_common.sh
+step() { [[ " $STEPS " == *" $1 "* ]] && fits "$2" "$1"; }
+if step moeprof 120; then
+  timeout 150 $PY benchmarks/profile_gpu.py --load w2 --model benchmarks/configs/qwen3-30b-a3b --skip-steps 10 \
+    --steps 10 --top 22 > "$OUT/moeprof.log" 2>&1; echo "moeprof rc=$? at ${SECONDS} s"
+fi
+if step moeprof0 120; then
+  PAGEDLLM_PDL=0 timeout 150 $PY benchmarks/profile_gpu.py --load w2 --model benchmarks/configs/qwen3-30b-a3b \
+    --skip-steps 10 --steps 10 --top 22 > "$OUT/moeprof0.log" 2>&1; echo "moeprof0 rc=$? at ${SECONDS} s"
+fi
+moe() {  # name env round
+  fits 60 "moe $1 $3" || return
+  env $2 timeout 60 $PY benchmarks/moe_bench.py --skip-w1 --skip-peer --skip-kernels --latency-iters 2 \
+    --output-json "$OUT/moe_$1_$3.json" > "$OUT/moe_$1_$3.log" 2>&1
+  echo "moe $1 round $3 rc=$?: $(grep -E 'batch 1:' "$OUT/moe_$1_$3.log")"
+}
+if [[ " $STEPS " == *" moemerge "* ]]; then
+  for r in $(seq "$ROUNDS"); do
+    if [ $((r % 2)) = 1 ]; then moe A "" "$r"; moe B PAGEDLLM_DECODE_LAST_REDUCE=1 "$r"
+    else moe B PAGEDLLM_DECODE_LAST_REDUCE=1 "$r"; moe A "" "$r"; fi
+  done
+fi
+if step w2int4prof 90; then
+  timeout 110 $PY benchmarks/profile_gpu.py --load w2 --quantization gptq --steps 30 --top 18 \
+    > "$OUT/w2int4prof.log" 2>&1; echo "w2int4prof rc=$? at ${SECONDS} s"
+fi
+if step w1fp8prof 90; then
+  timeout 110 $PY benchmarks/profile_gpu.py --load w1 --kv-cache-dtype fp8 --skip-steps 40 --steps 12 --top 16 \
+    > "$OUT/w1fp8prof.log" 2>&1; echo "w1fp8prof rc=$? at ${SECONDS} s"
+fi
+if step order 130; then
+  timeout 140 $PY benchmarks/decode_sweep.py --order-ab > "$OUT/order.log" 2>&1; echo "order rc=$? at ${SECONDS} s"
+fi
+if step w1order $((ROUNDS * 2 * 75)); then
+  A_ARGS="--kv-cache-dtype fp8" B_ARGS="--kv-cache-dtype fp8" B_ENV="PAGEDLLM_DECODE_ORDER=1" ROUNDS=$ROUNDS \
+    OUT="$OUT/w1order" bash benchmarks/ab_w1.sh > "$OUT/w1order.log" 2>&1; echo "w1order rc=$? at ${SECONDS} s"
+fi
+if step w1kv $((ROUNDS * 2 * 75)); then
+  B_ARGS="--kv-cache-dtype fp8" ROUNDS=$ROUNDS OUT="$OUT/w1kv" bash benchmarks/ab_w1.sh > "$OUT/w1kv.log" 2>&1
+  echo "w1kv rc=$? at ${SECONDS} s"
+fi
+for f in moeprof moeprof0 w2int4prof w1fp8prof; do
+  [ -f "$OUT/$f.log" ] && { echo "=== $f ==="; grep -E "wall per step|device busy" "$OUT/$f.log";
+    grep -A14 "calls/step" "$OUT/$f.log" | cut -c1-50,80-; }
+done
+echo; grep -A12 "=== decode kernel" "$OUT/order.log" 2>/dev/null
+echo "=== W1 FP8 KV: A request order, B longest first ==="; grep -E "round|median" "$OUT/w1order.log" 2>/dev/null
+echo "=== W1: A bf16 KV, B FP8 KV ==="; grep -E "round|median" "$OUT/w1kv.log" 2>/dev/null
+echo "=== Qwen3-30B-A3B batch 1: A reduce kernel, B last split merges ==="; grep -h "batch 1:" "$OUT"/moe_*.log 2>/dev/null
