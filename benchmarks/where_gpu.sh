@@ -6,11 +6,12 @@
 # (A) and longest first (B, PAGEDLLM_DECODE_ORDER=1) alternated. More steps, not in the default:
 # moeprof0 (the MoE profile with PDL off, whose kernels then do not overlap: their own times),
 # moemerge (Qwen3-30B-A3B batch 1, the decode reduce kernel (A) against the last split merging (B,
-# PAGEDLLM_DECODE_LAST_REDUCE=1), alternated), w1kv (W1 bf16 KV (A) against FP8 KV (B), ab_w1.sh).
+# PAGEDLLM_DECODE_LAST_REDUCE=1), alternated), moeprefetch (the same, B PAGEDLLM_MOE_PREFETCH=1),
+# pdltests (tests/gpu/test_pdl_gpu.py's layer chains), w1kv (W1 bf16 KV (A) against FP8 KV (B), ab_w1.sh).
 # Logs in $OUT; a summary last.
 #     OUT=$OUT bash benchmarks/where_gpu.sh
 #     STEPS="moeprof w1order" bash benchmarks/where_gpu.sh   # any of moeprof w2int4prof w1fp8prof order w1order
-#                                                             # moeprof0 moemerge w1kv
+#                                                             # moeprof0 pdltests moeprefetch moemerge w1kv
 set -uo pipefail
 OUT=${OUT:-./where-gpu-out}
 ROUNDS=${ROUNDS:-1}
@@ -32,12 +33,19 @@ moe() {  # name env round
     --output-json "$OUT/moe_$1_$3.json" > "$OUT/moe_$1_$3.log" 2>&1
   echo "moe $1 round $3 rc=$?: $(grep -E 'batch 1:' "$OUT/moe_$1_$3.log")"
 }
-if [[ " $STEPS " == *" moemerge "* ]]; then
+moeab() {  # step B's-environment: the defaults (A) against B, alternated
+  [[ " $STEPS " == *" $1 "* ]] || return
   for r in $(seq "$ROUNDS"); do
-    if [ $((r % 2)) = 1 ]; then moe A "" "$r"; moe B PAGEDLLM_DECODE_LAST_REDUCE=1 "$r"
-    else moe B PAGEDLLM_DECODE_LAST_REDUCE=1 "$r"; moe A "" "$r"; fi
+    if [ $((r % 2)) = 1 ]; then moe "$1_A" "" "$r"; moe "$1_B" "$2" "$r"
+    else moe "$1_B" "$2" "$r"; moe "$1_A" "" "$r"; fi
   done
+}
+if step pdltests 100; then
+  timeout 100 $PY -m pytest -q tests/gpu/test_pdl_gpu.py -k chain > "$OUT/pdltests.log" 2>&1
+  echo "pdltests rc=$? at ${SECONDS} s: $(tail -1 "$OUT/pdltests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/pdltests.log" | head
 fi
+moeab moeprefetch PAGEDLLM_MOE_PREFETCH=1
+moeab moemerge PAGEDLLM_DECODE_LAST_REDUCE=1
 if step w2int4prof 90; then
   timeout 110 $PY benchmarks/profile_gpu.py --load w2 --quantization gptq --steps 30 --top 18 \
     > "$OUT/w2int4prof.log" 2>&1; echo "w2int4prof rc=$? at ${SECONDS} s"
@@ -64,4 +72,5 @@ done
 echo; grep -A12 "=== decode kernel" "$OUT/order.log" 2>/dev/null
 echo "=== W1 FP8 KV: A request order, B longest first ==="; grep -E "round|median" "$OUT/w1order.log" 2>/dev/null
 echo "=== W1: A bf16 KV, B FP8 KV ==="; grep -E "round|median" "$OUT/w1kv.log" 2>/dev/null
-echo "=== Qwen3-30B-A3B batch 1: A reduce kernel, B last split merges ==="; grep -h "batch 1:" "$OUT"/moe_*.log 2>/dev/null
+echo "=== Qwen3-30B-A3B batch 1 (ms/token): moemerge B last split merges; moeprefetch B the down kernel's L2 prefetch ==="
+for f in "$OUT"/moe_*.log; do [ -f "$f" ] && echo "$(basename "$f" .log): $(grep -h "batch 1:" "$f" | cut -c1-60)"; done
