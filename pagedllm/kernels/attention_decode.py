@@ -70,12 +70,12 @@ def _partition(seq_lens_ptr, order_ptr, window, BLOCK_N: tl.constexpr, SLIDING: 
     kv_head = tl.program_id(1)
     num_kv_heads = tl.num_programs(1)
     if ORDERED:
-        req = tl.load(order_ptr + tl.program_id(1)).to(tl.int64)
+        req = tl.load(order_ptr + tl.program_id(1), cache_modifier=".cg").to(tl.int64)
         kv_head = tl.program_id(0)
         num_kv_heads = tl.num_programs(0)
     split = tl.program_id(2)
     num_splits = tl.num_programs(2)
-    seq_len = tl.load(seq_lens_ptr + req)
+    seq_len = tl.load(seq_lens_ptr + req, cache_modifier=".cg")  # (.cg: may come before the PDL wait)
     # the window's keys [seq_len - W, seq_len) are what the splits share out
     first = _window_first(seq_len, window, SLIDING, ALIGN)
     part_len = tl.cdiv(tl.cdiv(seq_len - first, num_splits), BLOCK_N) * BLOCK_N
@@ -114,12 +114,14 @@ def _decode_kernel(
     V_T: tl.constexpr = False,  # V blocks stored [Hkv, D, bs] (attention.v_transposed); stride_vs is then 1
 ):  # fmt: skip
     pdl_release(PDL)
-    pdl_wait(PDL)
     # The split count is the grid's third dimension, a runtime value: a new count (it follows
     # the batch size and the longest context) needs no new compile, which would stall serving
     # for a second or more. SPLIT (count > 1) picks partial outputs over the final one.
+    # The partition reads only the step's inputs (seq_lens, order): before the PDL wait
+    # (pdl_triton.py, rule 1), off the critical path.
     req, kv_head, num_kv_heads, split, num_splits, start, end = _partition(
         seq_lens_ptr, order_ptr, window, BLOCK_N, SLIDING, ORDERED, BLOCK_SIZE if V_T else 1)
+    pdl_wait(PDL)
 
     g = tl.arange(0, BLOCK_G)  # rows: the query heads of this kv head's group (padded to >= 16)
     g_mask = g < GROUP

@@ -11,8 +11,13 @@ tail.
 The rules a kernel with a PDL switch keeps (`PDL: tl.constexpr`, launched with
 `**_triton.pdl(x)`), so that an early start can never read or overwrite data too soon:
 1. nothing that an earlier kernel writes is loaded, and nothing is stored or counted (atomics),
-   before `pdl_wait`; only index arithmetic and loads of weights, which no kernel writes, may
-   come first;
+   before `pdl_wait`; only index arithmetic, loads of weights and tables, which no kernel
+   writes, and loads of the step's inputs (positions, slots, sequence lengths, the decode
+   order), which only work without PDL (copies, torch ops) writes before the step's first PDL
+   kernel, may come first. A kernel starts only after every program of the kernel before it has
+   started, so by induction after that non-PDL work has finished. Such loads go through the L2
+   (`.cg`), never a line an SM's L1 kept from an earlier step. (One more case, the MoE down
+   kernel's routing, is in fused_moe_small_triton.down_prefetch.)
 2. `pdl_release` may come anywhere (first, here): it only lets the next kernel be scheduled,
    whose own `pdl_wait` still waits for all of this one.
 Waiting is transitive: a kernel's wait returns once the kernel before it has finished, and that

@@ -26,6 +26,13 @@ from pagedllm.kernels.attention import finite_v, fp8_max, v_layout_ok, v_store_m
 
 
 @triton.jit
+def _rounded_row(row_ptr, cols, col_mask, act: tl.constexpr):
+    """Columns `cols` of a float32 table's row, rounded to the activation dtype (read through the
+    L2, .cg: it may come before the PDL wait)."""
+    return tl.load(row_ptr + cols, mask=col_mask, other=0.0, cache_modifier=".cg").to(act).to(tl.float32)
+
+
+@triton.jit
 def _norm_rotate(
     head_ptr, heads, head_mask, cols, col_mask, cos1, cos2, sin1, sin2, w_ptr, eps,
     HEAD_DIM: tl.constexpr, HALF: tl.constexpr, HAS_NORM: tl.constexpr,
@@ -70,20 +77,23 @@ def _qkv_rope_store_kernel(
     V_MAX: tl.constexpr = 0.0,  # > 0: a 16-bit V cache read key-major (attention.v_store_max)
 ):  # fmt: skip
     pdl_release(PDL)
-    pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     hb = tl.program_id(1)
     num_q_blocks = tl.cdiv(num_q_heads, BLOCK_H)
     row = qkv_ptr + t * stride_qkv
     cols = tl.arange(0, BLOCK_HALF)
     col_mask = cols < HALF
-    # cos/sin rounded to the activation dtype, as the reference's `cos_cache[positions].to(q.dtype)`
-    pos = tl.load(pos_ptr + t).to(tl.int64)
+    # cos/sin rounded to the activation dtype, as the reference's `cos_cache[positions].to(q.dtype)`.
+    # The step's inputs (positions, slots) and the tables come before the PDL wait, through the
+    # L2 (.cg; pdl_triton.py, rule 1): only qkv is the kernel before's
+    pos = tl.load(pos_ptr + t, cache_modifier=".cg").to(tl.int64)
+    slot = tl.load(slot_ptr + t, cache_modifier=".cg").to(tl.int64)
     act = qkv_ptr.dtype.element_ty
-    cos1 = tl.load(cos_ptr + pos * stride_cos + cols, mask=col_mask, other=0.0).to(act).to(tl.float32)
-    cos2 = tl.load(cos_ptr + pos * stride_cos + HALF + cols, mask=col_mask, other=0.0).to(act).to(tl.float32)
-    sin1 = tl.load(sin_ptr + pos * stride_sin + cols, mask=col_mask, other=0.0).to(act).to(tl.float32)
-    sin2 = tl.load(sin_ptr + pos * stride_sin + HALF + cols, mask=col_mask, other=0.0).to(act).to(tl.float32)
+    cos1 = _rounded_row(cos_ptr + pos * stride_cos, cols, col_mask, act)
+    cos2 = _rounded_row(cos_ptr + pos * stride_cos + HALF, cols, col_mask, act)
+    sin1 = _rounded_row(sin_ptr + pos * stride_sin, cols, col_mask, act)
+    sin2 = _rounded_row(sin_ptr + pos * stride_sin + HALF, cols, col_mask, act)
+    pdl_wait(PDL)
     if hb < num_q_blocks:
         heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
         head_mask = heads < num_q_heads
@@ -93,36 +103,34 @@ def _qkv_rope_store_kernel(
         mask = head_mask[:, None] & col_mask[None, :]
         tl.store(dst, o1, mask=mask)
         tl.store(dst + HALF, o2, mask=mask)
-    else:
-        slot = tl.load(slot_ptr + t).to(tl.int64)
-        if slot >= 0:
-            heads = (hb - num_q_blocks) * BLOCK_H + tl.arange(0, BLOCK_H)
-            head_mask = heads < num_kv_heads
-            mask = head_mask[:, None] & col_mask[None, :]
-            k_row = row + num_q_heads * HEAD_DIM
-            k1, k2 = _norm_rotate(k_row, heads, head_mask, cols, col_mask, cos1, cos2, sin1, sin2, kw_ptr, eps,
-                                  HEAD_DIM, HALF, HAS_NORM)  # fmt: skip
-            v_src = k_row + num_kv_heads * HEAD_DIM + heads[:, None] * HEAD_DIM + cols[None, :]
-            v1 = tl.load(v_src, mask=mask, other=0.0)
-            v2 = tl.load(v_src + HALF, mask=mask, other=0.0)
-            block = slot // BLOCK_SIZE
-            offset = slot % BLOCK_SIZE
-            kc = k_cache_ptr + block * stride_kcb + offset * stride_kcs + heads[:, None] * stride_kch + cols[None, :]
-            vc = (v_cache_ptr + block * stride_vcb + offset * stride_vcs + heads[:, None] * stride_vch
-                  + cols[None, :] * stride_vcd)
-            if FP8_MAX > 0:
-                k1 = tl.clamp(k1.to(tl.float32) * inv_k_scale, -FP8_MAX, FP8_MAX)
-                k2 = tl.clamp(k2.to(tl.float32) * inv_k_scale, -FP8_MAX, FP8_MAX)
-                # a NaN is stored as 0: the attention kernels read whole FP8 V blocks (v_transposed)
-                v1 = tl.clamp(finite_v(v1) * inv_v_scale, -FP8_MAX, FP8_MAX)
-                v2 = tl.clamp(finite_v(v2) * inv_v_scale, -FP8_MAX, FP8_MAX)
-            elif V_MAX > 0:
-                v1, v2 = tl.clamp(finite_v(v1), -V_MAX, V_MAX), tl.clamp(finite_v(v2), -V_MAX, V_MAX)
-            cdt = k_cache_ptr.dtype.element_ty
-            tl.store(kc, k1.to(cdt), mask=mask)
-            tl.store(kc + HALF, k2.to(cdt), mask=mask)
-            tl.store(vc, v1.to(cdt), mask=mask)
-            tl.store(vc + HALF * stride_vcd, v2.to(cdt), mask=mask)
+    elif slot >= 0:
+        heads = (hb - num_q_blocks) * BLOCK_H + tl.arange(0, BLOCK_H)
+        head_mask = heads < num_kv_heads
+        mask = head_mask[:, None] & col_mask[None, :]
+        k_row = row + num_q_heads * HEAD_DIM
+        k1, k2 = _norm_rotate(k_row, heads, head_mask, cols, col_mask, cos1, cos2, sin1, sin2, kw_ptr, eps,
+                              HEAD_DIM, HALF, HAS_NORM)  # fmt: skip
+        v_src = k_row + num_kv_heads * HEAD_DIM + heads[:, None] * HEAD_DIM + cols[None, :]
+        v1 = tl.load(v_src, mask=mask, other=0.0)
+        v2 = tl.load(v_src + HALF, mask=mask, other=0.0)
+        block = slot // BLOCK_SIZE
+        offset = slot % BLOCK_SIZE
+        kc = k_cache_ptr + block * stride_kcb + offset * stride_kcs + heads[:, None] * stride_kch + cols[None, :]
+        vc = (v_cache_ptr + block * stride_vcb + offset * stride_vcs + heads[:, None] * stride_vch
+              + cols[None, :] * stride_vcd)
+        if FP8_MAX > 0:
+            k1 = tl.clamp(k1.to(tl.float32) * inv_k_scale, -FP8_MAX, FP8_MAX)
+            k2 = tl.clamp(k2.to(tl.float32) * inv_k_scale, -FP8_MAX, FP8_MAX)
+            # a NaN is stored as 0: the attention kernels read whole FP8 V blocks (v_transposed)
+            v1 = tl.clamp(finite_v(v1) * inv_v_scale, -FP8_MAX, FP8_MAX)
+            v2 = tl.clamp(finite_v(v2) * inv_v_scale, -FP8_MAX, FP8_MAX)
+        elif V_MAX > 0:
+            v1, v2 = tl.clamp(finite_v(v1), -V_MAX, V_MAX), tl.clamp(finite_v(v2), -V_MAX, V_MAX)
+        cdt = k_cache_ptr.dtype.element_ty
+        tl.store(kc, k1.to(cdt), mask=mask)
+        tl.store(kc + HALF, k2.to(cdt), mask=mask)
+        tl.store(vc, v1.to(cdt), mask=mask)
+        tl.store(vc + HALF * stride_vcd, v2.to(cdt), mask=mask)
 
 
 def default_block_h(num_tokens: int, num_heads: int) -> int:

@@ -29,7 +29,9 @@ def _signature(kernel, **types) -> dict:
 
 
 def _cases():
-    """(name, kernel, signature, constexprs, num_warps, weight loads allowed before the wait)."""
+    """(name, kernel, signature, constexprs, num_warps, what may be read before the wait: True any
+    load (weights), "inputs" only loads through the L2 (.cg: the step's inputs and tables, which no
+    kernel of the step writes), False nothing)."""
     from test_fused_moe_interpret import _DOWN_SIG, _GATE_UP_SIG, _down_constexprs
     from test_small_m_interpret import swap_constexprs, swap_signature
 
@@ -59,17 +61,17 @@ def _cases():
          _signature(qkv_rope_triton._qkv_rope_store_kernel, pos_ptr="*i64", cos_ptr="*fp32", sin_ptr="*fp32",
                     slot_ptr="*i64"),
          {"HEAD_DIM": 128, "HALF": 64, "BLOCK_HALF": 64, "BLOCK_H": 4, "BLOCK_SIZE": 16, "HAS_NORM": True,
-          "FP8_MAX": 0.0}, 2, False),
+          "FP8_MAX": 0.0}, 2, "inputs"),
         ("decode", attention_decode._decode_kernel,
          _signature(attention_decode._decode_kernel, block_tables_ptr="*i32", seq_lens_ptr="*i32",
                     order_ptr="*i32", part_out_ptr="*fp32", part_max_ptr="*fp32", part_sum_ptr="*fp32",
-                    count_ptr="*i32"), decode, 4, False),
+                    count_ptr="*i32"), decode, 4, "inputs"),
         ("decode_last_ordered", attention_decode._decode_kernel,
          _signature(attention_decode._decode_kernel, block_tables_ptr="*i32", seq_lens_ptr="*i32",
                     order_ptr="*i32", part_out_ptr="*fp32", part_max_ptr="*fp32", part_sum_ptr="*fp32",
                     count_ptr="*i32"),
          {**decode, "ORDERED": True, "LAST_REDUCE": True, "BLOCK_S": attention_decode.MERGE_BLOCK_S,
-          "MERGE_UNROLL": attention_decode.MERGE_UNROLL}, 4, False),
+          "MERGE_UNROLL": attention_decode.MERGE_UNROLL}, 4, "inputs"),
         ("decode_reduce", attention_decode._decode_reduce_kernel,
          _signature(attention_decode._decode_reduce_kernel, part_out_ptr="*fp32", part_max_ptr="*fp32",
                     part_sum_ptr="*fp32"), {"HEAD_DIM": 128, "BLOCK_S": 64, "BLOCK_D": 128}, 4, False),
@@ -121,7 +123,7 @@ def _cases():
          _signature(attention_decode._decode_kernel, k_cache_ptr="*fp8e4nv", v_cache_ptr="*fp8e4nv",
                     block_tables_ptr="*i32", seq_lens_ptr="*i32", order_ptr="*i32", part_out_ptr="*fp32",
                     part_max_ptr="*fp32", part_sum_ptr="*fp32", count_ptr="*i32"),
-         {**decode, "BLOCK_N": 128, "Q_AS_FP16": True, "V_T": True}, 4, False),
+         {**decode, "BLOCK_N": 128, "Q_AS_FP16": True, "V_T": True}, 4, "inputs"),
     ]
 
 
@@ -135,7 +137,7 @@ CASES = ["rms_norm", "act_and_mul", "qkv_rope", "decode", "decode_last_ordered",
 def test_pdl_kernel_waits_before_it_touches_data(name):
     from pagedllm.kernels.inspect_sm90 import compile_sm90
 
-    _, kernel, signature, constexprs, warps, weight_loads_first = next(c for c in _cases() if c[0] == name)
+    _, kernel, signature, constexprs, warps, reads_first = next(c for c in _cases() if c[0] == name)
     ptx = compile_sm90(kernel, signature, {**constexprs, "PDL": True}, num_warps=warps, num_stages=2).asm["ptx"]
     assert "griddepcontrol.launch_dependents" in ptx, "the next kernel is never released"
     wait = ptx.find("griddepcontrol.wait")
@@ -144,8 +146,13 @@ def test_pdl_kernel_waits_before_it_touches_data(name):
         assert ptx.find("griddepcontrol.launch_dependents") > wait, "released before the wait"
     first_write = re.search(r"\b(st\.global|atom\.|red\.|cp\.async\.bulk\.global)", ptx)
     assert first_write is not None and first_write.start() > wait, "a store or count before the wait"
-    loads_before = re.findall(r"\b(ld\.global|cp\.async\.(?:cg|ca))", ptx[:wait])
-    if not weight_loads_first:
+    loads_before = re.findall(r"\b(ld\.global[.\w]*|cp\.async\.(?:cg|ca))", ptx[:wait])
+    if reads_first == "inputs":
+        assert loads_before, "the step's inputs are not read before the wait"
+        assert all(".cg" in op for op in loads_before), f"{loads_before}: a load before the wait not through L2"
+        after = re.findall(r"\b(ld\.global[.\w]*|cp\.async\.(?:cg|ca))", ptx[wait:])
+        assert any(".cg" not in op or op.startswith("cp.async") for op in after), "no data read after the wait"
+    elif not reads_first:
         assert not loads_before, f"{len(loads_before)} loads before the wait"
     prefetch = ptx.find("cp.async.bulk.prefetch.L2")
     if constexprs.get("PREFETCH_K", 0) > 0:
