@@ -7,7 +7,7 @@
 # moeprof0 (the MoE profile with PDL off, whose kernels then do not overlap: their own times),
 # moemerge (Qwen3-30B-A3B batch 1, the decode reduce kernel (A) against the last split merging (B,
 # PAGEDLLM_DECODE_LAST_REDUCE=1), alternated), moeprefetch (the same, B PAGEDLLM_MOE_PREFETCH=1),
-# pdltests (tests/gpu/test_pdl_gpu.py's layer chains), w1kv (W1 bf16 KV (A) against FP8 KV (B), ab_w1.sh).
+# pdltests (tests/gpu/test_pdl_gpu.py), moetree (A the tree at $A_PATH, B this one), w1kv (W1 bf16 KV (A) against FP8 KV (B), ab_w1.sh).
 # Logs in $OUT; a summary last.
 #     OUT=$OUT bash benchmarks/where_gpu.sh
 #     STEPS="moeprof w1order" bash benchmarks/where_gpu.sh   # any of moeprof w2int4prof w1fp8prof order w1order
@@ -27,7 +27,7 @@ if step moeprof0 120; then
   PAGEDLLM_PDL=0 timeout 150 $PY benchmarks/profile_gpu.py --load w2 --model benchmarks/configs/qwen3-30b-a3b \
     --skip-steps 10 --steps 10 --top 22 > "$OUT/moeprof0.log" 2>&1; echo "moeprof0 rc=$? at ${SECONDS} s"
 fi
-moe() {  # name env round
+moe() {  # name env round (env may set PYTHONPATH=another tree's root)
   fits 60 "moe $1 $3" || return
   env $2 timeout 60 $PY benchmarks/moe_bench.py --skip-w1 --skip-peer --skip-kernels --latency-iters 2 \
     --output-json "$OUT/moe_$1_$3.json" > "$OUT/moe_$1_$3.log" 2>&1
@@ -40,11 +40,18 @@ moeab() {  # step B's-environment: the defaults (A) against B, alternated
     else moe "$1_B" "$2" "$r"; moe "$1_A" "" "$r"; fi
   done
 }
-if step pdltests 100; then
-  timeout 100 $PY -m pytest -q tests/gpu/test_pdl_gpu.py -k chain > "$OUT/pdltests.log" 2>&1
+if step pdltests 150; then
+  timeout 150 $PY -m pytest -q tests/gpu/test_pdl_gpu.py > "$OUT/pdltests.log" 2>&1
   echo "pdltests rc=$? at ${SECONDS} s: $(tail -1 "$OUT/pdltests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/pdltests.log" | head
 fi
 moeab moeprefetch PAGEDLLM_MOE_PREFETCH=1
+# A_PATH: a tree whose pagedllm/ is another commit's (git archive OLD pagedllm | tar -x -C abtree)
+if [[ " $STEPS " == *" moetree "* ]] && [ -d "${A_PATH:-}" ]; then
+  for r in $(seq "$ROUNDS"); do
+    if [ $((r % 2)) = 1 ]; then moe moetree_A "PYTHONPATH=$(cd "$A_PATH" && pwd):$PWD" "$r"; moe moetree_B "" "$r"
+    else moe moetree_B "" "$r"; moe moetree_A "PYTHONPATH=$(cd "$A_PATH" && pwd):$PWD" "$r"; fi
+  done
+fi
 moeab moemerge PAGEDLLM_DECODE_LAST_REDUCE=1
 if step w2int4prof 90; then
   timeout 110 $PY benchmarks/profile_gpu.py --load w2 --quantization gptq --steps 30 --top 18 \
