@@ -7,7 +7,8 @@
 # moeprof0 (the MoE profile with PDL off, whose kernels then do not overlap: their own times),
 # moemerge (Qwen3-30B-A3B batch 1, the decode reduce kernel (A) against the last split merging (B,
 # PAGEDLLM_DECODE_LAST_REDUCE=1), alternated), moeprefetch (the same, B PAGEDLLM_MOE_PREFETCH=1),
-# pdltests (tests/gpu/test_pdl_gpu.py), moetree (A the tree at $A_PATH, B this one), w1kv (W1 bf16 KV (A) against FP8 KV (B), ab_w1.sh).
+# pdltests (tests/gpu/test_pdl_gpu.py), moetree (A the tree at $A_PATH, B this one), w3 (W3 at inf,
+# bf16 then FP8 weights + FP8 KV; the server's wheels installed first), w1kv (W1 bf16 KV (A) against FP8 KV (B), ab_w1.sh).
 # Logs in $OUT; a summary last.
 #     OUT=$OUT bash benchmarks/where_gpu.sh
 #     STEPS="moeprof w1order" bash benchmarks/where_gpu.sh   # any of moeprof w2int4prof w1fp8prof order w1order
@@ -72,12 +73,22 @@ if step w1kv $((ROUNDS * 2 * 75)); then
   B_ARGS="--kv-cache-dtype fp8" ROUNDS=$ROUNDS OUT="$OUT/w1kv" bash benchmarks/ab_w1.sh > "$OUT/w1kv.log" 2>&1
   echo "w1kv rc=$? at ${SECONDS} s"
 fi
+if step w3 200; then  # needs the server's packages (the device README's wheel recipe, PYTHONPATH=/tmp/site)
+  for v in bf16 fp8; do
+    args=$([ $v = fp8 ] && echo "--quantization fp8 --kv-cache-dtype fp8")
+    SERVER_ARGS="$args" OUT="$OUT/w3_$v" timeout 100 bash benchmarks/w3_gpu.sh 200 inf > "$OUT/w3_$v.log" 2>&1
+    echo "w3 $v rc=$? at ${SECONDS} s"
+  done
+fi
 for f in moeprof moeprof0 w2int4prof w1fp8prof; do
   [ -f "$OUT/$f.log" ] && { echo "=== $f ==="; grep -E "wall per step|device busy" "$OUT/$f.log";
     grep -A14 "calls/step" "$OUT/$f.log" | cut -c1-50,80-; }
 done
 echo; grep -A12 "=== decode kernel" "$OUT/order.log" 2>/dev/null
 echo "=== W1 FP8 KV: A request order, B longest first ==="; grep -E "round|median" "$OUT/w1order.log" 2>/dev/null
+for v in bf16 fp8; do
+  [ -f "$OUT/w3_$v.log" ] && echo "=== W3 inf $v: $(grep -iE "total|output token" "$OUT/w3_$v.log" | tr -s ' ' | head -3 | tr '\n' ';')"
+done
 echo "=== W1: A bf16 KV, B FP8 KV ==="; grep -E "round|median" "$OUT/w1kv.log" 2>/dev/null
 echo "=== Qwen3-30B-A3B batch 1 (ms/token): moemerge B last split merges; moeprefetch B the down kernel's L2 prefetch ==="
 for f in "$OUT"/moe_*.log; do [ -f "$f" ] && echo "$(basename "$f" .log): $(grep -h "batch 1:" "$f" | cut -c1-60)"; done
