@@ -8,7 +8,8 @@
 # moemerge (Qwen3-30B-A3B batch 1, the decode reduce kernel (A) against the last split merging (B,
 # PAGEDLLM_DECODE_LAST_REDUCE=1), alternated), moeprefetch (the same, B PAGEDLLM_MOE_PREFETCH=1),
 # pdltests (tests/gpu/test_pdl_gpu.py), moetree (A the tree at $A_PATH, B this one), w3 (W3 at inf,
-# bf16 then FP8 weights + FP8 KV; the server's wheels installed first), w1kv (W1 bf16 KV (A) against FP8 KV (B), ab_w1.sh).
+# bf16 then FP8 weights + FP8 KV; the server's wheels installed first), moesweep (moe_bench.py
+# --small-sweep), w1kv (W1 bf16 KV (A) against FP8 KV (B), ab_w1.sh).
 # Logs in $OUT; a summary last.
 #     OUT=$OUT bash benchmarks/where_gpu.sh
 #     STEPS="moeprof w1order" bash benchmarks/where_gpu.sh   # any of moeprof w2int4prof w1fp8prof order w1order
@@ -54,6 +55,10 @@ if [[ " $STEPS " == *" moetree "* ]] && [ -d "${A_PATH:-}" ]; then
   done
 fi
 moeab moemerge PAGEDLLM_DECODE_LAST_REDUCE=1
+if step moesweep 200; then  # the small MoE kernels' tiles (the gate/up kernel's split-K among them)
+  timeout 200 $PY benchmarks/moe_bench.py --skip-latency --skip-w1 --skip-peer --small-sweep \
+    --output-json "$OUT/moesweep.json" > "$OUT/moesweep.log" 2>&1; echo "moesweep rc=$? at ${SECONDS} s"
+fi
 if step w2int4prof 90; then
   timeout 110 $PY benchmarks/profile_gpu.py --load w2 --quantization gptq --steps 30 --top 18 \
     > "$OUT/w2int4prof.log" 2>&1; echo "w2int4prof rc=$? at ${SECONDS} s"
@@ -86,6 +91,7 @@ for f in moeprof moeprof0 w2int4prof w1fp8prof; do
 done
 echo; grep -A12 "=== decode kernel" "$OUT/order.log" 2>/dev/null
 echo "=== W1 FP8 KV: A request order, B longest first ==="; grep -E "round|median" "$OUT/w1order.log" 2>/dev/null
+[ -f "$OUT/moesweep.log" ] && { echo "=== small MoE kernels, 1 token ==="; grep -E "T=1 (small|grouped)" "$OUT/moesweep.log" | sort -t' ' -k1,1 | head -40; }
 for v in bf16 fp8; do
   [ -f "$OUT/w3_$v.log" ] && echo "=== W3 inf $v: $(grep -iE "total|output token" "$OUT/w3_$v.log" | tr -s ' ' | head -3 | tr '\n' ';')"
 done

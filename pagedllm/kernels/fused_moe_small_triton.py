@@ -10,9 +10,13 @@ slowly, benchmarks/RESULTS.md, "FP8 kernels and the MoE small-batch path"):
 
     acc[BLOCK_N, 16] = W[n tile, k tile] @ [x_k | 0 ... 0]      column 0 is the product
 
-- `_small_gate_up_kernel`, program (pair, n tile of I): its expert's gate and up tiles against
-  its token's row; writes h[pair] = silu(gate) * up, rounded as the reference. The programs of
-  n tile 0 also count the pair in expert_load (padding tokens, slot -1, are not counted).
+- `_small_gate_up_kernel`, program (pair, n tile of I, split of H): its expert's gate and up
+  tiles against its token's row; writes h[pair] = silu(gate) * up, rounded as the reference.
+  With SPLIT_K > 1 (a fifth entry of its tiles) each split stores its float32 sums and the last
+  of a (pair, n tile) adds them in split order before the SiLU (as the down kernel's last program
+  below): more, shorter programs (at 1 token the unsplit grid is 8 x 12 = 96 programs, fewer than
+  the H200's 132 SMs). The programs of n tile 0, split 0 also count the pair in expert_load
+  (padding tokens, slot -1, are not counted).
 - `_small_down_kernel`, program (token, n tile of H, group of the token's experts): one loop
   over the group's experts and the I tiles of each (flattened, so the weight loads stay
   pipelined across them); after an expert's last tile its product is rounded and times the
@@ -92,10 +96,15 @@ def _small_gate_up_kernel(
     slot_mapping_ptr,  # [T] (read if HAS_SLOTS): tokens of slot -1 are not counted
     inter, hidden, top_k,
     stride_xm, stride_we, stride_wn, stride_hm,
+    split_tiles,  # BLOCK_K steps of one split (all of hidden's without a split; in tiles, so that the
+                  # compiler knows a split's start aligned and keeps the loads vectorized and pipelined)
+    ws_ptr,  # [P, SPLIT_K, 2, inter] float32: each split's gate and up sums (if SPLIT_K > 1)
+    count_ptr,  # [P * cdiv(inter, BLOCK_N)] int32, zero between calls (if SPLIT_K > 1)
     HAS_MAP: tl.constexpr, HAS_LOAD: tl.constexpr, HAS_SLOTS: tl.constexpr, EVEN_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PAD_COLS: tl.constexpr,
     PDL: tl.constexpr = False,  # kernels/pdl_triton.py (the weights' addresses need the routing)
     RELEASE_LATE: tl.constexpr = False,  # lets the down kernel start only once the routing is written
+    SPLIT_K: tl.constexpr = 1,  # programs per (pair, n tile), each over k_split of the hidden size
 ):  # fmt: skip
     if RELEASE_LATE:
         pdl_wait(PDL)
@@ -105,10 +114,11 @@ def _small_gate_up_kernel(
         pdl_wait(PDL)
     pair = tl.program_id(0)
     pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
     token = pair // top_k
     g = tl.load(topk_ids_ptr + pair)
     if HAS_LOAD:
-        counted = pid_n == 0
+        counted = (pid_n == 0) & (pid_k == 0)
         if HAS_SLOTS:
             counted = counted & (tl.load(slot_mapping_ptr + token) >= 0)
         tl.atomic_add(expert_load_ptr + g, tl.full([], 1, tl.int64), mask=counted)
@@ -130,7 +140,8 @@ def _small_gate_up_kernel(
     x_cols = x_ptr + (token.to(tl.int64) + rc[None, :]) * stride_xm
     acc_gate = tl.zeros([BLOCK_N, PAD_COLS], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_N, PAD_COLS], dtype=tl.float32)
-    for k0 in range(0, hidden, BLOCK_K):
+    k_start = pid_k * split_tiles * BLOCK_K
+    for k0 in range(k_start, k_start + split_tiles * BLOCK_K, BLOCK_K):  # EVEN_K: no tile past hidden
         kk = k0 + rk
         if EVEN_K:
             w_mask = n_mask[:, None]
@@ -142,13 +153,40 @@ def _small_gate_up_kernel(
         w_up = tl.load(up_rows + kk[None, :], mask=w_mask, other=0.0)
         acc_gate = tl.dot(w_gate, xt, acc_gate, input_precision=DOT_PRECISION)
         acc_up = tl.dot(w_up, xt, acc_up, input_precision=DOT_PRECISION)
-    dtype = h_ptr.dtype.element_ty
     # the other columns are exact zeros, so the row sums are column 0
-    gate = tl.sum(acc_gate, axis=1).to(dtype).to(tl.float32)
-    up = tl.sum(acc_up, axis=1).to(dtype).to(tl.float32)
-    # rounded like the reference: gate and up in the model dtype, silu rounded, then the product
+    gate = tl.sum(acc_gate, axis=1)
+    up = tl.sum(acc_up, axis=1)
+    h_row = h_ptr + pair.to(tl.int64) * stride_hm + rn
+    if SPLIT_K == 1:
+        _silu_mul_store(gate, up, h_row, n_mask)
+    else:
+        # the last split of a (pair, n tile) adds the splits' sums in split order (the "last
+        # program reduces" of the down kernel below: stores, barrier, acq_rel count at gpu scope)
+        ws_row = ws_ptr + pair.to(tl.int64) * (SPLIT_K * 2 * inter) + rn
+        tl.store(ws_row + pid_k * (2 * inter), gate, mask=n_mask)
+        tl.store(ws_row + pid_k * (2 * inter) + inter, up, mask=n_mask)
+        tl.debug_barrier()
+        counter = count_ptr + pair * tl.num_programs(1) + pid_n
+        done = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+        if done == SPLIT_K - 1:
+            gate = tl.zeros([BLOCK_N], dtype=tl.float32)
+            up = tl.zeros([BLOCK_N], dtype=tl.float32)
+            for i in tl.static_range(SPLIT_K):
+                gate += tl.load(ws_row + i * (2 * inter), mask=n_mask, other=0.0, cache_modifier=".cg")
+                up += tl.load(ws_row + i * (2 * inter) + inter, mask=n_mask, other=0.0, cache_modifier=".cg")
+            _silu_mul_store(gate, up, h_row, n_mask)
+            tl.store(counter, 0)  # zero again for the next call (or graph replay)
+
+
+@triton.jit
+def _silu_mul_store(gate, up, h_row, n_mask):
+    """h = silu(gate) * up from the float32 sums, rounded like the reference: gate and up in the
+    model dtype, silu rounded, then the product."""
+    dtype = h_row.dtype.element_ty
+    gate = gate.to(dtype).to(tl.float32)
+    up = up.to(dtype).to(tl.float32)
     s = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
-    tl.store(h_ptr + pair.to(tl.int64) * stride_hm + rn, (s * up).to(dtype), mask=n_mask)
+    tl.store(h_row, (s * up).to(dtype), mask=n_mask)
 
 
 @triton.jit
@@ -275,17 +313,25 @@ def small_gate_up(
     num_tokens, top_k = topk_ids.shape
     inter = w13.shape[1] // 2
     hidden = x.shape[1]
-    block_n, block_k, num_warps, num_stages = tiles or default_tiles(x.dtype, num_tokens)[0]
+    block_n, block_k, num_warps, num_stages, *rest = tiles or default_tiles(x.dtype, num_tokens)[0]
     assert w13.stride(2) == 1 and x.stride(1) == 1
-    h = torch.empty((num_tokens * top_k, inter), dtype=x.dtype, device=x.device)
+    pairs = topk_ids.numel()
+    # split-K: whole BLOCK_K steps a split, no empty split
+    k_split = triton.cdiv(triton.cdiv(hidden, rest[0] if rest else 1), block_k) * block_k
+    split_k = triton.cdiv(hidden, k_split)
+    num_n = triton.cdiv(inter, block_n)
+    h = torch.empty((pairs, inter), dtype=x.dtype, device=x.device)
+    ws = torch.empty((pairs, split_k, 2, inter) if split_k > 1 else (0,), dtype=torch.float32, device=x.device)
+    counts = counters(x.device, pairs * num_n) if split_k > 1 else ws
     flat = topk_ids.reshape(-1)
-    _small_gate_up_kernel[(flat.numel(), triton.cdiv(inter, block_n))](
+    _small_gate_up_kernel[(pairs, num_n, split_k)](
         x, w13, h, flat, expert_map if expert_map is not None else flat,
         expert_load if expert_load is not None else flat, slot_mapping if slot_mapping is not None else flat,
-        inter, hidden, top_k, x.stride(0), w13.stride(0), w13.stride(1), h.stride(0),
+        inter, hidden, top_k, x.stride(0), w13.stride(0), w13.stride(1), h.stride(0), k_split // block_k, ws, counts,
         HAS_MAP=expert_map is not None, HAS_LOAD=expert_load is not None, HAS_SLOTS=slot_mapping is not None,
-        EVEN_K=hidden % block_k == 0, DOT_PRECISION=_dot_precision(x.dtype), BLOCK_N=block_n, BLOCK_K=block_k,
-        PAD_COLS=_PAD_COLS, num_warps=num_warps, num_stages=num_stages, RELEASE_LATE=release_late, **pdl(x),
+        EVEN_K=k_split * split_k == hidden, DOT_PRECISION=_dot_precision(x.dtype), BLOCK_N=block_n,
+        BLOCK_K=block_k, PAD_COLS=_PAD_COLS, num_warps=num_warps, num_stages=num_stages, RELEASE_LATE=release_late,
+        SPLIT_K=split_k, **pdl(x),
     )  # fmt: skip
     return h
 
