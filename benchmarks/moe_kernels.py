@@ -77,10 +77,7 @@ def kernel_timings(cfg, log) -> list[dict]:
 # 14.5 us at 16 / 32 / 64 at 1 token, so wider ones and more warps are tried too)
 SMALL_GATE_UP_TILES = [(16, 128, 4, 4), (16, 256, 4, 3), (16, 128, 2, 6), (32, 128, 4, 4), (32, 256, 4, 3),
                        (32, 64, 4, 8), (64, 128, 4, 4), (64, 64, 4, 6), (64, 128, 8, 4), (64, 256, 4, 3),
-                       (128, 64, 4, 4), (128, 128, 8, 3),
-                       # split over the hidden size (a fifth entry): more programs than the SMs
-                       (64, 128, 4, 4, 2), (64, 128, 4, 4, 4), (32, 128, 4, 4, 2), (32, 128, 4, 4, 4),
-                       (64, 64, 4, 6, 4), (32, 256, 4, 3, 2)]
+                       (128, 64, 4, 4), (128, 128, 8, 3)]
 # the down kernel's, with its experts a program last: 1 (programs split over the k experts, the
 # last of a token's n tile adds their products), 2, and all 8 (one program walks the token's
 # experts, as the kernel did before the split: its best tile then, 16.4 us at 1 token)

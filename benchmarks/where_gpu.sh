@@ -6,14 +6,14 @@
 # (A) and longest first (B, PAGEDLLM_DECODE_ORDER=1) alternated. More steps, not in the default:
 # moeprof0 (the MoE profile with PDL off, whose kernels then do not overlap: their own times),
 # moemerge (Qwen3-30B-A3B batch 1, the decode reduce kernel (A) against the last split merging (B,
-# PAGEDLLM_DECODE_LAST_REDUCE=1), alternated), moeprefetch (the same, B PAGEDLLM_MOE_PREFETCH=1),
+# PAGEDLLM_DECODE_LAST_REDUCE=1), alternated),
 # pdltests (tests/gpu/test_pdl_gpu.py), moetree (A the tree at $A_PATH, B this one), w3 (W3 at inf,
 # bf16 then FP8 weights + FP8 KV; the server's wheels installed first), moesweep (moe_bench.py
 # --small-sweep), w1kv (W1 bf16 KV (A) against FP8 KV (B), ab_w1.sh).
-# Logs in $OUT; a summary last.
+# Logs in one archive in $OUT; a summary last.
 #     OUT=$OUT bash benchmarks/where_gpu.sh
 #     STEPS="moeprof w1order" bash benchmarks/where_gpu.sh   # any of moeprof w2int4prof w1fp8prof order w1order
-#                                                             # moeprof0 pdltests moeprefetch moemerge w1kv
+#                                                             # moeprof0 pdltests moetree moemerge w3 moesweep w1kv
 set -uo pipefail
 OUT=${OUT:-./where-gpu-out}
 ROUNDS=${ROUNDS:-1}
@@ -46,7 +46,6 @@ if step pdltests 150; then
   timeout 150 $PY -m pytest -q tests/gpu/test_pdl_gpu.py > "$OUT/pdltests.log" 2>&1
   echo "pdltests rc=$? at ${SECONDS} s: $(tail -1 "$OUT/pdltests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/pdltests.log" | head
 fi
-moeab moeprefetch PAGEDLLM_MOE_PREFETCH=1
 # A_PATH: a tree whose pagedllm/ is another commit's (git archive OLD pagedllm | tar -x -C abtree)
 if [[ " $STEPS " == *" moetree "* ]] && [ -d "${A_PATH:-}" ]; then
   for r in $(seq "$ROUNDS"); do
@@ -96,5 +95,6 @@ for v in bf16 fp8; do
   [ -f "$OUT/w3_$v.log" ] && echo "=== W3 inf $v: $(grep -iE "total|output token" "$OUT/w3_$v.log" | tr -s ' ' | head -3 | tr '\n' ';')"
 done
 echo "=== W1: A bf16 KV, B FP8 KV ==="; grep -E "round|median" "$OUT/w1kv.log" 2>/dev/null
-echo "=== Qwen3-30B-A3B batch 1 (ms/token): moemerge B last split merges; moeprefetch B the down kernel's L2 prefetch ==="
+echo "=== Qwen3-30B-A3B batch 1 (ms/token): moemerge B last split merges; moetree A another tree ==="
 for f in "$OUT"/moe_*.log; do [ -f "$f" ] && echo "$(basename "$f" .log): $(grep -h "batch 1:" "$f" | cut -c1-60)"; done
+tar czf /tmp/where_gpu_logs.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/where_gpu_logs.tgz "$OUT/"  # one file back (the device returns few)

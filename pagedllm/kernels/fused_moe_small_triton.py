@@ -10,13 +10,9 @@ slowly, benchmarks/RESULTS.md, "FP8 kernels and the MoE small-batch path"):
 
     acc[BLOCK_N, 16] = W[n tile, k tile] @ [x_k | 0 ... 0]      column 0 is the product
 
-- `_small_gate_up_kernel`, program (pair, n tile of I, split of H): its expert's gate and up
-  tiles against its token's row; writes h[pair] = silu(gate) * up, rounded as the reference.
-  With SPLIT_K > 1 (a fifth entry of its tiles) each split stores its float32 sums and the last
-  of a (pair, n tile) adds them in split order before the SiLU (as the down kernel's last program
-  below): more, shorter programs (at 1 token the unsplit grid is 8 x 12 = 96 programs, fewer than
-  the H200's 132 SMs). The programs of n tile 0, split 0 also count the pair in expert_load
-  (padding tokens, slot -1, are not counted).
+- `_small_gate_up_kernel`, program (pair, n tile of I): its expert's gate and up tiles against
+  its token's row; writes h[pair] = silu(gate) * up, rounded as the reference. The programs of
+  n tile 0 also count the pair in expert_load (padding tokens, slot -1, are not counted).
 - `_small_down_kernel`, program (token, n tile of H, group of the token's experts): one loop
   over the group's experts and the I tiles of each (flattened, so the weight loads stay
   pipelined across them); after an expert's last tile its product is rounded and times the
@@ -44,8 +40,6 @@ call, are best allocated before a capture, as a warm-up call does).
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -53,7 +47,7 @@ import triton.language as tl
 from pagedllm.kernels._triton import next_power_of_2, pdl
 from pagedllm.kernels.attention import _dot_precision
 from pagedllm.kernels.counters import counters
-from pagedllm.kernels.pdl_triton import pdl_release, pdl_wait, prefetch_rows_l2
+from pagedllm.kernels.pdl_triton import pdl_release, pdl_wait
 
 # (token, expert) pairs up to which fused_experts_triton takes this path: 4 tokens of
 # Qwen3-30B-A3B's top-8. H200 sweep (RESULTS.md, eleventh session, call 5), us per layer, this
@@ -96,29 +90,18 @@ def _small_gate_up_kernel(
     slot_mapping_ptr,  # [T] (read if HAS_SLOTS): tokens of slot -1 are not counted
     inter, hidden, top_k,
     stride_xm, stride_we, stride_wn, stride_hm,
-    split_tiles,  # BLOCK_K steps of one split (all of hidden's without a split; in tiles, so that the
-                  # compiler knows a split's start aligned and keeps the loads vectorized and pipelined)
-    ws_ptr,  # [P, SPLIT_K, 2, inter] float32: each split's gate and up sums (if SPLIT_K > 1)
-    count_ptr,  # [P * cdiv(inter, BLOCK_N)] int32, zero between calls (if SPLIT_K > 1)
     HAS_MAP: tl.constexpr, HAS_LOAD: tl.constexpr, HAS_SLOTS: tl.constexpr, EVEN_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PAD_COLS: tl.constexpr,
     PDL: tl.constexpr = False,  # kernels/pdl_triton.py (the weights' addresses need the routing)
-    RELEASE_LATE: tl.constexpr = False,  # lets the down kernel start only once the routing is written
-    SPLIT_K: tl.constexpr = 1,  # programs per (pair, n tile), each over k_split of the hidden size
 ):  # fmt: skip
-    if RELEASE_LATE:
-        pdl_wait(PDL)
-        pdl_release(PDL)
-    else:
-        pdl_release(PDL)
-        pdl_wait(PDL)
+    pdl_release(PDL)
+    pdl_wait(PDL)
     pair = tl.program_id(0)
     pid_n = tl.program_id(1)
-    pid_k = tl.program_id(2)
     token = pair // top_k
     g = tl.load(topk_ids_ptr + pair)
     if HAS_LOAD:
-        counted = (pid_n == 0) & (pid_k == 0)
+        counted = pid_n == 0
         if HAS_SLOTS:
             counted = counted & (tl.load(slot_mapping_ptr + token) >= 0)
         tl.atomic_add(expert_load_ptr + g, tl.full([], 1, tl.int64), mask=counted)
@@ -140,8 +123,7 @@ def _small_gate_up_kernel(
     x_cols = x_ptr + (token.to(tl.int64) + rc[None, :]) * stride_xm
     acc_gate = tl.zeros([BLOCK_N, PAD_COLS], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_N, PAD_COLS], dtype=tl.float32)
-    k_start = pid_k * split_tiles * BLOCK_K
-    for k0 in range(k_start, k_start + split_tiles * BLOCK_K, BLOCK_K):  # EVEN_K: no tile past hidden
+    for k0 in range(0, hidden, BLOCK_K):
         kk = k0 + rk
         if EVEN_K:
             w_mask = n_mask[:, None]
@@ -153,40 +135,13 @@ def _small_gate_up_kernel(
         w_up = tl.load(up_rows + kk[None, :], mask=w_mask, other=0.0)
         acc_gate = tl.dot(w_gate, xt, acc_gate, input_precision=DOT_PRECISION)
         acc_up = tl.dot(w_up, xt, acc_up, input_precision=DOT_PRECISION)
+    dtype = h_ptr.dtype.element_ty
     # the other columns are exact zeros, so the row sums are column 0
-    gate = tl.sum(acc_gate, axis=1)
-    up = tl.sum(acc_up, axis=1)
-    h_row = h_ptr + pair.to(tl.int64) * stride_hm + rn
-    if SPLIT_K == 1:
-        _silu_mul_store(gate, up, h_row, n_mask)
-    else:
-        # the last split of a (pair, n tile) adds the splits' sums in split order (the "last
-        # program reduces" of the down kernel below: stores, barrier, acq_rel count at gpu scope)
-        ws_row = ws_ptr + pair.to(tl.int64) * (SPLIT_K * 2 * inter) + rn
-        tl.store(ws_row + pid_k * (2 * inter), gate, mask=n_mask)
-        tl.store(ws_row + pid_k * (2 * inter) + inter, up, mask=n_mask)
-        tl.debug_barrier()
-        counter = count_ptr + pair * tl.num_programs(1) + pid_n
-        done = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-        if done == SPLIT_K - 1:
-            gate = tl.zeros([BLOCK_N], dtype=tl.float32)
-            up = tl.zeros([BLOCK_N], dtype=tl.float32)
-            for i in tl.static_range(SPLIT_K):
-                gate += tl.load(ws_row + i * (2 * inter), mask=n_mask, other=0.0, cache_modifier=".cg")
-                up += tl.load(ws_row + i * (2 * inter) + inter, mask=n_mask, other=0.0, cache_modifier=".cg")
-            _silu_mul_store(gate, up, h_row, n_mask)
-            tl.store(counter, 0)  # zero again for the next call (or graph replay)
-
-
-@triton.jit
-def _silu_mul_store(gate, up, h_row, n_mask):
-    """h = silu(gate) * up from the float32 sums, rounded like the reference: gate and up in the
-    model dtype, silu rounded, then the product."""
-    dtype = h_row.dtype.element_ty
-    gate = gate.to(dtype).to(tl.float32)
-    up = up.to(dtype).to(tl.float32)
+    gate = tl.sum(acc_gate, axis=1).to(dtype).to(tl.float32)
+    up = tl.sum(acc_up, axis=1).to(dtype).to(tl.float32)
+    # rounded like the reference: gate and up in the model dtype, silu rounded, then the product
     s = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
-    tl.store(h_row, (s * up).to(dtype), mask=n_mask)
+    tl.store(h_ptr + pair.to(tl.int64) * stride_hm + rn, (s * up).to(dtype), mask=n_mask)
 
 
 @triton.jit
@@ -204,13 +159,10 @@ def _small_down_kernel(
     HAS_MAP: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
     EXPERTS_PER_PROGRAM: tl.constexpr, BLOCK_EXPERTS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PAD_COLS: tl.constexpr,
-    PREFETCH_K: tl.constexpr = 0,  # (PREFETCH) a bound on the columns asked for: the whole row
     PDL: tl.constexpr = False,  # kernels/pdl_triton.py
-    PREFETCH: tl.constexpr = False,  # (PDL, after a RELEASE_LATE gate/up) the weights asked of L2 before the wait
 ):  # fmt: skip
     pdl_release(PDL)
-    if not PREFETCH:
-        pdl_wait(PDL)
+    pdl_wait(PDL)
     token = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -233,21 +185,11 @@ def _small_down_kernel(
     group_size = tl.minimum(top_k - first, EXPERTS_PER_PROGRAM)  # the last group may be short
     ko = tl.arange(0, BLOCK_EXPERTS)
     k_valid = ko < group_size
-    # (PREFETCH: read before the wait, from the L2 (.cg), where the router's finished stores are)
-    ids = tl.load(topk_ids_ptr + token * top_k + first + ko, mask=k_valid, other=0, cache_modifier=".cg")
+    ids = tl.load(topk_ids_ptr + token * top_k + first + ko, mask=k_valid, other=0)
     if HAS_MAP:
         ids = tl.load(expert_map_ptr + ids, mask=k_valid, other=-1)
     experts = tl.where(k_valid, ids, -1).to(tl.int64)
-    weights = tl.load(topk_weights_ptr + token * top_k + first + ko, mask=k_valid, other=0.0, cache_modifier=".cg")
-    if PREFETCH:
-        # this program's weight rows of each of its experts stream into the L2 while the gate/up
-        # kernel still runs (it reads its own weights below the H200's bandwidth); no register
-        # or shared memory is held for them
-        for j in tl.static_range(BLOCK_EXPERTS):
-            e_j = tl.sum(tl.where(ko == j, experts, 0), axis=0)
-            rows = w2_ptr + tl.maximum(e_j, 0) * stride_we + rn.to(tl.int64) * stride_wn  # [BLOCK_N]
-            prefetch_rows_l2(rows, n_mask & ((tl.zeros_like(rn) + e_j) >= 0), 0, inter, PREFETCH_K)
-        pdl_wait(PDL)
+    weights = tl.load(topk_weights_ptr + token * top_k + first + ko, mask=k_valid, other=0.0)
     num_k = tl.cdiv(inter, BLOCK_K)
     for it in range(0, group_size * num_k):
         k = it // num_k
@@ -306,32 +248,22 @@ def small_gate_up(
     expert_load: torch.Tensor | None,
     slot_mapping: torch.Tensor | None,
     tiles: tuple | None = None,
-    release_late: bool = False,
 ) -> torch.Tensor:
-    # x: [T, H]; w13: [E, 2I, H]; topk_ids: [T, K] -> h [T * K, I] (rows of other ranks' pairs unset).
-    # release_late: (PDL) the next kernel starts only after this one's wait (see down_prefetch)
+    # x: [T, H]; w13: [E, 2I, H]; topk_ids: [T, K] -> h [T * K, I] (rows of other ranks' pairs unset)
     num_tokens, top_k = topk_ids.shape
     inter = w13.shape[1] // 2
     hidden = x.shape[1]
-    block_n, block_k, num_warps, num_stages, *rest = tiles or default_tiles(x.dtype, num_tokens)[0]
+    block_n, block_k, num_warps, num_stages = tiles or default_tiles(x.dtype, num_tokens)[0]
     assert w13.stride(2) == 1 and x.stride(1) == 1
-    pairs = topk_ids.numel()
-    # split-K: whole BLOCK_K steps a split, no empty split
-    k_split = triton.cdiv(triton.cdiv(hidden, rest[0] if rest else 1), block_k) * block_k
-    split_k = triton.cdiv(hidden, k_split)
-    num_n = triton.cdiv(inter, block_n)
-    h = torch.empty((pairs, inter), dtype=x.dtype, device=x.device)
-    ws = torch.empty((pairs, split_k, 2, inter) if split_k > 1 else (0,), dtype=torch.float32, device=x.device)
-    counts = counters(x.device, pairs * num_n) if split_k > 1 else ws
+    h = torch.empty((num_tokens * top_k, inter), dtype=x.dtype, device=x.device)
     flat = topk_ids.reshape(-1)
-    _small_gate_up_kernel[(pairs, num_n, split_k)](
+    _small_gate_up_kernel[(flat.numel(), triton.cdiv(inter, block_n))](
         x, w13, h, flat, expert_map if expert_map is not None else flat,
         expert_load if expert_load is not None else flat, slot_mapping if slot_mapping is not None else flat,
-        inter, hidden, top_k, x.stride(0), w13.stride(0), w13.stride(1), h.stride(0), k_split // block_k, ws, counts,
+        inter, hidden, top_k, x.stride(0), w13.stride(0), w13.stride(1), h.stride(0),
         HAS_MAP=expert_map is not None, HAS_LOAD=expert_load is not None, HAS_SLOTS=slot_mapping is not None,
-        EVEN_K=k_split * split_k == hidden, DOT_PRECISION=_dot_precision(x.dtype), BLOCK_N=block_n,
-        BLOCK_K=block_k, PAD_COLS=_PAD_COLS, num_warps=num_warps, num_stages=num_stages, RELEASE_LATE=release_late,
-        SPLIT_K=split_k, **pdl(x),
+        EVEN_K=hidden % block_k == 0, DOT_PRECISION=_dot_precision(x.dtype), BLOCK_N=block_n, BLOCK_K=block_k,
+        PAD_COLS=_PAD_COLS, num_warps=num_warps, num_stages=num_stages, **pdl(x),
     )  # fmt: skip
     return h
 
@@ -343,13 +275,11 @@ def small_down(
     topk_ids: torch.Tensor,
     expert_map: torch.Tensor | None,
     tiles: tuple | None = None,
-    prefetch: bool = False,
 ) -> torch.Tensor:
     """h: [T * K, I]; w2: [E, H, I]; topk_*: [T, K] -> [T, H], the weighted sum over k.
     tiles: (BLOCK_N, BLOCK_K, num_warps, num_stages[, experts per program]); experts per
     program 1 if not given, top_k or more: one program per (token, n tile) adds them all itself
-    (no workspace, no counters). prefetch: read the routing and ask L2 for the weights before
-    the wait -- only right after small_gate_up(release_late=True) on the same routing."""
+    (no workspace, no counters)."""
     num_tokens, top_k = topk_ids.shape
     hidden, inter = w2.shape[1], w2.shape[2]
     block_n, block_k, num_warps, num_stages, *rest = tiles or default_tiles(h.dtype, num_tokens)[1]
@@ -370,7 +300,7 @@ def small_down(
         HAS_MAP=expert_map is not None, EVEN_K=inter % block_k == 0, DOT_PRECISION=_dot_precision(h.dtype),
         SPLIT=split, EXPERTS_PER_PROGRAM=per_program, BLOCK_EXPERTS=next_power_of_2(per_program),
         BLOCK_N=block_n, BLOCK_K=block_k, PAD_COLS=_PAD_COLS, num_warps=num_warps, num_stages=num_stages,
-        PREFETCH=prefetch, PREFETCH_K=inter if prefetch else 0, **pdl(h),
+        **pdl(h),
     )  # fmt: skip
     return out
 
@@ -392,22 +322,5 @@ def fused_experts_small(
     if topk_ids.shape[0] == 0:
         return x.new_zeros((0, w2.shape[1]))
     x = x if x.stride(-1) == 1 else x.contiguous()
-    prefetch = down_prefetch(x, w2)
-    h = small_gate_up(x, w13, topk_ids, expert_map, expert_load, slot_mapping, gate_up_tiles, release_late=prefetch)
-    return small_down(h, w2, topk_weights, topk_ids, expert_map, down_tiles, prefetch=prefetch)
-
-
-def down_prefetch(x: torch.Tensor, w2: torch.Tensor) -> bool:
-    """Whether the down kernel asks L2 for its weights while the gate/up kernel runs
-    (PAGEDLLM_MOE_PREFETCH=1, off by default until the H200 measures it): with PDL, the gate/up
-    kernel releases the down kernel after its own wait (so the routing is written when the down
-    kernel starts) and the down kernel reads the routing and issues one bulk L2 prefetch per
-    weight row before it waits for h. Needs rows on 16-byte boundaries."""
-    size = w2.element_size()
-    return (
-        os.environ.get("PAGEDLLM_MOE_PREFETCH", "0").strip() == "1"
-        and pdl(x)["PDL"]
-        and w2.data_ptr() % 16 == 0
-        and w2.stride(0) * size % 16 == 0
-        and w2.stride(1) * size % 16 == 0
-    )
+    h = small_gate_up(x, w13, topk_ids, expert_map, expert_load, slot_mapping, gate_up_tiles)
+    return small_down(h, w2, topk_weights, topk_ids, expert_map, down_tiles)

@@ -16,8 +16,7 @@ The rules a kernel with a PDL switch keeps (`PDL: tl.constexpr`, launched with
    order), which only work without PDL (copies, torch ops) writes before the step's first PDL
    kernel, may come first. A kernel starts only after every program of the kernel before it has
    started, so by induction after that non-PDL work has finished. Such loads go through the L2
-   (`.cg`), never a line an SM's L1 kept from an earlier step. (One more case, the MoE down
-   kernel's routing, is in fused_moe_small_triton.down_prefetch.)
+   (`.cg`), never a line an SM's L1 kept from an earlier step.
 2. `pdl_release` may come anywhere (first, here): it only lets the next kernel be scheduled,
    whose own `pdl_wait` still waits for all of this one.
 Waiting is transitive: a kernel's wait returns once the kernel before it has finished, and that

@@ -43,13 +43,6 @@ _CASES = {
                                       {"skew": "hot", "ep_ranks": 4, "tiles": _TILES_16_PAIRS, "calls": 2, **_S}),
     "small_serial_ep2:float16": ("check_fused_experts", [2, 64, 32, 16, 8],
                                  {"ep_ranks": 2, "tiles": _TILES_16_SERIAL, **_S}),
-    # the gate/up kernel split over K (a fifth tile entry): counters back at zero after a call,
-    # experts of another rank, the load counted once a pair; splits of unequal length
-    "small_gate_up_split_twice_ep2:float32": ("check_fused_experts", [3, 64, 32, 16, 8],
-                                              {"ep_ranks": 2, "tiles": [[16, 16, 4, 1, 2], [16, 16, 4, 1]],
-                                               "calls": 2, **_S}),
-    "small_gate_up_split_uneven:float16": ("check_fused_experts", [2, 48, 24, 8, 2],
-                                           {"skew": "hot", "tiles": [[16, 16, 4, 1, 2], [16, 16, 4, 1, 2]], **_S}),
     # fused_experts_triton's choice by the pair count (3 x 2 pairs: the small path)
     "experts_auto:float32": ("check_fused_experts", [3, 32, 16, 8, 2], {}),
     "align:int64": ("check_align", [30, 16, 4, 16], {}),
@@ -74,7 +67,7 @@ def test_moe_kernel_under_interpreter(results, key):
 _GATE_UP_SIG = {"x_ptr": "*bf16", "w13_ptr": "*bf16", "h_ptr": "*bf16", "topk_ids_ptr": "*i64",
                 "expert_map_ptr": "*i32", "expert_load_ptr": "*i64", "slot_mapping_ptr": "*i64", "inter": "i32",
                 "hidden": "i32", "top_k": "i32", "stride_xm": "i32", "stride_we": "i32", "stride_wn": "i32",
-                "stride_hm": "i32", "split_tiles": "i32", "ws_ptr": "*fp32", "count_ptr": "*i32"}
+                "stride_hm": "i32"}
 _DOWN_SIG = {"h_ptr": "*bf16", "w2_ptr": "*bf16", "out_ptr": "*bf16", "part_ptr": "*bf16", "count_ptr": "*i32",
              "topk_ids_ptr": "*i64", "topk_weights_ptr": "*fp32", "expert_map_ptr": "*i32", "hidden": "i32",
              "inter": "i32", "top_k": "i32", "stride_hm": "i32", "stride_we": "i32", "stride_wn": "i32",
@@ -96,7 +89,7 @@ def _down_constexprs(tiles: tuple, top_k: int = 8) -> dict:
 
 @pytest.mark.parametrize(
     "kernel, tiles",
-    [("gate_up", "default"), ("gate_up", (32, 128, 4, 4)), ("gate_up", (64, 128, 4, 4, 4)), ("down", "default"), ("down", "default_one_token"),
+    [("gate_up", "default"), ("gate_up", (32, 128, 4, 4)), ("down", "default"), ("down", "default_one_token"),
      ("down", (32, 256, 2, 4, 2)), ("down", (16, 256, 1, 4, 1))],
 )
 def test_small_kernels_compile_for_sm90(kernel, tiles):
@@ -118,8 +111,7 @@ def test_small_kernels_compile_for_sm90(kernel, tiles):
     # in the kernels' parameter order
     if kernel == "gate_up":
         fn, sig = small._small_gate_up_kernel, _GATE_UP_SIG
-        constexprs = {"HAS_MAP": True, "HAS_LOAD": True, "HAS_SLOTS": True, "EVEN_K": True, "DOT_PRECISION": "tf32",
-                      "SPLIT_K": tiles[4] if len(tiles) > 4 else 1}
+        constexprs = {"HAS_MAP": True, "HAS_LOAD": True, "HAS_SLOTS": True, "EVEN_K": True, "DOT_PRECISION": "tf32"}
     else:
         fn, sig = small._small_down_kernel, _DOWN_SIG
         constexprs = {"HAS_MAP": True, "EVEN_K": True, "DOT_PRECISION": "tf32", **_down_constexprs(tiles)}
@@ -128,9 +120,9 @@ def test_small_kernels_compile_for_sm90(kernel, tiles):
     ptx = compiled.asm["ptx"]
     assert ("wgmma.mma_async" if block_n >= 64 else "mma.sync.aligned") in ptx
     assert "cp.async" in ptx
-    if kernel == "down" or constexprs.get("SPLIT_K", 1) > 1:  # the splits' partials: the last program adds them
+    if kernel == "down":
         atom = re.search(r"atom\.global\.gpu\.acq_rel\.add\.[us]32", ptx)
-        assert (atom is not None) == constexprs.get("SPLIT", True), "the count's atomic"
+        assert (atom is not None) == constexprs["SPLIT"], "the count's atomic"
         if atom:
             assert "bar.sync" in ptx[: atom.start()].rsplit("st.global", 1)[-1], "no barrier between stores and count"
             assert "ld.global.cg" in ptx[atom.end() :], "the partial products not read from the L2"
