@@ -9,7 +9,7 @@
 # PAGEDLLM_DECODE_LAST_REDUCE=1), alternated),
 # pdltests (tests/gpu/test_pdl_gpu.py), moetree (A the tree at $A_PATH, B this one), w3 (W3 at inf,
 # bf16 then FP8 weights + FP8 KV; the server's wheels installed first), moesweep (moe_bench.py
-# --small-sweep), w1kv (W1 bf16 KV (A) against FP8 KV (B), ab_w1.sh).
+# --small-sweep), w2 (latency.py bf16 / fp8 / gptq), w2prof0 (W2 bf16's profile, PDL off), w1kv (W1 bf16 KV (A) against FP8 KV (B), ab_w1.sh).
 # Logs in one archive in $OUT; a summary last.
 #     OUT=$OUT bash benchmarks/where_gpu.sh
 #     STEPS="moeprof w1order" bash benchmarks/where_gpu.sh   # any of moeprof w2int4prof w1fp8prof order w1order
@@ -77,6 +77,19 @@ if step w1kv $((ROUNDS * 2 * 75)); then
   B_ARGS="--kv-cache-dtype fp8" ROUNDS=$ROUNDS OUT="$OUT/w1kv" bash benchmarks/ab_w1.sh > "$OUT/w1kv.log" 2>&1
   echo "w1kv rc=$? at ${SECONDS} s"
 fi
+if [[ " $STEPS " == *" w2 "* ]]; then  # W2 Llama-3.1-8B batch 1: bf16, FP8 weights, dummy gptq 4-bit weights
+  for q in bf16 fp8 gptq; do
+    fits 45 "w2 $q" || continue
+    flag=$([ $q = bf16 ] || echo "--quantization $q")
+    timeout 45 $PY benchmarks/latency.py --peer none --iters 2 $flag --output-json "$OUT/w2_$q.json" \
+      > "$OUT/w2_$q.log" 2>&1
+    echo "w2 $q rc=$?: $(grep -E '^pagedllm:' "$OUT/w2_$q.log")"
+  done
+fi
+if step w2prof0 60; then
+  PAGEDLLM_PDL=0 timeout 60 $PY benchmarks/profile_gpu.py --load w2 --steps 30 --top 16 > "$OUT/w2prof0.log" 2>&1
+  echo "w2prof0 rc=$? at ${SECONDS} s"
+fi
 if step w3 200; then  # needs the server's packages (the device README's wheel recipe, PYTHONPATH=/tmp/site)
   for v in bf16 fp8; do
     args=$([ $v = fp8 ] && echo "--quantization fp8 --kv-cache-dtype fp8")
@@ -84,7 +97,7 @@ if step w3 200; then  # needs the server's packages (the device README's wheel r
     echo "w3 $v rc=$? at ${SECONDS} s"
   done
 fi
-for f in moeprof moeprof0 w2int4prof w1fp8prof; do
+for f in moeprof moeprof0 w2int4prof w1fp8prof w2prof0; do
   [ -f "$OUT/$f.log" ] && { echo "=== $f ==="; grep -E "wall per step|device busy" "$OUT/$f.log";
     grep -A14 "calls/step" "$OUT/$f.log" | cut -c1-50,80-; }
 done
