@@ -29,16 +29,14 @@ import collections
 import dataclasses
 import logging
 import multiprocessing.connection
-import os
-import signal
 import time
-import traceback
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from pagedllm.config import EngineConfig
+from pagedllm.engine.dp_replica import error_output, replica_main
 from pagedllm.engine.llm_engine import EngineStats, LLMEngine, PromptType
 from pagedllm.outputs import RequestOutput
 from pagedllm.sampling_params import SamplingParams
@@ -65,121 +63,6 @@ class DPEngineStats(EngineStats):
     (None once it has died)."""
 
     replicas: list[EngineStats | None] = field(default_factory=list)
-
-
-# ---- the replica side --------------------------------------------------------------------------
-class ReplicaLoop:
-    """One replica's engine, fed with messages and stepped while it has work. `send` carries
-    ("out", outputs, stats) back; the transport (a pipe, Ray) is the caller's."""
-
-    def __init__(self, config: EngineConfig, index: int) -> None:
-        from pagedllm.engine.llm_engine import LLMEngine
-
-        self.index = index
-        self.engine = LLMEngine(config)
-
-    def info(self) -> dict[str, Any]:
-        return {
-            "pid": os.getpid(),
-            "num_gpu_blocks": self.engine.num_gpu_blocks,
-            "num_cpu_blocks": self.engine.num_cpu_blocks,
-        }
-
-    def apply(self, msg: tuple) -> list[RequestOutput]:
-        """Applies one message; returns the outputs of requests it refused."""
-        if msg[0] == "add":
-            _, rid, prompt, params, age, priority = msg
-            try:
-                # its age, not its arrival: time.monotonic() is not one clock across hosts
-                self.engine.add_request(rid, prompt, params, time.monotonic() - age, priority)
-            except ValueError as e:
-                return [_error_output(rid, str(e))]
-        elif msg[0] == "abort":
-            self.engine.abort_request(msg[1])
-        return []
-
-    def step(self) -> list[RequestOutput]:
-        engine = self.engine
-        if not engine.has_unfinished_requests():
-            return []
-        try:
-            return engine.step()
-        except Exception as e:  # noqa: BLE001 - the step's requests fail; the replica goes on if it can
-            logger.exception("replica %d: engine step failed", self.index)
-            ids = engine.unfinished_request_ids
-            engine.abort_request(ids)
-            engine.check_health()  # a dead worker: the replica is done (its front end reports it)
-            return [_error_output(rid, f"the engine failed while serving this request: {e!r}") for rid in ids]
-
-    def stats(self) -> EngineStats:
-        return self.engine.get_stats()
-
-    def shutdown(self) -> None:
-        self.engine.shutdown()
-
-
-def _error_output(request_id: str, message: str) -> RequestOutput:
-    return RequestOutput(
-        request_id=request_id,
-        prompt=None,
-        prompt_token_ids=[],
-        prompt_logprobs=None,
-        outputs=[],
-        finished=True,
-        error=message,
-    )
-
-
-def _replica_main(
-    config: EngineConfig, index: int, conn: multiprocessing.connection.Connection, log_level: int, num_replicas: int
-) -> None:
-    """Entry point of a replica process: the engine loop, driven through one pipe."""
-    import torch
-
-    from pagedllm.executor.multiproc import _exit_with_parent, cpu_threads_per_rank
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _exit_with_parent()
-    if config.device == "cpu":  # the replicas share the machine's cores
-        torch.set_num_threads(cpu_threads_per_rank(num_replicas * config.parallel_config.world_size))
-    logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s [dp {index}] %(name)s: %(message)s")
-    try:
-        loop = ReplicaLoop(config, index)
-        conn.send(("ready", loop.info()))
-    except BaseException:  # noqa: BLE001 - report whatever stopped the start, then go
-        _send_quietly(conn, ("error", traceback.format_exc()))
-        os._exit(1)
-    code = 0
-    last_stats = None
-    try:
-        while True:
-            busy = loop.engine.has_unfinished_requests()
-            outputs: list[RequestOutput] = []
-            if conn.poll(0 if busy else 1.0):
-                while conn.poll():
-                    msg = conn.recv()
-                    if msg is None:
-                        raise EOFError
-                    outputs += loop.apply(msg)
-            outputs += loop.step()
-            stats = loop.stats()
-            if outputs or stats != last_stats:  # an idle replica stays quiet
-                conn.send(("out", outputs, stats))
-                last_stats = stats
-    except (EOFError, OSError):
-        pass  # the front end closed its end (or asked us to stop)
-    except BaseException:  # noqa: BLE001
-        _send_quietly(conn, ("error", traceback.format_exc()))
-        code = 1
-    loop.shutdown()
-    os._exit(code)
-
-
-def _send_quietly(conn, msg) -> None:
-    try:
-        conn.send(msg)
-    except OSError:
-        pass
 
 
 # ---- the front end -----------------------------------------------------------------------------
@@ -341,7 +224,7 @@ class DPEngineClient:
         for rid in lost:
             self._owner.pop(rid, None)
         replica.requests.clear()
-        return [_error_output(rid, msg) for rid in lost]
+        return [error_output(rid, msg) for rid in lost]
 
     # ---- introspection ---------------------------------------------------------------
     def get_stats(self) -> DPEngineStats:
@@ -388,7 +271,7 @@ class ProcessReplicas:
         for i in range(self.n):
             mine, theirs = ctx.Pipe(duplex=True)
             proc = ctx.Process(
-                target=_replica_main, name=f"pagedllm-dp{i}", daemon=False, args=(self.config, i, theirs, level, self.n)
+                target=replica_main, name=f"pagedllm-dp{i}", daemon=False, args=(self.config, i, theirs, level, self.n)
             )
             proc.start()
             theirs.close()
@@ -450,7 +333,7 @@ class ProcessReplicas:
         return got
 
     def describe_death(self, i: int) -> str:
-        from pagedllm.executor.multiproc import describe_exit
+        from pagedllm.executor.child_process import describe_exit
 
         proc = self.procs[i]
         proc.join(2.0)

@@ -1,7 +1,7 @@
 """Data-parallel replicas as Ray actors (`--distributed-executor-backend ray`), so replicas may
 sit on different nodes of the cluster ($RAY_ADDRESS, or a local one). Imports without ray.
 
-Each actor runs a ReplicaLoop (engine/data_parallel.py) in a thread of its own. The front end
+Each actor runs a ReplicaLoop (engine/dp_replica.py) in a thread of its own. The front end
 talks to it through one call at a time, `exchange(messages, timeout)`: it hands over the adds
 and aborts queued since the last call and returns the outputs the replica produced meanwhile
 (waiting up to `timeout` for some). One call at a time keeps the messages in order on an
@@ -29,7 +29,7 @@ class RayReplica:
     def __init__(self, config: EngineConfig, index: int, num_threads: int, log_level: int) -> None:
         import torch
 
-        from pagedllm.engine.data_parallel import ReplicaLoop
+        from pagedllm.engine.dp_replica import ReplicaLoop
 
         logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s [dp {index}] %(name)s: %(message)s")
         if config.device == "cpu":
@@ -107,7 +107,7 @@ class RayReplicas:
     def start(self) -> list[tuple[int, dict]]:
         import ray
 
-        from pagedllm.executor.multiproc import cpu_threads_per_rank
+        from pagedllm.executor.child_process import cpu_threads_per_rank
         from pagedllm.executor.ray_executor import init_ray
 
         init_ray()

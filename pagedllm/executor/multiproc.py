@@ -49,6 +49,7 @@ from pagedllm.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from pagedllm.distributed import ParallelState, create_store, init_engine_parallel_state
 from pagedllm.distributed.pipeline import output_rank, rank_coords
 from pagedllm.executor.base import Executor
+from pagedllm.executor.child_process import cpu_threads_per_rank, describe_exit, exit_with_parent, send_quietly
 from pagedllm.executor.start_method import (
     WorkerStartError,
     refuse_in_spawn_bootstrap,
@@ -85,10 +86,6 @@ class WorkerRPC:
         return getattr(self.worker, name)
 
 
-def cpu_threads_per_rank(world_size: int) -> int:
-    return max(1, (os.cpu_count() or 1) // world_size)
-
-
 def rank_name(rank: int, config: EngineConfig) -> str:
     """How logs and errors name a rank: 'tensor-parallel worker rank 1', or with pipeline
     parallelism 'worker rank 3 (pipeline stage 1, tensor-parallel rank 1)'."""
@@ -99,24 +96,12 @@ def rank_name(rank: int, config: EngineConfig) -> str:
     return f"worker rank {rank} (pipeline stage {stage}, tensor-parallel rank {tp_rank})"
 
 
-def _exit_with_parent() -> None:
-    parent = multiprocessing.parent_process()
-    if parent is None:
-        return
-
-    def watch() -> None:
-        multiprocessing.connection.wait([parent.sentinel])
-        os._exit(1)  # the engine is gone: nothing will ever ask this rank for anything again
-
-    threading.Thread(target=watch, name="pagedllm-parent-watch", daemon=True).start()
-
-
 def _worker_main(
     config: EngineConfig, rank: int, store_port: int, conn: multiprocessing.connection.Connection, log_level: int
 ) -> None:
     """Entry point of rank `rank` >= 1."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _exit_with_parent()
+    exit_with_parent()
     logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s [rank {rank}] %(name)s: %(message)s")
     world_size = config.parallel_config.world_size
     try:
@@ -131,7 +116,7 @@ def _worker_main(
         rpc = WorkerRPC(Worker(config, ps))
         conn.send(("ok", None))
     except BaseException:  # noqa: BLE001 - anything at startup: report it, then go
-        _send_quietly(conn, ("error", traceback.format_exc()))
+        send_quietly(conn, ("error", traceback.format_exc()))
         os._exit(1)
     while True:
         try:
@@ -145,7 +130,7 @@ def _worker_main(
             result = getattr(rpc, method)(*args)
         except BaseException:  # noqa: BLE001
             tb = traceback.format_exc()
-            _send_quietly(conn, ("error", tb))
+            send_quietly(conn, ("error", tb))
             if not reply:
                 # a failed step leaves this rank out of step with the others: stop, so that
                 # their collectives fail now instead of waiting for us
@@ -153,18 +138,11 @@ def _worker_main(
                 os._exit(1)
             continue
         if reply:
-            _send_quietly(conn, ("ok", result))
+            send_quietly(conn, ("ok", result))
     rpc.worker.release_graphs()
     ps.shutdown()
     conn.close()
     os._exit(0)  # nothing left to run; interpreter teardown would only meet the NCCL group again
-
-
-def _send_quietly(conn, msg) -> None:
-    try:
-        conn.send(msg)
-    except OSError:
-        pass
 
 
 # ---- the engine side ---------------------------------------------------------------------------
@@ -190,17 +168,6 @@ class _Shared:
     wake: tuple | None = None  # (reader, writer) pipe that wakes the watcher at shutdown
     watcher: threading.Thread | None = None
     threads: tuple[int, int] | None = None  # (engine's torch threads before, rank 0's), on CPU
-
-
-def describe_exit(exitcode: int | None) -> str:
-    if exitcode is None:
-        return "is still running"
-    if exitcode < 0:
-        try:
-            return f"was killed by {signal.Signals(-exitcode).name}"
-        except ValueError:
-            return f"was killed by signal {-exitcode}"
-    return f"exited with code {exitcode}"
 
 
 def _death_message(w: _WorkerProc, config: EngineConfig) -> str:
@@ -235,7 +202,7 @@ def _shutdown(shared: _Shared) -> None:
     if shared.error is None:
         shared.error = "the executor has been shut down"
     for w in shared.workers:
-        _send_quietly(w.conn, None)
+        send_quietly(w.conn, None)
     deadline = time.monotonic() + _STOP_GRACE_S
     for w in shared.workers:
         w.proc.join(max(0.0, deadline - time.monotonic()))
@@ -249,7 +216,7 @@ def _shutdown(shared: _Shared) -> None:
             w.proc.join(2.0)
         w.conn.close()
     if shared.wake is not None:
-        _send_quietly(shared.wake[1], None)
+        send_quietly(shared.wake[1], None)
         if shared.watcher is not None and shared.watcher is not threading.current_thread():
             shared.watcher.join(2.0)
         shared.wake[0].close()

@@ -34,7 +34,8 @@ from pagedllm.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from pagedllm.distributed import create_store, init_engine_parallel_state
 from pagedllm.distributed.pipeline import output_rank
 from pagedllm.executor.base import Executor
-from pagedllm.executor.multiproc import WorkerRPC, cpu_threads_per_rank, rank_name
+from pagedllm.executor.child_process import cpu_threads_per_rank
+from pagedllm.executor.multiproc import WorkerRPC, rank_name
 
 logger = logging.getLogger(__name__)
 
