@@ -54,6 +54,38 @@ def _rms_norm_kernel(
     tl.store(out_ptr + row * stride_out + cols, (w * y).to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def rstd_rows(x_ptr, stride_xm, M, K, eps, rm, BLOCK_KN: tl.constexpr):
+    """For a GEMM that normalizes its input rows as it reads them (RMSNorm folded into its
+    prologue): [BLOCK_M] float32 1 / sqrt(mean(x[m] ** 2) + eps) of rows rm < M, as
+    `_rms_norm_kernel` computes it (1.0 for padding rows). Each of the M rows is read whole, K
+    columns at once (BLOCK_KN >= K): one load latency a row, which is all a 1-row decode pays."""
+    cols = tl.arange(0, BLOCK_KN)
+    rstd = tl.full(rm.shape, 1.0, tl.float32)
+    for m in range(M):
+        xr = tl.load(x_ptr + m * stride_xm + cols, mask=cols < K, other=0.0).to(tl.float32)
+        r = tl.rsqrt(tl.sum(xr * xr, axis=0) / K + eps)
+        rstd = tl.where(rm == m, r, rstd)
+    return rstd
+
+
+@triton.jit
+def normed_cols(xt, rstd, nw):
+    """A tile of x.T [BLOCK_K, BLOCK_M] (x's dtype) as the RMSNorm module's output: each column
+    times its row's rstd, rounded to x's dtype, times the norm weight nw [BLOCK_K] (x's dtype),
+    rounded (the steps of `_rms_norm_kernel`)."""
+    y = (xt.to(tl.float32) * rstd[None, :]).to(xt.dtype).to(tl.float32)
+    return (y * nw.to(tl.float32)[:, None]).to(xt.dtype)
+
+
+@triton.jit
+def plus_residual(acc, res_ptr, offs, mask, dtype: tl.constexpr):
+    """A product's float32 tile rounded to the model dtype, plus the residual at offs, in float32
+    (the residual add of `_rms_norm_kernel`: round(round(acc) + residual) once stored)."""
+    r = tl.load(res_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    return acc.to(dtype).to(tl.float32) + r
+
+
 def _rows(x: torch.Tensor) -> torch.Tensor:
     x2 = x.reshape(-1, x.shape[-1])
     return x2 if x2.stride(-1) == 1 else x2.contiguous()

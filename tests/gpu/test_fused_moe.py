@@ -77,39 +77,54 @@ def _second_rank_experts(w13, w2, ep_ranks: int):
 
 
 def check_fused_experts(device, dtype, num_tokens, hidden, inter, num_experts, top_k, skew="uniform",
-                        ties=False, ep_ranks=1, seed=0, path="auto", tiles=None, calls=1):
+                        ties=False, ep_ranks=1, seed=0, path="auto", tiles=None, calls=1, stream=False):
     """path: "auto" (fused_experts_triton's choice), "grouped" or "small"; tiles: the small
     path's (gate/up, down) tiles, its defaults if None; calls: checked that many times in a row on
-    new inputs (seeds seed, seed + 1, ...: the small down kernel's counters must be back at zero)."""
+    new inputs (seeds seed, seed + 1, ...: the small down kernel's counters must be back at zero);
+    stream: x is a residual stream, the experts take its RMSNorm and the output adds it back
+    (the norm and the add folded into the small kernels, run apart around the grouped ones)."""
     for s in range(seed, seed + calls):
         _check_fused_experts_once(
-            device, dtype, num_tokens, hidden, inter, num_experts, top_k, skew, ties, ep_ranks, s, path, tiles
+            device, dtype, num_tokens, hidden, inter, num_experts, top_k, skew, ties, ep_ranks, s, path, tiles, stream
         )
 
 
 def _check_fused_experts_once(
-    device, dtype, num_tokens, hidden, inter, num_experts, top_k, skew, ties, ep_ranks, seed, path, tiles
+    device, dtype, num_tokens, hidden, inter, num_experts, top_k, skew, ties, ep_ranks, seed, path, tiles, stream
 ):
     from pagedllm.kernels import fused_moe_small_triton as small
     from pagedllm.kernels.fused_moe import fused_experts_torch
     from pagedllm.kernels.fused_moe_triton import fused_experts_grouped, fused_experts_triton
+    from pagedllm.kernels.norm import rms_norm_torch
 
     x, w13, w2, weights, ids = _inputs(device, dtype, num_tokens, hidden, inter, num_experts, top_k, seed, skew, ties)
     w13, w2, expert_map = _second_rank_experts(w13, w2, ep_ranks)
-    ref = fused_experts_torch(x, w13, w2, weights, ids, expert_map)
+    norm = residual = None
+    xin = x  # what the experts take
+    if stream:
+        g = torch.Generator().manual_seed(seed + 100)
+        x = x * 4.0  # a stream of a larger scale than the normalized input
+        norm = ((1.0 + 0.3 * torch.randn(hidden, generator=g)).to(device, dtype), 1e-6)
+        residual, xin = x, rms_norm_torch(x, *norm)
+    ref = fused_experts_torch(xin, w13, w2, weights, ids, expert_map)
     if dtype == torch.float32 and num_tokens <= 64:
-        dense = dense_reference(x.cpu(), w13.cpu(), w2.cpu(), weights.cpu(), ids.cpu(),
+        dense = dense_reference(xin.cpu(), w13.cpu(), w2.cpu(), weights.cpu(), ids.cpu(),
                                 None if expert_map is None else expert_map.cpu())
         torch.testing.assert_close(ref.double().cpu(), dense, atol=1e-4, rtol=1e-4)
+    if stream:
+        ref = ref + residual
     load = torch.zeros(num_experts, dtype=torch.int64, device=device)
     slots = torch.arange(num_tokens, device=device)
     slots[num_tokens // 2 :: 3] = -1  # padding rows: computed, not counted in the load
     if path == "small":
         gate_up, down = tiles or small.default_tiles(dtype, num_tokens)
-        got = small.fused_experts_small(x, w13, w2, weights, ids, expert_map, load, slots, tuple(gate_up), tuple(down))
+        got = small.fused_experts_small(x, w13, w2, weights, ids, expert_map, load, slots, tuple(gate_up), tuple(down),
+                                        norm=norm, residual=residual)
+    elif path == "grouped":
+        assert not stream, "the grouped kernels take no norm or residual"
+        got = fused_experts_grouped(x, w13, w2, weights, ids, expert_map, load, slots)
     else:
-        run = fused_experts_grouped if path == "grouped" else fused_experts_triton
-        got = run(x, w13, w2, weights, ids, expert_map, load, slots)
+        got = fused_experts_triton(x, w13, w2, weights, ids, expert_map, load, slots, norm, residual)
     atol, rtol = TOL[dtype]
     torch.testing.assert_close(got.float(), ref.float(), atol=atol, rtol=rtol)
     expected_load = torch.bincount(ids.cpu()[slots.cpu() >= 0].reshape(-1), minlength=num_experts)

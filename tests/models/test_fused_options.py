@@ -59,3 +59,39 @@ def test_decode_order_on_by_default(monkeypatch):
     assert not get_attention_backend("triton", "cuda").order_decodes
     monkeypatch.setenv("PAGEDLLM_DECODE_ORDER", "1")
     assert get_attention_backend("triton", "cuda").order_decodes
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama", "qwen3_moe", "qwen2_moe"])
+def test_residual_stream_keeps_cpu_tokens(tmp_path, tokenizer_dir, monkeypatch, arch):
+    """PAGEDLLM_FUSED_NORM=1 (LlamaDecoderLayer.forward_stream: the layers pass the residual stream
+    whole, the norms folded into the products that read them and the adds into those that end each
+    half) is for CUDA decode batches; here it is let run on the CPU, where each product does its
+    norm and add apart, to check the wiring: the greedy tokens (float32) of the plain path, dense
+    and MoE (Qwen3-MoE's first layer is dense), with the stream path taken by every layer; Qwen2-MoE's
+    shared expert keeps the plain path (and its tokens)."""
+    from moe_utils import save_moe_model, tiny_moe_config
+
+    from pagedllm.model.models.llama import LlamaDecoderLayer
+
+    if arch in ("qwen3_moe", "qwen2_moe"):
+        path = save_moe_model(tiny_moe_config(arch), str(tmp_path), tokenizer_dir)[0]
+    else:
+        path = save_tiny_model(tiny_config(arch, hidden=64, head_dim=16), str(tmp_path), tokenizer_dir, seed=2)
+    monkeypatch.delenv("PAGEDLLM_FUSED_NORM", raising=False)
+    off = _tokens(path, None)
+    calls = []
+    plain_stream = LlamaDecoderLayer.forward_stream
+
+    def counted(self, *args):
+        calls.append(type(self).__name__)
+        return plain_stream(self, *args)
+
+    monkeypatch.setenv("PAGEDLLM_FUSED_NORM", "1")
+    monkeypatch.setattr(LlamaDecoderLayer, "stream_applies", lambda self, x: self.stream_layer_ok())
+    monkeypatch.setattr(LlamaDecoderLayer, "forward_stream", counted)
+    assert _tokens(path, None) == off
+    if arch == "qwen2_moe":
+        assert not calls
+    else:  # every layer of every step (a layer off the path would leave the ones after it off too)
+        layers = 3 if arch == "qwen3_moe" else 2
+        assert calls and len(calls) % layers == 0, calls
