@@ -9,7 +9,10 @@
 # PAGEDLLM_DECODE_LAST_REDUCE=1), alternated),
 # pdltests (tests/gpu/test_pdl_gpu.py), moetree (A the tree at $A_PATH, B this one), w3 (W3 at inf,
 # bf16 then FP8 weights + FP8 KV; the server's wheels installed first), moesweep (moe_bench.py
-# --small-sweep), w2 (latency.py bf16 / fp8 / gptq), w2prof0 (W2 bf16's profile, PDL off), w1kv (W1 bf16 KV (A) against FP8 KV (B), ab_w1.sh).
+# --small-sweep), w2 (latency.py bf16 / fp8 / gptq), w2prof0 (W2 bf16's profile, PDL off), w1kv (W1 bf16 KV (A) against FP8 KV (B), ab_w1.sh),
+# moestream (Qwen3-30B-A3B batch 1, plain (A) against the residual stream kept whole (B,
+# PAGEDLLM_FUSED_NORM=1), alternated), moeqkv (the same with PAGEDLLM_FUSED_QKV_GEMM=1 too: the
+# rope/store in the qkv product's epilogue), streamtests (their GPU tests), w2stream (W2 bf16 A against B, both switches on).
 # Logs in one archive in $OUT; a summary last.
 #     OUT=$OUT bash benchmarks/where_gpu.sh
 #     STEPS="moeprof w1order" bash benchmarks/where_gpu.sh   # any of moeprof w2int4prof w1fp8prof order w1order
@@ -54,6 +57,23 @@ if [[ " $STEPS " == *" moetree "* ]] && [ -d "${A_PATH:-}" ]; then
   done
 fi
 moeab moemerge PAGEDLLM_DECODE_LAST_REDUCE=1
+moeab moestream PAGEDLLM_FUSED_NORM=1
+moeab moeqkv "PAGEDLLM_FUSED_NORM=1 PAGEDLLM_FUSED_QKV_GEMM=1"
+if step streamtests 240; then  # the residual stream's GPU checks (kernels, CUDA graphs, the engine)
+  timeout 240 $PY -m pytest -q tests/gpu/test_small_m_gpu.py tests/gpu/test_fused_moe.py tests/gpu/test_fused_gpu.py \
+    -k "stream or norm or qkv_gemm" > "$OUT/streamtests.log" 2>&1
+  echo "streamtests rc=$? at ${SECONDS} s: $(tail -1 "$OUT/streamtests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/streamtests.log" | head
+fi
+if [[ " $STEPS " == *" w2stream "* ]]; then  # W2 Llama-3.1-8B bf16: plain (A) against the residual stream (B)
+  for r in $(seq "$ROUNDS"); do
+    for v in A B; do
+      fits 45 "w2stream $v $r" || continue
+      env $([ $v = B ] && echo PAGEDLLM_FUSED_NORM=1 PAGEDLLM_FUSED_QKV_GEMM=1) timeout 45 $PY benchmarks/latency.py --peer none --iters 2 \
+        --output-json "$OUT/w2stream_${v}_$r.json" > "$OUT/w2stream_${v}_$r.log" 2>&1
+      echo "w2stream $v round $r rc=$?: $(grep -E '^pagedllm:' "$OUT/w2stream_${v}_$r.log")"
+    done
+  done
+fi
 if step moesweep 200; then  # the small MoE kernels' tiles (the gate/up kernel's split-K among them)
   timeout 200 $PY benchmarks/moe_bench.py --skip-latency --skip-w1 --skip-peer --small-sweep \
     --output-json "$OUT/moesweep.json" > "$OUT/moesweep.log" 2>&1; echo "moesweep rc=$? at ${SECONDS} s"
@@ -108,6 +128,6 @@ for v in bf16 fp8; do
   [ -f "$OUT/w3_$v.log" ] && echo "=== W3 inf $v: $(grep -iE "total|output token" "$OUT/w3_$v.log" | tr -s ' ' | head -3 | tr '\n' ';')"
 done
 echo "=== W1: A bf16 KV, B FP8 KV ==="; grep -E "round|median" "$OUT/w1kv.log" 2>/dev/null
-echo "=== Qwen3-30B-A3B batch 1 (ms/token): moemerge B last split merges; moetree A another tree ==="
+echo "=== Qwen3-30B-A3B batch 1 (ms/token): moemerge B last split merges; moestream B PAGEDLLM_FUSED_NORM=1; moeqkv B and QKV_GEMM=1; moetree A another tree ==="
 for f in "$OUT"/moe_*.log; do [ -f "$f" ] && echo "$(basename "$f" .log): $(grep -h "batch 1:" "$f" | cut -c1-60)"; done
 tar czf /tmp/where_gpu_logs.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/where_gpu_logs.tgz "$OUT/"  # one file back (the device returns few)

@@ -136,6 +136,50 @@ def _route(logits, e_mask, rm, m_mask, weights_ptr, ids_ptr, TOP_K: tl.constexpr
 
 
 @triton.jit
+def _swap_product(x_ptr, w_ptr, s_ptr, nw_ptr, rn64, n_mask, rm, m_mask, k_start, M, K, K_SPLIT, stride_xm, stride_wn,
+                  stride_sn, eps, SCALED: tl.constexpr, GROUP_K: tl.constexpr, EVEN_K: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, OPERANDS: tl.constexpr, FP16_MAX_: tl.constexpr,
+                  NORM: tl.constexpr, BLOCK_KN: tl.constexpr):  # fmt: skip
+    """The main loop: acc [BLOCK_N, BLOCK_M] float32 = W[rn, K range] @ x.T[K range, rm] over this
+    split's K range [k_start, k_start + K_SPLIT), FP8 group scales applied per K tile, x normalized
+    as it is read (NORM). After the PDL wait: x is the kernel before's."""
+    rk = tl.arange(0, BLOCK_K)
+    w_rows = w_ptr + rn64[:, None] * stride_wn  # [BLOCK_N, 1]
+    x_cols = x_ptr + rm.to(tl.int64)[None, :] * stride_xm  # [1, BLOCK_M]: x.T's columns
+    acc = tl.zeros([BLOCK_N, rm.shape[0]], dtype=tl.float32)
+    if NORM:  # every split normalizes by the whole row's mean square
+        rstd = rstd_rows(x_ptr, stride_xm, M, K, eps, rm, BLOCK_KN)
+    for k0 in range(k_start, k_start + K_SPLIT, BLOCK_K):
+        kk = k0 + rk
+        if EVEN_K:
+            w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None], other=0.0)
+            xt = tl.load(x_cols + kk[:, None], mask=m_mask[None, :], other=0.0)
+            if NORM:
+                xt = normed_cols(xt, rstd, tl.load(nw_ptr + kk))
+        else:
+            k_mask = kk < K
+            w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+            xt = tl.load(x_cols + kk[:, None], mask=m_mask[None, :] & k_mask[:, None], other=0.0)
+            if NORM:
+                xt = normed_cols(xt, rstd, tl.load(nw_ptr + kk, mask=k_mask, other=0.0))
+        if OPERANDS == "fp16":
+            w = w.to(tl.float16)
+            if xt.dtype != tl.float16:
+                xt = tl.clamp(xt.to(tl.float32), -FP16_MAX_, FP16_MAX_).to(tl.float16)
+            part = tl.dot(w, xt)
+        elif OPERANDS == "weight":
+            part = tl.dot(w, xt.to(w.dtype))
+        else:
+            part = tl.dot(w.to(tl.float32), xt.to(tl.float32), input_precision="ieee")
+        if SCALED and GROUP_K > 0:
+            s = tl.load(s_ptr + rn64 * stride_sn + k0 // GROUP_K, mask=n_mask, other=0.0)
+            acc += part * s[:, None]
+        else:
+            acc += part
+    return acc
+
+
+@triton.jit
 def _swap_kernel(
     x_ptr,  # [M, K] activations, M <= BLOCK_M
     w_ptr,  # [N, K] float8 e4m3 (SCALED) or 16-bit
@@ -175,43 +219,13 @@ def _swap_kernel(
     rn64 = rn.to(tl.int64)
     rm = tl.arange(0, BLOCK_M)
     m_mask = rm < M
-    rk = tl.arange(0, BLOCK_K)
-    w_rows = w_ptr + rn64[:, None] * stride_wn  # [BLOCK_N, 1]
-    x_cols = x_ptr + rm.to(tl.int64)[None, :] * stride_xm  # [1, BLOCK_M]: x.T's columns
-    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     k_start = pid_k * K_SPLIT
     if PREFETCH_K > 0:
         prefetch_rows_l2(w_ptr + rn64 * stride_wn, n_mask, k_start, tl.minimum(k_start + K_SPLIT, K), PREFETCH_K)
     pdl_wait(PDL)
-    if NORM:  # every split normalizes by the whole row's mean square
-        rstd = rstd_rows(x_ptr, stride_xm, M, K, eps, rm, BLOCK_KN)
-    for k0 in range(k_start, k_start + K_SPLIT, BLOCK_K):
-        kk = k0 + rk
-        if EVEN_K:
-            w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None], other=0.0)
-            xt = tl.load(x_cols + kk[:, None], mask=m_mask[None, :], other=0.0)
-            if NORM:
-                xt = normed_cols(xt, rstd, tl.load(nw_ptr + kk))
-        else:
-            k_mask = kk < K
-            w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-            xt = tl.load(x_cols + kk[:, None], mask=m_mask[None, :] & k_mask[:, None], other=0.0)
-            if NORM:
-                xt = normed_cols(xt, rstd, tl.load(nw_ptr + kk, mask=k_mask, other=0.0))
-        if OPERANDS == "fp16":
-            w = w.to(tl.float16)
-            if xt.dtype != tl.float16:
-                xt = tl.clamp(xt.to(tl.float32), -FP16_MAX_, FP16_MAX_).to(tl.float16)
-            part = tl.dot(w, xt)
-        elif OPERANDS == "weight":
-            part = tl.dot(w, xt.to(w.dtype))
-        else:
-            part = tl.dot(w.to(tl.float32), xt.to(tl.float32), input_precision="ieee")
-        if SCALED and GROUP_K > 0:
-            s = tl.load(s_ptr + rn64 * stride_sn + k0 // GROUP_K, mask=n_mask, other=0.0)
-            acc += part * s[:, None]
-        else:
-            acc += part
+    acc = _swap_product(x_ptr, w_ptr, s_ptr, nw_ptr, rn64, n_mask, rm, m_mask, k_start, M, K, K_SPLIT, stride_xm,
+                        stride_wn, stride_sn, eps, SCALED, GROUP_K, EVEN_K, BLOCK_N, BLOCK_K, OPERANDS, FP16_MAX_,
+                        NORM, BLOCK_KN)  # fmt: skip
     out_mask = n_mask[:, None] & m_mask[None, :]
     if not WORKSPACE:  # one split
         acc = _epilogue(acc, s_ptr, b_ptr, rn, n_mask, n_mask, stride_sn, SCALED, GROUP_K, HAS_BIAS)

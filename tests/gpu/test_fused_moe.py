@@ -196,6 +196,14 @@ def test_fused_experts_expert_parallel(ep_ranks):
     check_fused_experts("cuda", torch.float32, 3, 128, 64, 8, 2, ties=True, ep_ranks=ep_ranks)
 
 
+@pytest.mark.parametrize("num_tokens, path", [(1, "small"), (4, "small"), (4, "auto"), (40, "auto")])
+def test_fused_experts_residual_stream(num_tokens, path):
+    """The residual stream at Qwen3-30B-A3B's sizes (hidden 2048, 128 experts, top-8): the norm in
+    the gate/up kernel's prologue and the add in the down kernel's epilogue at 1 and 4 tokens; at 40
+    tokens (320 pairs, the grouped kernels) both run apart."""
+    check_fused_experts("cuda", torch.bfloat16, num_tokens, 2048, 768, 128, 8, path=path, stream=True, calls=2)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("num_tokens, top_k", [(1, 8), (2, 2), (4, 8)])
 @pytest.mark.parametrize("ep_ranks", [1, 2])

@@ -284,11 +284,14 @@ def test_bf16_engine_with_small_m_gemm(tmp_path, tokenizer_dir, monkeypatch, arc
         _close_enough(o.outputs[0].token_ids, o.outputs[0].logprobs, ref, ref_lps)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3", "qwen3_moe"])
-def test_bf16_engine_residual_stream(tmp_path, tokenizer_dir, monkeypatch, arch):
+@pytest.mark.parametrize("arch, qkv_gemm", [("llama", False), ("qwen3", False), ("qwen3_moe", False),
+                                            ("llama", True), ("qwen3_moe", True)])
+def test_bf16_engine_residual_stream(tmp_path, tokenizer_dir, monkeypatch, arch, qkv_gemm):
     """PAGEDLLM_FUSED_NORM=1: the decode batches of 1-4 (CUDA graphs) run forward_stream, the norms
     in the products' prologues and the adds in their epilogues (the MoE router, gate/up and down
-    kernels too); greedy stays close to transformers as test_bf16_engine_with_small_m_gemm checks."""
+    kernels too); with PAGEDLLM_FUSED_QKV_GEMM=1 also the q/k norm + rotary + store in the qkv
+    product's epilogue; greedy stays close to transformers as test_bf16_engine_with_small_m_gemm
+    checks."""
     from conftest import save_tiny_model, tiny_config
     from moe_utils import save_moe_model, tiny_moe_config
     from test_engine_gpu import _close_enough, hf_generate, prompts_of
@@ -297,10 +300,15 @@ def test_bf16_engine_residual_stream(tmp_path, tokenizer_dir, monkeypatch, arch)
     from pagedllm import LLM, SamplingParams
     from pagedllm.model.models.llama import LlamaDecoderLayer
 
+    from pagedllm.model.layers.attention import Attention
+
     monkeypatch.setenv("PAGEDLLM_FUSED_NORM", "1")
-    calls = []
+    monkeypatch.setenv("PAGEDLLM_FUSED_QKV_GEMM", "1" if qkv_gemm else "0")
+    calls, qkv_calls = [], []
     plain = LlamaDecoderLayer.forward_stream
     monkeypatch.setattr(LlamaDecoderLayer, "forward_stream", lambda self, *a: calls.append(1) or plain(self, *a))
+    plain_qkv = Attention.forward_qkv_gemm
+    monkeypatch.setattr(Attention, "forward_qkv_gemm", lambda self, *a: qkv_calls.append(1) or plain_qkv(self, *a))
     if arch == "qwen3_moe":
         cfg = tiny_moe_config(arch, hidden_size=256, initializer_range=0.05)
         path = save_moe_model(cfg, str(tmp_path), tokenizer_dir, seed=4)[0]
@@ -315,6 +323,7 @@ def test_bf16_engine_residual_stream(tmp_path, tokenizer_dir, monkeypatch, arch)
         prompts, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, logprobs=5), use_tqdm=False
     )
     assert calls, "no decode step took the stream path"
+    assert bool(qkv_calls) == qkv_gemm, "the qkv product's rope epilogue ran iff asked for"
     for p, o in zip(prompts, outs):
         ref, ref_lps = hf_generate(hf, p, 32)
         _close_enough(o.outputs[0].token_ids, o.outputs[0].logprobs, ref, ref_lps)

@@ -23,6 +23,7 @@ from pagedllm.attention.backend import ForwardBatch
 from pagedllm.distributed import SINGLE, ParallelState
 from pagedllm.kernels import small_m
 from pagedllm.kernels._triton import fusion_enabled
+from pagedllm.kernels.qkv_rope import qkv_gemm_rope_applies
 from pagedllm.model.layers.activation import SiluAndMul
 from pagedllm.model.layers.attention import Attention, layer_sliding_window
 from pagedllm.model.layers.embedding import ParallelLMHead, VocabParallelEmbedding
@@ -72,6 +73,8 @@ class LlamaAttention(nn.Module):
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.fuse_rope_kv_requested = fusion_enabled("ROPE_KV")
+        # PAGEDLLM_FUSED_QKV_GEMM=1: in forward_stream, the rope/store in the qkv product's epilogue
+        self.fuse_qkv_gemm = fusion_enabled("QKV_GEMM", default=False)
 
     @property
     def fuse_rope_kv(self) -> bool:
@@ -113,16 +116,32 @@ class LlamaAttention(nn.Module):
             q, k = self.rotary_emb(positions, q, k)
         return self.attn(q, k, v, batch)
 
+    def qk_norms(self) -> tuple[torch.Tensor | None, torch.Tensor | None, float]:
+        """(q_norm weight, k_norm weight, eps) for the fused kernels; (None, None, 0.0) without."""
+        if self.use_qk_norm:
+            return self.q_norm.weight, self.k_norm.weight, self.q_norm.eps
+        return None, None, 0.0
+
     def fused_attention(self, positions: torch.Tensor, qkv: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         # qkv: [T, (Hq + 2 Hkv) * D] -> [T, Hq * D]
         rope = self.rotary_emb
         assert rope is not None
-        if self.use_qk_norm:
-            qw, kw, eps = self.q_norm.weight, self.k_norm.weight, self.q_norm.eps
-        else:
-            qw = kw = None
-            eps = 0.0
-        return self.attn.forward_qkv(qkv, positions, rope.cos_cache, rope.sin_cache, qw, kw, eps, batch)
+        return self.attn.forward_qkv(qkv, positions, rope.cos_cache, rope.sin_cache, *self.qk_norms(), batch)
+
+    def attend_stream(self, positions: torch.Tensor, s: torch.Tensor, norm: nn.Module,
+                      batch: ForwardBatch) -> torch.Tensor:
+        """attend(positions, qkv_proj(norm(s)), batch) for forward_stream: the norm folded into the
+        qkv product; with PAGEDLLM_FUSED_QKV_GEMM=1, where it applies, also the q/k norm + rotary +
+        store in the product's epilogue (kernels/qkv_gemm_rope_triton.py: no kernel between the
+        product and attention)."""
+        proj, rope = self.qkv_proj, self.rotary_emb
+        if (self.fuse_qkv_gemm and self.fuse_rope_kv and self.attn.can_store_qkv(s) and rope is not None
+                and proj.quant_method is None and proj.small_m_gemm and not proj.skip_bias_add
+                and small_m.norm_fusable(s, norm.weight)
+                and qkv_gemm_rope_applies(s, proj.weight, self.head_dim, rope.cos_cache.shape[-1])):
+            return self.attn.forward_qkv_gemm(s, proj.weight, proj.bias, (norm.weight, norm.eps), positions,
+                                              rope.cos_cache, rope.sin_cache, *self.qk_norms(), batch)
+        return self.attend(positions, stream_linear(proj, s, norm=norm), batch)
 
 
 class LlamaMLP(nn.Module):
@@ -210,8 +229,7 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward_stream(self, positions: torch.Tensor, s: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         attn = self.self_attn
-        qkv = stream_linear(attn.qkv_proj, s, norm=self.input_layernorm)
-        s = stream_linear(attn.o_proj, attn.attend(positions, qkv, batch), residual=s)
+        s = stream_linear(attn.o_proj, attn.attend_stream(positions, s, self.input_layernorm, batch), residual=s)
         return self.run_mlp_stream(s, batch)
 
     def run_mlp_stream(self, s: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
