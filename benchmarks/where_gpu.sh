@@ -12,7 +12,8 @@
 # --small-sweep), w2 (latency.py bf16 / fp8 / gptq), w2prof0 (W2 bf16's profile, PDL off), w1kv (W1 bf16 KV (A) against FP8 KV (B), ab_w1.sh),
 # moestream (Qwen3-30B-A3B batch 1, plain (A) against the residual stream kept whole (B,
 # PAGEDLLM_FUSED_NORM=1), alternated), moeqkv (the same with PAGEDLLM_FUSED_QKV_GEMM=1 too: the
-# rope/store in the qkv product's epilogue), streamtests (their GPU tests), w2stream (W2 bf16 A against B, both switches on).
+# rope/store in the qkv product's epilogue), streamtests (their GPU tests), w2stream (W2 bf16 A against B, both switches on),
+# w1int4 (W1 on Llama-3.1-8B: bf16 (A) against dummy gptq 4-bit weights (B), issue 19's 0.9x).
 # Logs in one archive in $OUT; a summary last.
 #     OUT=$OUT bash benchmarks/where_gpu.sh
 #     STEPS="moeprof w1order" bash benchmarks/where_gpu.sh   # any of moeprof w2int4prof w1fp8prof order w1order
@@ -97,6 +98,11 @@ if step w1kv $((ROUNDS * 2 * 75)); then
   B_ARGS="--kv-cache-dtype fp8" ROUNDS=$ROUNDS OUT="$OUT/w1kv" bash benchmarks/ab_w1.sh > "$OUT/w1kv.log" 2>&1
   echo "w1kv rc=$? at ${SECONDS} s"
 fi
+if step w1int4 $((ROUNDS * 2 * 200)); then  # issue 19's W1: Llama-3.1-8B, 256 requests, bf16 (A) against dummy gptq 4-bit (B)
+  B_ARGS="--quantization gptq" ROUNDS=$ROUNDS OUT="$OUT/w1int4" bash benchmarks/ab_w1.sh \
+    --model benchmarks/configs/llama-3.1-8b --skip-tokenizer-init > "$OUT/w1int4.log" 2>&1
+  echo "w1int4 rc=$? at ${SECONDS} s"
+fi
 if [[ " $STEPS " == *" w2 "* ]]; then  # W2 Llama-3.1-8B batch 1: bf16, FP8 weights, dummy gptq 4-bit weights
   for q in bf16 fp8 gptq; do
     fits 45 "w2 $q" || continue
@@ -128,6 +134,7 @@ for v in bf16 fp8; do
   [ -f "$OUT/w3_$v.log" ] && echo "=== W3 inf $v: $(grep -iE "total|output token" "$OUT/w3_$v.log" | tr -s ' ' | head -3 | tr '\n' ';')"
 done
 echo "=== W1: A bf16 KV, B FP8 KV ==="; grep -E "round|median" "$OUT/w1kv.log" 2>/dev/null
+echo "=== W1 Llama-3.1-8B: A bf16, B gptq 4-bit ==="; grep -E "round|median" "$OUT/w1int4.log" 2>/dev/null
 echo "=== Qwen3-30B-A3B batch 1 (ms/token): moemerge B last split merges; moestream B PAGEDLLM_FUSED_NORM=1; moeqkv B and QKV_GEMM=1; moetree A another tree ==="
 for f in "$OUT"/moe_*.log; do [ -f "$f" ] && echo "$(basename "$f" .log): $(grep -h "batch 1:" "$f" | cut -c1-60)"; done
 tar czf /tmp/where_gpu_logs.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/where_gpu_logs.tgz "$OUT/"  # one file back (the device returns few)
