@@ -134,7 +134,7 @@ def _small_gate_up_kernel(
     acc_gate = tl.zeros([BLOCK_N, PAD_COLS], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_N, PAD_COLS], dtype=tl.float32)
     if NORM:  # the token's row, in column 0
-        rstd = rstd_rows(x_ptr + token.to(tl.int64) * stride_xm, stride_xm, 1, hidden, eps, rc, BLOCK_KN)
+        rstd = rstd_rows(x_ptr + token.to(tl.int64) * stride_xm, stride_xm, 1, hidden, eps, rc, BLOCK_KN, 1)
     for k0 in range(0, hidden, BLOCK_K):
         kk = k0 + rk
         if EVEN_K:

@@ -110,7 +110,8 @@ def _swap_qkv_rope_kernel(
     stride_xm, stride_wn, stride_qkv, stride_cos, stride_sin, stride_qot, stride_qoh,
     stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch, stride_vcd,
     num_q_heads, num_kv_heads, eps, qk_eps, inv_k_scale, inv_v_scale,
-    HAS_BIAS: tl.constexpr, NORM: tl.constexpr, BLOCK_KN: tl.constexpr, EVEN_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr, NORM: tl.constexpr, BLOCK_KN: tl.constexpr, NORM_ROWS: tl.constexpr,
+    EVEN_K: tl.constexpr,
     SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
     HEAD_DIM: tl.constexpr,  # also the weight tile's rows: a program's tile is one head
     HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_SIZE: tl.constexpr, HAS_QK_NORM: tl.constexpr,
@@ -128,7 +129,7 @@ def _swap_qkv_rope_kernel(
     pdl_wait(PDL)
     acc = _swap_product(x_ptr, w_ptr, w_ptr, nw_ptr, rn.to(tl.int64), n_mask, rm, m_mask, pid_k * K_SPLIT, M, K,
                         K_SPLIT, stride_xm, stride_wn, 0, eps, False, 0, EVEN_K, HEAD_DIM, BLOCK_K, "weight", 0.0,
-                        NORM, BLOCK_KN)  # fmt: skip
+                        NORM, BLOCK_KN, NORM_ROWS)  # fmt: skip
     last = True
     if SPLIT_K > 1:
         tl.store(ws_ptr + (pid_k * M + rm[None, :]) * N + rn[:, None], acc, mask=out_mask)
@@ -212,6 +213,7 @@ def qkv_gemm_rope_triton(
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), v_cache.stride(3),
         num_heads, num_kv_heads, norm[1] if norm is not None else 0.0, qk_eps, 1.0 / k_scale, 1.0 / v_scale,
         HAS_BIAS=bias is not None, NORM=norm is not None, BLOCK_KN=next_power_of_2(k) if norm is not None else 1,
+        NORM_ROWS=next_power_of_2(m) if norm is not None else 1,
         EVEN_K=k_split * split_k == k, SPLIT_K=split_k, BLOCK_M=SWAP_BLOCK_M, BLOCK_K=cfg.block_k, HEAD_DIM=d,
         HALF=d // 2, BLOCK_HALF=next_power_of_2(d // 2), BLOCK_SIZE=k_cache.shape[1], HAS_QK_NORM=has_qk_norm,
         FP8_MAX=fp8_max(k_cache.dtype), V_MAX=v_store_max(v_cache), num_warps=cfg.num_warps,

@@ -139,7 +139,7 @@ def _route(logits, e_mask, rm, m_mask, weights_ptr, ids_ptr, TOP_K: tl.constexpr
 def _swap_product(x_ptr, w_ptr, s_ptr, nw_ptr, rn64, n_mask, rm, m_mask, k_start, M, K, K_SPLIT, stride_xm, stride_wn,
                   stride_sn, eps, SCALED: tl.constexpr, GROUP_K: tl.constexpr, EVEN_K: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, OPERANDS: tl.constexpr, FP16_MAX_: tl.constexpr,
-                  NORM: tl.constexpr, BLOCK_KN: tl.constexpr):  # fmt: skip
+                  NORM: tl.constexpr, BLOCK_KN: tl.constexpr, NORM_ROWS: tl.constexpr):  # fmt: skip
     """The main loop: acc [BLOCK_N, BLOCK_M] float32 = W[rn, K range] @ x.T[K range, rm] over this
     split's K range [k_start, k_start + K_SPLIT), FP8 group scales applied per K tile, x normalized
     as it is read (NORM). After the PDL wait: x is the kernel before's."""
@@ -148,7 +148,7 @@ def _swap_product(x_ptr, w_ptr, s_ptr, nw_ptr, rn64, n_mask, rm, m_mask, k_start
     x_cols = x_ptr + rm.to(tl.int64)[None, :] * stride_xm  # [1, BLOCK_M]: x.T's columns
     acc = tl.zeros([BLOCK_N, rm.shape[0]], dtype=tl.float32)
     if NORM:  # every split normalizes by the whole row's mean square
-        rstd = rstd_rows(x_ptr, stride_xm, M, K, eps, rm, BLOCK_KN)
+        rstd = rstd_rows(x_ptr, stride_xm, M, K, eps, rm, BLOCK_KN, NORM_ROWS)
     for k0 in range(k_start, k_start + K_SPLIT, BLOCK_K):
         kk = k0 + rk
         if EVEN_K:
@@ -207,6 +207,7 @@ def _swap_kernel(
     NORM: tl.constexpr = False,  # x is the residual stream: multiplied as RMSNorm(x) * nw (prologue)
     RESIDUAL: tl.constexpr = False,  # out = round(x @ W.T) + res, the next residual stream (epilogue)
     BLOCK_KN: tl.constexpr = 1,  # (NORM) a power of two >= K: a row of x read whole
+    NORM_ROWS: tl.constexpr = 1,  # (NORM) a power of two >= M: the rows the prologue reads together
     PDL: tl.constexpr = False,  # kernels/pdl_triton.py
     PREFETCH_K: tl.constexpr = 0,  # > 0 (with PDL): the first PREFETCH_K columns of the weight rows
     # are asked of L2 before the wait
@@ -225,7 +226,7 @@ def _swap_kernel(
     pdl_wait(PDL)
     acc = _swap_product(x_ptr, w_ptr, s_ptr, nw_ptr, rn64, n_mask, rm, m_mask, k_start, M, K, K_SPLIT, stride_xm,
                         stride_wn, stride_sn, eps, SCALED, GROUP_K, EVEN_K, BLOCK_N, BLOCK_K, OPERANDS, FP16_MAX_,
-                        NORM, BLOCK_KN)  # fmt: skip
+                        NORM, BLOCK_KN, NORM_ROWS)  # fmt: skip
     out_mask = n_mask[:, None] & m_mask[None, :]
     if not WORKSPACE:  # one split
         acc = _epilogue(acc, s_ptr, b_ptr, rn, n_mask, n_mask, stride_sn, SCALED, GROUP_K, HAS_BIAS)
@@ -308,9 +309,10 @@ def norm_residual_args(x: torch.Tensor, norm, residual) -> tuple[torch.Tensor, t
     return (norm[0] if norm is not None else x), (residual if residual is not None else x)
 
 
-def _norm_residual_switches(k: int, norm, residual) -> dict:
+def _norm_residual_switches(m: int, k: int, norm, residual) -> dict:
     return {"NORM": norm is not None, "RESIDUAL": residual is not None,
-            "BLOCK_KN": next_power_of_2(k) if norm is not None else 1}
+            "BLOCK_KN": next_power_of_2(k) if norm is not None else 1,
+            "NORM_ROWS": next_power_of_2(m) if norm is not None else 1}
 
 
 def _split(k: int, cfg: SwapConfig) -> tuple[int, int]:
@@ -356,7 +358,7 @@ def swap_gemm(
         SCALED=scaled, GROUP_K=group_k, HAS_BIAS=bias is not None, EVEN_K=k_split * split_k == k,
         SPLIT_K=split_k, WORKSPACE=workspace, LAST=last, TOP_K=0, RENORMALIZE=False, BLOCK_E=1,
         BLOCK_TOPK=1, BLOCK_M=SWAP_BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        OPERANDS=_operands(x, weight, weight_scale), FP16_MAX_=FP16_MAX, **_norm_residual_switches(k, norm, residual),
+        OPERANDS=_operands(x, weight, weight_scale), FP16_MAX_=FP16_MAX, **_norm_residual_switches(m, k, norm, residual),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_weights(x, weight, cfg.block_k),
     )  # fmt: skip
     if workspace and not last:
@@ -399,7 +401,7 @@ def swap_gemm_topk(
         SCALED=False, GROUP_K=0, HAS_BIAS=False, EVEN_K=k_split * split_k == k, SPLIT_K=split_k,
         WORKSPACE=True, LAST=False, TOP_K=top_k, RENORMALIZE=renormalize, BLOCK_E=next_power_of_2(n),
         BLOCK_TOPK=next_power_of_2(top_k), BLOCK_M=SWAP_BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        OPERANDS=_operands(x, weight, None), FP16_MAX_=FP16_MAX, **_norm_residual_switches(k, norm, None),
+        OPERANDS=_operands(x, weight, None), FP16_MAX_=FP16_MAX, **_norm_residual_switches(m, k, norm, None),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_weights(x, weight, cfg.block_k),
     )  # fmt: skip
     return weights, ids

@@ -97,7 +97,7 @@ def test_qkv_gemm_rope_compiles_for_sm90(split_k, cache):
     from pagedllm.kernels.inspect_sm90 import compile_sm90, resources
 
     signature = dict(qkv_gemm_signature(), k_cache_ptr=cache, v_cache_ptr=cache)
-    constexprs = {"HAS_BIAS": False, "NORM": True, "BLOCK_KN": 2048, "EVEN_K": True, "SPLIT_K": split_k,
+    constexprs = {"HAS_BIAS": False, "NORM": True, "BLOCK_KN": 2048, "NORM_ROWS": 4, "EVEN_K": True, "SPLIT_K": split_k,
                   "BLOCK_M": 16, "BLOCK_K": 128, "HEAD_DIM": 128, "HALF": 64, "BLOCK_HALF": 64, "BLOCK_SIZE": 16,
                   "HAS_QK_NORM": True, "FP8_MAX": 448.0 if cache == "*fp8e4nv" else 0.0, "V_MAX": 0.0}
     compiled = compile_sm90(q._swap_qkv_rope_kernel, signature, constexprs, num_warps=4, num_stages=3,

@@ -130,7 +130,7 @@ def _cases():
          {"HAS_MAP": True, "EVEN_K": True, "DOT_PRECISION": "tf32", **_down_constexprs((64, 128, 4, 3, 1)),
           "BLOCK_N": 64, "BLOCK_K": 128, "PAD_COLS": 16, "RESIDUAL": True}, 4, False),
         ("qkv_gemm_rope", qkv_gemm_rope_triton._swap_qkv_rope_kernel, qkv_gemm_signature(),
-         {"HAS_BIAS": False, "NORM": True, "BLOCK_KN": 2048, "EVEN_K": True, "SPLIT_K": 2, "BLOCK_M": 16,
+         {"HAS_BIAS": False, "NORM": True, "BLOCK_KN": 2048, "NORM_ROWS": 1, "EVEN_K": True, "SPLIT_K": 2, "BLOCK_M": 16,
           "BLOCK_K": 128, "HEAD_DIM": 128, "HALF": 64, "BLOCK_HALF": 64, "BLOCK_SIZE": 16, "HAS_QK_NORM": True,
           "FP8_MAX": 0.0, "V_MAX": 0.0}, 4, False),
         # an FP8 cache as the engine lays it out: V blocks key-major

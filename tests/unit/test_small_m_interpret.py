@@ -49,6 +49,8 @@ _CASES = {
     "stream_norm_only_split": ("check_stream_linear", [5, 24, 128],
                                {"residual": False, "config": [16, 32, 2, 4, 1, "last"]}),
     "stream_residual_only": ("check_stream_linear", [2, 24, 96], {"norm": False, "config": [16, 32, 1, 4, 1]}),
+    # 16 rows of 600: the prologue reads them [16, 512] at a time, the second chunk ragged
+    "stream_16_rows_chunked": ("check_stream_linear", [16, 24, 600], {"calls": 1, "config": [16, 64, 1, 4, 1]}),
     "router_topk_norm": ("check_router_topk", [3, 24, 128, 4, True], {"config": [16, 32, 2, 4, 1], "norm": True}),
 }
 _DTYPES = ["bfloat16", "float16"]
@@ -140,20 +142,22 @@ def test_last_program_modes_compile_for_sm90(mode, block_n, block_k, split_k, wa
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 @pytest.mark.parametrize(
-    "block_n, block_k, split_k, warps, norm",
-    [(64, 128, 4, 4, False), (128, 128, 1, 8, False), (32, 256, 8, 4, False), (64, 256, 1, 4, True),
-     (32, 256, 8, 4, True)],
+    "block_n, block_k, split_k, warps, norm_rows",
+    [(64, 128, 4, 4, 0), (128, 128, 1, 8, 0), (32, 256, 8, 4, 0), (64, 256, 1, 4, 1), (64, 256, 1, 4, 16),
+     (32, 256, 8, 4, 4)],
 )
-def test_swap_kernel_16bit_compiles_for_sm90(block_n, block_k, split_k, warps, norm):
+def test_swap_kernel_16bit_compiles_for_sm90(block_n, block_k, split_k, warps, norm_rows):
     """The kernel on bf16 weights compiles for the H200, its products run on tensor cores
     (wgmma for 64-row weight tiles and up, mma.sync below), its tile loads are asynchronous
     copies (pipelined), nothing spills, and the MMA takes the bf16 operands as they are; also
-    with the RMSNorm in its prologue (Qwen3-30B-A3B's qkv config, 64/256 unsplit)."""
+    with the RMSNorm in its prologue (Qwen3-30B-A3B's qkv config, 64/256 unsplit, reading 1 or
+    16 rows of 2,048 together)."""
     from pagedllm.kernels import swap_gemm_triton as s
     from pagedllm.kernels.inspect_sm90 import compile_sm90, resources
 
     signature = swap_signature("*fp32" if split_k > 1 else "*bf16")
-    constexprs = swap_constexprs(split_k, block_n, block_k, **({"NORM": True, "BLOCK_KN": 2048} if norm else {}))
+    norm = {"NORM": True, "BLOCK_KN": 2048, "NORM_ROWS": norm_rows} if norm_rows else {}
+    constexprs = swap_constexprs(split_k, block_n, block_k, **norm)
     compiled = compile_sm90(s._swap_kernel, signature, constexprs, num_warps=warps, num_stages=3, aligned=SWAP_ALIGNED)
     ptx = compiled.asm["ptx"]
     if block_n >= 64:
