@@ -61,14 +61,16 @@ def test_decode_order_on_by_default(monkeypatch):
     assert get_attention_backend("triton", "cuda").order_decodes
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "llama", "qwen3_moe", "qwen2_moe"])
-def test_residual_stream_keeps_cpu_tokens(tmp_path, tokenizer_dir, monkeypatch, arch):
+@pytest.mark.parametrize("arch, quantization", [("qwen3", None), ("llama", None), ("qwen3_moe", None),
+                                                ("qwen2_moe", None), ("qwen3", "fp8")])
+def test_residual_stream_keeps_cpu_tokens(tmp_path, tokenizer_dir, monkeypatch, arch, quantization):
     """PAGEDLLM_FUSED_NORM=1 (LlamaDecoderLayer.forward_stream: the layers pass the residual stream
     whole, the norms folded into the products that read them and the adds into those that end each
     half) is for CUDA decode batches; here it is let run on the CPU, where each product does its
     norm and add apart, to check the wiring: the greedy tokens (float32) of the plain path, dense
     and MoE (Qwen3-MoE's first layer is dense), with the stream path taken by every layer; Qwen2-MoE's
-    shared expert keeps the plain path (and its tokens)."""
+    shared expert keeps the plain path (and its tokens). FP8 weights: the quantized linears' own
+    apply_stream (their CPU emulation normalizing and adding apart)."""
     from moe_utils import save_moe_model, tiny_moe_config
 
     from pagedllm.model.models.llama import LlamaDecoderLayer
@@ -78,7 +80,7 @@ def test_residual_stream_keeps_cpu_tokens(tmp_path, tokenizer_dir, monkeypatch, 
     else:
         path = save_tiny_model(tiny_config(arch, hidden=64, head_dim=16), str(tmp_path), tokenizer_dir, seed=2)
     monkeypatch.delenv("PAGEDLLM_FUSED_NORM", raising=False)
-    off = _tokens(path, None)
+    off = _tokens(path, quantization)
     calls = []
     plain_stream = LlamaDecoderLayer.forward_stream
 
@@ -89,7 +91,15 @@ def test_residual_stream_keeps_cpu_tokens(tmp_path, tokenizer_dir, monkeypatch, 
     monkeypatch.setenv("PAGEDLLM_FUSED_NORM", "1")
     monkeypatch.setattr(LlamaDecoderLayer, "stream_applies", lambda self, x: self.stream_layer_ok())
     monkeypatch.setattr(LlamaDecoderLayer, "forward_stream", counted)
-    assert _tokens(path, None) == off
+    quantized = []
+    if quantization:
+        from pagedllm.model.layers.quantization.fp8 import Fp8LinearMethod
+
+        plain_apply = Fp8LinearMethod.apply_stream
+        monkeypatch.setattr(Fp8LinearMethod, "apply_stream",
+                            lambda self, *a: quantized.append(1) or plain_apply(self, *a))
+    assert _tokens(path, quantization) == off
+    assert bool(quantized) == bool(quantization), "the FP8 linears' apply_stream"
     if arch == "qwen2_moe":
         assert not calls
     else:  # every layer of every step (a layer off the path would leave the ones after it off too)

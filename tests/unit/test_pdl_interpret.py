@@ -129,6 +129,9 @@ def _cases():
         ("moe_down_residual", fused_moe_small_triton._small_down_kernel, _DOWN_SIG,
          {"HAS_MAP": True, "EVEN_K": True, "DOT_PRECISION": "tf32", **_down_constexprs((64, 128, 4, 3, 1)),
           "BLOCK_N": 64, "BLOCK_K": 128, "PAD_COLS": 16, "RESIDUAL": True}, 4, False),
+        ("fp8_gemv_stream", fp8_triton._fp8_gemv_kernel, fp8_gemv,
+         {"GROUP_K": 0, "HAS_BIAS": False, "EVEN_K": True, "BLOCK_N": 4, "BLOCK_K": 1024, "NORM": True,
+          "RESIDUAL": True, "BLOCK_KN": 4096}, 4, False),
         ("qkv_gemm_rope", qkv_gemm_rope_triton._swap_qkv_rope_kernel, qkv_gemm_signature(),
          {"HAS_BIAS": False, "NORM": True, "BLOCK_KN": 2048, "NORM_ROWS": 1, "EVEN_K": True, "SPLIT_K": 2, "BLOCK_M": 16,
           "BLOCK_K": 128, "HEAD_DIM": 128, "HALF": 64, "BLOCK_HALF": 64, "BLOCK_SIZE": 16, "HAS_QK_NORM": True,
@@ -145,7 +148,7 @@ def _cases():
 CASES = ["rms_norm", "act_and_mul", "qkv_rope", "decode", "decode_last_ordered", "decode_reduce", "swap",
          "swap_last", "swap_router_prefetch", "swap_fp8_prefetch", "splitk_reduce", "fp8_gemv", "fp8_gemv_unrolled",
          "fp8_gemv_blocks", "moe_gate_up", "moe_down", "wna16_gemv", "wna16_gemvp_split_last", "decode_fp8_key_major",
-         "swap_stream", "moe_gate_up_norm", "moe_down_residual", "qkv_gemm_rope"]
+         "swap_stream", "moe_gate_up_norm", "moe_down_residual", "fp8_gemv_stream", "qkv_gemm_rope"]
 
 
 @pytest.mark.parametrize("name", CASES)
