@@ -13,7 +13,9 @@
 # moestream (Qwen3-30B-A3B batch 1, plain (A) against the residual stream kept whole (B,
 # PAGEDLLM_FUSED_NORM=1), alternated), moeqkv (the same with PAGEDLLM_FUSED_QKV_GEMM=1 too: the
 # rope/store in the qkv product's epilogue), streamtests (their GPU tests), w2stream (W2 bf16 A against B, both switches on),
-# w1int4 (W1 on Llama-3.1-8B: bf16 (A) against dummy gptq 4-bit weights (B), issue 19's 0.9x).
+# w1int4 (W1 on Llama-3.1-8B: bf16 (A) against dummy gptq 4-bit weights (B), issue 19's 0.9x),
+# int4gemm (wna16_bench.py --swap at 64 / 256 rows), w1int4swap (w1int4 with PAGEDLLM_WNA16_SWAP=1
+# PAGEDLLM_WNA16_GEMM=swap: the tensor-core W4A16 GEMM).
 # Logs in one archive in $OUT; a summary last.
 #     OUT=$OUT bash benchmarks/where_gpu.sh
 #     STEPS="moeprof w1order" bash benchmarks/where_gpu.sh   # any of moeprof w2int4prof w1fp8prof order w1order
@@ -103,6 +105,15 @@ if step w1int4 $((ROUNDS * 2 * 200)); then  # issue 19's W1: Llama-3.1-8B, 256 r
     --model benchmarks/configs/llama-3.1-8b --skip-tokenizer-init > "$OUT/w1int4.log" 2>&1
   echo "w1int4 rc=$? at ${SECONDS} s"
 fi
+if step int4gemm 200; then  # the 4-bit swap-AB kernel as a GEMM at 64 / 256 rows against dequantize + cuBLAS and bf16
+  OUT="$OUT" timeout 200 $PY benchmarks/wna16_bench.py --swap --rows 64 256 --skip-check --budget-s 150 \
+    > "$OUT/int4gemm.log" 2>&1; echo "int4gemm rc=$? at ${SECONDS} s"
+fi
+if step w1int4swap $((ROUNDS * 2 * 200)); then  # W1 Llama-3.1-8B: bf16 (A) against gptq, N-major layout + the swap GEMM (B)
+  B_ARGS="--quantization gptq" B_ENV="PAGEDLLM_WNA16_SWAP=1 PAGEDLLM_WNA16_GEMM=swap" ROUNDS=$ROUNDS \
+    OUT="$OUT/w1int4swap" bash benchmarks/ab_w1.sh --model benchmarks/configs/llama-3.1-8b --skip-tokenizer-init \
+    > "$OUT/w1int4swap.log" 2>&1; echo "w1int4swap rc=$? at ${SECONDS} s"
+fi
 if [[ " $STEPS " == *" w2 "* ]]; then  # W2 Llama-3.1-8B batch 1: bf16, FP8 weights, dummy gptq 4-bit weights
   for q in bf16 fp8 gptq; do
     fits 45 "w2 $q" || continue
@@ -135,6 +146,8 @@ for v in bf16 fp8; do
 done
 echo "=== W1: A bf16 KV, B FP8 KV ==="; grep -E "round|median" "$OUT/w1kv.log" 2>/dev/null
 echo "=== W1 Llama-3.1-8B: A bf16, B gptq 4-bit ==="; grep -E "round|median" "$OUT/w1int4.log" 2>/dev/null
+echo "=== W1 Llama-3.1-8B: A bf16, B gptq N-major + swap GEMM ==="; grep -E "round|median" "$OUT/w1int4swap.log" 2>/dev/null
+[ -f "$OUT/int4gemm.log" ] && { echo "=== int4 GEMM (us a layer; sums) ==="; grep -A4 "^sum over" "$OUT/int4gemm.log"; }
 echo "=== Qwen3-30B-A3B batch 1 (ms/token): moemerge B last split merges; moestream B PAGEDLLM_FUSED_NORM=1; moeqkv B and QKV_GEMM=1; moetree A another tree ==="
 for f in "$OUT"/moe_*.log; do [ -f "$f" ] && echo "$(basename "$f" .log): $(grep -h "batch 1:" "$f" | cut -c1-60)"; done
 tar czf /tmp/where_gpu_logs.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/where_gpu_logs.tgz "$OUT/"  # one file back (the device returns few)

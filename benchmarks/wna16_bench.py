@@ -15,9 +15,12 @@ instead, at 1 / 4 / 16 rows by default, beside bf16 cuBLAS and the K-packed int4
 symmetric and asymmetric, bf16 and fp16, 1-47 rows, the PTX dequantization equal to the plain one
 bit for bit), then per shape a small sweep of SwapConfigs, each checked against the reference
 before it is timed; prints a table, the best config per shape and row count, and the sums over
-32 layers. About 1-2 minutes on an H200 (--budget-s caps the sweep):
+32 layers. About 1-2 minutes on an H200 (--budget-s caps the sweep). From 48 rows the "int4 old"
+column is what the engine runs there (the weight dequantized, then cuBLAS) and the sweep takes the
+GEMM's tiles (64 / 128 activation rows a program, PAGEDLLM_WNA16_GEMM=swap):
 
     PYTHONPATH=. python benchmarks/wna16_bench.py --swap [--rows 1 4 16] [--group 128] [--budget-s 90]
+    PYTHONPATH=. python benchmarks/wna16_bench.py --swap --rows 64 256 --skip-check   # the W4A16 GEMM
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fp8_bench import LAYERS, SHAPES, graph_time  # noqa: E402
 
-from pagedllm.kernels.wna16 import quantize_wna16_torch, wna16_linear_torch  # noqa: E402
+from pagedllm.kernels.wna16 import DENSE_MIN_ROWS, quantize_wna16_torch, wna16_linear_torch  # noqa: E402
 from pagedllm.kernels.wna16_triton import default_config, dequantize_wna16_triton, wna16_gemm_triton  # noqa: E402
 
 ROWS = [1, 16, 64, 256]
@@ -109,12 +112,21 @@ def correctness(dev: str) -> None:
           f"M 1..300), worst max error {worst:.4f} of the reference's max", flush=True)
 
 
-def swap_sweep(n: int, k: int, group_k: int) -> list:
+def swap_sweep(n: int, k: int, group_k: int, m: int = 1) -> list:
     """SwapConfigs around the default: 64-wide weight tiles with K steps of 128 / 256, 128-wide
     ones (8 warps) with 128, one 32-wide (mma.sync), split-K 1-8 while the programs stay under
-    1024 and each split keeps two K steps."""
+    1024 and each split keeps two K steps. More than 16 rows (the GEMM): 128-wide weight tiles
+    against 64 (4 warps) or 128 (8 warps) activation rows, K steps of 64 / 128, split-K 1-4."""
     from pagedllm.kernels.swap_gemm_triton import SwapConfig
 
+    if m > 16:
+        gemm = []
+        for bm, warps in ((64, 4), (128, 8)):
+            for bk in (64, 128):
+                for split in (1, 2, 4):
+                    if k >= 2 * bk * split and (group_k == 0 or group_k % bk == 0 or bk % group_k == 0):
+                        gemm.append(SwapConfig(128, bk, split, warps, 3, block_m=bm))
+        return gemm
     cfgs = []
     for bn, warps, bks in ((64, 4, (128, 256)), (128, 8, (128,))):
         for bk in bks:
@@ -127,7 +139,7 @@ def swap_sweep(n: int, k: int, group_k: int) -> list:
 
 
 def _fields(cfg) -> tuple:
-    return (cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_warps, cfg.num_stages)
+    return (cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_warps, cfg.num_stages, cfg.block_m)
 
 
 def swap_correctness(dev: str) -> None:
@@ -183,14 +195,18 @@ def swap_main(args) -> None:
             x = torch.randn(m, k, device=dev, generator=g, dtype=torch.bfloat16)
             ref = wna16_int4_nk_linear_torch(x, *news[0])
             row: dict = {"bf16": graph_time(lambda x=x, ws=ws: [torch.nn.functional.linear(x, w) for w in ws])}
-            old_cfg = default_config(m, n, k, gk, 4)
-            row["old"] = graph_time(
-                lambda x=x, c=old_cfg, qs=olds: [wna16_gemm_triton(x, q, s, z, 4, config=c) for q, s, z in qs]
-            )
+            if m >= DENSE_MIN_ROWS:  # what the engine runs there: the weight dequantized, then cuBLAS
+                row["old"] = graph_time(lambda x=x, qs=olds: [
+                    x @ dequantize_wna16_triton(q, s, z, 4, x.dtype) for q, s, z in qs])
+            else:
+                old_cfg = default_config(m, n, k, gk, 4)
+                row["old"] = graph_time(
+                    lambda x=x, c=old_cfg, qs=olds: [wna16_gemm_triton(x, q, s, z, 4, config=c) for q, s, z in qs]
+                )
             dflt = swap_default(m, n, k, gk)
             over = time.time() - t0 > args.budget_s
-            sweep_cfgs = [] if args.no_sweep or over else swap_sweep(n, k, gk)
-            if m not in (1, 16) and top:  # rows between: the three best at 1 row
+            sweep_cfgs = [] if args.no_sweep or over else swap_sweep(n, k, gk, m)
+            if m not in (1, 16) and m <= 16 and top:  # rows between: the three best at 1 row
                 sweep_cfgs = top[:3]
             cfgs = [dflt] + [c for c in sweep_cfgs if c != dflt]
             timed = time_configs(
@@ -216,7 +232,7 @@ def swap_main(args) -> None:
                for key in ("bf16", "old", "swap_default", "swap_best")}
         print(f"{m:5d} {tot['bf16']:8.3f} {tot['old']:8.3f} {tot['swap_default']:9.3f} {tot['swap_best']:9.3f} "
               f"{tot['bf16'] / tot['swap_best']:8.2f}x")
-    print("\nbest SwapConfig per shape (block_n, block_k, split_k, num_warps, num_stages):")
+    print("\nbest SwapConfig per shape (block_n, block_k, split_k, num_warps, num_stages, block_m):")
     for name, (n, k) in SHAPES.items():
         per_m = {m: results[f"{name}:{m}"]["swap_best_cfg"] for m in args.rows}
         print(f"  ({n}, {k}): " + ", ".join(f"{m} rows {_fields(c)}" for m, c in per_m.items()))

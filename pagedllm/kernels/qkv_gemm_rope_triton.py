@@ -33,11 +33,11 @@ from pagedllm.kernels.qkv_rope import _SWAP_ROWS
 from pagedllm.kernels.qkv_rope_triton import _norm_rotate, _rounded_row, _store_k, _store_v
 from pagedllm.kernels.swap_gemm_triton import (
     SWAP_BLOCK_M,
+    SwapConfig,
     _epilogue,
     _split,
     _sum_splits,
     _swap_product,
-    SwapConfig,
     norm_residual_args,
 )
 

@@ -78,6 +78,8 @@ class SwapConfig:
     num_warps: int = 4
     num_stages: int = 3
     reduce: str = "kernel"  # the workspace's sum: "kernel" (a reduce kernel) or "last" (the last split)
+    block_m: int = SWAP_BLOCK_M  # activation rows per program: the MMA's N side (the 4-bit kernel's tiles of
+    # 64 / 128 rows make it a GEMM for large batches; the 16-bit and FP8 kernels keep SWAP_BLOCK_M)
 
     def __post_init__(self) -> None:
         if self.reduce not in REDUCES:
@@ -358,8 +360,9 @@ def swap_gemm(
         SCALED=scaled, GROUP_K=group_k, HAS_BIAS=bias is not None, EVEN_K=k_split * split_k == k,
         SPLIT_K=split_k, WORKSPACE=workspace, LAST=last, TOP_K=0, RENORMALIZE=False, BLOCK_E=1,
         BLOCK_TOPK=1, BLOCK_M=SWAP_BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        OPERANDS=_operands(x, weight, weight_scale), FP16_MAX_=FP16_MAX, **_norm_residual_switches(m, k, norm, residual),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_weights(x, weight, cfg.block_k),
+        OPERANDS=_operands(x, weight, weight_scale), FP16_MAX_=FP16_MAX,
+        **_norm_residual_switches(m, k, norm, residual), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **pdl_weights(x, weight, cfg.block_k),
     )  # fmt: skip
     if workspace and not last:
         block = 1024

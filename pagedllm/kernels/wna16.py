@@ -35,6 +35,7 @@ kernel: RESULTS.md).
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -207,15 +208,29 @@ def wna16_int4_nk_linear_torch(x: torch.Tensor, qweight: torch.Tensor, scales: t
     return y.to(x.dtype)
 
 
+@functools.cache
+def large_gemm() -> str:
+    """How the N-major layout multiplies DENSE_MIN_ROWS rows or more: "dense" (the weight
+    dequantized to x's dtype, then cuBLAS; the default) or, with PAGEDLLM_WNA16_GEMM=swap, the
+    swap-AB kernel with 64- / 128-row activation tiles (a tensor-core W4A16 GEMM, the weight
+    dequantized in registers as the MMA's register operand; not yet measured on the H200). Read
+    once per process."""
+    value = os.environ.get("PAGEDLLM_WNA16_GEMM", "dense").strip().lower() or "dense"
+    if value not in ("dense", "swap"):
+        raise ValueError(f"PAGEDLLM_WNA16_GEMM={value!r}: expected dense or swap")
+    return value
+
+
 def wna16_int4_nk_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                          zeros: torch.Tensor | None, bias: torch.Tensor | None = None) -> torch.Tensor:
     """y = x @ w.T (+ bias) with a 4-bit weight in the N-major layout; x [M, K] -> [M, N]. CUDA:
-    the swap-AB kernel up to DENSE_MIN_ROWS rows (16 rows per launch), from there the weight
-    dequantized to x's dtype and cuBLAS. Elsewhere: the dequantized weight and x's GEMM."""
+    the swap-AB kernel up to DENSE_MIN_ROWS rows (16 rows a program), from there the weight
+    dequantized to x's dtype and cuBLAS (or the swap-AB GEMM: large_gemm). Elsewhere: the
+    dequantized weight and x's GEMM."""
     if use_triton(x):
         from pagedllm.kernels.wna16_swap_triton import dequantize_int4_nk_triton, wna16_swap_gemm
 
-        if x.shape[0] >= DENSE_MIN_ROWS:
+        if x.shape[0] >= DENSE_MIN_ROWS and large_gemm() == "dense":
             return torch.nn.functional.linear(x, dequantize_int4_nk_triton(qweight, scales, zeros, x.dtype), bias)
         return wna16_swap_gemm(x, qweight, scales, zeros, bias)
     if x.device.type == "cpu":

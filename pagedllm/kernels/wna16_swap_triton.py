@@ -158,7 +158,7 @@ def int4_words_to_16bit(w, z, s, SCALE: tl.constexpr, ASM: tl.constexpr):
 
 @triton.jit
 def _swap_int4_kernel(
-    x_ptr,  # [M, K] activations, M <= BLOCK_M
+    x_ptr,  # [M, K] activations (BLOCK_M rows a program: the grid's third axis)
     w_ptr,  # [N, K/8] int32, N-major interleaved (wna16.py)
     s_ptr,  # [N, G] scales
     z_ptr,  # [N, G] zeros in any float dtype (read when HAS_ZERO)
@@ -180,7 +180,7 @@ def _swap_int4_kernel(
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rn < N
     rn64 = rn.to(tl.int64)
-    rm = tl.arange(0, BLOCK_M)
+    rm = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     m_mask = rm < M
     rk = tl.arange(0, BLOCK_K)
     rkw = tl.arange(0, BLOCK_KW)
@@ -267,19 +267,27 @@ def _dequant_int4_nk_kernel(
 
 
 def default_config(m: int, n: int, k: int, group_k: int) -> SwapConfig:
-    """64-wide weight tiles (the H200's wgmma), 128-wide K steps, and split-K by powers of two
-    while the programs stay within about two per SM of an H200 (132) and each split keeps four K
-    steps. A guess fitted to nothing yet: benchmarks/wna16_bench.py --swap sweeps it."""
-    block_n, block_k = 64, 128
-    tiles = -(-n // block_n)
+    """Up to SWAP_BLOCK_M rows: 64-wide weight tiles (the H200's wgmma), 128-wide K steps. More
+    rows (the GEMM): 128-wide weight tiles against 64 or 128 activation rows a program (one or two
+    warpgroups; sm_90 compiles them to wgmma with the dequantized weight as the register operand,
+    nothing spilled), 64-wide K steps. Split-K by powers of two while the programs stay within
+    about two per SM of an H200 (132) and each split keeps four K steps. A guess fitted to nothing
+    yet: benchmarks/wna16_bench.py --swap sweeps it."""
+    if m <= SWAP_BLOCK_M:
+        block_m, block_n, block_k, warps = SWAP_BLOCK_M, 64, 128, 4
+    else:
+        block_m = 64 if m <= 64 else 128
+        block_n, block_k, warps = 128, 64, 4 if block_m == 64 else 8
+    tiles = -(-n // block_n) * -(-m // block_m)
     split_k = 1
     while 2 * split_k * tiles <= 264 and split_k < 8 and k >= 4 * block_k * (2 * split_k):
         split_k *= 2
-    return SwapConfig(block_n, block_k, split_k, num_warps=4, num_stages=4 if split_k == 1 else 3)
+    return SwapConfig(block_n, block_k, split_k, num_warps=warps, num_stages=4 if split_k == 1 and m <= SWAP_BLOCK_M
+                      else 3, block_m=block_m)
 
 
 def wna16_swap_gemm(
-    x: torch.Tensor,  # [M, K]; 16 rows a launch
+    x: torch.Tensor,  # [M, K]: cfg.block_m rows a program
     qweight: torch.Tensor,  # [N, K/8] int32, N-major interleaved
     scales: torch.Tensor,  # [N, G]
     zeros: torch.Tensor | None,  # [N, G] or None (symmetric: 8)
@@ -307,26 +315,22 @@ def wna16_swap_gemm(
     split_k = triton.cdiv(k, k_split)  # no empty split
     z = zeros if zeros is not None else scales  # an unused pointer when symmetric
     b = bias if bias is not None else scales  # likewise without a bias
-    ws = torch.empty((split_k, min(m, SWAP_BLOCK_M), n), dtype=torch.float32, device=x.device) if split_k > 1 else None
-    for r0 in range(0, m, SWAP_BLOCK_M):
-        xr, outr = x[r0 : r0 + SWAP_BLOCK_M], out[r0 : r0 + SWAP_BLOCK_M]
-        mr = xr.shape[0]
-        dst = outr if ws is None else ws
-        _swap_int4_kernel[(triton.cdiv(n, cfg.block_n), split_k)](
-            xr, qweight, scales, z, b, dst, mr, n, k, k_split,
-            xr.stride(0), qweight.stride(0), scales.stride(0), outr.stride(0),
-            GROUP_K=group_k, HAS_ZERO=zeros is not None, HAS_BIAS=bias is not None,
-            EVEN_K=k_split * split_k == k, SPLIT_K=split_k, BLOCK_M=SWAP_BLOCK_M, BLOCK_N=cfg.block_n,
-            BLOCK_K=block_k, W_BF16=x.dtype == torch.bfloat16, ASM=asm, FP16_MAX_=FP16_MAX,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    ws = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device) if split_k > 1 else None
+    _swap_int4_kernel[(triton.cdiv(n, cfg.block_n), split_k, triton.cdiv(m, cfg.block_m))](
+        x, qweight, scales, z, b, out if ws is None else ws, m, n, k, k_split,
+        x.stride(0), qweight.stride(0), scales.stride(0), out.stride(0),
+        GROUP_K=group_k, HAS_ZERO=zeros is not None, HAS_BIAS=bias is not None,
+        EVEN_K=k_split * split_k == k, SPLIT_K=split_k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        BLOCK_K=block_k, W_BF16=x.dtype == torch.bfloat16, ASM=asm, FP16_MAX_=FP16_MAX,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    if ws is not None:
+        block = 1024
+        _splitk_reduce_kernel[(triton.cdiv(n, block), m)](
+            ws, scales, b, out, m, n, scales.stride(0), out.stride(0),
+            SPLIT_K=split_k, SCALED=group_k == 0, GROUP_K=0, HAS_BIAS=bias is not None, BLOCK=block,
+            num_warps=4,
         )  # fmt: skip
-        if ws is not None:
-            block = 1024
-            _splitk_reduce_kernel[(triton.cdiv(n, block), mr)](
-                ws, scales, b, outr, mr, n, scales.stride(0), outr.stride(0),
-                SPLIT_K=split_k, SCALED=group_k == 0, GROUP_K=0, HAS_BIAS=bias is not None, BLOCK=block,
-                num_warps=4,
-            )  # fmt: skip
     return out
 
 

@@ -257,6 +257,43 @@ def test_wna16_int4_nk_dispatch(m):
     _close(wna16_int4_nk_linear(x, qn, sn, zn, b), wna16_int4_nk_linear_torch(x, qn, sn, zn, b), torch.bfloat16)
 
 
+@pytest.mark.parametrize("m", [48, 64, 200, 256])
+@pytest.mark.parametrize("n,k", [(6144, 4096), (28672, 4096), (4096, 14336)])
+@pytest.mark.parametrize("group_k,symmetric", [(128, True), (32, False)])
+def test_wna16_swap_gemm(m, n, k, group_k, symmetric):
+    """The swap-AB kernel as a GEMM (64- / 128-row activation tiles, default_config) at W1's batch
+    sizes on Llama-3.1-8B's projections."""
+    check_wna16_swap("cuda", torch.bfloat16, m, n, k, group_k, symmetric, bias=m == 48)
+
+
+@pytest.mark.parametrize("m", [48, 300])
+def test_wna16_int4_nk_dispatch_swap_gemm(m, monkeypatch):
+    """PAGEDLLM_WNA16_GEMM=swap sends DENSE_MIN_ROWS rows and more to the swap-AB GEMM, not
+    dequantize + cuBLAS; the same products, also replayed from a CUDA graph."""
+    from pagedllm.kernels import wna16
+
+    monkeypatch.setenv("PAGEDLLM_WNA16_GEMM", "swap")
+    wna16.large_gemm.cache_clear()
+    try:
+        assert wna16.large_gemm() == "swap"
+        g = torch.Generator().manual_seed(m)
+        qn, sn, zn = _nk_weights(4096, 4096, 128, False, "cuda", g)
+        x = torch.randn(m, 4096, generator=g).to("cuda", torch.bfloat16)
+        y = wna16_int4_nk_linear(x, qn, sn, zn)
+        _close(y, wna16_int4_nk_linear_torch(x, qn, sn, zn), torch.bfloat16)
+        graph = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph):
+            y = wna16_int4_nk_linear(x, qn, sn, zn)
+        x.copy_(torch.randn(m, 4096, generator=g).to("cuda", torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        _close(y, wna16_int4_nk_linear_torch(x, qn, sn, zn), torch.bfloat16)
+    finally:
+        monkeypatch.delenv("PAGEDLLM_WNA16_GEMM")
+        wna16.large_gemm.cache_clear()
+
+
 def test_wna16_swap_under_cuda_graph():
     """Replayed from a CUDA graph with new inputs: the split-K workspace and the reduce are recorded."""
     g = torch.Generator().manual_seed(0)

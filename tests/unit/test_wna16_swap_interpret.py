@@ -50,6 +50,12 @@ _CASES = {
         {"bias": True, "config": [16, 32, 2, 4, 1]},
     ),
     "default_config": ("check_wna16_swap", [2, 40, 256, 128, True], {}),
+    # the GEMM: 64- and 128-row activation tiles over M (ragged), split-K, groups, zeros, bias
+    "gemm_m70_bm64_g64_asym_bias": ("check_wna16_swap", [70, 40, 256, 64, False],
+                                    {"bias": True, "config": [32, 64, 1, 4, 1, "kernel", 64]}),
+    "gemm_m150_bm128_split2_sym": ("check_wna16_swap", [150, 24, 256, 128, True],
+                                   {"config": [16, 64, 2, 4, 1, "kernel", 128]}),
+    "gemm_m100_default": ("check_wna16_swap", [100, 40, 512, 128, True], {}),
     "dequant_g32_asym": ("check_int4_nk_dequant", [40, 512, 32, False], {}),
     "dequant_channel_sym": ("check_int4_nk_dequant", [24, 264, None, True], {}),
 }
@@ -106,20 +112,26 @@ def _signature(x: str, split_k: int) -> dict:
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 @pytest.mark.parametrize(
-    "x, group_k, has_zero, block_n, block_k, split_k, warps",
-    [("bf16", 128, False, 64, 128, 1, 4), ("bf16", 128, True, 64, 128, 4, 4), ("bf16", 32, True, 64, 128, 1, 4),
-     ("fp16", 0, True, 128, 128, 2, 8), ("fp16", 128, False, 32, 128, 1, 4), ("bf16", 64, False, 64, 256, 2, 4)],
+    "x, group_k, has_zero, block_n, block_k, split_k, warps, block_m",
+    [("bf16", 128, False, 64, 128, 1, 4, 16), ("bf16", 128, True, 64, 128, 4, 4, 16),
+     ("bf16", 32, True, 64, 128, 1, 4, 16), ("fp16", 0, True, 128, 128, 2, 8, 16),
+     ("fp16", 128, False, 32, 128, 1, 4, 16), ("bf16", 64, False, 64, 256, 2, 4, 16),
+     ("bf16", 128, False, 128, 64, 1, 8, 128), ("bf16", 128, True, 128, 64, 2, 4, 64),
+     ("fp16", 32, False, 128, 64, 1, 8, 128)],
 )  # fmt: skip
-def test_swap_int4_kernel_compiles_for_sm90(x, group_k, has_zero, block_n, block_k, split_k, warps):
+def test_swap_int4_kernel_compiles_for_sm90(x, group_k, has_zero, block_n, block_k, split_k, warps, block_m):
     """Compiled for the H200 with the PTX dequantization: wgmma from 64-row weight tiles (mma.sync
     below) on operands of x's 16-bit type, the pairs made by lop3 with the magic number and
     sub / fma on 16-bit pairs (mul too where the scale goes into the tile), pipelined
-    asynchronous copies, no spills, the registers reported."""
+    asynchronous copies, no spills, the registers reported. The GEMM's tiles (64 or 128 rows of x
+    a program, the large-batch default_config): wgmma takes the dequantized weight from registers
+    (its A operand four registers, x's tile a shared-memory descriptor), no round trip through
+    shared memory."""
     from pagedllm.kernels import wna16_swap_triton as k
     from pagedllm.kernels.inspect_sm90 import compile_sm90, resources
 
     constexprs = {"GROUP_K": group_k, "HAS_ZERO": has_zero, "HAS_BIAS": True, "EVEN_K": True, "SPLIT_K": split_k,
-                  "BLOCK_M": 16, "BLOCK_N": block_n, "BLOCK_K": block_k, "W_BF16": x == "bf16", "ASM": True,
+                  "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "W_BF16": x == "bf16", "ASM": True,
                   "FP16_MAX_": 65504.0}  # fmt: skip
     compiled = compile_sm90(k._swap_int4_kernel, _signature(x, split_k), constexprs, num_warps=warps, num_stages=3,
                             aligned=("N", "K", "K_SPLIT", "stride_xm", "stride_wn", "stride_om"))  # fmt: skip
@@ -132,6 +144,12 @@ def test_swap_int4_kernel_compiles_for_sm90(x, group_k, has_zero, block_n, block
     assert ("sub.rn.bf16x2" if x == "bf16" else "fma.rn.f16x2") in ptx
     assert (("mul.rn.bf16x2" if x == "bf16" else "mul.f16x2") in ptx) == (0 < group_k < block_k)
     assert "cp.async" in ptx
+    if block_m > 16:
+        import re
+
+        wgmma = re.findall(r"wgmma\.mma_async[^;]*", ptx)
+        assert wgmma and all(re.search(r"\}, \{%r\d+,\s*%r\d+,\s*%r\d+,\s*%r\d+\}, %rd\d+", w) for w in wgmma), \
+            "the weight operand not in registers"
     r = resources(compiled)
     if r is not None:
         assert r["stack"] == 0 and 0 < r["regs"] <= 255, r
