@@ -19,8 +19,13 @@ exact: every value is a small integer. So x enters the MMA as it is (bf16 or fp1
 saturated to fp16). Scales, by the group size against BLOCK_K:
   - GROUP_K == 0 (per channel): the finished sum times the row's scale (the epilogue or the reduce);
   - BLOCK_K divides GROUP_K: each K tile's float32 partial times its group's scale (as FP8 does);
-  - GROUP_K < BLOCK_K: the 16-bit values times the scale rounded to x's type (`mul` on pairs; one
-    rounding, like a dequantized 16-bit weight; in fp16, scales below 6.1e-5 lose bits).
+  - GROUP_K < BLOCK_K, and the GEMM's tiles (BLOCK_M > 16): the 16-bit values times the scale
+    rounded to x's type (`mul` on pairs; one rounding, like a dequantized 16-bit weight, the dense
+    path's numerics; in fp16, scales below 6.1e-5 lose bits), the products accumulated in place.
+
+The grid is (row tiles, weight tiles, splits): BLOCK_M rows of x a program (16 for decode batches;
+64 / 128 make it a W4A16 GEMM, sm_90 feeding the dequantized weight tile to wgmma from registers),
+the row tiles of one weight tile side by side so that it comes from HBM once.
 
 ASM (a constexpr): True on the GPU makes the pairs through `tl.inline_asm_elementwise`; False
 computes the same values with shifts, masks and float32 math rounded once, which Triton's
@@ -158,7 +163,7 @@ def int4_words_to_16bit(w, z, s, SCALE: tl.constexpr, ASM: tl.constexpr):
 
 @triton.jit
 def _swap_int4_kernel(
-    x_ptr,  # [M, K] activations (BLOCK_M rows a program: the grid's third axis)
+    x_ptr,  # [M, K] activations (BLOCK_M rows a program: the grid's first axis)
     w_ptr,  # [N, K/8] int32, N-major interleaved (wna16.py)
     s_ptr,  # [N, G] scales
     z_ptr,  # [N, G] zeros in any float dtype (read when HAS_ZERO)
@@ -174,13 +179,18 @@ def _swap_int4_kernel(
 ):  # fmt: skip
     BLOCK_KW: tl.constexpr = BLOCK_K // 8
     W_DTYPE: tl.constexpr = tl.bfloat16 if W_BF16 else tl.float16
-    SCALE_IN_TILE: tl.constexpr = GROUP_K > 0 and BLOCK_K > GROUP_K
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
+    # the group scale multiplies the 16-bit weight tile (one rounding, as a dequantized weight) where a
+    # tile spans groups, and in the GEMM's tiles (64+ activation rows), where scaling each K tile's
+    # float32 partial would hold a second [BLOCK_N, BLOCK_M] accumulator and an FMA per element
+    SCALE_IN_TILE: tl.constexpr = GROUP_K > 0 and (BLOCK_K > GROUP_K or BLOCK_M > 16)
+    # grid (m tiles, n tiles, splits): the row tiles of one weight tile run side by side, so that
+    # the weight tile is read from HBM once and from L2 by the others
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rn < N
     rn64 = rn.to(tl.int64)
-    rm = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     m_mask = rm < M
     rk = tl.arange(0, BLOCK_K)
     rkw = tl.arange(0, BLOCK_KW)
@@ -207,21 +217,24 @@ def _swap_int4_kernel(
             xt = tl.load(x_cols + kk[:, None], mask=m_mask[None, :] & (kk < K)[:, None], other=0.0)
         z = z_fixed
         s = s_unit
-        if SCALE_IN_TILE:  # a group per word: [BLOCK_N, BLOCK_KW]
+        if SCALE_IN_TILE and BLOCK_K > GROUP_K:  # a group per word: [BLOCK_N, BLOCK_KW]
             g = (kw * 8 // GROUP_K)[None, :]
             s = tl.load(s_rows[:, None] + g, mask=w_mask, other=0.0).to(W_DTYPE)
             if HAS_ZERO:
                 z = tl.load(z_rows[:, None] + g, mask=w_mask, other=0.0).to(W_DTYPE)
-        elif GROUP_K > 0 and HAS_ZERO:  # one group for the tile
-            z = tl.load(z_rows + k0 // GROUP_K, mask=n_mask, other=0.0).to(W_DTYPE)[:, None]
+        elif GROUP_K > 0:  # one group for the tile
+            if SCALE_IN_TILE:
+                s = tl.load(s_rows + k0 // GROUP_K, mask=n_mask, other=0.0).to(W_DTYPE)[:, None]
+            if HAS_ZERO:
+                z = tl.load(z_rows + k0 // GROUP_K, mask=n_mask, other=0.0).to(W_DTYPE)[:, None]
         wt = int4_words_to_16bit(w, z, s, SCALE_IN_TILE, ASM)
         if xt.dtype != W_DTYPE:  # float32 x: fp16 operands, saturated
             xt = tl.clamp(xt.to(tl.float32), -FP16_MAX_, FP16_MAX_).to(tl.float16)
-        part = tl.dot(wt, xt)
         if GROUP_K > 0 and not SCALE_IN_TILE:
+            part = tl.dot(wt, xt)
             acc += part * tl.load(s_rows + k0 // GROUP_K, mask=n_mask, other=0.0).to(tl.float32)[:, None]
         else:
-            acc += part
+            acc = tl.dot(wt, xt, acc)
     out_mask = n_mask[:, None] & m_mask[None, :]
     if SPLIT_K == 1:
         if GROUP_K == 0:
@@ -316,7 +329,7 @@ def wna16_swap_gemm(
     z = zeros if zeros is not None else scales  # an unused pointer when symmetric
     b = bias if bias is not None else scales  # likewise without a bias
     ws = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device) if split_k > 1 else None
-    _swap_int4_kernel[(triton.cdiv(n, cfg.block_n), split_k, triton.cdiv(m, cfg.block_m))](
+    _swap_int4_kernel[(triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), split_k)](
         x, qweight, scales, z, b, out if ws is None else ws, m, n, k, k_split,
         x.stride(0), qweight.stride(0), scales.stride(0), out.stride(0),
         GROUP_K=group_k, HAS_ZERO=zeros is not None, HAS_BIAS=bias is not None,

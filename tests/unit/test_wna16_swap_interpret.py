@@ -122,7 +122,8 @@ def _signature(x: str, split_k: int) -> dict:
 def test_swap_int4_kernel_compiles_for_sm90(x, group_k, has_zero, block_n, block_k, split_k, warps, block_m):
     """Compiled for the H200 with the PTX dequantization: wgmma from 64-row weight tiles (mma.sync
     below) on operands of x's 16-bit type, the pairs made by lop3 with the magic number and
-    sub / fma on 16-bit pairs (mul too where the scale goes into the tile), pipelined
+    sub / fma on 16-bit pairs (mul too where the scale goes into the tile: a tile spanning
+    groups, or the GEMM's), pipelined
     asynchronous copies, no spills, the registers reported. The GEMM's tiles (64 or 128 rows of x
     a program, the large-batch default_config): wgmma takes the dequantized weight from registers
     (its A operand four registers, x's tile a shared-memory descriptor), no round trip through
@@ -142,7 +143,9 @@ def test_swap_int4_kernel_compiles_for_sm90(x, group_k, has_zero, block_n, block
     magic = "0x43004300" if x == "bf16" else "0x64006400"
     assert ptx.count(magic) >= 4 and "lop3.b32" in ptx
     assert ("sub.rn.bf16x2" if x == "bf16" else "fma.rn.f16x2") in ptx
-    assert (("mul.rn.bf16x2" if x == "bf16" else "mul.f16x2") in ptx) == (0 < group_k < block_k)
+    # the scale goes into the tile where a tile spans groups, and in the GEMM's tiles
+    assert (("mul.rn.bf16x2" if x == "bf16" else "mul.f16x2") in ptx) == (0 < group_k and (group_k < block_k
+                                                                                          or block_m > 16))
     assert "cp.async" in ptx
     if block_m > 16:
         import re
