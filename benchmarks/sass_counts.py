@@ -17,7 +17,8 @@ decode: the paged decode kernel at its default tiles, bf16 and FP8 caches, V blo
 ("hd") and key-major ("vt", FP8's layout), Qwen3-0.6B's group 2 and Llama-3.1-8B's 4: instructions
 a warp issues per tile, per key, registers. gemv: the 4-bit GEMV (float32 arithmetic) and gemvp
 (packed 16-bit, inline PTX), bf16 and fp16 activations, groups of 128, 32 x 1024 tiles and 8 warps
-(the W2 default): instructions a thread issues per 32-bit word of weights."""
+(the W2 default), and the N-major gemvn at its default tiles: instructions a thread issues per
+32-bit word of weights."""
 
 from __future__ import annotations
 
@@ -70,6 +71,28 @@ def gemv_rows():
             words = block_n * block_kw / (32 * warps)
             top = ", ".join(f"{k} {v}" for k, v in ops.most_common(6))
             print(f"{kind:5s} {dt}: {n / words:5.1f} a word, {resources(c)['regs']:3d} registers  [{top}]", flush=True)
+    gemvn_rows()
+
+
+def gemvn_rows():
+    """The N-major one-row GEMV (wna16_gemvn_triton.py) at its default tiles, groups of 128."""
+    from pagedllm.kernels import wna16_gemvn_triton as g
+    from pagedllm.kernels.inspect_sm90 import compile_sm90, main_loop, resources, sass
+
+    block_n, block_kw, _, warps = g.gemvn_config(4096, 4096, 128)
+    for dt in ("bf16", "fp16"):
+        sig = {"x_ptr": f"*{dt}", "w_ptr": "*i32", "s_ptr": f"*{dt}", "z_ptr": f"*{dt}", "b_ptr": f"*{dt}",
+               "out_ptr": f"*{dt}", "ws_ptr": "*fp32", "count_ptr": "*i32", "M": "i32", "N": "i32", "KW": "i32",
+               "KW_PER_SPLIT": "i32", "stride_xm": "i32", "stride_wn": "i32", "stride_sn": "i32", "stride_om": "i32"}
+        const = dict(GROUP_K=128, HAS_ZERO=False, HAS_BIAS=False, SPLIT_K=1, EVEN=True, BLOCK_N=block_n,
+                     BLOCK_KW=block_kw, ASM=True)
+        c = compile_sm90(g._wna16_gemvn_kernel, sig, const, warps, 2, aligned=("N", "KW", "KW_PER_SPLIT", "stride_xm",
+                                                                               "stride_wn", "stride_sn", "stride_om"))
+        ops = main_loop(sass(c) or "")
+        words = block_n * block_kw / (32 * warps)
+        top = ", ".join(f"{k} {v}" for k, v in ops.most_common(6))
+        print(f"gemvn {dt}: {sum(ops.values()) / words:5.1f} a word, {resources(c)['regs']:3d} registers  [{top}]",
+              flush=True)
 
 
 def main() -> None:

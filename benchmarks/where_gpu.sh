@@ -15,7 +15,8 @@
 # rope/store in the qkv product's epilogue), streamtests (their GPU tests), w2stream (W2 bf16 A against B, both switches on),
 # w1int4 (W1 on Llama-3.1-8B: bf16 (A) against dummy gptq 4-bit weights (B), issue 19's 0.9x),
 # int4gemm (wna16_bench.py --swap at 64 / 256 rows), w1int4swap (w1int4 with PAGEDLLM_WNA16_SWAP=1
-# PAGEDLLM_WNA16_GEMM=swap: the tensor-core W4A16 GEMM).
+# PAGEDLLM_WNA16_GEMM=swap: the tensor-core W4A16 GEMM), w2int4swap (W2 gptq: K-packed (A) against
+# the N-major layout, PAGEDLLM_WNA16_SWAP=1, its one-row gemvn (B)).
 # Logs in one archive in $OUT; a summary last.
 #     OUT=$OUT bash benchmarks/where_gpu.sh
 #     STEPS="moeprof w1order" bash benchmarks/where_gpu.sh   # any of moeprof w2int4prof w1fp8prof order w1order
@@ -113,6 +114,16 @@ if step w1int4swap $((ROUNDS * 2 * 200)); then  # W1 Llama-3.1-8B: bf16 (A) agai
   B_ARGS="--quantization gptq" B_ENV="PAGEDLLM_WNA16_SWAP=1 PAGEDLLM_WNA16_GEMM=swap" ROUNDS=$ROUNDS \
     OUT="$OUT/w1int4swap" bash benchmarks/ab_w1.sh --model benchmarks/configs/llama-3.1-8b --skip-tokenizer-init \
     > "$OUT/w1int4swap.log" 2>&1; echo "w1int4swap rc=$? at ${SECONDS} s"
+fi
+if [[ " $STEPS " == *" w2int4swap "* ]]; then  # W2 gptq: K-packed gemvp (A) against the N-major layout's gemvn (B)
+  for r in $(seq "$ROUNDS"); do
+    for v in A B; do
+      fits 45 "w2int4swap $v $r" || continue
+      env $([ $v = B ] && echo PAGEDLLM_WNA16_SWAP=1) timeout 45 $PY benchmarks/latency.py --peer none --iters 2 \
+        --quantization gptq --output-json "$OUT/w2int4swap_${v}_$r.json" > "$OUT/w2int4swap_${v}_$r.log" 2>&1
+      echo "w2int4swap $v round $r rc=$?: $(grep -E '^pagedllm:' "$OUT/w2int4swap_${v}_$r.log")"
+    done
+  done
 fi
 if [[ " $STEPS " == *" w2 "* ]]; then  # W2 Llama-3.1-8B batch 1: bf16, FP8 weights, dummy gptq 4-bit weights
   for q in bf16 fp8 gptq; do

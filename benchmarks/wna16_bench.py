@@ -214,6 +214,13 @@ def swap_main(args) -> None:
                 lambda c, x=x, qs=news: [wna16_swap_gemm(x, q, s, z, config=c) for q, s, z in qs], ref,
                 f"{name} m={m}")
             row["swap_default"] = timed[0][0] if timed and timed[0][1] == dflt else float("nan")
+            if m == 1:  # the N-major layout's one-row GEMV (what the dispatcher runs there)
+                from pagedllm.kernels.wna16_gemvn_triton import wna16_gemvn
+
+                check(wna16_gemvn(x, *news[0]), ref, f"gemvn {name}")
+                row["gemvn"] = graph_time(lambda x=x, qs=news: [wna16_gemvn(x, q, s, z) for q, s, z in qs])
+                gbs = nbytes / (row["gemvn"] * 1e-6) / 1e9
+                print(f"{name:8s} {m:4d} gemvn {row['gemvn']:7.1f} us ({gbs:5.0f} GB/s)", flush=True)
             best = min(timed, key=lambda tc: tc[0])
             if m == 1:
                 top = [c for _, c in sorted(timed, key=lambda tc: tc[0])]

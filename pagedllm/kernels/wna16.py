@@ -224,12 +224,15 @@ def large_gemm() -> str:
 def wna16_int4_nk_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                          zeros: torch.Tensor | None, bias: torch.Tensor | None = None) -> torch.Tensor:
     """y = x @ w.T (+ bias) with a 4-bit weight in the N-major layout; x [M, K] -> [M, N]. CUDA:
-    the swap-AB kernel up to DENSE_MIN_ROWS rows (16 rows a program), from there the weight
-    dequantized to x's dtype and cuBLAS (or the swap-AB GEMM: large_gemm). Elsewhere: the
-    dequantized weight and x's GEMM."""
+    one 16-bit row the N-major GEMV (wna16_gemvn_triton.py), then the swap-AB kernel up to
+    DENSE_MIN_ROWS rows (16 rows a program), from there the weight dequantized to x's dtype and
+    cuBLAS (or the swap-AB GEMM: large_gemm). Elsewhere: the dequantized weight and x's GEMM."""
     if use_triton(x):
+        from pagedllm.kernels.wna16_gemvn_triton import GEMVN_MAX_ROWS, wna16_gemvn
         from pagedllm.kernels.wna16_swap_triton import dequantize_int4_nk_triton, wna16_swap_gemm
 
+        if x.shape[0] <= GEMVN_MAX_ROWS and x.dtype in (torch.float16, torch.bfloat16):
+            return wna16_gemvn(x, qweight, scales, zeros, bias)
         if x.shape[0] >= DENSE_MIN_ROWS and large_gemm() == "dense":
             return torch.nn.functional.linear(x, dequantize_int4_nk_triton(qweight, scales, zeros, x.dtype), bias)
         return wna16_swap_gemm(x, qweight, scales, zeros, bias)

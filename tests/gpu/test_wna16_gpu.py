@@ -106,6 +106,19 @@ def check_wna16_swap(device, dtype, m, n, k, group_k=128, symmetric=True, bias=F
     _close(out, wna16_int4_nk_linear_torch(x, qn, sn, zn, b), torch.float16 if dtype == torch.float32 else dtype)
 
 
+def check_wna16_gemvn(device, dtype, m, n, k, group_k=128, symmetric=True, bias=False, config=None, seed=0):
+    """The N-major one-row GEMV (config: gemvn_config's fields) against the float32 reference."""
+    from pagedllm.kernels.wna16_gemvn_triton import wna16_gemvn
+
+    g = torch.Generator().manual_seed(seed)
+    qn, sn, zn = _nk_weights(n, k, group_k, symmetric, device, g, dtype)
+    x = torch.randn(m, k, generator=g).to(device=device, dtype=dtype)
+    b = (torch.randn(n, generator=g) * 0.1).to(device=device, dtype=dtype) if bias else None
+    out = wna16_gemvn(x, qn, sn, zn, b, config=tuple(config) if config else None)
+    assert out.dtype == dtype and out.shape == (m, n)
+    _close(out, wna16_int4_nk_linear_torch(x, qn, sn, zn, b), dtype)
+
+
 def check_int4_nk_dequant(device, dtype, n, k, group_k=128, symmetric=True, seed=0):
     from pagedllm.kernels.wna16_swap_triton import dequantize_int4_nk_triton
 
@@ -255,6 +268,14 @@ def test_wna16_int4_nk_dispatch(m):
     x = torch.randn(m, 4096, generator=g).to("cuda", torch.bfloat16)
     b = torch.randn(4096, generator=g).to("cuda", torch.bfloat16)
     _close(wna16_int4_nk_linear(x, qn, sn, zn, b), wna16_int4_nk_linear_torch(x, qn, sn, zn, b), torch.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n,k", [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (1000, 2048)])
+@pytest.mark.parametrize("group_k,symmetric", [(128, True), (32, False), (None, True)])
+def test_wna16_gemvn(dtype, n, k, group_k, symmetric):
+    """The N-major one-row GEMV at Llama-3.1-8B's projections (and a ragged N) at its default config."""
+    check_wna16_gemvn("cuda", dtype, 1, n, k, group_k, symmetric, bias=n == 1000)
 
 
 @pytest.mark.parametrize("m", [48, 64, 200, 256])

@@ -50,6 +50,13 @@ _CASES = {
         {"bias": True, "config": [16, 32, 2, 4, 1]},
     ),
     "default_config": ("check_wna16_swap", [2, 40, 256, 128, True], {}),
+    # the N-major one-row GEMV: one split and split-K (the last split adds), groups spanning words,
+    # per channel, asymmetric, bias, a ragged N and K tile; two rows (a program each)
+    "gemvn_g32_asym_bias": ("check_wna16_gemvn", [1, 20, 256, 32, False], {"bias": True, "config": [8, 16, 1, 4]}),
+    "gemvn_split3_channel": ("check_wna16_gemvn", [2, 24, 384, None, True], {"config": [8, 16, 3, 4]}),
+    "gemvn_g128_ragged_default": ("check_wna16_gemvn", [1, 40, 640, 128, True], {}),
+    "gemvn_one_group_tiles_asym_split": ("check_wna16_gemvn", [1, 40, 512, 32, False],
+                                         {"bias": True, "config": [16, 4, 2, 4]}),
     # the GEMM: 64- and 128-row activation tiles over M (ragged), split-K, groups, zeros, bias
     "gemm_m70_bm64_g64_asym_bias": ("check_wna16_swap", [70, 40, 256, 64, False],
                                     {"bias": True, "config": [32, 64, 1, 4, 1, "kernel", 64]}),
@@ -59,7 +66,8 @@ _CASES = {
     "dequant_g32_asym": ("check_int4_nk_dequant", [40, 512, 32, False], {}),
     "dequant_channel_sym": ("check_int4_nk_dequant", [24, 264, None, True], {}),
 }
-_DTYPES = {"check_wna16_swap": ["bfloat16", "float16", "float32"], "check_int4_nk_dequant": ["float16", "float32"]}
+_DTYPES = {"check_wna16_swap": ["bfloat16", "float16", "float32"], "check_int4_nk_dequant": ["float16", "float32"],
+           "check_wna16_gemvn": ["bfloat16", "float16"]}
 _KEYS = [f"{name}:{dt}" for name, case in _CASES.items() for dt in _DTYPES[case[0]]]
 
 
@@ -168,3 +176,27 @@ def test_switch(monkeypatch):
     monkeypatch.setenv("PAGEDLLM_WNA16_SWAP", "maybe")
     with pytest.raises(ValueError, match="PAGEDLLM_WNA16_SWAP"):
         swap_enabled()
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+@pytest.mark.parametrize("x, group_k, has_zero", [("bf16", 128, False), ("fp16", 32, True), ("bf16", 0, True)])
+def test_gemvn_kernel_compiles_for_sm90(x, group_k, has_zero):
+    """The N-major one-row GEMV at its default tiles compiles for the H200 with the packed 16-bit
+    dequantization (lop3 with the magic number, products on 16-bit pairs), nothing spilled."""
+    from pagedllm.kernels import wna16_gemvn_triton as g
+    from pagedllm.kernels.inspect_sm90 import compile_sm90, resources
+
+    block_n, block_kw, _, warps = g.gemvn_config(4096, 4096, group_k)
+    sig = {"x_ptr": f"*{x}", "w_ptr": "*i32", "s_ptr": f"*{x}", "z_ptr": f"*{x}", "b_ptr": f"*{x}", "out_ptr": f"*{x}",
+           "ws_ptr": "*fp32", "count_ptr": "*i32", "M": "i32", "N": "i32", "KW": "i32", "KW_PER_SPLIT": "i32",
+           "stride_xm": "i32", "stride_wn": "i32", "stride_sn": "i32", "stride_om": "i32"}
+    constexprs = {"GROUP_K": group_k, "HAS_ZERO": has_zero, "HAS_BIAS": False, "SPLIT_K": 2, "EVEN": True,
+                  "BLOCK_N": block_n, "BLOCK_KW": block_kw, "ASM": True}
+    compiled = compile_sm90(g._wna16_gemvn_kernel, sig, constexprs, num_warps=warps, num_stages=2,
+                            aligned=("N", "KW", "KW_PER_SPLIT", "stride_xm", "stride_wn", "stride_sn", "stride_om"))
+    ptx = compiled.asm["ptx"]
+    assert ptx.count("0x43004300" if x == "bf16" else "0x64006400") >= 2 and "lop3.b32" in ptx
+    assert ("fma.rn.bf16x2" if x == "bf16" else "fma.rn.f16x2") in ptx
+    r = resources(compiled)
+    if r is not None:
+        assert r["stack"] == 0, r
