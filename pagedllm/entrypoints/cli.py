@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
         usage="pagedllm serve [MODEL] [options]",
     )
     add_server_args(serve, positional_model=True)
-    from pagedllm.planner import add_plan_args
+    from pagedllm.planner_cli import add_plan_args
 
     plan = sub.add_parser(
         "plan",
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     ns = parser.parse_args(argv)
     if ns.command == "plan":
-        from pagedllm.planner import run_plan
+        from pagedllm.planner_cli import run_plan
 
         return run_plan(ns)
     if ns.command == "router":
