@@ -248,6 +248,28 @@ def _gemvp_word_emulated(w, x04, x15, x26, x37, off, off_hi, FP16: tl.constexpr)
 
 
 @triton.jit
+def gemvp_word_sums(w, xa, xb, xc, xd, zero, act: tl.constexpr, ASM: tl.constexpr):
+    """Each 4-bit word's eight values minus `zero` times its activations, summed (float32): the
+    word's nibble pairs (0, 4), (1, 5), (2, 6), (3, 7) meet the activation pairs xa .. xd (int32
+    registers of two 16-bit floats of `act`), in packed 16-bit arithmetic (_GEMVP_ASM_*) or, ASM
+    False, its steps in Triton ops. q - zero = (MAGIC + q) - (MAGIC + zero); fp16's high nibbles
+    are 1024 + 16 q: x / 16 - (64 + zero)."""
+    FP16: tl.constexpr = act == tl.float16
+    MAGIC_F: tl.constexpr = 1024.0 if FP16 else 128.0
+    off = (MAGIC_F + zero).to(act).to(tl.int16, bitcast=True).to(tl.int32)
+    off = _pair_bits(off, off)
+    off_hi = (-(MAGIC_F / 16) - zero).to(act).to(tl.int16, bitcast=True).to(tl.int32)
+    off_hi = _pair_bits(off_hi, off_hi)
+    if ASM:
+        wsum = tl.inline_asm_elementwise(
+            _GEMVP_ASM_F16 if FP16 else _GEMVP_ASM_BF16, "=f,r,r,r,r,r,r,r", [w, xa, xb, xc, xd, off, off_hi],
+            dtype=tl.float32, is_pure=True, pack=1)  # fmt: skip
+    else:
+        wsum = _gemvp_word_emulated(w, xa, xb, xc, xd, off, off_hi, FP16)
+    return wsum
+
+
+@triton.jit
 def _wna16_gemv_packed_kernel(
     x_ptr,  # [M, K] activations, float16 or bfloat16 (rows 4-byte aligned: read as int32 pairs)
     w_ptr,  # [K/8, N] int32, 4-bit values
@@ -276,8 +298,6 @@ def _wna16_gemv_packed_kernel(
     pdl_release(PDL)
     pdl_wait(PDL)
     act: tl.constexpr = x_ptr.dtype.element_ty
-    FP16: tl.constexpr = act == tl.float16
-    MAGIC_F: tl.constexpr = 1024.0 if FP16 else 128.0
     m = tl.program_id(0).to(tl.int64)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     pid_k = tl.program_id(2)
@@ -307,9 +327,6 @@ def _wna16_gemv_packed_kernel(
                 zero = tl.load(z_ptr + s_off, mask=s_mask, other=0.0).to(tl.float32)
             else:
                 zero = tl.full([BLOCK_KW, BLOCK_N], 8.0, tl.float32)
-        # q - zero = (MAGIC + q) - (MAGIC + zero); fp16's high nibbles 1024 + 16 q: x / 16 - (64 + zero)
-        offset = (MAGIC_F + zero).to(act)
-        offset_hi = (-(MAGIC_F / 16) - zero).to(act)
         xw0 = tl.load(x_words + rows * 4, mask=r_mask, other=0)  # (x0, x1) of each word row
         xw1 = tl.load(x_words + rows * 4 + 1, mask=r_mask, other=0)  # (x2, x3)
         xw2 = tl.load(x_words + rows * 4 + 2, mask=r_mask, other=0)  # (x4, x5)
@@ -318,16 +335,7 @@ def _wna16_gemv_packed_kernel(
         x15 = _pair_bits(xw0 >> 16, xw2 >> 16)[:, None]
         x26 = _pair_bits(xw1, xw3)[:, None]
         x37 = _pair_bits(xw1 >> 16, xw3 >> 16)[:, None]
-        off = offset.to(tl.int16, bitcast=True).to(tl.int32)
-        off = _pair_bits(off, off)
-        off_hi = offset_hi.to(tl.int16, bitcast=True).to(tl.int32)
-        off_hi = _pair_bits(off_hi, off_hi)
-        if ASM:
-            wsum = tl.inline_asm_elementwise(
-                _GEMVP_ASM_F16 if FP16 else _GEMVP_ASM_BF16, "=f,r,r,r,r,r,r,r", [w, x04, x15, x26, x37, off, off_hi],
-                dtype=tl.float32, is_pure=True, pack=1)  # fmt: skip
-        else:
-            wsum = _gemvp_word_emulated(w, x04, x15, x26, x37, off, off_hi, FP16)
+        wsum = gemvp_word_sums(w, x04, x15, x26, x37, zero, act, ASM)
         if GROUP_K > 0:
             acc += wsum * tl.load(s_ptr + s_off, mask=s_mask, other=0.0).to(tl.float32)
         else:

@@ -24,14 +24,7 @@ import triton
 import triton.language as tl
 
 from pagedllm.kernels.counters import counters
-from pagedllm.kernels.wna16_gemv_triton import (
-    _GEMVP_ASM_BF16,
-    _GEMVP_ASM_F16,
-    _gemv_store,
-    _gemvp_word_emulated,
-    _pair_bits,
-    _rows_as_int32_pairs,
-)
+from pagedllm.kernels.wna16_gemv_triton import _gemv_store, _rows_as_int32_pairs, gemvp_word_sums
 
 # rows the dispatcher sends here (wna16.wna16_int4_nk_linear); more go to the swap-AB kernel, which
 # reads the weight once for up to 16 rows
@@ -57,8 +50,6 @@ def _wna16_gemvn_kernel(
     # a K tile inside one group (tiles start at multiples of BLOCK_KW words: the splits are too)
     ONE_GROUP: tl.constexpr = GROUP_K > 0 and GROUP_K % (BLOCK_KW * 8) == 0
     act: tl.constexpr = x_ptr.dtype.element_ty
-    FP16: tl.constexpr = act == tl.float16
-    MAGIC_F: tl.constexpr = 1024.0 if FP16 else 128.0
     m = tl.program_id(0).to(tl.int64)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     pid_k = tl.program_id(2)
@@ -95,21 +86,11 @@ def _wna16_gemvn_kernel(
                 zero = tl.load(z_ptr + s_off, mask=s_mask, other=0.0).to(tl.float32)
             else:
                 zero = tl.full([1, BLOCK_N], 8.0, tl.float32)
-        # q - zero = (MAGIC + q) - (MAGIC + zero); fp16's high nibbles 1024 + 16 q: x / 16 - (64 + zero)
-        off = (MAGIC_F + zero).to(act).to(tl.int16, bitcast=True).to(tl.int32)
-        off = _pair_bits(off, off)
-        off_hi = (-(MAGIC_F / 16) - zero).to(act).to(tl.int16, bitcast=True).to(tl.int32)
-        off_hi = _pair_bits(off_hi, off_hi)
         x01 = tl.load(x_words + cols * 4, mask=c_mask, other=0)[:, None]  # (x0, x1) of each word
         x23 = tl.load(x_words + cols * 4 + 1, mask=c_mask, other=0)[:, None]
         x45 = tl.load(x_words + cols * 4 + 2, mask=c_mask, other=0)[:, None]
         x67 = tl.load(x_words + cols * 4 + 3, mask=c_mask, other=0)[:, None]
-        if ASM:
-            wsum = tl.inline_asm_elementwise(
-                _GEMVP_ASM_F16 if FP16 else _GEMVP_ASM_BF16, "=f,r,r,r,r,r,r,r", [w, x01, x23, x45, x67, off, off_hi],
-                dtype=tl.float32, is_pure=True, pack=1)  # fmt: skip
-        else:
-            wsum = _gemvp_word_emulated(w, x01, x23, x45, x67, off, off_hi, FP16)
+        wsum = gemvp_word_sums(w, x01, x23, x45, x67, zero, act, ASM)
         if GROUP_K > 0:
             acc += wsum * tl.load(s_ptr + s_off, mask=s_mask, other=0.0).to(tl.float32)
         else:

@@ -300,36 +300,34 @@ def test_wna16_int4_nk_dispatch_swap_gemm(m, monkeypatch):
         g = torch.Generator().manual_seed(m)
         qn, sn, zn = _nk_weights(4096, 4096, 128, False, "cuda", g)
         x = torch.randn(m, 4096, generator=g).to("cuda", torch.bfloat16)
-        y = wna16_int4_nk_linear(x, qn, sn, zn)
-        _close(y, wna16_int4_nk_linear_torch(x, qn, sn, zn), torch.bfloat16)
-        graph = torch.cuda.CUDAGraph()
-        torch.cuda.synchronize()
-        with torch.cuda.graph(graph):
-            y = wna16_int4_nk_linear(x, qn, sn, zn)
-        x.copy_(torch.randn(m, 4096, generator=g).to("cuda", torch.bfloat16))
-        graph.replay()
-        torch.cuda.synchronize()
-        _close(y, wna16_int4_nk_linear_torch(x, qn, sn, zn), torch.bfloat16)
+        _close(wna16_int4_nk_linear(x, qn, sn, zn), wna16_int4_nk_linear_torch(x, qn, sn, zn), torch.bfloat16)
+        _check_replayed(x, qn, sn, zn, g)
     finally:
         monkeypatch.delenv("PAGEDLLM_WNA16_GEMM")
         wna16.large_gemm.cache_clear()
 
 
+def _check_replayed(x, qn, sn, zn, g):
+    """wna16_int4_nk_linear captured in a CUDA graph on x, replayed on new values of x: the
+    reference's product of the new ones."""
+    wna16_int4_nk_linear(x, qn, sn, zn)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = wna16_int4_nk_linear(x, qn, sn, zn)
+    x.copy_(torch.randn(x.shape, generator=g).to("cuda", torch.bfloat16))
+    graph.replay()
+    torch.cuda.synchronize()
+    _close(y, wna16_int4_nk_linear_torch(x, qn, sn, zn), torch.bfloat16)
+
+
 def test_wna16_swap_under_cuda_graph():
-    """Replayed from a CUDA graph with new inputs: the split-K workspace and the reduce are recorded."""
+    """Replayed from a CUDA graph with new inputs: the split-K workspace and the reduce are recorded
+    (1 row: gemvn's)."""
     g = torch.Generator().manual_seed(0)
     qn, sn, zn = _nk_weights(4096, 14336, 128, True, "cuda", g)
     for m in (1, 16, 33):
-        x = torch.randn(m, 14336, generator=g).to("cuda", torch.bfloat16)
-        wna16_int4_nk_linear(x, qn, sn, zn)  # compile outside the capture
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            y = wna16_int4_nk_linear(x, qn, sn, zn)
-        x.copy_(torch.randn(m, 14336, generator=g).to("cuda", torch.bfloat16))
-        graph.replay()
-        torch.cuda.synchronize()
-        _close(y, wna16_int4_nk_linear_torch(x, qn, sn, zn), torch.bfloat16)
+        _check_replayed(torch.randn(m, 14336, generator=g).to("cuda", torch.bfloat16), qn, sn, zn, g)
 
 
 def test_engine_swap_layout_matches_the_k_packed_layout(tmp_path, tokenizer_dir, monkeypatch):
