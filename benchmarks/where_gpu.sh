@@ -12,7 +12,8 @@
 # --small-sweep), w2 (latency.py bf16 / fp8 / gptq), w2prof0 (W2 bf16's profile, PDL off), w1kv (W1 bf16 KV (A) against FP8 KV (B), ab_w1.sh),
 # moestream (Qwen3-30B-A3B batch 1, plain (A) against the residual stream kept whole (B,
 # PAGEDLLM_FUSED_NORM=1), alternated), moeqkv (the same with PAGEDLLM_FUSED_QKV_GEMM=1 too: the
-# rope/store in the qkv product's epilogue), moeall (and the decode's last split merging too), streamtests (their GPU tests), w2stream (W2 bf16 A against B, both switches on),
+# rope/store in the qkv product's epilogue), moeall (and the decode's last split merging too),
+# streambench (benchmarks/stream_bench.py: each fusion kernel by kernel), streamtests (their GPU tests), w2stream (W2 bf16 A against B, both switches on),
 # w1int4 (W1 on Llama-3.1-8B: bf16 (A) against dummy gptq 4-bit weights (B), issue 19's 0.9x),
 # int4gemm (wna16_bench.py --swap at 64 / 256 rows), w1int4swap (w1int4 with PAGEDLLM_WNA16_SWAP=1
 # PAGEDLLM_WNA16_GEMM=swap: the tensor-core W4A16 GEMM), w2int4swap (W2 gptq: K-packed (A) against
@@ -64,6 +65,10 @@ moeab moemerge PAGEDLLM_DECODE_LAST_REDUCE=1
 moeab moestream PAGEDLLM_FUSED_NORM=1
 moeab moeqkv "PAGEDLLM_FUSED_NORM=1 PAGEDLLM_FUSED_QKV_GEMM=1"
 moeab moeall "PAGEDLLM_FUSED_NORM=1 PAGEDLLM_FUSED_QKV_GEMM=1 PAGEDLLM_DECODE_LAST_REDUCE=1"
+if step streambench 150; then  # the residual stream's fusions kernel by kernel (us a layer, CUDA graphs of 48)
+  OUT="$OUT" timeout 150 $PY benchmarks/stream_bench.py > "$OUT/streambench.log" 2>&1
+  echo "streambench rc=$? at ${SECONDS} s"
+fi
 if step streamtests 240; then  # the residual stream's GPU checks (kernels, CUDA graphs, the engine)
   timeout 240 $PY -m pytest -q tests/gpu/test_small_m_gpu.py tests/gpu/test_fused_moe.py tests/gpu/test_fused_gpu.py \
     -k "stream or norm or qkv_gemm" > "$OUT/streamtests.log" 2>&1
@@ -159,6 +164,7 @@ done
 echo "=== W1: A bf16 KV, B FP8 KV ==="; grep -E "round|median" "$OUT/w1kv.log" 2>/dev/null
 echo "=== W1 Llama-3.1-8B: A bf16, B gptq 4-bit ==="; grep -E "round|median" "$OUT/w1int4.log" 2>/dev/null
 echo "=== W1 Llama-3.1-8B: A bf16, B gptq N-major + swap GEMM ==="; grep -E "round|median" "$OUT/w1int4swap.log" 2>/dev/null
+[ -f "$OUT/streambench.log" ] && { echo "=== residual stream, us a layer ==="; grep "us a layer" "$OUT/streambench.log"; }
 [ -f "$OUT/int4gemm.log" ] && { echo "=== int4 GEMM (us a layer; sums) ==="; grep -A4 "^sum over" "$OUT/int4gemm.log"; }
 echo "=== Qwen3-30B-A3B batch 1 (ms/token): moemerge B last split merges; moestream B PAGEDLLM_FUSED_NORM=1; moeqkv B and QKV_GEMM=1; moeall B and DECODE_LAST_REDUCE=1; moetree A another tree ==="
 for f in "$OUT"/moe_*.log; do [ -f "$f" ] && echo "$(basename "$f" .log): $(grep -h "batch 1:" "$f" | cut -c1-60)"; done
