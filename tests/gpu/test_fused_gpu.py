@@ -245,6 +245,65 @@ def check_attention_layer_fused(device, dtype, arch, seed=0):
     assert torch.equal(caches[0][1], caches[1][1]), "v cache"
 
 
+def check_attention_layer_stream(device, dtype, arch, seed=0):
+    """LlamaAttention.attend_stream with PAGEDLLM_FUSED_QKV_GEMM=1 (the input a residual stream, its
+    norm in the qkv product's prologue, the q/k norm + rotary + store in its epilogue) against the
+    plain layer's attend(qkv_proj(norm(s))) on a batch of decodes, a prefill over a cached prefix
+    and padding: the output and both caches. On the CPU the kernel's own rule (CUDA only) is
+    lifted, and the kernel and the Triton backend run under the interpreter: the layer's wiring."""
+    import os
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    from conftest import tiny_config
+    from test_kernels import make_batch
+
+    from pagedllm.attention.triton_backend import TritonAttentionBackend
+    from pagedllm.distributed import SINGLE
+    from pagedllm.model.layers.layernorm import RMSNorm
+    from pagedllm.model.models import llama
+    from pagedllm.model.models.qwen3 import Qwen3Attention
+
+    cfg = tiny_config(arch, heads=4, kv_heads=2, hidden=64, head_dim=32)
+    cls = Qwen3Attention if arch == "qwen3" else llama.LlamaAttention
+    with torch.device(device):
+        fused, plain = cls(cfg, SINGLE), cls(cfg, SINGLE)
+        norm = RMSNorm(cfg.hidden_size, 1e-6)
+    fused.fuse_qkv_gemm, fused.fuse_rope_kv_requested, plain.fuse_rope_kv_requested = True, True, True
+    g = torch.Generator().manual_seed(seed)
+    for p in list(fused.parameters()) + list(norm.parameters()):
+        p.data.copy_(torch.randn(p.shape, generator=g) * (0.2 if p.dim() > 1 else 0.3) + (p.dim() == 1))
+    plain.load_state_dict(fused.state_dict())
+    fused, plain, norm = fused.to(device, dtype), plain.to(device, dtype), norm.to(device, dtype)
+    block_size = 16
+    batch, num_blocks = make_batch([1, 1, 6], [9, 30, 20], 2, block_size, device, seed=seed, pad_tokens=2)
+    s = _randn(batch.num_tokens, cfg.hidden_size, dtype=dtype, device=device, gen=g) * 4.0
+    caches = []
+    for layer in (fused, plain):  # both start from the same cached prefix
+        kc = _randn(num_blocks, block_size, 2, 32, dtype=dtype, device=device, gen=torch.Generator().manual_seed(7))
+        vc = _randn(num_blocks, block_size, 2, 32, dtype=dtype, device=device, gen=torch.Generator().manual_seed(8))
+        layer.attn.k_cache, layer.attn.v_cache = kc, vc
+        layer.attn.backend = TritonAttentionBackend()
+        caches.append((kc, vc))
+    calls = []
+    plain_gemm = fused.attn.forward_qkv_gemm
+    fused.attn.forward_qkv_gemm = lambda *a: calls.append(1) or plain_gemm(*a)
+    applies = llama.qkv_gemm_rope_applies
+    try:
+        if device == "cpu":
+            fused.attn.can_store_qkv = lambda qkv: True
+            plain.attn.can_store_qkv = lambda qkv: True
+            llama.qkv_gemm_rope_applies = lambda *a: True
+        out = fused.attend_stream(batch.positions, s, norm, batch)
+    finally:
+        llama.qkv_gemm_rope_applies = applies
+    assert calls, "the qkv product's epilogue path did not run"
+    ref = plain.attend(batch.positions, plain.qkv_proj(norm(s)), batch)
+    real = sum(batch.query_lens_cpu)
+    _close(out[:real], ref[:real], LAYER_TOL, f"{arch} attention output, stream vs plain")
+    _close(caches[0][0], caches[1][0], LAYER_TOL, "k cache")
+    _close(caches[0][1], caches[1][1], LAYER_TOL, "v cache")
+
+
 # ------------------------------------------------------------------------------- GPU tests
 
 
@@ -297,6 +356,12 @@ def test_qkv_gemm_rope(num_tokens, hidden, hq, hkv, qk_norm):
 @pytest.mark.parametrize("cache, bias", [("fp8_e4m3", False), ("auto", True)])
 def test_qkv_gemm_rope_fp8_bias(cache, bias):
     check_qkv_gemm_rope("cuda", torch.bfloat16, 3, 2048, 32, 4, 128, 16, True, cache, 0.2, 0.5, bias=bias)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_attention_layer_stream(dtype, arch):
+    check_attention_layer_stream("cuda", dtype, arch)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

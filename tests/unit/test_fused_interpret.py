@@ -39,6 +39,8 @@ _CASES = {
     # the attention layers' wiring: fused vs unfused on a mixed batch (float32: the attention
     # kernels' dots, which the interpreter cannot run in 16 bits)
     "layer_llama": ("check_attention_layer_fused", ["llama"], {}),
+    "layer_stream_llama": ("check_attention_layer_stream", ["llama"], {}),
+    "layer_stream_qwen3": ("check_attention_layer_stream", ["qwen3"], {}),
     "layer_qwen3": ("check_attention_layer_fused", ["qwen3"], {}),
 }
 _DTYPES = ["float32", "float16", "bfloat16"]
