@@ -14,7 +14,8 @@
 # PAGEDLLM_FUSED_NORM=1), alternated), moeqkv (the same with PAGEDLLM_FUSED_QKV_GEMM=1 too: the
 # rope/store in the qkv product's epilogue), moeall (and the decode's last split merging too),
 # streambench (benchmarks/stream_bench.py: each fusion kernel by kernel), streamtests (their GPU tests), w2stream (W2 bf16 A against B, both switches on),
-# w1int4 (W1 on Llama-3.1-8B: bf16 (A) against dummy gptq 4-bit weights (B), issue 19's 0.9x),
+# w3prof (profiles of Llama-3.1-8B's prefill-heavy first steps, bf16 and FP8 + FP8 KV: where W3's
+# 1.4x must come from), w1int4 (W1 on Llama-3.1-8B: bf16 (A) against dummy gptq 4-bit weights (B), issue 19's 0.9x),
 # int4gemm (wna16_bench.py --swap at 64 / 256 rows), w1int4swap (w1int4 with PAGEDLLM_WNA16_SWAP=1
 # PAGEDLLM_WNA16_GEMM=swap: the tensor-core W4A16 GEMM), w2int4swap (W2 gptq: K-packed (A) against
 # the N-major layout, PAGEDLLM_WNA16_SWAP=1, its one-row gemvn (B)).
@@ -140,6 +141,13 @@ if [[ " $STEPS " == *" w2 "* ]]; then  # W2 Llama-3.1-8B batch 1: bf16, FP8 weig
     echo "w2 $q rc=$?: $(grep -E '^pagedllm:' "$OUT/w2_$q.log")"
   done
 fi
+if step w3prof 200; then  # issue 14's W3: Llama-3.1-8B's first steps of 256 requests (prefill-heavy), bf16 and FP8 + FP8 KV
+  for v in bf16 fp8; do
+    args=$([ $v = fp8 ] && echo "--quantization fp8 --kv-cache-dtype fp8")
+    timeout 95 $PY benchmarks/profile_gpu.py --load w1 --model benchmarks/configs/llama-3.1-8b --skip-steps 2 \
+      --steps 12 --top 18 $args > "$OUT/w3prof_$v.log" 2>&1; echo "w3prof $v rc=$? at ${SECONDS} s"
+  done
+fi
 if step w2prof0 60; then
   PAGEDLLM_PDL=0 timeout 60 $PY benchmarks/profile_gpu.py --load w2 --steps 30 --top 16 > "$OUT/w2prof0.log" 2>&1
   echo "w2prof0 rc=$? at ${SECONDS} s"
@@ -151,7 +159,7 @@ if step w3 200; then  # needs the server's packages (the device README's wheel r
     echo "w3 $v rc=$? at ${SECONDS} s"
   done
 fi
-for f in moeprof moeprof0 w2int4prof w1fp8prof w2prof0; do
+for f in moeprof moeprof0 w2int4prof w1fp8prof w2prof0 w3prof_bf16 w3prof_fp8; do
   [ -f "$OUT/$f.log" ] && { echo "=== $f ==="; grep -E "wall per step|device busy" "$OUT/$f.log";
     grep -A14 "calls/step" "$OUT/$f.log" | cut -c1-50,80-; }
 done
