@@ -248,9 +248,12 @@ def test_wna16_swap_asm_equals_plain(dtype, group_k, symmetric, block_k):
     g = torch.Generator().manual_seed(1)
     qn, sn, zn = _nk_weights(1024, 2048, group_k, symmetric, "cuda", g, torch.bfloat16)
     x = torch.randn(7, 2048, generator=g).to("cuda", dtype)
-    for cfg in (SwapConfig(64, block_k, 1), SwapConfig(64, block_k, 2, num_stages=3)):
-        a = wna16_swap_gemm(x, qn, sn, zn, None, cfg, asm=True)
-        b = wna16_swap_gemm(x, qn, sn, zn, None, cfg, asm=False)
+    x_gemm = torch.randn(150, 2048, generator=g).to("cuda", dtype)  # the GEMM's tiles (the scale in the tile)
+    for cfg, xs in ((SwapConfig(64, block_k, 1), x), (SwapConfig(64, block_k, 2, num_stages=3), x),
+                    (SwapConfig(128, 64, 1, 8, 3, block_m=128), x_gemm),
+                    (SwapConfig(128, 64, 2, 4, 3, block_m=64), x_gemm)):
+        a = wna16_swap_gemm(xs, qn, sn, zn, None, cfg, asm=True)
+        b = wna16_swap_gemm(xs, qn, sn, zn, None, cfg, asm=False)
         assert torch.equal(a, b), (cfg, (a.float() - b.float()).abs().max())
     assert torch.equal(dequantize_int4_nk_triton(qn, sn, zn, dtype, asm=True),
                        dequantize_int4_nk_triton(qn, sn, zn, dtype, asm=False))
