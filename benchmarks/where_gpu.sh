@@ -16,7 +16,7 @@
 # streambench (benchmarks/stream_bench.py: each fusion kernel by kernel), streamtests (their GPU tests), w2stream (W2 bf16 A against B, both switches on),
 # w3prof (profiles of Llama-3.1-8B's prefill-heavy first steps, bf16 and FP8 + FP8 KV: where W3's
 # 1.4x must come from), w1int4 (W1 on Llama-3.1-8B: bf16 (A) against dummy gptq 4-bit weights (B), issue 19's 0.9x),
-# int4gemm (wna16_bench.py --swap at 64 / 256 rows), w1int4swap (w1int4 with PAGEDLLM_WNA16_SWAP=1
+# int4tests (tests/gpu/test_wna16_gpu.py), int4gemm (wna16_bench.py --swap at 64 / 256 rows), w1int4swap (w1int4 with PAGEDLLM_WNA16_SWAP=1
 # PAGEDLLM_WNA16_GEMM=swap: the tensor-core W4A16 GEMM), w2int4swap (W2 gptq: K-packed (A) against
 # the N-major layout, PAGEDLLM_WNA16_SWAP=1, its one-row gemvn (B)).
 # Logs in one archive in $OUT; a summary last.
@@ -72,7 +72,7 @@ if step streambench 150; then  # the residual stream's fusions kernel by kernel 
 fi
 if step streamtests 240; then  # the residual stream's GPU checks (kernels, CUDA graphs, the engine)
   timeout 240 $PY -m pytest -q tests/gpu/test_small_m_gpu.py tests/gpu/test_fused_moe.py tests/gpu/test_fused_gpu.py \
-    -k "stream or norm or qkv_gemm" > "$OUT/streamtests.log" 2>&1
+    tests/gpu/test_fp8_gpu.py -k "stream or norm or qkv_gemm" > "$OUT/streamtests.log" 2>&1
   echo "streamtests rc=$? at ${SECONDS} s: $(tail -1 "$OUT/streamtests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/streamtests.log" | head
 fi
 if [[ " $STEPS " == *" w2stream "* ]]; then  # W2 Llama-3.1-8B bf16: plain (A) against the residual stream (B)
@@ -112,6 +112,10 @@ if step w1int4 $((ROUNDS * 2 * 200)); then  # issue 19's W1: Llama-3.1-8B, 256 r
   B_ARGS="--quantization gptq" ROUNDS=$ROUNDS OUT="$OUT/w1int4" bash benchmarks/ab_w1.sh \
     --model benchmarks/configs/llama-3.1-8b --skip-tokenizer-init > "$OUT/w1int4.log" 2>&1
   echo "w1int4 rc=$? at ${SECONDS} s"
+fi
+if step int4tests 200; then  # the 4-bit GPU tests: the swap GEMM, gemvn, PTX == plain, dispatch, CUDA graphs
+  timeout 200 $PY -m pytest -q tests/gpu/test_wna16_gpu.py > "$OUT/int4tests.log" 2>&1
+  echo "int4tests rc=$? at ${SECONDS} s: $(tail -1 "$OUT/int4tests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/int4tests.log" | head
 fi
 if step int4gemm 200; then  # the 4-bit swap-AB kernel as a GEMM at 64 / 256 rows against dequantize + cuBLAS and bf16
   OUT="$OUT" timeout 200 $PY benchmarks/wna16_bench.py --swap --rows 64 256 --skip-check --budget-s 150 \
