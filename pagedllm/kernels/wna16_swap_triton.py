@@ -324,6 +324,8 @@ def wna16_swap_gemm(
     if asm is None:
         asm = x.is_cuda
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
     k_split = triton.cdiv(triton.cdiv(k, cfg.split_k), block_k) * block_k
     split_k = triton.cdiv(k, k_split)  # no empty split
     z = zeros if zeros is not None else scales  # an unused pointer when symmetric
