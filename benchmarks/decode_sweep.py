@@ -9,6 +9,7 @@ generated: uniform 100-2048 here) and with 1,024 each; the split count is the en
     python benchmarks/decode_sweep.py --order-ab       # longest-first program order, a few tiles
     python benchmarks/decode_sweep.py --last-reduce-ab # reduce kernel vs the last split's merge, ~1 min
     python benchmarks/decode_sweep.py --v-layout-ab    # V blocks key-major vs head_dim-major, ~2 min
+    python benchmarks/decode_sweep.py --maxnreg-ab     # the default tiles under register caps (ptxas maxnreg)
 
 Prints one line per config and, last, the best per cache dtype beside the default; --out writes
 {"bf16": "block_n,warps,stages", "fp8": ...} for PAGEDLLM_DECODE_CONFIG. With --order-ab,
@@ -110,6 +111,8 @@ def main() -> None:
     ap.add_argument("--order-ab", action="store_true", help="a few tiles, each in request order and longest first")
     ap.add_argument("--v-layout-ab", action="store_true",
                     help="a few tiles, V blocks key-major and head_dim-major, bf16 and FP8 caches")
+    ap.add_argument("--maxnreg-ab", action="store_true",
+                    help="the default tiles, longest first, under register caps of 128-88 (ptxas maxnreg)")
     ap.add_argument("--last-reduce-ab", action="store_true",
                     help="batch 1-4, contexts 128-4096: reduce kernel vs the last split's merge")
     args = ap.parse_args()
@@ -134,7 +137,7 @@ def main() -> None:
     caches = ("bf16-hd", "bf16-vt", "fp8-hd", "fp8-vt") if args.v_layout_ab else ("bf16", "fp8")
     for cache in caches:
         fp8 = cache.startswith("fp8")
-        default = decode_config(1 if fp8 else 2)
+        default = decode_config(1 if fp8 else 2)[:3]
         for load, seq_lens in loads.items():
             batch, nb = paged_batch([1] * b, seq_lens, b, BS, "cuda", gen)
             q = torch.randn(b, HQ, HD, device="cuda", dtype=torch.bfloat16)
@@ -159,13 +162,16 @@ def main() -> None:
             if args.order_ab or args.v_layout_ab:
                 configs = list(dict.fromkeys([default, (64, 4, 2), (64, 4, 3), (128, 4, 3), (128, 4, 4),
                                               (128, 8, 3), (256, 8, 3)]))
+            if args.maxnreg_ab:  # the default tiles under register caps (a 4th field: maxnreg)
+                configs = [default, (*default, 128), (*default, 112), (*default, 104), (*default, 96), (*default, 88)]
+                orders = [torch.argsort(batch.seq_lens, descending=True).to(torch.int32)]  # the engine's order
             if args.order_ab:
                 orders.append(torch.argsort(batch.seq_lens, descending=True).to(torch.int32))
-            for (bn, w, st), order in itertools.product(configs, orders):
-                def run(bn=bn, w=w, st=st, order=order):
+            for (bn, w, st, *cap), order in itertools.product(configs, orders):
+                def run(bn=bn, w=w, st=st, cap=cap, order=order):
                     return decode_attention_triton(q, kc, vc, batch.block_tables, batch.seq_lens, out, HD**-0.5,
                                                    max_seq_len=args.graph_max_seq_len, block_n=bn, num_warps=w,
-                                                   num_stages=st, k_scale=k_scale,
+                                                   num_stages=st, maxnreg=cap[0] if cap else None, k_scale=k_scale,
                                                    v_scale=v_scale, order=order)  # fmt: skip
                 try:
                     err = (run().float() - ref.float()).abs().max().item()
@@ -174,9 +180,10 @@ def main() -> None:
                     print(f"{cache} {load} bn={bn} w={w} st={st}: {type(exc).__name__}", flush=True)
                     continue
                 ok = err < 0.05
-                key = (bn, w, st) + (("longest first",) if order is not None else ())
+                key = (bn, w, st, *cap) + (("longest first",) if order is not None and not args.maxnreg_ab else ())
                 results[key] = ms if ok else float("inf")
                 tag = " longest first" if order is not None else ""
+                tag += f" maxnreg={cap[0]}" if cap else ""
                 print(f"{cache} {load:7s} bn={bn:<3} w={w} st={st}{tag}: {ms * 1e3:8.1f} us "
                       f"{kv_bytes / ms / 1e9:6.2f} TB/s err {err:.1e}{'' if ok else '  WRONG'}",
                       flush=True)  # fmt: skip

@@ -14,7 +14,8 @@
 # PAGEDLLM_FUSED_NORM=1), alternated), moeqkv (the same with PAGEDLLM_FUSED_QKV_GEMM=1 too: the
 # rope/store in the qkv product's epilogue), moeall (and the decode's last split merging too),
 # streambench (benchmarks/stream_bench.py: each fusion kernel by kernel), streamtests (their GPU tests), w2stream (W2 bf16 A against B, both switches on),
-# w3prof (profiles of Llama-3.1-8B's prefill-heavy first steps, bf16 and FP8 + FP8 KV: where W3's
+# maxnreg (decode_sweep.py --maxnreg-ab), w1maxnreg (W1 FP8 KV: the default (A) against the decode
+# kernel capped at 96 registers (B), five CTAs an SM), w3prof (profiles of Llama-3.1-8B's prefill-heavy first steps, bf16 and FP8 + FP8 KV: where W3's
 # 1.4x must come from), w1int4 (W1 on Llama-3.1-8B: bf16 (A) against dummy gptq 4-bit weights (B), issue 19's 0.9x),
 # int4tests (tests/gpu/test_wna16_gpu.py), int4gemm (wna16_bench.py --swap at 64 / 256 rows), w1int4swap (w1int4 with PAGEDLLM_WNA16_SWAP=1
 # PAGEDLLM_WNA16_GEMM=swap: the tensor-core W4A16 GEMM), w2int4swap (W2 gptq: K-packed (A) against
@@ -104,6 +105,13 @@ if step w1order $((ROUNDS * 2 * 75)); then
   A_ARGS="--kv-cache-dtype fp8" B_ARGS="--kv-cache-dtype fp8" B_ENV="PAGEDLLM_DECODE_ORDER=1" ROUNDS=$ROUNDS \
     OUT="$OUT/w1order" bash benchmarks/ab_w1.sh > "$OUT/w1order.log" 2>&1; echo "w1order rc=$? at ${SECONDS} s"
 fi
+if step maxnreg 120; then  # the decode kernel's tiles under register caps (a fifth FP8 CTA an SM at 96)
+  timeout 120 $PY benchmarks/decode_sweep.py --maxnreg-ab > "$OUT/maxnreg.log" 2>&1; echo "maxnreg rc=$? at ${SECONDS} s"
+fi
+if step w1maxnreg $((ROUNDS * 2 * 75)); then  # W1 with an FP8 cache: the default (A) against maxnreg 96 (B)
+  A_ARGS="--kv-cache-dtype fp8" B_ARGS="--kv-cache-dtype fp8" B_ENV="PAGEDLLM_DECODE_CONFIG=128,4,3,96" ROUNDS=$ROUNDS \
+    OUT="$OUT/w1maxnreg" bash benchmarks/ab_w1.sh > "$OUT/w1maxnreg.log" 2>&1; echo "w1maxnreg rc=$? at ${SECONDS} s"
+fi
 if step w1kv $((ROUNDS * 2 * 75)); then
   B_ARGS="--kv-cache-dtype fp8" ROUNDS=$ROUNDS OUT="$OUT/w1kv" bash benchmarks/ab_w1.sh > "$OUT/w1kv.log" 2>&1
   echo "w1kv rc=$? at ${SECONDS} s"
@@ -174,6 +182,8 @@ for v in bf16 fp8; do
   [ -f "$OUT/w3_$v.log" ] && echo "=== W3 inf $v: $(grep -iE "total|output token" "$OUT/w3_$v.log" | tr -s ' ' | head -3 | tr '\n' ';')"
 done
 echo "=== W1: A bf16 KV, B FP8 KV ==="; grep -E "round|median" "$OUT/w1kv.log" 2>/dev/null
+echo "=== W1 FP8 KV: A default, B decode maxnreg 96 ==="; grep -E "round|median" "$OUT/w1maxnreg.log" 2>/dev/null
+[ -f "$OUT/maxnreg.log" ] && { echo "=== decode under register caps ==="; grep -A12 "=== decode kernel" "$OUT/maxnreg.log"; }
 echo "=== W1 Llama-3.1-8B: A bf16, B gptq 4-bit ==="; grep -E "round|median" "$OUT/w1int4.log" 2>/dev/null
 echo "=== W1 Llama-3.1-8B: A bf16, B gptq N-major + swap GEMM ==="; grep -E "round|median" "$OUT/w1int4swap.log" 2>/dev/null
 [ -f "$OUT/streambench.log" ] && { echo "=== residual stream, us a layer ==="; grep "us a layer" "$OUT/streambench.log"; }

@@ -301,23 +301,31 @@ def decode_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sm
 # tried in the ninth session, lost to this kernel at every tile for both caches on the H200 and
 # was removed: RESULTS.md, tenth session.)
 DECODE_CONFIGS = {2: (64, 4, 2), 1: (128, 4, 3), 4: (32, 4, 2)}
+# A register cap per thread (ptxas maxnreg; None: ptxas's choice) by the cache's bytes per element.
+# The FP8 kernel takes 128 registers at 128/4/3, four CTAs an SM; at 96 it compiles without spills
+# (sm_90, Triton 3.6: 25.7 instructions a key against 24.9) and five CTAs fit (41.5 KB of shared
+# memory each). It is latency-bound (about 27% of issue), so a fifth CTA may pay: not yet measured
+# (`PAGEDLLM_DECODE_CONFIG=128,4,3,96`; benchmarks/decode_sweep.py --maxnreg-ab).
+DECODE_MAXNREG: dict[int, int | None] = {2: None, 1: None, 4: None}
 
 
 @functools.cache
-def decode_config(cache_itemsize: int) -> tuple[int, int, int]:
-    """(BLOCK_N, num_warps, num_stages) of the decode kernel for a cache of `cache_itemsize`
-    bytes per element; PAGEDLLM_DECODE_CONFIG="block_n,warps,stages" overrides it
-    (benchmarks/decode_gpu.sh compares configs in the engine; read once per process)."""
+def decode_config(cache_itemsize: int) -> tuple[int, int, int, int | None]:
+    """(BLOCK_N, num_warps, num_stages, maxnreg) of the decode kernel for a cache of
+    `cache_itemsize` bytes per element; PAGEDLLM_DECODE_CONFIG="block_n,warps,stages[,maxnreg]"
+    overrides it (benchmarks/decode_gpu.sh compares configs in the engine; read once per process)."""
     raw = os.environ.get("PAGEDLLM_DECODE_CONFIG", "").strip()
     if not raw:
-        return DECODE_CONFIGS[cache_itemsize]
+        return (*DECODE_CONFIGS[cache_itemsize], DECODE_MAXNREG[cache_itemsize])
     parts = [p.strip() for p in raw.split(",")]
-    nums = [int(p) for p in parts] if len(parts) == 3 and all(p.isdigit() for p in parts) else [0, 0, 0]
-    block_n, warps, stages = nums
-    if block_n < 16 or block_n & (block_n - 1) or warps < 1 or stages < 1:
-        raise ValueError(f"PAGEDLLM_DECODE_CONFIG must be 'block_n,warps,stages' (block_n a power of 2 >= 16), "
-                         f"got {raw!r}")
-    return block_n, warps, stages
+    ok = len(parts) in (3, 4) and all(p.isdigit() for p in parts)
+    block_n, warps, stages, *cap = [int(p) for p in parts] if ok else [0, 0, 0]
+    maxnreg = cap[0] if cap else None
+    if (block_n < 16 or block_n & (block_n - 1) or warps < 1 or stages < 1
+            or (maxnreg is not None and not 32 <= maxnreg <= 255)):
+        raise ValueError(f"PAGEDLLM_DECODE_CONFIG must be 'block_n,warps,stages[,maxnreg]' (block_n a power of 2 "
+                         f">= 16, maxnreg 32-255), got {raw!r}")
+    return block_n, warps, stages, maxnreg
 
 
 # The last split merges the splits when there are at most this many (16-bit caches). H200,
@@ -367,6 +375,7 @@ def decode_attention_triton(
     block_n: int | None = None,  # the tiles (None: decode_config's)
     num_warps: int | None = None,
     num_stages: int | None = None,
+    maxnreg: int | None = None,  # a register cap per thread (None: decode_config's, which may be None)
     k_scale: float = 1.0,  # the cache's scales: real K/V = stored * scale
     v_scale: float = 1.0,
     sliding_window: int | None = None,  # attend to the last sliding_window keys only
@@ -391,6 +400,7 @@ def decode_attention_triton(
     block_n = block_n or cfg[0]
     num_warps = num_warps or cfg[1]
     num_stages = num_stages or cfg[2]
+    maxnreg = maxnreg or cfg[3]
     block_d = next_power_of_2(d)
     if num_splits > 1:
         part_out = torch.empty((b, hq, num_splits, d), dtype=torch.float32, device=q.device)
@@ -413,6 +423,8 @@ def decode_attention_triton(
     common = dict(GROUP=group, HEAD_DIM=d, BLOCK_SIZE=bs, BLOCK_N=block_n, BLOCK_D=block_d, SPLIT=num_splits > 1,
                   ORDERED=order is not None, LAST_REDUCE=last, V_T=v_transposed(v_cache), **switches,
                   num_warps=num_warps, num_stages=num_stages)  # fmt: skip
+    if maxnreg is not None and q.is_cuda:  # (a ptxas option: nothing for the interpreter)
+        common["maxnreg"] = maxnreg
     if last:
         common.update(BLOCK_S=MERGE_BLOCK_S, MERGE_UNROLL=merge_unroll or MERGE_UNROLL)
     grid = (b, hkv, num_splits) if order is None else (hkv, b, num_splits)

@@ -14,7 +14,7 @@ from typing import Any
 
 
 def compile_sm90(kernel: Any, signature: dict, constexprs: dict, num_warps: int, num_stages: int,
-                 aligned: tuple[str, ...] = ()) -> Any:
+                 aligned: tuple[str, ...] = (), maxnreg: int | None = None) -> Any:
     """`kernel` compiled for sm_90, with the 16-divisibility hints a real launch gives aligned
     pointers and the integer arguments named in `aligned` (without them the loads are neither
     vectorized nor pipelined, so the code would not be what the device runs)."""
@@ -33,8 +33,10 @@ def compile_sm90(kernel: Any, signature: dict, constexprs: dict, num_warps: int,
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in hinted}
     src = ASTSource(fn=kernel, signature={**signature, **dict.fromkeys(constexprs, "constexpr")},
                     constexprs=constexprs, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps,
-                                                                       "num_stages": num_stages})
+    options = {"num_warps": num_warps, "num_stages": num_stages}
+    if maxnreg is not None:  # ptxas's register cap (a launch's maxnreg=)
+        options["maxnreg"] = maxnreg
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
 def _on_cubin(compiled: Any, tool: str, *args: str) -> str | None:

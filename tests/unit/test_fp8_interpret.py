@@ -252,3 +252,27 @@ def test_fp8_decode_reads_key_major_v_without_byte_loads(group):
     assert got[False][0] > 0, got  # the check sees the byte gathers where they are
     assert got[True][0] == 0 and got[True][2] == 0, got
     assert got[True][1] <= 0.6 * got[False][1], got
+
+
+@pytest.mark.parametrize("maxnreg", [96, 104])
+def test_fp8_decode_under_a_register_cap(maxnreg):
+    """PAGEDLLM_DECODE_CONFIG's fourth field (ptxas maxnreg): the FP8 decode kernel at its default
+    tiles (V key-major, longest first) compiled for the H200 within the cap, and at 96 five CTAs an
+    SM by both registers and shared memory (four by ptxas's own choice). Spills: none at 104; at 96
+    none with Triton 3.6 (the device's), 32 bytes with 3.9 (this machine's)."""
+    from pagedllm.kernels import attention_decode as ad
+    from pagedllm.kernels.inspect_sm90 import DECODE_STRIDES, compile_sm90, decode_signature, resources
+
+    block_n, warps, stages = ad.DECODE_CONFIGS[1]
+    constexprs = {"GROUP": 2, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "BLOCK_G": 16, "BLOCK_N": block_n, "BLOCK_D": 128,
+                  "SPLIT": True, "DOT_PRECISION": "tf32", "Q_AS_FP16": True, "SLIDING": False, "SOFT_CAP": False,
+                  "ORDERED": True, "LAST_REDUCE": False, "V_T": True}
+    compiled = compile_sm90(ad._decode_kernel, decode_signature("fp8e4nv"), constexprs, num_warps=warps,
+                            num_stages=stages, aligned=DECODE_STRIDES, maxnreg=maxnreg)
+    r = resources(compiled)
+    if r is None:
+        pytest.skip("Triton's cuobjdump is not there")
+    assert r["regs"] <= maxnreg and r["stack"] <= (32 if maxnreg == 96 else 0), r
+    if maxnreg == 96:
+        threads = warps * 32
+        assert 65536 // (r["regs"] * threads) >= 5 and 5 * r["shared"] <= 227 * 1024, r
