@@ -19,7 +19,8 @@
 # 1.4x must come from), w1int4 (W1 on Llama-3.1-8B: bf16 (A) against dummy gptq 4-bit weights (B), issue 19's 0.9x),
 # int4tests (tests/gpu/test_wna16_gpu.py), int4gemm (wna16_bench.py --swap at 64 / 256 rows), w1int4swap (w1int4 with PAGEDLLM_WNA16_SWAP=1
 # PAGEDLLM_WNA16_GEMM=swap: the tensor-core W4A16 GEMM), w2int4swap (W2 gptq: K-packed (A) against
-# the N-major layout, PAGEDLLM_WNA16_SWAP=1, its one-row gemvn (B)).
+# the N-major layout, PAGEDLLM_WNA16_SWAP=1, its one-row gemvn (B)), w2prefetch (W2 gptq: gemvp (A) against
+# PAGEDLLM_WNA16_PREFETCH=1, the next tile's words loaded first (B)).
 # Logs in one archive in $OUT; a summary last.
 #     OUT=$OUT bash benchmarks/where_gpu.sh
 #     STEPS="moeprof w1order" bash benchmarks/where_gpu.sh   # any of moeprof w2int4prof w1fp8prof order w1order
@@ -141,6 +142,16 @@ if [[ " $STEPS " == *" w2int4swap "* ]]; then  # W2 gptq: K-packed gemvp (A) aga
       env $([ $v = B ] && echo PAGEDLLM_WNA16_SWAP=1) timeout 45 $PY benchmarks/latency.py --peer none --iters 2 \
         --quantization gptq --output-json "$OUT/w2int4swap_${v}_$r.json" > "$OUT/w2int4swap_${v}_$r.log" 2>&1
       echo "w2int4swap $v round $r rc=$?: $(grep -E '^pagedllm:' "$OUT/w2int4swap_${v}_$r.log")"
+    done
+  done
+fi
+if [[ " $STEPS " == *" w2prefetch "* ]]; then  # W2 gptq: gemvp (A) against gemvp loading the next tile first (B)
+  for r in $(seq "$ROUNDS"); do
+    for v in A B; do
+      fits 45 "w2prefetch $v $r" || continue
+      env $([ $v = B ] && echo PAGEDLLM_WNA16_PREFETCH=1) timeout 45 $PY benchmarks/latency.py --peer none --iters 2 \
+        --quantization gptq --output-json "$OUT/w2prefetch_${v}_$r.json" > "$OUT/w2prefetch_${v}_$r.log" 2>&1
+      echo "w2prefetch $v round $r rc=$?: $(grep -E '^pagedllm:' "$OUT/w2prefetch_${v}_$r.log")"
     done
   done
 fi

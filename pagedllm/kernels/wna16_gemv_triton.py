@@ -287,6 +287,7 @@ def _wna16_gemv_packed_kernel(
     ASM: tl.constexpr = True,  # False: the PTX's steps in Triton ops (_gemvp_word_emulated; the interpreter)
     PDL: tl.constexpr = False,  # kernels/pdl_triton.py
     LAST: tl.constexpr = False,  # (SPLIT_K > 1) the last split of a row's column block adds them (_gemv_store)
+    PREFETCH: tl.constexpr = False,  # each iteration loads the next tile's words before it uses its own
 ):  # fmt: skip
     """The 4-bit GEMV in packed 16-bit arithmetic (`gemvp`). The gemv kernel spends about 42
     instructions a word in float32 (sm_90 SASS), more than the SM issues at the memory's pace;
@@ -313,13 +314,23 @@ def _wna16_gemv_packed_kernel(
         else:
             zero = tl.full([1, BLOCK_N], 8.0, tl.float32)
     acc = tl.zeros([BLOCK_KW, BLOCK_N], dtype=tl.float32)
+    if PREFETCH:  # the first tile's words, before the loop
+        w_next = tl.load(w_ptr + (kw_lo + ri)[:, None] * stride_wk + rn[None, :],
+                         mask=((kw_lo + ri) < kw_hi)[:, None] & n_mask[None, :], other=0)
     for kw0 in range(kw_lo, kw_hi, BLOCK_KW):
         rows = kw0 + ri
         if EVEN:
             r_mask = ri < BLOCK_KW
         else:
             r_mask = rows < kw_hi
-        w = tl.load(w_ptr + rows[:, None] * stride_wk + rn[None, :], mask=r_mask[:, None] & n_mask[None, :], other=0)
+        if PREFETCH:  # this tile's words came with the last iteration; the next tile's go out now
+            w = w_next
+            nxt = rows + BLOCK_KW
+            w_next = tl.load(w_ptr + nxt[:, None] * stride_wk + rn[None, :],
+                             mask=(nxt < kw_hi)[:, None] & n_mask[None, :], other=0)
+        else:
+            w = tl.load(w_ptr + rows[:, None] * stride_wk + rn[None, :], mask=r_mask[:, None] & n_mask[None, :],
+                        other=0)
         if GROUP_K > 0:
             s_off = (rows * 8 // GROUP_K)[:, None] * stride_sg + rn[None, :]
             s_mask = r_mask[:, None] & n_mask[None, :]

@@ -16,6 +16,7 @@ reference there.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -183,6 +184,14 @@ def _wna16_dequant_kernel(w_ptr, s_ptr, z_ptr, out_ptr, N, K, stride_wk, stride_
              mask=k_mask[:, None] & n_mask[None, :])
 
 
+@functools.cache
+def gemv_prefetch() -> bool:
+    """PAGEDLLM_WNA16_PREFETCH=1: the gemvp loop loads the next tile's words before it uses its own
+    (two tiles in flight a thread: the loop's loads are not pipelined otherwise; sm_90: the same
+    instructions a word, one register more). Off until the H200 measures it. Read once."""
+    return os.environ.get("PAGEDLLM_WNA16_PREFETCH", "0").strip() not in ("", "0")
+
+
 def default_config(m: int, n: int, k: int, group_k: int, bits: int) -> tuple:
     """(kind, BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, SPLIT_K) for an [m, k] x [k, n]
     product; BLOCK_K counts inputs (a multiple of 32 // bits). From the H200 sweep of
@@ -249,6 +258,7 @@ def wna16_gemm_triton(
                 raise ValueError("the gemvp kernel reads activation rows as int32 pairs: each must start "
                                  "4-byte aligned")
             common["ASM"] = os.environ.get("TRITON_INTERPRET") != "1"
+            common["PREFETCH"] = gemv_prefetch()
         else:
             common["BITS"] = bits
         (_wna16_gemv_packed_kernel if packed else _wna16_gemv_kernel)[(m, n_blocks, split_k)](

@@ -53,20 +53,33 @@ def _close(out, ref, dtype):
 
 
 def check_wna16_gemm(device, dtype, m, n, k, bits=4, group_k=128, symmetric=True, bias=False, config=None, seed=0,
-                     reduce_last=None, calls=1):
+                     reduce_last=None, calls=1, prefetch=False):
     """reduce_last: split-K summed by the last split (True) or by float32 atomics (False);
-    calls: run again on new activations (the last split leaves its counters at zero)."""
-    from pagedllm.kernels.wna16_triton import wna16_gemm_triton
+    calls: run again on new activations (the last split leaves its counters at zero); prefetch:
+    with PAGEDLLM_WNA16_PREFETCH=1 (gemvp loads the next tile's words first)."""
+    import os
+
+    from pagedllm.kernels import wna16_triton
 
     g = torch.Generator().manual_seed(seed)
     qw, s, z = _weights(n, k, bits, group_k, symmetric, device, g)
     b = (torch.randn(n, generator=g) * 0.1).to(device=device, dtype=dtype) if bias else None
-    for _ in range(calls):
-        x = torch.randn(m, k, generator=g).to(device=device, dtype=dtype)
-        out = wna16_gemm_triton(x, qw, s, z, bits, b, config=tuple(config) if config else None,
-                                reduce_last=reduce_last)
-        assert out.dtype == dtype and out.shape == (m, n)
-        _close(out, wna16_linear_torch(x, qw, s, z, bits, b), dtype)
+    old = os.environ.get("PAGEDLLM_WNA16_PREFETCH")
+    os.environ["PAGEDLLM_WNA16_PREFETCH"] = "1" if prefetch else "0"
+    wna16_triton.gemv_prefetch.cache_clear()
+    try:
+        for _ in range(calls):
+            x = torch.randn(m, k, generator=g).to(device=device, dtype=dtype)
+            out = wna16_triton.wna16_gemm_triton(x, qw, s, z, bits, b, config=tuple(config) if config else None,
+                                                 reduce_last=reduce_last)
+            assert out.dtype == dtype and out.shape == (m, n)
+            _close(out, wna16_linear_torch(x, qw, s, z, bits, b), dtype)
+    finally:
+        if old is None:
+            os.environ.pop("PAGEDLLM_WNA16_PREFETCH")
+        else:
+            os.environ["PAGEDLLM_WNA16_PREFETCH"] = old
+        wna16_triton.gemv_prefetch.cache_clear()
 
 
 def check_wna16_dequant(device, dtype, n, k, bits=4, group_k=128, symmetric=True, seed=0):
@@ -136,6 +149,27 @@ _SHAPES = [(1, 4096, 4096), (3, 1000, 2048), (16, 4096, 14336), (200, 768, 1024)
 @pytest.mark.parametrize("bits,group_k,symmetric", [(4, 128, True), (4, 32, False), (4, None, False), (8, 64, True)])
 def test_wna16_gemm(dtype, m, n, k, bits, group_k, symmetric):
     check_wna16_gemm("cuda", dtype, m, n, k, bits, group_k, symmetric, bias=m % 2 == 0)
+
+
+@pytest.mark.parametrize("m, split", [(1, 1), (1, 4), (3, 2)])
+def test_gemvp_prefetch_equals_plain(m, split, monkeypatch):
+    """PAGEDLLM_WNA16_PREFETCH=1 (the next tile's words loaded before the current tile is used):
+    the same bits as without, split-K and a ragged K range too."""
+    from pagedllm.kernels import wna16_triton
+
+    g = torch.Generator().manual_seed(m)
+    w = torch.randn(4096, 3000 // 8 * 8, generator=g) * 0.05
+    qw, s, z = (t.to("cuda") if t is not None else None for t in quantize_wna16_torch(w, 4, 8 * 125, False,
+                                                                                      torch.bfloat16))
+    x = torch.randn(m, w.shape[1], generator=g).to("cuda", torch.bfloat16)
+    cfg = ("gemvp", 1, 32, 1024, 8, 2, split)
+    outs = []
+    for flag in ("0", "1"):
+        monkeypatch.setenv("PAGEDLLM_WNA16_PREFETCH", flag)
+        wna16_triton.gemv_prefetch.cache_clear()
+        outs.append(wna16_triton.wna16_gemm_triton(x, qw, s, z, 4, config=cfg))
+    wna16_triton.gemv_prefetch.cache_clear()
+    assert torch.equal(outs[0], outs[1])
 
 
 @pytest.mark.parametrize("config", [("gemv", 1, 32, 512, 4, 2, 1), ("gemv", 1, 64, 1024, 8, 2, 4),

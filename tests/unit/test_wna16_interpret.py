@@ -17,6 +17,9 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reas
 
 _CASES = {
     "gemv_g32_sym": ("check_wna16_gemm", [1, 48, 256, 4, 32, True], {"config": ["gemv", 1, 16, 128, 4, 1, 1]}),
+    # PAGEDLLM_WNA16_PREFETCH=1: the next tile's words loaded first (ragged K range, split-K)
+    "gemvp_prefetch_g32_asym_split": ("check_wna16_gemm", [2, 40, 320, 4, 32, False],
+                                      {"config": ["gemvp", 1, 16, 128, 4, 1, 2], "prefetch": True, "bias": True}),
     "gemv_g64_asym_split_bias": ("check_wna16_gemm", [2, 40, 256, 4, 64, False],
                                  {"bias": True, "config": ["gemv", 1, 16, 64, 4, 1, 2]}),
     "gemv_channel_asym": ("check_wna16_gemm", [1, 32, 128, 4, None, False], {"config": ["gemv", 1, 32, 256, 4, 1, 1]}),
@@ -115,11 +118,12 @@ def test_gemvp_needs_rows_aligned_as_int32_pairs():
         wna16_triton.wna16_gemm_triton(x, qw, s, None, 4, config=("gemvp", 1, 16, 128, 4, 1, 1))
 
 
-@pytest.mark.parametrize("kind", ["gemv", "gemvp"])
+@pytest.mark.parametrize("kind", ["gemv", "gemvp", "gemvp_prefetch"])
 def test_gemv_last_split_reduces_for_sm90(kind):
     """The GEMVs' split-K summed by the last split compiles for the H200 with the counting
     protocol in its PTX (the partials' stores, a barrier, the acq_rel gpu-scope count, the
-    partials read back from the L2), spilling nothing."""
+    partials read back from the L2), spilling nothing; gemvp too with PAGEDLLM_WNA16_PREFETCH's
+    loop (the next tile's words loaded first)."""
     from test_small_m_interpret import check_last_program_ptx
 
     from pagedllm.kernels import wna16_triton as w
@@ -129,7 +133,7 @@ def test_gemv_last_split_reduces_for_sm90(kind):
            "out_ptr": "*bf16", "ws_ptr": "*fp32", "count_ptr": "*i32", "M": "i32", "N": "i32", "KW": "i32",
            "KW_PER_SPLIT": "i32", "stride_xm": "i32", "stride_wk": "i32", "stride_sg": "i32", "stride_om": "i32"}
     const = dict(GROUP_K=128, HAS_ZERO=False, HAS_BIAS=True, SPLIT_K=4, EVEN=True, BLOCK_N=32, BLOCK_KW=64, LAST=True,
-                 **({"BITS": 4} if kind == "gemv" else {}))
+                 **({"BITS": 4} if kind == "gemv" else {}), **({"PREFETCH": True} if kind == "gemvp_prefetch" else {}))
     kernel = w._wna16_gemv_kernel if kind == "gemv" else w._wna16_gemv_packed_kernel
     compiled = compile_sm90(kernel, sig, const, 4, 2, aligned=("N", "KW", "KW_PER_SPLIT", "stride_xm", "stride_wk",
                                                               "stride_sg", "stride_om"))
