@@ -77,16 +77,6 @@ if step streamtests 240; then  # the residual stream's GPU checks (kernels, CUDA
     tests/gpu/test_fp8_gpu.py -k "stream or norm or qkv_gemm" > "$OUT/streamtests.log" 2>&1
   echo "streamtests rc=$? at ${SECONDS} s: $(tail -1 "$OUT/streamtests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/streamtests.log" | head
 fi
-if [[ " $STEPS " == *" w2stream "* ]]; then  # W2 Llama-3.1-8B bf16: plain (A) against the residual stream (B)
-  for r in $(seq "$ROUNDS"); do
-    for v in A B; do
-      fits 45 "w2stream $v $r" || continue
-      env $([ $v = B ] && echo PAGEDLLM_FUSED_NORM=1 PAGEDLLM_FUSED_QKV_GEMM=1) timeout 45 $PY benchmarks/latency.py --peer none --iters 2 \
-        --output-json "$OUT/w2stream_${v}_$r.json" > "$OUT/w2stream_${v}_$r.log" 2>&1
-      echo "w2stream $v round $r rc=$?: $(grep -E '^pagedllm:' "$OUT/w2stream_${v}_$r.log")"
-    done
-  done
-fi
 if step moesweep 200; then  # the small MoE kernels' tiles (the gate/up kernel's split-K among them)
   timeout 200 $PY benchmarks/moe_bench.py --skip-latency --skip-w1 --skip-peer --small-sweep \
     --output-json "$OUT/moesweep.json" > "$OUT/moesweep.log" 2>&1; echo "moesweep rc=$? at ${SECONDS} s"
@@ -135,26 +125,21 @@ if step w1int4swap $((ROUNDS * 2 * 200)); then  # W1 Llama-3.1-8B: bf16 (A) agai
     OUT="$OUT/w1int4swap" bash benchmarks/ab_w1.sh --model benchmarks/configs/llama-3.1-8b --skip-tokenizer-init \
     > "$OUT/w1int4swap.log" 2>&1; echo "w1int4swap rc=$? at ${SECONDS} s"
 fi
-if [[ " $STEPS " == *" w2int4swap "* ]]; then  # W2 gptq: K-packed gemvp (A) against the N-major layout's gemvn (B)
+w2ab() {  # name B's-environment latency.py-arguments: W2 with the defaults (A) against B, alternated by round
+  [[ " $STEPS " == *" $1 "* ]] || return
   for r in $(seq "$ROUNDS"); do
     for v in A B; do
-      fits 45 "w2int4swap $v $r" || continue
-      env $([ $v = B ] && echo PAGEDLLM_WNA16_SWAP=1) timeout 45 $PY benchmarks/latency.py --peer none --iters 2 \
-        --quantization gptq --output-json "$OUT/w2int4swap_${v}_$r.json" > "$OUT/w2int4swap_${v}_$r.log" 2>&1
-      echo "w2int4swap $v round $r rc=$?: $(grep -E '^pagedllm:' "$OUT/w2int4swap_${v}_$r.log")"
+      fits 45 "$1 $v $r" || continue
+      # shellcheck disable=SC2046,SC2086  # the assignments and the arguments are meant to split
+      env $([ $v = B ] && echo "$2") timeout 45 $PY benchmarks/latency.py --peer none --iters 2 $3 \
+        --output-json "$OUT/$1_${v}_$r.json" > "$OUT/$1_${v}_$r.log" 2>&1
+      echo "$1 $v round $r rc=$?: $(grep -E '^pagedllm:' "$OUT/$1_${v}_$r.log")"
     done
   done
-fi
-if [[ " $STEPS " == *" w2prefetch "* ]]; then  # W2 gptq: gemvp (A) against gemvp loading the next tile first (B)
-  for r in $(seq "$ROUNDS"); do
-    for v in A B; do
-      fits 45 "w2prefetch $v $r" || continue
-      env $([ $v = B ] && echo PAGEDLLM_WNA16_PREFETCH=1) timeout 45 $PY benchmarks/latency.py --peer none --iters 2 \
-        --quantization gptq --output-json "$OUT/w2prefetch_${v}_$r.json" > "$OUT/w2prefetch_${v}_$r.log" 2>&1
-      echo "w2prefetch $v round $r rc=$?: $(grep -E '^pagedllm:' "$OUT/w2prefetch_${v}_$r.log")"
-    done
-  done
-fi
+}
+w2ab w2stream "PAGEDLLM_FUSED_NORM=1 PAGEDLLM_FUSED_QKV_GEMM=1" ""  # W2 bf16: the residual stream, both switches
+w2ab w2int4swap PAGEDLLM_WNA16_SWAP=1 "--quantization gptq"  # W2 gptq: K-packed gemvp against the N-major gemvn
+w2ab w2prefetch PAGEDLLM_WNA16_PREFETCH=1 "--quantization gptq"  # W2 gptq: gemvp against its next-tile prefetch
 if [[ " $STEPS " == *" w2 "* ]]; then  # W2 Llama-3.1-8B batch 1: bf16, FP8 weights, dummy gptq 4-bit weights
   for q in bf16 fp8 gptq; do
     fits 45 "w2 $q" || continue
