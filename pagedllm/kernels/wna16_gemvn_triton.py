@@ -25,6 +25,7 @@ import triton.language as tl
 
 from pagedllm.kernels.counters import counters
 from pagedllm.kernels.wna16_gemv_triton import _gemv_store, _rows_as_int32_pairs, gemvp_word_sums
+from pagedllm.kernels.wna16_triton import gemv_prefetch
 
 # rows the dispatcher sends here (wna16.wna16_int4_nk_linear); more go to the swap-AB kernel, which
 # reads the weight once for up to 16 rows
@@ -46,6 +47,7 @@ def _wna16_gemvn_kernel(
     GROUP_K: tl.constexpr,  # 0: one scale per row (per channel)
     HAS_ZERO: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, EVEN: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr, ASM: tl.constexpr,
+    PREFETCH: tl.constexpr = False,  # the next tile's words loaded first (wna16_triton.gemv_prefetch)
 ):  # fmt: skip
     # a K tile inside one group (tiles start at multiples of BLOCK_KW words: the splits are too)
     ONE_GROUP: tl.constexpr = GROUP_K > 0 and GROUP_K % (BLOCK_KW * 8) == 0
@@ -67,6 +69,10 @@ def _wna16_gemvn_kernel(
         else:
             zero = tl.full([1, BLOCK_N], 8.0, tl.float32)
     acc = tl.zeros([BLOCK_KW, BLOCK_N], dtype=tl.float32)
+    w_rows = w_ptr + rn64[None, :] * stride_wn
+    if PREFETCH:  # the first tile's words, before the loop
+        w_next = tl.load(w_rows + (kw_lo + ri)[:, None], mask=((kw_lo + ri) < kw_hi)[:, None] & n_mask[None, :],
+                         other=0)
     for kw0 in range(kw_lo, kw_hi, BLOCK_KW):
         cols = kw0 + ri
         if EVEN:
@@ -74,7 +80,12 @@ def _wna16_gemvn_kernel(
         else:
             c_mask = cols < kw_hi
         mask = c_mask[:, None] & n_mask[None, :]
-        w = tl.load(w_ptr + rn64[None, :] * stride_wn + cols[:, None], mask=mask, other=0)
+        if PREFETCH:  # this tile's words came with the last iteration; the next tile's go out now
+            w = w_next
+            w_next = tl.load(w_rows + (cols + BLOCK_KW)[:, None],
+                             mask=((cols + BLOCK_KW) < kw_hi)[:, None] & n_mask[None, :], other=0)
+        else:
+            w = tl.load(w_rows + cols[:, None], mask=mask, other=0)
         if GROUP_K > 0:
             if ONE_GROUP:  # the tile's inputs lie in one group: a scale (and zero) a column
                 s_off = rn64[None, :] * stride_sn + kw0 * 8 // GROUP_K
@@ -153,6 +164,6 @@ def wna16_gemvn(
         count, m, n, kw, kw_per_split, x.stride(0), qweight.stride(0), scales.stride(0), out.stride(0),
         GROUP_K=group_k, HAS_ZERO=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=split_k,
         EVEN=kw_per_split * split_k == kw, BLOCK_N=block_n, BLOCK_KW=block_kw,
-        ASM=os.environ.get("TRITON_INTERPRET") != "1", num_warps=num_warps, num_stages=2,
+        ASM=os.environ.get("TRITON_INTERPRET") != "1", PREFETCH=gemv_prefetch(), num_warps=num_warps, num_stages=2,
     )  # fmt: skip
     return out

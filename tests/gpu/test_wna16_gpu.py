@@ -119,15 +119,30 @@ def check_wna16_swap(device, dtype, m, n, k, group_k=128, symmetric=True, bias=F
     _close(out, wna16_int4_nk_linear_torch(x, qn, sn, zn, b), torch.float16 if dtype == torch.float32 else dtype)
 
 
-def check_wna16_gemvn(device, dtype, m, n, k, group_k=128, symmetric=True, bias=False, config=None, seed=0):
-    """The N-major one-row GEMV (config: gemvn_config's fields) against the float32 reference."""
+def check_wna16_gemvn(device, dtype, m, n, k, group_k=128, symmetric=True, bias=False, config=None, seed=0,
+                      prefetch=False):
+    """The N-major one-row GEMV (config: gemvn_config's fields) against the float32 reference;
+    prefetch: with PAGEDLLM_WNA16_PREFETCH=1 (the next tile's words loaded first)."""
+    import os
+
+    from pagedllm.kernels import wna16_triton
     from pagedllm.kernels.wna16_gemvn_triton import wna16_gemvn
 
     g = torch.Generator().manual_seed(seed)
     qn, sn, zn = _nk_weights(n, k, group_k, symmetric, device, g, dtype)
     x = torch.randn(m, k, generator=g).to(device=device, dtype=dtype)
     b = (torch.randn(n, generator=g) * 0.1).to(device=device, dtype=dtype) if bias else None
-    out = wna16_gemvn(x, qn, sn, zn, b, config=tuple(config) if config else None)
+    old = os.environ.get("PAGEDLLM_WNA16_PREFETCH")
+    os.environ["PAGEDLLM_WNA16_PREFETCH"] = "1" if prefetch else "0"
+    wna16_triton.gemv_prefetch.cache_clear()
+    try:
+        out = wna16_gemvn(x, qn, sn, zn, b, config=tuple(config) if config else None)
+    finally:
+        if old is None:
+            os.environ.pop("PAGEDLLM_WNA16_PREFETCH")
+        else:
+            os.environ["PAGEDLLM_WNA16_PREFETCH"] = old
+        wna16_triton.gemv_prefetch.cache_clear()
     assert out.dtype == dtype and out.shape == (m, n)
     _close(out, wna16_int4_nk_linear_torch(x, qn, sn, zn, b), dtype)
 
@@ -310,9 +325,11 @@ def test_wna16_int4_nk_dispatch(m):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("n,k", [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (1000, 2048)])
 @pytest.mark.parametrize("group_k,symmetric", [(128, True), (32, False), (None, True)])
-def test_wna16_gemvn(dtype, n, k, group_k, symmetric):
-    """The N-major one-row GEMV at Llama-3.1-8B's projections (and a ragged N) at its default config."""
-    check_wna16_gemvn("cuda", dtype, 1, n, k, group_k, symmetric, bias=n == 1000)
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_wna16_gemvn(dtype, n, k, group_k, symmetric, prefetch):
+    """The N-major one-row GEMV at Llama-3.1-8B's projections (and a ragged N) at its default config,
+    with and without PAGEDLLM_WNA16_PREFETCH."""
+    check_wna16_gemvn("cuda", dtype, 1, n, k, group_k, symmetric, bias=n == 1000, prefetch=prefetch)
 
 
 @pytest.mark.parametrize("m", [48, 64, 200, 256])

@@ -57,6 +57,8 @@ _CASES = {
     "gemvn_g128_ragged_default": ("check_wna16_gemvn", [1, 40, 640, 128, True], {}),
     "gemvn_one_group_tiles_asym_split": ("check_wna16_gemvn", [1, 40, 512, 32, False],
                                          {"bias": True, "config": [16, 4, 2, 4]}),
+    "gemvn_prefetch_split_ragged": ("check_wna16_gemvn", [1, 40, 640, 64, False],
+                                    {"config": [16, 8, 3, 4], "prefetch": True}),
     # the GEMM: 64- and 128-row activation tiles over M (ragged), split-K, groups, zeros, bias
     "gemm_m70_bm64_g64_asym_bias": ("check_wna16_swap", [70, 40, 256, 64, False],
                                     {"bias": True, "config": [32, 64, 1, 4, 1, "kernel", 64]}),
@@ -179,10 +181,12 @@ def test_switch(monkeypatch):
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
-@pytest.mark.parametrize("x, group_k, has_zero", [("bf16", 128, False), ("fp16", 32, True), ("bf16", 0, True)])
-def test_gemvn_kernel_compiles_for_sm90(x, group_k, has_zero):
+@pytest.mark.parametrize("x, group_k, has_zero, prefetch", [("bf16", 128, False, False), ("fp16", 32, True, False),
+                                                           ("bf16", 0, True, False), ("bf16", 128, False, True)])
+def test_gemvn_kernel_compiles_for_sm90(x, group_k, has_zero, prefetch):
     """The N-major one-row GEMV at its default tiles compiles for the H200 with the packed 16-bit
-    dequantization (lop3 with the magic number, products on 16-bit pairs), nothing spilled."""
+    dequantization (lop3 with the magic number, products on 16-bit pairs), nothing spilled; also
+    loading the next tile's words first (PAGEDLLM_WNA16_PREFETCH)."""
     from pagedllm.kernels import wna16_gemvn_triton as g
     from pagedllm.kernels.inspect_sm90 import compile_sm90, resources
 
@@ -191,7 +195,7 @@ def test_gemvn_kernel_compiles_for_sm90(x, group_k, has_zero):
            "ws_ptr": "*fp32", "count_ptr": "*i32", "M": "i32", "N": "i32", "KW": "i32", "KW_PER_SPLIT": "i32",
            "stride_xm": "i32", "stride_wn": "i32", "stride_sn": "i32", "stride_om": "i32"}
     constexprs = {"GROUP_K": group_k, "HAS_ZERO": has_zero, "HAS_BIAS": False, "SPLIT_K": 2, "EVEN": True,
-                  "BLOCK_N": block_n, "BLOCK_KW": block_kw, "ASM": True}
+                  "BLOCK_N": block_n, "BLOCK_KW": block_kw, "ASM": True, "PREFETCH": prefetch}
     compiled = compile_sm90(g._wna16_gemvn_kernel, sig, constexprs, num_warps=warps, num_stages=2,
                             aligned=("N", "KW", "KW_PER_SPLIT", "stride_xm", "stride_wn", "stride_sn", "stride_om"))
     ptx = compiled.asm["ptx"]
