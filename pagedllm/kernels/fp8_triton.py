@@ -32,7 +32,7 @@ from pagedllm.kernels._triton import next_power_of_2, pdl_weights
 from pagedllm.kernels.fp8 import FP8_MAX, MIN_SCALE
 from pagedllm.kernels.norm_triton import normed_cols, plus_residual, rstd_rows
 from pagedllm.kernels.pdl_triton import pdl_release, pdl_wait, prefetch_rows_l2
-from pagedllm.kernels.swap_gemm_triton import SWAP_BLOCK_M, SwapConfig, norm_residual_args, swap_gemm
+from pagedllm.kernels.swap_gemm_triton import SWAP_BLOCK_M, SwapConfig, norm_residual_args, norm_residual_switches, swap_gemm
 
 
 @triton.jit
@@ -273,8 +273,7 @@ def fp8_gemm_triton(
 
         y = fp8_gemm_triton(x if norm is None else rms_norm(x, *norm), weight, weight_scale, bias, config)
         return y if residual is None else y + residual
-    stream = {"NORM": norm is not None, "RESIDUAL": residual is not None,
-              "BLOCK_KN": next_power_of_2(k) if norm is not None else 1}
+    stream = norm_residual_switches(k, norm, residual)
     nw, res = norm_residual_args(x, norm, residual)
     stream_args = (nw, res, n, k, x.stride(0), weight.stride(0), weight_scale.stride(0), out.stride(0),
                    res.stride(0), norm[1] if norm is not None else 0.0)

@@ -53,7 +53,7 @@ from pagedllm.kernels.attention import _dot_precision
 from pagedllm.kernels.counters import counters
 from pagedllm.kernels.norm_triton import normed_cols, plus_residual, rstd_rows
 from pagedllm.kernels.pdl_triton import pdl_release, pdl_wait
-from pagedllm.kernels.swap_gemm_triton import norm_residual_args
+from pagedllm.kernels.swap_gemm_triton import norm_residual_args, norm_residual_switches
 
 # (token, expert) pairs up to which fused_experts_triton takes this path: 4 tokens of
 # Qwen3-30B-A3B's top-8. H200 sweep (RESULTS.md, eleventh session, call 5), us per layer, this
@@ -289,7 +289,7 @@ def small_gate_up(
         inter, hidden, top_k, x.stride(0), w13.stride(0), w13.stride(1), h.stride(0), norm[1] if norm else 0.0,
         HAS_MAP=expert_map is not None, HAS_LOAD=expert_load is not None, HAS_SLOTS=slot_mapping is not None,
         EVEN_K=hidden % block_k == 0, DOT_PRECISION=_dot_precision(x.dtype), BLOCK_N=block_n, BLOCK_K=block_k,
-        PAD_COLS=_PAD_COLS, NORM=norm is not None, BLOCK_KN=next_power_of_2(hidden) if norm else 1,
+        PAD_COLS=_PAD_COLS, **norm_residual_switches(hidden, norm, None),
         num_warps=num_warps, num_stages=num_stages, **pdl(x),
     )  # fmt: skip
     return h
@@ -332,7 +332,7 @@ def small_down(
         residual.stride(0) if residual is not None else 0,
         HAS_MAP=expert_map is not None, EVEN_K=inter % block_k == 0, DOT_PRECISION=_dot_precision(h.dtype),
         SPLIT=split, EXPERTS_PER_PROGRAM=per_program, BLOCK_EXPERTS=next_power_of_2(per_program),
-        BLOCK_N=block_n, BLOCK_K=block_k, PAD_COLS=_PAD_COLS, RESIDUAL=residual is not None,
+        BLOCK_N=block_n, BLOCK_K=block_k, PAD_COLS=_PAD_COLS, **norm_residual_switches(hidden, None, residual),
         num_warps=num_warps, num_stages=num_stages, **pdl(h),
     )  # fmt: skip
     return out

@@ -29,7 +29,6 @@ from pagedllm.kernels._triton import next_power_of_2, pdl
 from pagedllm.kernels.attention import fp8_max, v_layout_ok, v_store_max
 from pagedllm.kernels.counters import counters
 from pagedllm.kernels.pdl_triton import pdl_release, pdl_wait
-from pagedllm.kernels.qkv_rope import _SWAP_ROWS
 from pagedllm.kernels.qkv_rope_triton import _norm_rotate, _rounded_row, _store_k, _store_v
 from pagedllm.kernels.swap_gemm_triton import (
     SWAP_BLOCK_M,
@@ -40,8 +39,6 @@ from pagedllm.kernels.swap_gemm_triton import (
     _swap_product,
     norm_residual_args,
 )
-
-assert _SWAP_ROWS == SWAP_BLOCK_M  # qkv_rope.qkv_gemm_rope_applies's bound is this kernel's
 
 # the most programs the split-K choice aims for (small_m's sweep: 64-128 programs streamed best)
 _TARGET_PROGRAMS = 128

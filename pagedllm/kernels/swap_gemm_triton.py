@@ -311,10 +311,18 @@ def norm_residual_args(x: torch.Tensor, norm, residual) -> tuple[torch.Tensor, t
     return (norm[0] if norm is not None else x), (residual if residual is not None else x)
 
 
-def _norm_residual_switches(m: int, k: int, norm, residual) -> dict:
-    return {"NORM": norm is not None, "RESIDUAL": residual is not None,
-            "BLOCK_KN": next_power_of_2(k) if norm is not None else 1,
-            "NORM_ROWS": next_power_of_2(m) if norm is not None else 1}
+def norm_residual_switches(k: int, norm, residual, m: int | None = None) -> dict:
+    """The constexprs of a kernel folding an RMSNorm of K-wide rows into its prologue (NORM,
+    BLOCK_KN; NORM_ROWS for kernels of several rows m) and / or a residual add into its epilogue
+    (RESIDUAL): only those switched on, the kernels' defaults being off."""
+    switches: dict = {}
+    if norm is not None:
+        switches.update(NORM=True, BLOCK_KN=next_power_of_2(k))
+        if m is not None:
+            switches["NORM_ROWS"] = next_power_of_2(m)
+    if residual is not None:
+        switches["RESIDUAL"] = True
+    return switches
 
 
 def _split(k: int, cfg: SwapConfig) -> tuple[int, int]:
@@ -361,7 +369,7 @@ def swap_gemm(
         SPLIT_K=split_k, WORKSPACE=workspace, LAST=last, TOP_K=0, RENORMALIZE=False, BLOCK_E=1,
         BLOCK_TOPK=1, BLOCK_M=SWAP_BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         OPERANDS=_operands(x, weight, weight_scale), FP16_MAX_=FP16_MAX,
-        **_norm_residual_switches(m, k, norm, residual), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **norm_residual_switches(k, norm, residual, m), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **pdl_weights(x, weight, cfg.block_k),
     )  # fmt: skip
     if workspace and not last:
@@ -404,7 +412,7 @@ def swap_gemm_topk(
         SCALED=False, GROUP_K=0, HAS_BIAS=False, EVEN_K=k_split * split_k == k, SPLIT_K=split_k,
         WORKSPACE=True, LAST=False, TOP_K=top_k, RENORMALIZE=renormalize, BLOCK_E=next_power_of_2(n),
         BLOCK_TOPK=next_power_of_2(top_k), BLOCK_M=SWAP_BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        OPERANDS=_operands(x, weight, None), FP16_MAX_=FP16_MAX, **_norm_residual_switches(m, k, norm, None),
+        OPERANDS=_operands(x, weight, None), FP16_MAX_=FP16_MAX, **norm_residual_switches(k, norm, None, m),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_weights(x, weight, cfg.block_k),
     )  # fmt: skip
     return weights, ids

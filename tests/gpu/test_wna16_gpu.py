@@ -12,7 +12,9 @@ through Triton's interpreter at small shapes."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import os
 
 import pytest
 import torch
@@ -52,34 +54,42 @@ def _close(out, ref, dtype):
     torch.testing.assert_close(out.float() / scale, ref.float() / scale, atol=atol, rtol=rtol)
 
 
-def check_wna16_gemm(device, dtype, m, n, k, bits=4, group_k=128, symmetric=True, bias=False, config=None, seed=0,
-                     reduce_last=None, calls=1, prefetch=False):
-    """reduce_last: split-K summed by the last split (True) or by float32 atomics (False);
-    calls: run again on new activations (the last split leaves its counters at zero); prefetch:
-    with PAGEDLLM_WNA16_PREFETCH=1 (gemvp loads the next tile's words first)."""
-    import os
-
+@contextlib.contextmanager
+def _prefetch(on: bool):
+    """PAGEDLLM_WNA16_PREFETCH set for the GEMVs inside (read once per process: the cache cleared
+    on the way in and out), as it was after."""
     from pagedllm.kernels import wna16_triton
 
-    g = torch.Generator().manual_seed(seed)
-    qw, s, z = _weights(n, k, bits, group_k, symmetric, device, g)
-    b = (torch.randn(n, generator=g) * 0.1).to(device=device, dtype=dtype) if bias else None
     old = os.environ.get("PAGEDLLM_WNA16_PREFETCH")
-    os.environ["PAGEDLLM_WNA16_PREFETCH"] = "1" if prefetch else "0"
+    os.environ["PAGEDLLM_WNA16_PREFETCH"] = "1" if on else "0"
     wna16_triton.gemv_prefetch.cache_clear()
     try:
-        for _ in range(calls):
-            x = torch.randn(m, k, generator=g).to(device=device, dtype=dtype)
-            out = wna16_triton.wna16_gemm_triton(x, qw, s, z, bits, b, config=tuple(config) if config else None,
-                                                 reduce_last=reduce_last)
-            assert out.dtype == dtype and out.shape == (m, n)
-            _close(out, wna16_linear_torch(x, qw, s, z, bits, b), dtype)
+        yield
     finally:
         if old is None:
             os.environ.pop("PAGEDLLM_WNA16_PREFETCH")
         else:
             os.environ["PAGEDLLM_WNA16_PREFETCH"] = old
         wna16_triton.gemv_prefetch.cache_clear()
+
+
+def check_wna16_gemm(device, dtype, m, n, k, bits=4, group_k=128, symmetric=True, bias=False, config=None, seed=0,
+                     reduce_last=None, calls=1, prefetch=False):
+    """reduce_last: split-K summed by the last split (True) or by float32 atomics (False);
+    calls: run again on new activations (the last split leaves its counters at zero); prefetch:
+    with PAGEDLLM_WNA16_PREFETCH=1 (gemvp loads the next tile's words first)."""
+    from pagedllm.kernels import wna16_triton
+
+    g = torch.Generator().manual_seed(seed)
+    qw, s, z = _weights(n, k, bits, group_k, symmetric, device, g)
+    b = (torch.randn(n, generator=g) * 0.1).to(device=device, dtype=dtype) if bias else None
+    with _prefetch(prefetch):
+        for _ in range(calls):
+            x = torch.randn(m, k, generator=g).to(device=device, dtype=dtype)
+            out = wna16_triton.wna16_gemm_triton(x, qw, s, z, bits, b, config=tuple(config) if config else None,
+                                                 reduce_last=reduce_last)
+            assert out.dtype == dtype and out.shape == (m, n)
+            _close(out, wna16_linear_torch(x, qw, s, z, bits, b), dtype)
 
 
 def check_wna16_dequant(device, dtype, n, k, bits=4, group_k=128, symmetric=True, seed=0):
@@ -123,26 +133,14 @@ def check_wna16_gemvn(device, dtype, m, n, k, group_k=128, symmetric=True, bias=
                       prefetch=False):
     """The N-major one-row GEMV (config: gemvn_config's fields) against the float32 reference;
     prefetch: with PAGEDLLM_WNA16_PREFETCH=1 (the next tile's words loaded first)."""
-    import os
-
-    from pagedllm.kernels import wna16_triton
     from pagedllm.kernels.wna16_gemvn_triton import wna16_gemvn
 
     g = torch.Generator().manual_seed(seed)
     qn, sn, zn = _nk_weights(n, k, group_k, symmetric, device, g, dtype)
     x = torch.randn(m, k, generator=g).to(device=device, dtype=dtype)
     b = (torch.randn(n, generator=g) * 0.1).to(device=device, dtype=dtype) if bias else None
-    old = os.environ.get("PAGEDLLM_WNA16_PREFETCH")
-    os.environ["PAGEDLLM_WNA16_PREFETCH"] = "1" if prefetch else "0"
-    wna16_triton.gemv_prefetch.cache_clear()
-    try:
+    with _prefetch(prefetch):
         out = wna16_gemvn(x, qn, sn, zn, b, config=tuple(config) if config else None)
-    finally:
-        if old is None:
-            os.environ.pop("PAGEDLLM_WNA16_PREFETCH")
-        else:
-            os.environ["PAGEDLLM_WNA16_PREFETCH"] = old
-        wna16_triton.gemv_prefetch.cache_clear()
     assert out.dtype == dtype and out.shape == (m, n)
     _close(out, wna16_int4_nk_linear_torch(x, qn, sn, zn, b), dtype)
 
@@ -167,7 +165,7 @@ def test_wna16_gemm(dtype, m, n, k, bits, group_k, symmetric):
 
 
 @pytest.mark.parametrize("m, split", [(1, 1), (1, 4), (3, 2)])
-def test_gemvp_prefetch_equals_plain(m, split, monkeypatch):
+def test_gemvp_prefetch_equals_plain(m, split):
     """PAGEDLLM_WNA16_PREFETCH=1 (the next tile's words loaded before the current tile is used):
     the same bits as without, split-K and a ragged K range too."""
     from pagedllm.kernels import wna16_triton
@@ -179,11 +177,9 @@ def test_gemvp_prefetch_equals_plain(m, split, monkeypatch):
     x = torch.randn(m, w.shape[1], generator=g).to("cuda", torch.bfloat16)
     cfg = ("gemvp", 1, 32, 1024, 8, 2, split)
     outs = []
-    for flag in ("0", "1"):
-        monkeypatch.setenv("PAGEDLLM_WNA16_PREFETCH", flag)
-        wna16_triton.gemv_prefetch.cache_clear()
-        outs.append(wna16_triton.wna16_gemm_triton(x, qw, s, z, 4, config=cfg))
-    wna16_triton.gemv_prefetch.cache_clear()
+    for on in (False, True):
+        with _prefetch(on):
+            outs.append(wna16_triton.wna16_gemm_triton(x, qw, s, z, 4, config=cfg))
     assert torch.equal(outs[0], outs[1])
 
 

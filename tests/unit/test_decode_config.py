@@ -21,13 +21,6 @@ def test_override(monkeypatch, raw, want):
     assert attention_decode.decode_config(2) == want
 
 
-def test_default_is_the_table(monkeypatch):
-    monkeypatch.delenv("PAGEDLLM_DECODE_CONFIG", raising=False)
-    for itemsize in (1, 2, 4):
-        assert attention_decode.decode_config(itemsize) == (*attention_decode.DECODE_CONFIGS[itemsize],
-                                                            attention_decode.DECODE_MAXNREG[itemsize])
-
-
 @pytest.mark.parametrize("raw", ["64,4", "48,4,2", "a,b,c", "8,4,2", "mma,64,4,2", "64,0,2", "128,4,3,16",
                                  "128,4,3,96,1"])
 def test_bad_override_names_the_variable(monkeypatch, raw):

@@ -62,9 +62,7 @@ def stream_linear(layer: nn.Module, x: torch.Tensor, norm: nn.Module | None = No
     epilogue (kernels/swap_gemm_triton.py): no norm or add kernel of its own; a quantized one asks
     its method (`apply_stream`: FP8's W8A16 kernels fold them too). Anything else runs the norm,
     the layer and the add as they are."""
-    if getattr(layer, "skip_bias_add", False):
-        y = layer(x if norm is None else norm(x))
-        return y if residual is None else y + residual
+    assert not getattr(layer, "skip_bias_add", False), "a layer that leaves its bias to the caller"
     if layer.quant_method is not None:
         return layer.quant_method.apply_stream(layer, x, layer.bias, norm, residual)
     if layer.small_m_gemm and (norm is None or small_m.norm_fusable(x, norm.weight)):

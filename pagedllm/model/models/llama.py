@@ -136,7 +136,7 @@ class LlamaAttention(nn.Module):
         product and attention)."""
         proj, rope = self.qkv_proj, self.rotary_emb
         if (self.fuse_qkv_gemm and self.fuse_rope_kv and self.attn.can_store_qkv(s) and rope is not None
-                and proj.quant_method is None and proj.small_m_gemm and not proj.skip_bias_add
+                and proj.quant_method is None and proj.small_m_gemm
                 and small_m.norm_fusable(s, norm.weight)
                 and qkv_gemm_rope_applies(s, proj.weight, self.head_dim, rope.cos_cache.shape[-1])):
             return self.attn.forward_qkv_gemm(s, proj.weight, proj.bias, (norm.weight, norm.eps), positions,
