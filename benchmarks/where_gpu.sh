@@ -10,10 +10,6 @@
 # pdltests (tests/gpu/test_pdl_gpu.py), moetree (A the tree at $A_PATH, B this one), w3 (W3 at inf,
 # bf16 then FP8 weights + FP8 KV; the server's wheels installed first), moesweep (moe_bench.py
 # --small-sweep), w2 (latency.py bf16 / fp8 / gptq), w2prof0 (W2 bf16's profile, PDL off), w1kv (W1 bf16 KV (A) against FP8 KV (B), ab_w1.sh),
-# moestream (Qwen3-30B-A3B batch 1, plain (A) against the residual stream kept whole (B,
-# PAGEDLLM_FUSED_NORM=1), alternated), moeqkv (the same with PAGEDLLM_FUSED_QKV_GEMM=1 too: the
-# rope/store in the qkv product's epilogue), moeall (and the decode's last split merging too),
-# streambench (benchmarks/stream_bench.py: each fusion kernel by kernel), streamtests (their GPU tests), w2stream (W2 bf16 A against B, both switches on),
 # maxnreg (decode_sweep.py --maxnreg-ab), w1maxnreg (W1 FP8 KV: the default (A) against the decode
 # kernel capped at 96 registers (B), five CTAs an SM), w3prof (profiles of Llama-3.1-8B's prefill-heavy first steps, bf16 and FP8 + FP8 KV: where W3's
 # 1.4x must come from), w1int4 (W1 on Llama-3.1-8B: bf16 (A) against dummy gptq 4-bit weights (B), issue 19's 0.9x),
@@ -65,18 +61,6 @@ if [[ " $STEPS " == *" moetree "* ]] && [ -d "${A_PATH:-}" ]; then
   done
 fi
 moeab moemerge PAGEDLLM_DECODE_LAST_REDUCE=1
-moeab moestream PAGEDLLM_FUSED_NORM=1
-moeab moeqkv "PAGEDLLM_FUSED_NORM=1 PAGEDLLM_FUSED_QKV_GEMM=1"
-moeab moeall "PAGEDLLM_FUSED_NORM=1 PAGEDLLM_FUSED_QKV_GEMM=1 PAGEDLLM_DECODE_LAST_REDUCE=1"
-if step streambench 150; then  # the residual stream's fusions kernel by kernel (us a layer, CUDA graphs of 48)
-  OUT="$OUT" timeout 150 $PY benchmarks/stream_bench.py > "$OUT/streambench.log" 2>&1
-  echo "streambench rc=$? at ${SECONDS} s"
-fi
-if step streamtests 240; then  # the residual stream's GPU checks (kernels, CUDA graphs, the engine)
-  timeout 240 $PY -m pytest -q tests/gpu/test_small_m_gpu.py tests/gpu/test_fused_moe.py tests/gpu/test_fused_gpu.py \
-    tests/gpu/test_fp8_gpu.py -k "stream or norm or qkv_gemm" > "$OUT/streamtests.log" 2>&1
-  echo "streamtests rc=$? at ${SECONDS} s: $(tail -1 "$OUT/streamtests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/streamtests.log" | head
-fi
 if step moesweep 200; then  # the small MoE kernels' tiles (the gate/up kernel's split-K among them)
   timeout 200 $PY benchmarks/moe_bench.py --skip-latency --skip-w1 --skip-peer --small-sweep \
     --output-json "$OUT/moesweep.json" > "$OUT/moesweep.log" 2>&1; echo "moesweep rc=$? at ${SECONDS} s"
@@ -137,7 +121,6 @@ w2ab() {  # name B's-environment latency.py-arguments: W2 with the defaults (A) 
     done
   done
 }
-w2ab w2stream "PAGEDLLM_FUSED_NORM=1 PAGEDLLM_FUSED_QKV_GEMM=1" ""  # W2 bf16: the residual stream, both switches
 w2ab w2int4swap PAGEDLLM_WNA16_SWAP=1 "--quantization gptq"  # W2 gptq: K-packed gemvp against the N-major gemvn
 w2ab w2prefetch PAGEDLLM_WNA16_PREFETCH=1 "--quantization gptq"  # W2 gptq: gemvp against its next-tile prefetch
 if [[ " $STEPS " == *" w2 "* ]]; then  # W2 Llama-3.1-8B batch 1: bf16, FP8 weights, dummy gptq 4-bit weights
@@ -182,8 +165,7 @@ echo "=== W1 FP8 KV: A default, B decode maxnreg 96 ==="; grep -E "round|median"
 [ -f "$OUT/maxnreg.log" ] && { echo "=== decode under register caps ==="; grep -A12 "=== decode kernel" "$OUT/maxnreg.log"; }
 echo "=== W1 Llama-3.1-8B: A bf16, B gptq 4-bit ==="; grep -E "round|median" "$OUT/w1int4.log" 2>/dev/null
 echo "=== W1 Llama-3.1-8B: A bf16, B gptq N-major + swap GEMM ==="; grep -E "round|median" "$OUT/w1int4swap.log" 2>/dev/null
-[ -f "$OUT/streambench.log" ] && { echo "=== residual stream, us a layer ==="; grep "us a layer" "$OUT/streambench.log"; }
 [ -f "$OUT/int4gemm.log" ] && { echo "=== int4 GEMM (us a layer; sums) ==="; grep -A4 "^sum over" "$OUT/int4gemm.log"; }
-echo "=== Qwen3-30B-A3B batch 1 (ms/token): moemerge B last split merges; moestream B PAGEDLLM_FUSED_NORM=1; moeqkv B and QKV_GEMM=1; moeall B and DECODE_LAST_REDUCE=1; moetree A another tree ==="
+echo "=== Qwen3-30B-A3B batch 1 (ms/token): moemerge B last split merges; moetree A another tree ==="
 for f in "$OUT"/moe_*.log; do [ -f "$f" ] && echo "$(basename "$f" .log): $(grep -h "batch 1:" "$f" | cut -c1-60)"; done
 tar czf /tmp/where_gpu_logs.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/where_gpu_logs.tgz "$OUT/"  # one file back (the device returns few)

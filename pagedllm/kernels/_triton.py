@@ -32,10 +32,7 @@ def fusion_enabled(option: str, default: bool = True) -> bool:
     turns it off, =1 on, unset: `default`. ROPE_KV: q/k norm + rotary + store-KV in one kernel
     (kernels/qkv_rope.py), on by default (it runs on CUDA tensors only; the CPU keeps the unfused
     chain). ROUTER: the MoE router's product, softmax and top-k in one launch for 1-16 tokens
-    (kernels/small_m.py `route_small`), on by default. NORM: the residual stream kept whole
-    (LlamaDecoderLayer.forward_stream: the RMSNorms in the products' prologues, the residual adds
-    in their epilogues), off until measured. QKV_GEMM: inside that stream, the q/k norm + rotary +
-    store-KV in the qkv product's epilogue (kernels/qkv_gemm_rope_triton.py), off until measured."""
+    (kernels/small_m.py `route_small`), on by default."""
     value = os.environ.get(f"PAGEDLLM_FUSED_{option}", "").strip()
     return default if not value else value != "0"
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import torch
 
 from pagedllm.kernels._triton import use_triton
-from pagedllm.kernels.norm import rms_norm
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448
@@ -96,25 +95,19 @@ def _scaled_mm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
-               bias: torch.Tensor | None = None, norm: tuple[torch.Tensor, float] | None = None,
-               residual: torch.Tensor | None = None) -> torch.Tensor:
+               bias: torch.Tensor | None = None) -> torch.Tensor:
     """y = x @ w.T (+ bias) with an FP8 weight; x [M, K] -> [M, N]. On CUDA: the Triton W8A16
     kernel for few rows, cuBLAS W8A8 from SCALED_MM_MIN_ROWS rows (per-channel scales, 16-bit
-    activations). Elsewhere the W8A16 reference (the CPU's emulation). norm (weight [K], eps): x is
-    a residual stream, rms_norm(x) * weight is multiplied; residual [M, N]: added to y, rounded
-    (the W8A16 kernels fold both in, as swap_gemm_triton's residual stream; elsewhere apart)."""
+    activations). Elsewhere the W8A16 reference (the CPU's emulation)."""
     if use_triton(x):
-        if not (x.shape[0] >= SCALED_MM_MIN_ROWS and weight_scale.shape[1] == 1
+        if (x.shape[0] >= SCALED_MM_MIN_ROWS and weight_scale.shape[1] == 1
                 and x.dtype in (torch.bfloat16, torch.float16)):
-            from pagedllm.kernels.fp8_triton import fp8_gemm_triton
+            return _scaled_mm(x, weight, weight_scale, bias)
+        from pagedllm.kernels.fp8_triton import fp8_gemm_triton
 
-            return fp8_gemm_triton(x, weight, weight_scale, bias, norm=norm, residual=residual)
-        y = _scaled_mm(x if norm is None else rms_norm(x, *norm), weight, weight_scale, bias)
-    elif x.device.type == "cpu":
+        return fp8_gemm_triton(x, weight, weight_scale, bias)
+    if x.device.type == "cpu":
         # the CPU's emulation: dequantize to x's dtype and use its GEMM (same values as the
         # reference up to float32 summation order)
-        xn = x if norm is None else rms_norm(x, *norm)
-        y = torch.nn.functional.linear(xn, dequantize_fp8_torch(weight, weight_scale, x.dtype), bias)
-    else:
-        y = fp8_linear_torch(x if norm is None else rms_norm(x, *norm), weight, weight_scale, bias)
-    return y if residual is None else y + residual
+        return torch.nn.functional.linear(x, dequantize_fp8_torch(weight, weight_scale, x.dtype), bias)
+    return fp8_linear_torch(x, weight, weight_scale, bias)

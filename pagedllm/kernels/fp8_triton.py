@@ -30,9 +30,8 @@ import triton.language as tl
 
 from pagedllm.kernels._triton import next_power_of_2, pdl_weights
 from pagedllm.kernels.fp8 import FP8_MAX, MIN_SCALE
-from pagedllm.kernels.norm_triton import normed_cols, plus_residual, rstd_rows
 from pagedllm.kernels.pdl_triton import pdl_release, pdl_wait, prefetch_rows_l2
-from pagedllm.kernels.swap_gemm_triton import SWAP_BLOCK_M, SwapConfig, norm_residual_args, norm_residual_switches, swap_gemm
+from pagedllm.kernels.swap_gemm_triton import SWAP_BLOCK_M, SwapConfig, swap_gemm
 
 
 @triton.jit
@@ -42,17 +41,12 @@ def _fp8_gemv_kernel(
     s_ptr,  # [N, G] float32
     b_ptr,  # [N] bias (read when HAS_BIAS)
     out_ptr,  # [M, N]
-    nw_ptr,  # [K] the RMSNorm weight x is normalized by (NORM)
-    res_ptr,  # [M, N] the residual added to the output (RESIDUAL)
     N, K,
-    stride_xm, stride_wn, stride_sn, stride_om, stride_rm,
-    eps,  # the RMSNorm's epsilon (NORM)
+    stride_xm, stride_wn, stride_sn, stride_om,
     GROUP_K: tl.constexpr,  # 0: one scale per row (G = 1); else the K width of a scale group
     HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     PDL: tl.constexpr = False, PREFETCH_K: tl.constexpr = 0,  # kernels/pdl_triton.py
-    NORM: tl.constexpr = False, RESIDUAL: tl.constexpr = False,  # swap_gemm_triton's residual stream
-    BLOCK_KN: tl.constexpr = 1,  # (NORM) a power of two >= K
 ):  # fmt: skip
     pdl_release(PDL)
     m = tl.program_id(0).to(tl.int64)
@@ -65,22 +59,16 @@ def _fp8_gemv_kernel(
     pdl_wait(PDL)
     w_rows = w_ptr + rn64[:, None] * stride_wn
     x_row = x_ptr + m * stride_xm
-    if NORM:
-        rstd = rstd_rows(x_row, stride_xm, 1, K, eps, tl.arange(0, 1), BLOCK_KN, 1)
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + rk
         if EVEN_K:
             x = tl.load(x_row + kk)
             w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None], other=0.0)
-            if NORM:
-                x = _normed_row(x, rstd, tl.load(nw_ptr + kk))
         else:
             k_mask = kk < K
             x = tl.load(x_row + kk, mask=k_mask, other=0.0)
             w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-            if NORM:
-                x = _normed_row(x, rstd, tl.load(nw_ptr + kk, mask=k_mask, other=0.0))
         prod = w.to(tl.float32) * x.to(tl.float32)[None, :]
         if GROUP_K > 0:
             s = tl.load(s_ptr + rn64 * stride_sn + k0 // GROUP_K, mask=n_mask, other=0.0)
@@ -91,8 +79,6 @@ def _fp8_gemv_kernel(
         y = y * tl.load(s_ptr + rn64 * stride_sn, mask=n_mask, other=0.0)
     if HAS_BIAS:
         y = y + tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
-    if RESIDUAL:
-        y = plus_residual(y, res_ptr, m * stride_rm + rn, n_mask, out_ptr.dtype.element_ty)
     tl.store(out_ptr + m * stride_om + rn, y.to(out_ptr.dtype.element_ty), mask=n_mask)
 
 
@@ -103,16 +89,11 @@ def _fp8_gemv_unrolled_kernel(
     s_ptr,  # [N, G] float32
     b_ptr,  # [N] bias (read when HAS_BIAS)
     out_ptr,  # [M, N]
-    nw_ptr,  # [K] the RMSNorm weight x is normalized by (NORM)
-    res_ptr,  # [M, N] the residual added to the output (RESIDUAL)
     N, K,
-    stride_xm, stride_wn, stride_sn, stride_om, stride_rm,
-    eps,  # the RMSNorm's epsilon (NORM)
+    stride_xm, stride_wn, stride_sn, stride_om,
     GROUP_K: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
     PDL: tl.constexpr = False, PREFETCH_K: tl.constexpr = 0,  # kernels/pdl_triton.py
-    NORM: tl.constexpr = False, RESIDUAL: tl.constexpr = False,  # swap_gemm_triton's residual stream
-    BLOCK_KN: tl.constexpr = 1,  # (NORM) a power of two >= K
 ):  # fmt: skip
     # The GEMV with more weight bytes in flight per thread: each iteration loads UNROLL tiles
     # [BLOCK_N, BLOCK_K] before using any, and folds each tile's products into a [BLOCK_N]
@@ -129,16 +110,12 @@ def _fp8_gemv_unrolled_kernel(
     pdl_wait(PDL)
     w_rows = w_ptr + rn64[:, None] * stride_wn
     x_row = x_ptr + m * stride_xm
-    if NORM:
-        rstd = rstd_rows(x_row, stride_xm, 1, K, eps, tl.arange(0, 1), BLOCK_KN, 1)
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K * UNROLL):
         for u in tl.static_range(UNROLL):
             kk = k0 + u * BLOCK_K + rk
             w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None], other=0.0)
             x = tl.load(x_row + kk)
-            if NORM:
-                x = _normed_row(x, rstd, tl.load(nw_ptr + kk))
             part = tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
             if GROUP_K > 0:
                 part = part * tl.load(s_ptr + rn64 * stride_sn + (k0 + u * BLOCK_K) // GROUP_K, mask=n_mask, other=0.0)
@@ -147,16 +124,7 @@ def _fp8_gemv_unrolled_kernel(
         acc = acc * tl.load(s_ptr + rn64 * stride_sn, mask=n_mask, other=0.0)
     if HAS_BIAS:
         acc = acc + tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
-    if RESIDUAL:
-        acc = plus_residual(acc, res_ptr, m * stride_rm + rn, n_mask, out_ptr.dtype.element_ty)
     tl.store(out_ptr + m * stride_om + rn, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
-
-
-@triton.jit
-def _normed_row(x, rstd, nw):
-    """A chunk x [BLOCK_K] of one row as the RMSNorm module's output (norm_triton.normed_cols on
-    a one-column tile; rstd [1])."""
-    return tl.sum(normed_cols(x[:, None], rstd, nw), axis=1).to(x.dtype)
 
 
 @triton.jit
@@ -248,11 +216,7 @@ def fp8_gemm_triton(
     weight_scale: torch.Tensor,  # [N, G] float32
     bias: torch.Tensor | None = None,  # [N]
     config: tuple | None = None,  # see default_config
-    norm: tuple[torch.Tensor, float] | None = None,  # (RMSNorm weight [K], eps): x normalized first
-    residual: torch.Tensor | None = None,  # [M, N] in x's dtype: added to the output
 ) -> torch.Tensor:  # [M, N] in x's dtype
-    """fp8_linear's Triton kernels; norm and residual as swap_gemm folds them (the GEMVs and the
-    swap-AB kernel in their prologue and epilogue, the tl.dot kernel around it)."""
     m, k = x.shape
     n = weight.shape[0]
     g = weight_scale.shape[1]
@@ -268,34 +232,27 @@ def fp8_gemm_triton(
     assert group_k == 0 or group_k % block_k == 0, "BLOCK_K must divide the scale group"
     b = bias if bias is not None else weight_scale  # unused pointer when HAS_BIAS is False
     even_k = k % block_k == 0
-    if kind == "dot" and (norm is not None or residual is not None):  # the norm and the add apart
-        from pagedllm.kernels.norm import rms_norm
-
-        y = fp8_gemm_triton(x if norm is None else rms_norm(x, *norm), weight, weight_scale, bias, config)
-        return y if residual is None else y + residual
-    stream = norm_residual_switches(k, norm, residual)
-    nw, res = norm_residual_args(x, norm, residual)
-    stream_args = (nw, res, n, k, x.stride(0), weight.stride(0), weight_scale.stride(0), out.stride(0),
-                   res.stride(0), norm[1] if norm is not None else 0.0)
     if kind == "gemv":
         _fp8_gemv_kernel[(m, triton.cdiv(n, block_n))](
-            x, weight, weight_scale, b, out, *stream_args,
+            x, weight, weight_scale, b, out, n, k,
+            x.stride(0), weight.stride(0), weight_scale.stride(0), out.stride(0),
             GROUP_K=group_k, HAS_BIAS=bias is not None, EVEN_K=even_k,
             BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
-            **pdl_weights(x, weight, block_k), **stream,
+            **pdl_weights(x, weight, block_k),
         )  # fmt: skip
     elif kind == "gemv_unrolled":
         unroll = split_k  # the config's last field
         assert k % (block_k * unroll) == 0, "the unrolled GEMV wants K a multiple of BLOCK_K * UNROLL"
         _fp8_gemv_unrolled_kernel[(m, triton.cdiv(n, block_n))](
-            x, weight, weight_scale, b, out, *stream_args,
+            x, weight, weight_scale, b, out, n, k,
+            x.stride(0), weight.stride(0), weight_scale.stride(0), out.stride(0),
             GROUP_K=group_k, HAS_BIAS=bias is not None,
             BLOCK_N=block_n, BLOCK_K=block_k, UNROLL=unroll, num_warps=num_warps, num_stages=num_stages,
-            **pdl_weights(x, weight, block_k, tiles=unroll), **stream,
+            **pdl_weights(x, weight, block_k, tiles=unroll),
         )  # fmt: skip
     elif kind == "swap":
         swap_gemm(x, weight, bias, out, SwapConfig(block_n, block_k, split_k, num_warps, num_stages),
-                  weight_scale, group_k, norm=norm, residual=residual)
+                  weight_scale, group_k)
     else:
         _fp8_gemm_kernel[(triton.cdiv(n, block_n), triton.cdiv(m, block_m))](
             x, weight, weight_scale, b, out, m, n, k,

@@ -27,7 +27,6 @@ import torch
 import torch.nn.functional as F
 
 from pagedllm.kernels._triton import use_triton
-from pagedllm.kernels.norm import rms_norm
 
 
 # ---- routing --------------------------------------------------------------------------------
@@ -145,22 +144,14 @@ def combine_in_expert_order(y: torch.Tensor, topk_ids: torch.Tensor) -> torch.Te
 
 def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                   topk_ids: torch.Tensor, expert_map: torch.Tensor | None = None,
-                  expert_load: torch.Tensor | None = None, slot_mapping: torch.Tensor | None = None,
-                  norm: tuple[torch.Tensor, float] | None = None,
-                  residual: torch.Tensor | None = None) -> torch.Tensor:
+                  expert_load: torch.Tensor | None = None, slot_mapping: torch.Tensor | None = None) -> torch.Tensor:
     """The experts' output for each token, weighted and summed over its top-k: [T, H]. The
     Triton grouped GEMMs on CUDA, the torch loop elsewhere. expert_load: see
-    moe_align_block_size_torch. norm (weight [H], eps): x is the residual stream and the experts
-    take rms_norm(x) * weight; residual [T, H]: the output plus it (rounded). The small-batch
-    kernels fold both in (fused_moe_small_triton.py); elsewhere they run apart."""
+    moe_align_block_size_torch."""
     if use_triton(x):
         from pagedllm.kernels.fused_moe_triton import fused_experts_triton
 
-        return fused_experts_triton(x, w13, w2, topk_weights, topk_ids, expert_map, expert_load, slot_mapping,
-                                    norm, residual)
-    if norm is not None:
-        x = rms_norm(x, norm[0], norm[1])
+        return fused_experts_triton(x, w13, w2, topk_weights, topk_ids, expert_map, expert_load, slot_mapping)
     if expert_load is not None:
         count_expert_load(expert_load, topk_ids, slot_mapping)
-    out = fused_experts_torch(x, w13, w2, topk_weights, topk_ids, expert_map)
-    return out if residual is None else out + residual
+    return fused_experts_torch(x, w13, w2, topk_weights, topk_ids, expert_map)

@@ -34,10 +34,6 @@ slowly, benchmarks/RESULTS.md, "FP8 kernels and the MoE small-batch path"):
   combine_in_expert_order does (its order is by expert id; the GEMMs' own accumulation orders
   differ from cuBLAS's anyway, so neither path is bit-exact).
 
-The residual stream (swap_gemm_triton's docstring): with NORM the gate/up kernel takes the stream
-and normalizes the token's row in its prologue; with RESIDUAL the down kernel's writer (the last
-program, or the only one) adds the residual to the sum.
-
 Everything is sized from the shapes: CUDA graphs capture it (the counters, allocated by the first
 call, are best allocated before a capture, as a warm-up call does).
 """
@@ -51,9 +47,7 @@ import triton.language as tl
 from pagedllm.kernels._triton import next_power_of_2, pdl
 from pagedllm.kernels.attention import _dot_precision
 from pagedllm.kernels.counters import counters
-from pagedllm.kernels.norm_triton import normed_cols, plus_residual, rstd_rows
 from pagedllm.kernels.pdl_triton import pdl_release, pdl_wait
-from pagedllm.kernels.swap_gemm_triton import norm_residual_args, norm_residual_switches
 
 # (token, expert) pairs up to which fused_experts_triton takes this path: 4 tokens of
 # Qwen3-30B-A3B's top-8. H200 sweep (RESULTS.md, eleventh session, call 5), us per layer, this
@@ -94,14 +88,10 @@ def _small_gate_up_kernel(
     expert_map_ptr,  # [E_global] local id or -1 (read if HAS_MAP)
     expert_load_ptr,  # [E_global] int64 counters (written if HAS_LOAD)
     slot_mapping_ptr,  # [T] (read if HAS_SLOTS): tokens of slot -1 are not counted
-    nw_ptr,  # [hidden] the RMSNorm weight x is normalized by (NORM)
     inter, hidden, top_k,
     stride_xm, stride_we, stride_wn, stride_hm,
-    eps,  # the RMSNorm's epsilon (NORM)
     HAS_MAP: tl.constexpr, HAS_LOAD: tl.constexpr, HAS_SLOTS: tl.constexpr, EVEN_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PAD_COLS: tl.constexpr,
-    NORM: tl.constexpr = False,  # x is the residual stream: used as RMSNorm(x) * nw (swap_gemm_triton's NORM)
-    BLOCK_KN: tl.constexpr = 1,  # (NORM) a power of two >= hidden
     PDL: tl.constexpr = False,  # kernels/pdl_triton.py (the weights' addresses need the routing)
 ):  # fmt: skip
     pdl_release(PDL)
@@ -133,20 +123,14 @@ def _small_gate_up_kernel(
     x_cols = x_ptr + (token.to(tl.int64) + rc[None, :]) * stride_xm
     acc_gate = tl.zeros([BLOCK_N, PAD_COLS], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_N, PAD_COLS], dtype=tl.float32)
-    if NORM:  # the token's row, in column 0
-        rstd = rstd_rows(x_ptr + token.to(tl.int64) * stride_xm, stride_xm, 1, hidden, eps, rc, BLOCK_KN, 1)
     for k0 in range(0, hidden, BLOCK_K):
         kk = k0 + rk
         if EVEN_K:
             w_mask = n_mask[:, None]
             xt = tl.load(x_cols + kk[:, None], mask=col0, other=0.0)  # [BLOCK_K, PAD_COLS]
-            if NORM:
-                xt = normed_cols(xt, rstd, tl.load(nw_ptr + kk))
         else:
             w_mask = n_mask[:, None] & (kk < hidden)[None, :]
             xt = tl.load(x_cols + kk[:, None], mask=col0 & (kk < hidden)[:, None], other=0.0)
-            if NORM:
-                xt = normed_cols(xt, rstd, tl.load(nw_ptr + kk, mask=kk < hidden, other=0.0))
         w_gate = tl.load(gate_rows + kk[None, :], mask=w_mask, other=0.0)
         w_up = tl.load(up_rows + kk[None, :], mask=w_mask, other=0.0)
         acc_gate = tl.dot(w_gate, xt, acc_gate, input_precision=DOT_PRECISION)
@@ -170,13 +154,11 @@ def _small_down_kernel(
     topk_ids_ptr,  # [P] global expert ids
     topk_weights_ptr,  # [P] float32
     expert_map_ptr,  # [E_global] (read if HAS_MAP)
-    res_ptr,  # [T, hidden] the residual added to the output (RESIDUAL)
     hidden, inter, top_k,
-    stride_hm, stride_we, stride_wn, stride_om, stride_pm, stride_rm,
+    stride_hm, stride_we, stride_wn, stride_om, stride_pm,
     HAS_MAP: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
     EXPERTS_PER_PROGRAM: tl.constexpr, BLOCK_EXPERTS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PAD_COLS: tl.constexpr,
-    RESIDUAL: tl.constexpr = False,  # out = the experts' sum + res, the next residual stream
     PDL: tl.constexpr = False,  # kernels/pdl_triton.py
 ):  # fmt: skip
     pdl_release(PDL)
@@ -252,15 +234,10 @@ def _small_down_kernel(
                 row = part_ptr + (token * top_k + k).to(tl.int64) * stride_pm + rn
                 # .cg: from the L2, where the other programs' stores are (never a stale L1 line)
                 out = (out + tl.load(row, mask=n_mask, cache_modifier=".cg").to(tl.float32)).to(dtype).to(tl.float32)
-            if RESIDUAL:
-                out = plus_residual(out, res_ptr, token.to(tl.int64) * stride_rm + rn, n_mask, dtype)
             tl.store(out_ptr + token.to(tl.int64) * stride_om + rn, out.to(dtype), mask=n_mask)
             tl.store(counter, 0)  # zero again for the next call (or graph replay)
     else:
-        out = tl.sum(total, axis=1)
-        if RESIDUAL:
-            out = plus_residual(out, res_ptr, token.to(tl.int64) * stride_rm + rn, n_mask, dtype)
-        tl.store(out_ptr + token.to(tl.int64) * stride_om + rn, out.to(dtype), mask=n_mask)
+        tl.store(out_ptr + token.to(tl.int64) * stride_om + rn, tl.sum(total, axis=1).to(dtype), mask=n_mask)
 
 
 def small_gate_up(
@@ -271,10 +248,8 @@ def small_gate_up(
     expert_load: torch.Tensor | None,
     slot_mapping: torch.Tensor | None,
     tiles: tuple | None = None,
-    norm: tuple[torch.Tensor, float] | None = None,
 ) -> torch.Tensor:
-    # x: [T, H]; w13: [E, 2I, H]; topk_ids: [T, K] -> h [T * K, I] (rows of other ranks' pairs unset);
-    # norm (weight [H], eps): x is the residual stream, normalized in the prologue
+    # x: [T, H]; w13: [E, 2I, H]; topk_ids: [T, K] -> h [T * K, I] (rows of other ranks' pairs unset)
     num_tokens, top_k = topk_ids.shape
     inter = w13.shape[1] // 2
     hidden = x.shape[1]
@@ -285,12 +260,10 @@ def small_gate_up(
     _small_gate_up_kernel[(flat.numel(), triton.cdiv(inter, block_n))](
         x, w13, h, flat, expert_map if expert_map is not None else flat,
         expert_load if expert_load is not None else flat, slot_mapping if slot_mapping is not None else flat,
-        norm_residual_args(x, norm, None)[0],
-        inter, hidden, top_k, x.stride(0), w13.stride(0), w13.stride(1), h.stride(0), norm[1] if norm else 0.0,
+        inter, hidden, top_k, x.stride(0), w13.stride(0), w13.stride(1), h.stride(0),
         HAS_MAP=expert_map is not None, HAS_LOAD=expert_load is not None, HAS_SLOTS=slot_mapping is not None,
         EVEN_K=hidden % block_k == 0, DOT_PRECISION=_dot_precision(x.dtype), BLOCK_N=block_n, BLOCK_K=block_k,
-        PAD_COLS=_PAD_COLS, **norm_residual_switches(hidden, norm, None),
-        num_warps=num_warps, num_stages=num_stages, **pdl(x),
+        PAD_COLS=_PAD_COLS, num_warps=num_warps, num_stages=num_stages, **pdl(x),
     )  # fmt: skip
     return h
 
@@ -302,10 +275,8 @@ def small_down(
     topk_ids: torch.Tensor,
     expert_map: torch.Tensor | None,
     tiles: tuple | None = None,
-    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """h: [T * K, I]; w2: [E, H, I]; topk_*: [T, K] -> [T, H], the weighted sum over k (plus
-    `residual` [T, H], rounded, if given: the next residual stream).
+    """h: [T * K, I]; w2: [E, H, I]; topk_*: [T, K] -> [T, H], the weighted sum over k.
     tiles: (BLOCK_N, BLOCK_K, num_warps, num_stages[, experts per program]); experts per
     program 1 if not given, top_k or more: one program per (token, n tile) adds them all itself
     (no workspace, no counters)."""
@@ -323,17 +294,13 @@ def small_down(
     counts = counters(h.device, num_tokens * num_n) if split else out
     flat = topk_ids.reshape(-1)
     weights = topk_weights.reshape(-1).to(torch.float32)
-    if residual is not None:
-        assert residual.shape == out.shape and residual.dtype == h.dtype and residual.stride(1) == 1
     _small_down_kernel[(num_tokens, num_n, num_groups)](
         h, w2, out, part, counts, flat, weights, expert_map if expert_map is not None else flat,
-        residual if residual is not None else out,
         hidden, inter, top_k, h.stride(0), w2.stride(0), w2.stride(1), out.stride(0), part.stride(0),
-        residual.stride(0) if residual is not None else 0,
         HAS_MAP=expert_map is not None, EVEN_K=inter % block_k == 0, DOT_PRECISION=_dot_precision(h.dtype),
         SPLIT=split, EXPERTS_PER_PROGRAM=per_program, BLOCK_EXPERTS=next_power_of_2(per_program),
-        BLOCK_N=block_n, BLOCK_K=block_k, PAD_COLS=_PAD_COLS, **norm_residual_switches(hidden, None, residual),
-        num_warps=num_warps, num_stages=num_stages, **pdl(h),
+        BLOCK_N=block_n, BLOCK_K=block_k, PAD_COLS=_PAD_COLS, num_warps=num_warps, num_stages=num_stages,
+        **pdl(h),
     )  # fmt: skip
     return out
 
@@ -349,17 +316,11 @@ def fused_experts_small(
     slot_mapping: torch.Tensor | None = None,
     gate_up_tiles: tuple | None = None,
     down_tiles: tuple | None = None,
-    norm: tuple[torch.Tensor, float] | None = None,
-    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """fused_experts_triton's result for a few tokens: x [T, H], topk_*: [T, K] -> [T, H].
-    *_tiles: (BLOCK_N, BLOCK_K, num_warps, num_stages) of each kernel (None: default_tiles).
-    norm (weight [H], eps): the experts take RMSNorm(x) * weight (normalized in the gate/up
-    kernel); residual [T, H]: returned plus it (added in the down kernel)."""
+    *_tiles: (BLOCK_N, BLOCK_K, num_warps, num_stages) of each kernel (None: default_tiles)."""
     if topk_ids.shape[0] == 0:
         return x.new_zeros((0, w2.shape[1]))
     x = x if x.stride(-1) == 1 else x.contiguous()
-    if residual is not None and residual.stride(-1) != 1:
-        residual = residual.contiguous()
-    h = small_gate_up(x, w13, topk_ids, expert_map, expert_load, slot_mapping, gate_up_tiles, norm)
-    return small_down(h, w2, topk_weights, topk_ids, expert_map, down_tiles, residual)
+    h = small_gate_up(x, w13, topk_ids, expert_map, expert_load, slot_mapping, gate_up_tiles)
+    return small_down(h, w2, topk_weights, topk_ids, expert_map, down_tiles)

@@ -28,8 +28,6 @@ from pagedllm.kernels._triton import next_power_of_2
 from pagedllm.kernels.attention import _dot_precision
 from pagedllm.kernels.fused_moe import max_padded_pairs, moe_align_block_size_torch
 from pagedllm.kernels.fused_moe_small_triton import SMALL_MAX_PAIRS, fused_experts_small
-from pagedllm.kernels.norm import rms_norm
-from pagedllm.kernels.small_m import norm_fusable
 
 # above this many (token, expert) pairs the one-program alignment is slower than torch's sort
 _ALIGN_TRITON_MAX_PAIRS = 4096
@@ -275,21 +273,13 @@ def _grouped_gemm(a, b, c, topk_weights, sorted_ids, expert_ids, num_post, n, to
 def fused_experts_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                          topk_ids: torch.Tensor, expert_map: torch.Tensor | None = None,
                          expert_load: torch.Tensor | None = None,
-                         slot_mapping: torch.Tensor | None = None,
-                         norm: tuple[torch.Tensor, float] | None = None,
-                         residual: torch.Tensor | None = None) -> torch.Tensor:
+                         slot_mapping: torch.Tensor | None = None) -> torch.Tensor:
     """The experts on CUDA: x [T, H], topk_*: [T, K] -> [T, H]. Up to SMALL_MAX_PAIRS (token,
     expert) pairs the small-batch kernels (fused_moe_small_triton.py: no alignment, no separate
-    sum), the grouped GEMMs above that. The choice is by shape, so each captured graph keeps one.
-    norm, residual (kernels.fused_moe.fused_experts): folded into the small-batch kernels, run
-    apart around the grouped ones."""
-    if topk_ids.numel() <= SMALL_MAX_PAIRS and (norm is None or norm_fusable(x, norm[0])):
-        return fused_experts_small(x, w13, w2, topk_weights, topk_ids, expert_map, expert_load, slot_mapping,
-                                   norm=norm, residual=residual)
-    if norm is not None:
-        x = rms_norm(x, norm[0], norm[1])
-    out = fused_experts_grouped(x, w13, w2, topk_weights, topk_ids, expert_map, expert_load, slot_mapping)
-    return out if residual is None else out + residual
+    sum), the grouped GEMMs above that. The choice is by shape, so each captured graph keeps one."""
+    if topk_ids.numel() <= SMALL_MAX_PAIRS:
+        return fused_experts_small(x, w13, w2, topk_weights, topk_ids, expert_map, expert_load, slot_mapping)
+    return fused_experts_grouped(x, w13, w2, topk_weights, topk_ids, expert_map, expert_load, slot_mapping)
 
 
 def fused_experts_grouped(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,

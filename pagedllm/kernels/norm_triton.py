@@ -54,48 +54,6 @@ def _rms_norm_kernel(
     tl.store(out_ptr + row * stride_out + cols, (w * y).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-# the elements a normalizing prologue holds at once ([ROWS, chunk] of x): 64 a thread at 4 warps
-_PROLOGUE_ELEMS = tl.constexpr(8192)
-
-
-@triton.jit
-def rstd_rows(x_ptr, stride_xm, M, K, eps, rm, BLOCK_KN: tl.constexpr, ROWS: tl.constexpr):
-    """For a GEMM that normalizes its input rows as it reads them (RMSNorm folded into its
-    prologue): [BLOCK_M] float32 1 / sqrt(mean(x[m] ** 2) + eps) of rows rm < M, as
-    `_rms_norm_kernel` computes it (1.0 for padding rows). The M <= ROWS rows (ROWS a power of
-    two) are read together, [ROWS, CHUNK] at a time, CHUNK = min(BLOCK_KN, 8192 / ROWS) with
-    BLOCK_KN >= K: one load latency for a few rows of a 1-2K model, a few for 16 rows."""
-    CHUNK: tl.constexpr = min(BLOCK_KN, _PROLOGUE_ELEMS // ROWS)
-    rows = tl.arange(0, ROWS)
-    cols = tl.arange(0, CHUNK)
-    ss = tl.zeros([ROWS], tl.float32)
-    for k0 in tl.static_range(0, BLOCK_KN, CHUNK):
-        kk = k0 + cols
-        xr = tl.load(x_ptr + rows[:, None] * stride_xm + kk[None, :], mask=(rows < M)[:, None] & (kk < K)[None, :],
-                     other=0.0).to(tl.float32)  # fmt: skip
-        ss += tl.sum(xr * xr, axis=1)
-    r = tl.rsqrt(ss / K + eps)  # [ROWS]
-    hit = rm[:, None] == rows[None, :]  # [BLOCK_M, ROWS]
-    return tl.where(rm < M, tl.sum(tl.where(hit, r[None, :], 0.0), axis=1), 1.0)
-
-
-@triton.jit
-def normed_cols(xt, rstd, nw):
-    """A tile of x.T [BLOCK_K, BLOCK_M] (x's dtype) as the RMSNorm module's output: each column
-    times its row's rstd, rounded to x's dtype, times the norm weight nw [BLOCK_K] (x's dtype),
-    rounded (the steps of `_rms_norm_kernel`)."""
-    y = (xt.to(tl.float32) * rstd[None, :]).to(xt.dtype).to(tl.float32)
-    return (y * nw.to(tl.float32)[:, None]).to(xt.dtype)
-
-
-@triton.jit
-def plus_residual(acc, res_ptr, offs, mask, dtype: tl.constexpr):
-    """A product's float32 tile rounded to the model dtype, plus the residual at offs, in float32
-    (the residual add of `_rms_norm_kernel`: round(round(acc) + residual) once stored)."""
-    r = tl.load(res_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    return acc.to(dtype).to(tl.float32) + r
-
-
 def _rows(x: torch.Tensor) -> torch.Tensor:
     x2 = x.reshape(-1, x.shape[-1])
     return x2 if x2.stride(-1) == 1 else x2.contiguous()

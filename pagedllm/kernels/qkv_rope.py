@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import torch
 
-from pagedllm.kernels import small_m
 from pagedllm.kernels._triton import use_triton
 from pagedllm.kernels.norm import rms_norm_torch
 from pagedllm.kernels.rotary import apply_rotary_torch
@@ -68,14 +67,3 @@ def qkv_norm_rope_store(qkv, positions, cos_cache, sin_cache, k_cache, v_cache, 
     return qkv_norm_rope_store_torch(qkv, positions, cos_cache, sin_cache, k_cache, v_cache, slot_mapping,
                                      num_heads, num_kv_heads, head_dim, q_norm_weight, k_norm_weight,
                                      eps, k_scale, v_scale)  # fmt: skip
-
-
-def qkv_gemm_rope_applies(x: torch.Tensor, weight: torch.Tensor, head_dim: int, rotary_dim: int) -> bool:
-    """Whether qkv_gemm_rope_triton (the qkv product with this op in its epilogue) takes x [M, K]
-    and the qkv weight [N, K]: a 16-bit CUDA decode batch of at most 16 rows, the weight in x's
-    dtype and contiguous along K, a head of 32 to 256 (a power of two: the weight tile) rotated
-    whole."""
-    return (use_triton(x) and x.dim() == 2 and 0 < x.shape[0] <= small_m.MAX_ROWS
-            and x.dtype in (torch.float16, torch.bfloat16) and weight.dtype == x.dtype and weight.stride(1) == 1
-            and weight.shape[0] % head_dim == 0 and 32 <= head_dim <= 256 and head_dim & (head_dim - 1) == 0
-            and rotary_dim == head_dim)

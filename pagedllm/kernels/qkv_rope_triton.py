@@ -58,40 +58,6 @@ def _norm_rotate(
 
 
 @triton.jit
-def _store_k(k1, k2, k_cache_ptr, slot, heads, cols, mask, stride_kcb, stride_kcs, stride_kch, inv_k_scale,
-             HALF: tl.constexpr, BLOCK_SIZE: tl.constexpr, FP8_MAX: tl.constexpr):  # fmt: skip
-    """The rotated k halves [BLOCK_H, BLOCK_HALF] of heads `heads` into the cache at `slot` (an
-    FP8 cache: times 1 / scale, saturated)."""
-    kc = (k_cache_ptr + (slot // BLOCK_SIZE) * stride_kcb + (slot % BLOCK_SIZE) * stride_kcs
-          + heads[:, None] * stride_kch + cols[None, :])
-    if FP8_MAX > 0:
-        k1 = tl.clamp(k1.to(tl.float32) * inv_k_scale, -FP8_MAX, FP8_MAX)
-        k2 = tl.clamp(k2.to(tl.float32) * inv_k_scale, -FP8_MAX, FP8_MAX)
-    cdt = k_cache_ptr.dtype.element_ty
-    tl.store(kc, k1.to(cdt), mask=mask)
-    tl.store(kc + HALF, k2.to(cdt), mask=mask)
-
-
-@triton.jit
-def _store_v(v1, v2, v_cache_ptr, slot, heads, cols, mask, stride_vcb, stride_vcs, stride_vch, stride_vcd,
-             inv_v_scale, HALF: tl.constexpr, BLOCK_SIZE: tl.constexpr, FP8_MAX: tl.constexpr,
-             V_MAX: tl.constexpr):  # fmt: skip
-    """The v halves of heads `heads` into the cache at `slot` (V strided: FP8 V blocks are stored
-    [Hkv, D, bs]); an FP8 cache: times 1 / scale, saturated, a NaN stored as 0 (the attention
-    kernels read whole FP8 V blocks, v_transposed); V_MAX > 0: a 16-bit V cache read key-major."""
-    vc = (v_cache_ptr + (slot // BLOCK_SIZE) * stride_vcb + (slot % BLOCK_SIZE) * stride_vcs
-          + heads[:, None] * stride_vch + cols[None, :] * stride_vcd)
-    if FP8_MAX > 0:
-        v1 = tl.clamp(finite_v(v1) * inv_v_scale, -FP8_MAX, FP8_MAX)
-        v2 = tl.clamp(finite_v(v2) * inv_v_scale, -FP8_MAX, FP8_MAX)
-    elif V_MAX > 0:
-        v1, v2 = tl.clamp(finite_v(v1), -V_MAX, V_MAX), tl.clamp(finite_v(v2), -V_MAX, V_MAX)
-    cdt = v_cache_ptr.dtype.element_ty
-    tl.store(vc, v1.to(cdt), mask=mask)
-    tl.store(vc + HALF * stride_vcd, v2.to(cdt), mask=mask)
-
-
-@triton.jit
 def _qkv_rope_store_kernel(
     qkv_ptr,  # [T, (Hq + 2 Hkv) * D], rows contiguous
     pos_ptr,  # [T] int
@@ -147,10 +113,24 @@ def _qkv_rope_store_kernel(
         v_src = k_row + num_kv_heads * HEAD_DIM + heads[:, None] * HEAD_DIM + cols[None, :]
         v1 = tl.load(v_src, mask=mask, other=0.0)
         v2 = tl.load(v_src + HALF, mask=mask, other=0.0)
-        _store_k(k1, k2, k_cache_ptr, slot, heads, cols, mask, stride_kcb, stride_kcs, stride_kch, inv_k_scale,
-                 HALF, BLOCK_SIZE, FP8_MAX)  # fmt: skip
-        _store_v(v1, v2, v_cache_ptr, slot, heads, cols, mask, stride_vcb, stride_vcs, stride_vch, stride_vcd,
-                 inv_v_scale, HALF, BLOCK_SIZE, FP8_MAX, V_MAX)  # fmt: skip
+        block = slot // BLOCK_SIZE
+        offset = slot % BLOCK_SIZE
+        kc = k_cache_ptr + block * stride_kcb + offset * stride_kcs + heads[:, None] * stride_kch + cols[None, :]
+        vc = (v_cache_ptr + block * stride_vcb + offset * stride_vcs + heads[:, None] * stride_vch
+              + cols[None, :] * stride_vcd)
+        if FP8_MAX > 0:
+            k1 = tl.clamp(k1.to(tl.float32) * inv_k_scale, -FP8_MAX, FP8_MAX)
+            k2 = tl.clamp(k2.to(tl.float32) * inv_k_scale, -FP8_MAX, FP8_MAX)
+            # a NaN is stored as 0: the attention kernels read whole FP8 V blocks (v_transposed)
+            v1 = tl.clamp(finite_v(v1) * inv_v_scale, -FP8_MAX, FP8_MAX)
+            v2 = tl.clamp(finite_v(v2) * inv_v_scale, -FP8_MAX, FP8_MAX)
+        elif V_MAX > 0:
+            v1, v2 = tl.clamp(finite_v(v1), -V_MAX, V_MAX), tl.clamp(finite_v(v2), -V_MAX, V_MAX)
+        cdt = k_cache_ptr.dtype.element_ty
+        tl.store(kc, k1.to(cdt), mask=mask)
+        tl.store(kc + HALF, k2.to(cdt), mask=mask)
+        tl.store(vc, v1.to(cdt), mask=mask)
+        tl.store(vc + HALF * stride_vcd, v2.to(cdt), mask=mask)
 
 
 def default_block_h(num_tokens: int, num_heads: int) -> int:

@@ -141,29 +141,13 @@ def pick(x: torch.Tensor, weight: torch.Tensor):
     return default_config(x.shape[0], weight.shape[0], weight.shape[1])
 
 
-# the longest row a normalizing prologue reads whole (norm_triton.rstd_rows holds it in registers)
-NORM_MAX_K = 8192
-
-
-def norm_fusable(x: torch.Tensor, norm_weight: torch.Tensor) -> bool:
-    """Whether the kernels can fold an RMSNorm of weight `norm_weight` into their prologue for x."""
-    return norm_weight.dtype == x.dtype and norm_weight.is_contiguous() and x.shape[-1] <= NORM_MAX_K
-
-
 def small_m_linear_torch(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
-    norm: tuple[torch.Tensor, float] | None = None, residual: torch.Tensor | None = None,
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, out_dtype: torch.dtype | None = None
 ) -> torch.Tensor:
     """The reference: x [M, K] @ weight [N, K].T (+ bias) summed in float32, then cast to
-    out_dtype (x's dtype by default). norm (weight, eps): x is first rms_norm_torch(x, weight,
-    eps); residual: the cast output plus the residual, rounded (fused_add_rms_norm_torch's sum)."""
-    from pagedllm.kernels.norm import rms_norm_torch
-
-    if norm is not None:
-        x = rms_norm_torch(x, norm[0], norm[1])
+    out_dtype (x's dtype by default)."""
     y = torch.nn.functional.linear(x.float(), weight.float(), None if bias is None else bias.float())
-    y = y.to(out_dtype or x.dtype)
-    return y if residual is None else y + residual
+    return y.to(out_dtype or x.dtype)
 
 
 def small_m_linear(
@@ -172,10 +156,7 @@ def small_m_linear(
     bias: torch.Tensor | None = None,  # [N]
     out_dtype: torch.dtype | None = None,  # x's dtype, or torch.float32 (the MoE router's logits)
     config=None,  # a swap_gemm_triton.SwapConfig; default_config's (or the heuristic's) when None
-    norm: tuple[torch.Tensor, float] | None = None,  # (RMSNorm weight [K], eps): x normalized in the prologue
-    residual: torch.Tensor | None = None,  # [M, N] in x's dtype: added in the epilogue
 ) -> torch.Tensor:  # [M, N]
-    """small_m_linear_torch's product (norm and residual as there) through the swap-AB kernel."""
     from pagedllm.kernels.swap_gemm_triton import swap_gemm
 
     m, k = x.shape
@@ -189,10 +170,7 @@ def small_m_linear(
     out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
     if m == 0:
         return out
-    if residual is not None and residual.stride(1) != 1:
-        residual = residual.contiguous()
-    swap_gemm(x, weight, bias, out, config or default_config(m, n, k) or heuristic_config(m, n, k),
-              norm=norm, residual=residual)
+    swap_gemm(x, weight, bias, out, config or default_config(m, n, k) or heuristic_config(m, n, k))
     return out
 
 
@@ -202,7 +180,6 @@ def route_small(
     top_k: int,
     renormalize: bool,
     config=None,  # a SwapConfig (None: default_config's for the shape, else the heuristic's)
-    norm: tuple[torch.Tensor, float] | None = None,  # (RMSNorm weight [H], eps): x normalized first
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """The MoE router and its routing in one launch (swap_gemm_triton.swap_gemm_topk): (logits [T, E]
     float32, topk_weights [T, K] float32, topk_ids [T, K] int64), those of
@@ -227,5 +204,5 @@ def route_small(
         x = x.contiguous()
     cfg = config or default_config(m, n, k) or heuristic_config(m, n, k)
     logits = torch.empty((m, n), dtype=torch.float32, device=x.device)
-    weights, ids = swap_gemm_topk(x, weight, logits, cfg, top_k, renormalize, norm)
+    weights, ids = swap_gemm_topk(x, weight, logits, cfg, top_k, renormalize)
     return logits, weights, ids

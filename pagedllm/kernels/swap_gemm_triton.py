@@ -31,13 +31,6 @@ Split-K: SPLIT_K programs per N tile each sum a range of K. Three ways to add th
 kernel's 4.33, and removed: the order of their adds varies from run to run, and a near-tie of two
 experts' logits could then route a token differently.)
 
-The residual stream (LlamaDecoderLayer.forward_stream, PAGEDLLM_FUSED_NORM=1): with NORM, x is the
-stream and the product takes RMSNorm(x) * nw: each program first reads its rows whole
-(norm_triton.rstd_rows: one load a row, the whole row's mean square even for a split's share of
-K), then scales every x.T tile it loads as the norm kernel would have written it; with
-RESIDUAL, the program that writes the output (the only split, or the last) adds the residual as
-the add-and-norm kernel would have: no norm kernel before the product, no add after it.
-
 `swap_gemm_topk` (the MoE router of few tokens, float32 logits): the workspace with one counter
 for the whole grid; the last of all programs sums every tile's splits (the logits of all N
 experts, which it also writes), then does each token's softmax and top-k as
@@ -58,9 +51,7 @@ import triton.language as tl
 
 from pagedllm.kernels._triton import next_power_of_2, pdl, pdl_weights
 from pagedllm.kernels.counters import counters
-from pagedllm.kernels.norm_triton import normed_cols, plus_residual, rstd_rows
 from pagedllm.kernels.pdl_triton import pdl_release, pdl_wait, prefetch_rows_l2
-from pagedllm.kernels.small_m import norm_fusable
 
 # the padded row count (the narrow MMA operand): the kernel serves at most this many rows
 SWAP_BLOCK_M = 16
@@ -138,32 +129,56 @@ def _route(logits, e_mask, rm, m_mask, weights_ptr, ids_ptr, TOP_K: tl.constexpr
 
 
 @triton.jit
-def _swap_product(x_ptr, w_ptr, s_ptr, nw_ptr, rn64, n_mask, rm, m_mask, k_start, M, K, K_SPLIT, stride_xm, stride_wn,
-                  stride_sn, eps, SCALED: tl.constexpr, GROUP_K: tl.constexpr, EVEN_K: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, OPERANDS: tl.constexpr, FP16_MAX_: tl.constexpr,
-                  NORM: tl.constexpr, BLOCK_KN: tl.constexpr, NORM_ROWS: tl.constexpr):  # fmt: skip
-    """The main loop: acc [BLOCK_N, BLOCK_M] float32 = W[rn, K range] @ x.T[K range, rm] over this
-    split's K range [k_start, k_start + K_SPLIT), FP8 group scales applied per K tile, x normalized
-    as it is read (NORM). After the PDL wait: x is the kernel before's."""
+def _swap_kernel(
+    x_ptr,  # [M, K] activations, M <= BLOCK_M
+    w_ptr,  # [N, K] float8 e4m3 (SCALED) or 16-bit
+    s_ptr,  # [N, G] float32 scales (read when SCALED)
+    b_ptr,  # [N] bias (read when HAS_BIAS)
+    out_ptr,  # [M, N]: the output; written unless the reduce kernel does
+    ws_ptr,  # [SPLIT_K, M, N] float32 workspace (WORKSPACE)
+    count_ptr,  # int32 counters, zero between calls (LAST: one per N tile; TOP_K > 0: one)
+    topk_weights_ptr,  # [M, TOP_K] float32 (TOP_K > 0)
+    topk_ids_ptr,  # [M, TOP_K] int64 (TOP_K > 0)
+    M, N, K, K_SPLIT,  # K_SPLIT: the K range of one split, a multiple of BLOCK_K
+    stride_xm, stride_wn, stride_sn, stride_om,
+    SCALED: tl.constexpr, GROUP_K: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    WORKSPACE: tl.constexpr,  # the splits' partials go to ws (reduced by LAST, TOP_K or the reduce kernel)
+    LAST: tl.constexpr,  # the last split of an N tile reduces it (reduce "last")
+    TOP_K: tl.constexpr,  # > 0: the last program of all reduces every tile and routes (swap_gemm_topk)
+    RENORMALIZE: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_TOPK: tl.constexpr,  # (TOP_K > 0)
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    OPERANDS: tl.constexpr,  # "fp16", "weight" or "fp32" (the module docstring)
+    FP16_MAX_: tl.constexpr,
+    PDL: tl.constexpr = False,  # kernels/pdl_triton.py
+    PREFETCH_K: tl.constexpr = 0,  # > 0 (with PDL): the first PREFETCH_K columns of the weight rows
+    # are asked of L2 before the wait
+):  # fmt: skip
+    pdl_release(PDL)
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = rn < N
+    rn64 = rn.to(tl.int64)
+    rm = tl.arange(0, BLOCK_M)
+    m_mask = rm < M
     rk = tl.arange(0, BLOCK_K)
     w_rows = w_ptr + rn64[:, None] * stride_wn  # [BLOCK_N, 1]
     x_cols = x_ptr + rm.to(tl.int64)[None, :] * stride_xm  # [1, BLOCK_M]: x.T's columns
-    acc = tl.zeros([BLOCK_N, rm.shape[0]], dtype=tl.float32)
-    if NORM:  # every split normalizes by the whole row's mean square
-        rstd = rstd_rows(x_ptr, stride_xm, M, K, eps, rm, BLOCK_KN, NORM_ROWS)
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    k_start = pid_k * K_SPLIT
+    if PREFETCH_K > 0:
+        prefetch_rows_l2(w_ptr + rn64 * stride_wn, n_mask, k_start, tl.minimum(k_start + K_SPLIT, K), PREFETCH_K)
+    pdl_wait(PDL)
     for k0 in range(k_start, k_start + K_SPLIT, BLOCK_K):
         kk = k0 + rk
         if EVEN_K:
             w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None], other=0.0)
             xt = tl.load(x_cols + kk[:, None], mask=m_mask[None, :], other=0.0)
-            if NORM:
-                xt = normed_cols(xt, rstd, tl.load(nw_ptr + kk))
         else:
             k_mask = kk < K
             w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
             xt = tl.load(x_cols + kk[:, None], mask=m_mask[None, :] & k_mask[:, None], other=0.0)
-            if NORM:
-                xt = normed_cols(xt, rstd, tl.load(nw_ptr + kk, mask=k_mask, other=0.0))
         if OPERANDS == "fp16":
             w = w.to(tl.float16)
             if xt.dtype != tl.float16:
@@ -178,62 +193,9 @@ def _swap_product(x_ptr, w_ptr, s_ptr, nw_ptr, rn64, n_mask, rm, m_mask, k_start
             acc += part * s[:, None]
         else:
             acc += part
-    return acc
-
-
-@triton.jit
-def _swap_kernel(
-    x_ptr,  # [M, K] activations, M <= BLOCK_M
-    w_ptr,  # [N, K] float8 e4m3 (SCALED) or 16-bit
-    s_ptr,  # [N, G] float32 scales (read when SCALED)
-    b_ptr,  # [N] bias (read when HAS_BIAS)
-    out_ptr,  # [M, N]: the output; written unless the reduce kernel does
-    ws_ptr,  # [SPLIT_K, M, N] float32 workspace (WORKSPACE)
-    count_ptr,  # int32 counters, zero between calls (LAST: one per N tile; TOP_K > 0: one)
-    topk_weights_ptr,  # [M, TOP_K] float32 (TOP_K > 0)
-    topk_ids_ptr,  # [M, TOP_K] int64 (TOP_K > 0)
-    nw_ptr,  # [K] the RMSNorm weight x is normalized by (NORM)
-    res_ptr,  # [M, N] the residual added to the output (RESIDUAL)
-    M, N, K, K_SPLIT,  # K_SPLIT: the K range of one split, a multiple of BLOCK_K
-    stride_xm, stride_wn, stride_sn, stride_om, stride_rm,
-    eps,  # the RMSNorm's epsilon (NORM)
-    SCALED: tl.constexpr, GROUP_K: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
-    SPLIT_K: tl.constexpr,
-    WORKSPACE: tl.constexpr,  # the splits' partials go to ws (reduced by LAST, TOP_K or the reduce kernel)
-    LAST: tl.constexpr,  # the last split of an N tile reduces it (reduce "last")
-    TOP_K: tl.constexpr,  # > 0: the last program of all reduces every tile and routes (swap_gemm_topk)
-    RENORMALIZE: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_TOPK: tl.constexpr,  # (TOP_K > 0)
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    OPERANDS: tl.constexpr,  # "fp16", "weight" or "fp32" (the module docstring)
-    FP16_MAX_: tl.constexpr,
-    NORM: tl.constexpr = False,  # x is the residual stream: multiplied as RMSNorm(x) * nw (prologue)
-    RESIDUAL: tl.constexpr = False,  # out = round(x @ W.T) + res, the next residual stream (epilogue)
-    BLOCK_KN: tl.constexpr = 1,  # (NORM) a power of two >= K: a row of x read whole
-    NORM_ROWS: tl.constexpr = 1,  # (NORM) a power of two >= M: the rows the prologue reads together
-    PDL: tl.constexpr = False,  # kernels/pdl_triton.py
-    PREFETCH_K: tl.constexpr = 0,  # > 0 (with PDL): the first PREFETCH_K columns of the weight rows
-    # are asked of L2 before the wait
-):  # fmt: skip
-    pdl_release(PDL)
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = rn < N
-    rn64 = rn.to(tl.int64)
-    rm = tl.arange(0, BLOCK_M)
-    m_mask = rm < M
-    k_start = pid_k * K_SPLIT
-    if PREFETCH_K > 0:
-        prefetch_rows_l2(w_ptr + rn64 * stride_wn, n_mask, k_start, tl.minimum(k_start + K_SPLIT, K), PREFETCH_K)
-    pdl_wait(PDL)
-    acc = _swap_product(x_ptr, w_ptr, s_ptr, nw_ptr, rn64, n_mask, rm, m_mask, k_start, M, K, K_SPLIT, stride_xm,
-                        stride_wn, stride_sn, eps, SCALED, GROUP_K, EVEN_K, BLOCK_N, BLOCK_K, OPERANDS, FP16_MAX_,
-                        NORM, BLOCK_KN, NORM_ROWS)  # fmt: skip
     out_mask = n_mask[:, None] & m_mask[None, :]
     if not WORKSPACE:  # one split
         acc = _epilogue(acc, s_ptr, b_ptr, rn, n_mask, n_mask, stride_sn, SCALED, GROUP_K, HAS_BIAS)
-        if RESIDUAL:
-            acc = plus_residual(acc, res_ptr, rm[None, :] * stride_rm + rn[:, None], out_mask, out_ptr.dtype.element_ty)
         tl.store(out_ptr + rm[None, :] * stride_om + rn[:, None], acc.to(out_ptr.dtype.element_ty), mask=out_mask)
     else:
         tl.store(ws_ptr + (pid_k * M + rm[None, :]) * N + rn[:, None], acc, mask=out_mask)
@@ -263,9 +225,6 @@ def _swap_kernel(
                 else:
                     acc = _sum_splits(ws_ptr, rm, rn, out_mask, M, N, SPLIT_K)
                     acc = _epilogue(acc, s_ptr, b_ptr, rn, n_mask, n_mask, stride_sn, SCALED, GROUP_K, HAS_BIAS)
-                    if RESIDUAL:
-                        acc = plus_residual(acc, res_ptr, rm[None, :] * stride_rm + rn[:, None], out_mask,
-                                            out_ptr.dtype.element_ty)  # fmt: skip
                     tl.store(out_ptr + rm[None, :] * stride_om + rn[:, None], acc.to(out_ptr.dtype.element_ty),
                              mask=out_mask)  # fmt: skip
                 tl.store(counter, 0)  # zero again for the next call (or graph replay)
@@ -302,29 +261,6 @@ def _operands(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor 
     return "weight"
 
 
-def norm_residual_args(x: torch.Tensor, norm, residual) -> tuple[torch.Tensor, torch.Tensor]:
-    """(nw_ptr, res_ptr) of the kernels that fold an RMSNorm into their prologue or a residual add
-    into their epilogue: the tensors, or x where the switch is off (a pointer never read)."""
-    if norm is not None:
-        nw = norm[0]
-        assert norm_fusable(x, nw) and nw.numel() == x.shape[1], "the norm weight: contiguous, x's dtype and width"
-    return (norm[0] if norm is not None else x), (residual if residual is not None else x)
-
-
-def norm_residual_switches(k: int, norm, residual, m: int | None = None) -> dict:
-    """The constexprs of a kernel folding an RMSNorm of K-wide rows into its prologue (NORM,
-    BLOCK_KN; NORM_ROWS for kernels of several rows m) and / or a residual add into its epilogue
-    (RESIDUAL): only those switched on, the kernels' defaults being off."""
-    switches: dict = {}
-    if norm is not None:
-        switches.update(NORM=True, BLOCK_KN=next_power_of_2(k))
-        if m is not None:
-            switches["NORM_ROWS"] = next_power_of_2(m)
-    if residual is not None:
-        switches["RESIDUAL"] = True
-    return switches
-
-
 def _split(k: int, cfg: SwapConfig) -> tuple[int, int]:
     """(K range of one split, number of splits): whole BLOCK_K steps, no empty split."""
     k_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
@@ -339,13 +275,7 @@ def swap_gemm(
     cfg: SwapConfig,
     weight_scale: torch.Tensor | None = None,  # [N, G] float32: e4m3 weights
     group_k: int = 0,  # with weight_scale: 0 (one scale a row) or the K width of a scale group
-    norm: tuple[torch.Tensor, float] | None = None,  # (weight [K], eps): x is normalized first
-    residual: torch.Tensor | None = None,  # [M, N], unit stride along N: added to the output
 ) -> None:
-    """out = x @ weight.T (+ bias); with `norm`, RMSNorm(x) * norm weight in place of x (the
-    prologue normalizes each row as it reads it: no norm kernel before); with `residual`, the
-    output rounded and the residual added, rounded (the next residual stream: no add after). A
-    split-K product with a residual reduces in its last program, whatever cfg.reduce says."""
     m, k = x.shape
     n = weight.shape[0]
     assert m <= SWAP_BLOCK_M, f"the swap-AB kernel takes at most {SWAP_BLOCK_M} rows"
@@ -355,22 +285,18 @@ def swap_gemm(
     s = weight_scale if scaled else weight  # an unused pointer when not SCALED
     b = bias if bias is not None else s  # likewise when there is no bias
     workspace = split_k > 1
-    last = workspace and (cfg.reduce == "last" or residual is not None)
+    last = workspace and cfg.reduce == "last"
     ws = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device) if workspace else out
     num_n = triton.cdiv(n, cfg.block_n)
     count = counters(x.device, num_n) if last else out
-    if residual is not None:
-        assert residual.shape == out.shape and residual.stride(1) == 1
     _swap_kernel[(num_n, split_k)](
-        x, weight, s, b, out, ws, count, out, out, *norm_residual_args(x, norm, residual), m, n, k, k_split,
-        x.stride(0), weight.stride(0), s.stride(0), out.stride(0), residual.stride(0) if residual is not None else 0,
-        norm[1] if norm is not None else 0.0,
+        x, weight, s, b, out, ws, count, out, out, m, n, k, k_split,
+        x.stride(0), weight.stride(0), s.stride(0), out.stride(0),
         SCALED=scaled, GROUP_K=group_k, HAS_BIAS=bias is not None, EVEN_K=k_split * split_k == k,
         SPLIT_K=split_k, WORKSPACE=workspace, LAST=last, TOP_K=0, RENORMALIZE=False, BLOCK_E=1,
         BLOCK_TOPK=1, BLOCK_M=SWAP_BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        OPERANDS=_operands(x, weight, weight_scale), FP16_MAX_=FP16_MAX,
-        **norm_residual_switches(k, norm, residual, m), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **pdl_weights(x, weight, cfg.block_k),
+        OPERANDS=_operands(x, weight, weight_scale), FP16_MAX_=FP16_MAX, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, **pdl_weights(x, weight, cfg.block_k),
     )  # fmt: skip
     if workspace and not last:
         block = 1024
@@ -392,7 +318,6 @@ def swap_gemm_topk(
     cfg: SwapConfig,  # its split_k, tiles and warps; reduce is not read
     top_k: int,
     renormalize: bool,
-    norm: tuple[torch.Tensor, float] | None = None,  # (weight [K], eps): x normalized first, as swap_gemm
 ) -> tuple[torch.Tensor, torch.Tensor]:  # (topk_weights [M, top_k] float32, topk_ids [M, top_k] int64)
     """The MoE router's product and its routing in one launch: logits = x @ weight.T as swap_gemm
     writes them (float32, the splits added in order), then topk_softmax of each row (see the
@@ -406,13 +331,12 @@ def swap_gemm_topk(
     ids = torch.empty((m, top_k), dtype=torch.int64, device=x.device)
     ws = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
     _swap_kernel[(triton.cdiv(n, cfg.block_n), split_k)](
-        x, weight, weight, weight, logits, ws, counters(x.device, 1), weights, ids,
-        *norm_residual_args(x, norm, None), m, n, k, k_split,
-        x.stride(0), weight.stride(0), 0, logits.stride(0), 0, norm[1] if norm is not None else 0.0,
+        x, weight, weight, weight, logits, ws, counters(x.device, 1), weights, ids, m, n, k, k_split,
+        x.stride(0), weight.stride(0), 0, logits.stride(0),
         SCALED=False, GROUP_K=0, HAS_BIAS=False, EVEN_K=k_split * split_k == k, SPLIT_K=split_k,
         WORKSPACE=True, LAST=False, TOP_K=top_k, RENORMALIZE=renormalize, BLOCK_E=next_power_of_2(n),
         BLOCK_TOPK=next_power_of_2(top_k), BLOCK_M=SWAP_BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        OPERANDS=_operands(x, weight, None), FP16_MAX_=FP16_MAX, **norm_residual_switches(k, norm, None, m),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_weights(x, weight, cfg.block_k),
+        OPERANDS=_operands(x, weight, None), FP16_MAX_=FP16_MAX, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **pdl_weights(x, weight, cfg.block_k),
     )  # fmt: skip
     return weights, ids

@@ -144,45 +144,6 @@ def check_qkv_rope_store_equals_unfused_triton(device, dtype, num_tokens, hq, hk
     _cache_close(kc, kc_ref, k_scale, "k cache vs the unfused kernels", dtype, NORM_ROPE_TOL)
 
 
-def check_qkv_gemm_rope(device, dtype, num_tokens, hidden, hq, hkv, head_dim, block_size, qk_norm=False,
-                        cache="auto", k_scale=1.0, v_scale=1.0, norm=True, bias=False, config=None, calls=2,
-                        seed=0):
-    """The qkv projection with q/k norm + rotary + store-KV in its epilogue (kernels/
-    qkv_gemm_rope_triton.py) against the product and the unfused store in torch: q, both caches,
-    the slots of padding tokens (-1) and all others left alone; the input a residual stream
-    normalized in the prologue (norm); `calls` times in a row (split-K: the counters back at 0)."""
-    from pagedllm.kernels.counters import counters
-    from pagedllm.kernels.qkv_gemm_rope_triton import qkv_gemm_rope_torch, qkv_gemm_rope_triton
-    from pagedllm.kernels.swap_gemm_triton import SwapConfig
-
-    n = (hq + 2 * hkv) * head_dim
-    for call in range(calls):
-        _, pos, cos, sin, kc, vc, slots, qw, kw = _qkv_inputs(device, dtype, num_tokens, hq, hkv, head_dim,
-                                                              block_size, cache, seed + call)  # fmt: skip
-        g = torch.Generator().manual_seed(seed + call + 50)
-        x = (torch.randn(num_tokens, hidden, generator=g) * (4.0 if norm else 1.0)).to(device, dtype)
-        w = (torch.randn(n, hidden, generator=g) / hidden**0.5).to(device, dtype)
-        b = (torch.randn(n, generator=g) * 0.1).to(device, dtype) if bias else None
-        nw = ((1.0 + 0.3 * torch.randn(hidden, generator=g)).to(device, dtype), 1e-6) if norm else None
-        norms = (qw, kw) if qk_norm else (None, None)
-        kc_ref, vc_ref = kc.clone(), vc.clone()
-        q = qkv_gemm_rope_triton(x, w, b, nw, pos, cos, sin, kc, vc, slots, hq, hkv, head_dim, *norms, 1e-6,
-                                 k_scale, v_scale, SwapConfig(*config) if config else None)  # fmt: skip
-        assert int(counters(torch.device(device), 1).count_nonzero()) == 0, "the counters left set"
-        q_ref = qkv_gemm_rope_torch(x, w, b, nw, pos, cos, sin, kc_ref, vc_ref, slots, hq, hkv, head_dim, *norms,
-                                    1e-6, k_scale, v_scale)  # fmt: skip
-        assert q.shape == (num_tokens, hq, head_dim)
-        # the product's sums in another order: its rounding moves an ulp, the norm and rotation carry it
-        _close(q, q_ref, LAYER_TOL, "q")
-        _cache_close(kc, kc_ref, k_scale, "k cache", dtype, LAYER_TOL)
-        _cache_close(vc, vc_ref, v_scale, "v cache", dtype, LAYER_TOL)
-        written = torch.zeros(kc.shape[0] * kc.shape[1], dtype=torch.bool, device=device)
-        written[slots[slots >= 0]] = True
-        as_bytes = (lambda t: t.view(torch.uint8)) if kc.dtype.itemsize == 1 else (lambda t: t)
-        flat, flat_ref = (as_bytes(c.view(-1, hkv, head_dim)) for c in (kc, kc_ref))
-        assert torch.equal(flat[~written], flat_ref[~written]), "a k slot nobody writes was changed"
-
-
 def check_attention_layer_fused(device, dtype, arch, seed=0):
     """A Llama / Qwen3 attention layer with PAGEDLLM_FUSED_ROPE_KV=1 against the same layer
     unfused, on a batch of decodes, a prefill over a cached prefix and padding (slot -1): the
@@ -245,65 +206,6 @@ def check_attention_layer_fused(device, dtype, arch, seed=0):
     assert torch.equal(caches[0][1], caches[1][1]), "v cache"
 
 
-def check_attention_layer_stream(device, dtype, arch, seed=0):
-    """LlamaAttention.attend_stream with PAGEDLLM_FUSED_QKV_GEMM=1 (the input a residual stream, its
-    norm in the qkv product's prologue, the q/k norm + rotary + store in its epilogue) against the
-    plain layer's attend(qkv_proj(norm(s))) on a batch of decodes, a prefill over a cached prefix
-    and padding: the output and both caches. On the CPU the kernel's own rule (CUDA only) is
-    lifted, and the kernel and the Triton backend run under the interpreter: the layer's wiring."""
-    import os
-
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    from conftest import tiny_config
-    from test_kernels import make_batch
-
-    from pagedllm.attention.triton_backend import TritonAttentionBackend
-    from pagedllm.distributed import SINGLE
-    from pagedllm.model.layers.layernorm import RMSNorm
-    from pagedllm.model.models import llama
-    from pagedllm.model.models.qwen3 import Qwen3Attention
-
-    cfg = tiny_config(arch, heads=4, kv_heads=2, hidden=64, head_dim=32)
-    cls = Qwen3Attention if arch == "qwen3" else llama.LlamaAttention
-    with torch.device(device):
-        fused, plain = cls(cfg, SINGLE), cls(cfg, SINGLE)
-        norm = RMSNorm(cfg.hidden_size, 1e-6)
-    fused.fuse_qkv_gemm, fused.fuse_rope_kv_requested, plain.fuse_rope_kv_requested = True, True, True
-    g = torch.Generator().manual_seed(seed)
-    for p in list(fused.parameters()) + list(norm.parameters()):
-        p.data.copy_(torch.randn(p.shape, generator=g) * (0.2 if p.dim() > 1 else 0.3) + (p.dim() == 1))
-    plain.load_state_dict(fused.state_dict())
-    fused, plain, norm = fused.to(device, dtype), plain.to(device, dtype), norm.to(device, dtype)
-    block_size = 16
-    batch, num_blocks = make_batch([1, 1, 6], [9, 30, 20], 2, block_size, device, seed=seed, pad_tokens=2)
-    s = _randn(batch.num_tokens, cfg.hidden_size, dtype=dtype, device=device, gen=g) * 4.0
-    caches = []
-    for layer in (fused, plain):  # both start from the same cached prefix
-        kc = _randn(num_blocks, block_size, 2, 32, dtype=dtype, device=device, gen=torch.Generator().manual_seed(7))
-        vc = _randn(num_blocks, block_size, 2, 32, dtype=dtype, device=device, gen=torch.Generator().manual_seed(8))
-        layer.attn.k_cache, layer.attn.v_cache = kc, vc
-        layer.attn.backend = TritonAttentionBackend()
-        caches.append((kc, vc))
-    calls = []
-    plain_gemm = fused.attn.forward_qkv_gemm
-    fused.attn.forward_qkv_gemm = lambda *a: calls.append(1) or plain_gemm(*a)
-    applies = llama.qkv_gemm_rope_applies
-    try:
-        if device == "cpu":
-            fused.attn.can_store_qkv = lambda qkv: True
-            plain.attn.can_store_qkv = lambda qkv: True
-            llama.qkv_gemm_rope_applies = lambda *a: True
-        out = fused.attend_stream(batch.positions, s, norm, batch)
-    finally:
-        llama.qkv_gemm_rope_applies = applies
-    assert calls, "the qkv product's epilogue path did not run"
-    ref = plain.attend(batch.positions, plain.qkv_proj(norm(s)), batch)
-    real = sum(batch.query_lens_cpu)
-    _close(out[:real], ref[:real], LAYER_TOL, f"{arch} attention output, stream vs plain")
-    _close(caches[0][0], caches[1][0], LAYER_TOL, "k cache")
-    _close(caches[0][1], caches[1][1], LAYER_TOL, "v cache")
-
-
 # ------------------------------------------------------------------------------- GPU tests
 
 
@@ -343,25 +245,6 @@ def test_qkv_rope_store_block_h(block_h):
 def test_qkv_rope_store_equals_unfused_triton(cache, qk_norm, num_tokens):
     check_qkv_rope_store_equals_unfused_triton("cuda", torch.bfloat16, num_tokens, 32, 8, 128, 16, qk_norm, cache,
                                                0.1 if cache != "auto" else 1.0, 0.2 if cache != "auto" else 1.0)
-
-
-@pytest.mark.parametrize("num_tokens", [1, 4, 16])
-@pytest.mark.parametrize("hidden, hq, hkv, qk_norm", [(2048, 32, 4, True), (1024, 16, 8, True), (4096, 32, 8, False)])
-def test_qkv_gemm_rope(num_tokens, hidden, hq, hkv, qk_norm):
-    """The qkv product with the rope/store epilogue at Qwen3-30B-A3B's, Qwen3-0.6B's and
-    Llama-3.1-8B's shapes, at its default configs (head tiles, split-K by the program count)."""
-    check_qkv_gemm_rope("cuda", torch.bfloat16, num_tokens, hidden, hq, hkv, 128, 16, qk_norm)
-
-
-@pytest.mark.parametrize("cache, bias", [("fp8_e4m3", False), ("auto", True)])
-def test_qkv_gemm_rope_fp8_bias(cache, bias):
-    check_qkv_gemm_rope("cuda", torch.bfloat16, 3, 2048, 32, 4, 128, 16, True, cache, 0.2, 0.5, bias=bias)
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_attention_layer_stream(dtype, arch):
-    check_attention_layer_stream("cuda", dtype, arch)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

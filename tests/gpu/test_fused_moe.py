@@ -77,54 +77,39 @@ def _second_rank_experts(w13, w2, ep_ranks: int):
 
 
 def check_fused_experts(device, dtype, num_tokens, hidden, inter, num_experts, top_k, skew="uniform",
-                        ties=False, ep_ranks=1, seed=0, path="auto", tiles=None, calls=1, stream=False):
+                        ties=False, ep_ranks=1, seed=0, path="auto", tiles=None, calls=1):
     """path: "auto" (fused_experts_triton's choice), "grouped" or "small"; tiles: the small
     path's (gate/up, down) tiles, its defaults if None; calls: checked that many times in a row on
-    new inputs (seeds seed, seed + 1, ...: the small down kernel's counters must be back at zero);
-    stream: x is a residual stream, the experts take its RMSNorm and the output adds it back
-    (the norm and the add folded into the small kernels, run apart around the grouped ones)."""
+    new inputs (seeds seed, seed + 1, ...: the small down kernel's counters must be back at zero)."""
     for s in range(seed, seed + calls):
         _check_fused_experts_once(
-            device, dtype, num_tokens, hidden, inter, num_experts, top_k, skew, ties, ep_ranks, s, path, tiles, stream
+            device, dtype, num_tokens, hidden, inter, num_experts, top_k, skew, ties, ep_ranks, s, path, tiles
         )
 
 
 def _check_fused_experts_once(
-    device, dtype, num_tokens, hidden, inter, num_experts, top_k, skew, ties, ep_ranks, seed, path, tiles, stream
+    device, dtype, num_tokens, hidden, inter, num_experts, top_k, skew, ties, ep_ranks, seed, path, tiles
 ):
     from pagedllm.kernels import fused_moe_small_triton as small
     from pagedllm.kernels.fused_moe import fused_experts_torch
     from pagedllm.kernels.fused_moe_triton import fused_experts_grouped, fused_experts_triton
-    from pagedllm.kernels.norm import rms_norm_torch
 
     x, w13, w2, weights, ids = _inputs(device, dtype, num_tokens, hidden, inter, num_experts, top_k, seed, skew, ties)
     w13, w2, expert_map = _second_rank_experts(w13, w2, ep_ranks)
-    norm = residual = None
-    xin = x  # what the experts take
-    if stream:
-        g = torch.Generator().manual_seed(seed + 100)
-        x = x * 4.0  # a stream of a larger scale than the normalized input
-        norm = ((1.0 + 0.3 * torch.randn(hidden, generator=g)).to(device, dtype), 1e-6)
-        residual, xin = x, rms_norm_torch(x, *norm)
-    ref = fused_experts_torch(xin, w13, w2, weights, ids, expert_map)
+    ref = fused_experts_torch(x, w13, w2, weights, ids, expert_map)
     if dtype == torch.float32 and num_tokens <= 64:
-        dense = dense_reference(xin.cpu(), w13.cpu(), w2.cpu(), weights.cpu(), ids.cpu(),
+        dense = dense_reference(x.cpu(), w13.cpu(), w2.cpu(), weights.cpu(), ids.cpu(),
                                 None if expert_map is None else expert_map.cpu())
         torch.testing.assert_close(ref.double().cpu(), dense, atol=1e-4, rtol=1e-4)
-    if stream:
-        ref = ref + residual
     load = torch.zeros(num_experts, dtype=torch.int64, device=device)
     slots = torch.arange(num_tokens, device=device)
     slots[num_tokens // 2 :: 3] = -1  # padding rows: computed, not counted in the load
     if path == "small":
         gate_up, down = tiles or small.default_tiles(dtype, num_tokens)
-        got = small.fused_experts_small(x, w13, w2, weights, ids, expert_map, load, slots, tuple(gate_up), tuple(down),
-                                        norm=norm, residual=residual)
-    elif path == "grouped":
-        assert not stream, "the grouped kernels take no norm or residual"
-        got = fused_experts_grouped(x, w13, w2, weights, ids, expert_map, load, slots)
+        got = small.fused_experts_small(x, w13, w2, weights, ids, expert_map, load, slots, tuple(gate_up), tuple(down))
     else:
-        got = fused_experts_triton(x, w13, w2, weights, ids, expert_map, load, slots, norm, residual)
+        run = fused_experts_grouped if path == "grouped" else fused_experts_triton
+        got = run(x, w13, w2, weights, ids, expert_map, load, slots)
     atol, rtol = TOL[dtype]
     torch.testing.assert_close(got.float(), ref.float(), atol=atol, rtol=rtol)
     expected_load = torch.bincount(ids.cpu()[slots.cpu() >= 0].reshape(-1), minlength=num_experts)
@@ -194,14 +179,6 @@ def test_fused_experts(dtype, shape, skew):
 def test_fused_experts_expert_parallel(ep_ranks):
     check_fused_experts("cuda", torch.bfloat16, 64, 256, 128, 16, 4, skew="hot", ep_ranks=ep_ranks)
     check_fused_experts("cuda", torch.float32, 3, 128, 64, 8, 2, ties=True, ep_ranks=ep_ranks)
-
-
-@pytest.mark.parametrize("num_tokens, path", [(1, "small"), (4, "small"), (4, "auto"), (40, "auto")])
-def test_fused_experts_residual_stream(num_tokens, path):
-    """The residual stream at Qwen3-30B-A3B's sizes (hidden 2048, 128 experts, top-8): the norm in
-    the gate/up kernel's prologue and the add in the down kernel's epilogue at 1 and 4 tokens; at 40
-    tokens (320 pairs, the grouped kernels) both run apart."""
-    check_fused_experts("cuda", torch.bfloat16, num_tokens, 2048, 768, 128, 8, path=path, stream=True, calls=2)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

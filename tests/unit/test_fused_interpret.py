@@ -27,20 +27,9 @@ _CASES = {
     "rope_store_vs_unfused": ("check_qkv_rope_store_equals_unfused_triton", [5, 4, 2, 16, 16], {}),
     "rope_store_fp8_vs_unfused": ("check_qkv_rope_store_equals_unfused_triton", [5, 4, 2, 16, 16],
                                   {"cache": "fp8_e4m3", "k_scale": 0.1, "v_scale": 0.2}),
-    # the qkv product with the rope/store in its epilogue: one split (head tiles of 16), split-K
-    # (the last program of a head's tile), the stream normalized in the prologue or not, bias, an
-    # FP8 cache with scales, q/k norm or none, 1 and 5 tokens (padding slots among them)
-    "qkv_gemm_rope": ("check_qkv_gemm_rope", [5, 48, 4, 2, 16, 16], {"qk_norm": True, "config": [16, 16, 1, 4, 1]}),
-    "qkv_gemm_rope_split_bias": ("check_qkv_gemm_rope", [1, 64, 4, 2, 16, 16],
-                                 {"bias": True, "norm": False, "config": [16, 16, 2, 4, 1]}),
-    "qkv_gemm_rope_fp8_split3": ("check_qkv_gemm_rope", [5, 48, 4, 2, 16, 16],
-                                 {"qk_norm": True, "cache": "fp8_e4m3", "k_scale": 0.5, "v_scale": 2.0,
-                                  "config": [16, 16, 3, 4, 1]}),
     # the attention layers' wiring: fused vs unfused on a mixed batch (float32: the attention
     # kernels' dots, which the interpreter cannot run in 16 bits)
     "layer_llama": ("check_attention_layer_fused", ["llama"], {}),
-    "layer_stream_llama": ("check_attention_layer_stream", ["llama"], {}),
-    "layer_stream_qwen3": ("check_attention_layer_stream", ["qwen3"], {}),
     "layer_qwen3": ("check_attention_layer_fused", ["qwen3"], {}),
 }
 _DTYPES = ["float32", "float16", "bfloat16"]
@@ -85,29 +74,3 @@ def test_qkv_rope_store_compiles_for_sm90(cache, has_norm):
     assert "st.global" in ptx
     if cache == "*fp8e4nv":
         assert "cvt.rn.satfinite.e4m3x2" in ptx  # two values per conversion into the cache
-
-
-@pytest.mark.parametrize("split_k, cache", [(1, "*bf16"), (2, "*bf16"), (2, "*fp8e4nv")])
-def test_qkv_gemm_rope_compiles_for_sm90(split_k, cache):
-    """The qkv product with the rope/store epilogue at Qwen3-30B-A3B's shape (head tiles of 128,
-    its input normalized, q/k norms) compiles for the H200: the product on the tensor cores with
-    pipelined loads, nothing spilled; split, the counting protocol of a last-program reduce."""
-    from test_pdl_interpret import qkv_gemm_signature
-    from test_small_m_interpret import check_last_program_ptx
-
-    from pagedllm.kernels import qkv_gemm_rope_triton as q
-    from pagedllm.kernels.inspect_sm90 import compile_sm90, resources
-
-    signature = dict(qkv_gemm_signature(), k_cache_ptr=cache, v_cache_ptr=cache)
-    constexprs = {"HAS_BIAS": False, "NORM": True, "BLOCK_KN": 2048, "NORM_ROWS": 4, "EVEN_K": True, "SPLIT_K": split_k,
-                  "BLOCK_M": 16, "BLOCK_K": 128, "HEAD_DIM": 128, "HALF": 64, "BLOCK_HALF": 64, "BLOCK_SIZE": 16,
-                  "HAS_QK_NORM": True, "FP8_MAX": 448.0 if cache == "*fp8e4nv" else 0.0, "V_MAX": 0.0}
-    compiled = compile_sm90(q._swap_qkv_rope_kernel, signature, constexprs, num_warps=4, num_stages=3,
-                            aligned=("N", "K", "K_SPLIT", "stride_xm", "stride_wn", "stride_qkv"))
-    ptx = compiled.asm["ptx"]
-    assert "wgmma.mma_async" in ptx and "cp.async" in ptx
-    if split_k > 1:
-        check_last_program_ptx(ptx)
-    r = resources(compiled)
-    if r is not None:
-        assert r["stack"] == 0, r

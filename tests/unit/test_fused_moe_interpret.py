@@ -43,16 +43,6 @@ _CASES = {
                                       {"skew": "hot", "ep_ranks": 4, "tiles": _TILES_16_PAIRS, "calls": 2, **_S}),
     "small_serial_ep2:float16": ("check_fused_experts", [2, 64, 32, 16, 8],
                                  {"ep_ranks": 2, "tiles": _TILES_16_SERIAL, **_S}),
-    # the residual stream in and out (LlamaDecoderLayer.forward_stream): the RMSNorm in the gate/up
-    # kernel's prologue, the residual add in the down kernel's epilogue, split (one expert a
-    # program: the last program adds) and serial (all k in one program); fused_experts_triton
-    # folding them at 2 tokens and running them apart around the grouped kernels at 20
-    "small_stream_split:float32": ("check_fused_experts", [1, 64, 32, 16, 8],
-                                   {"tiles": _TILES_16, "stream": True, "calls": 2, **_S}),
-    "small_stream_serial_ep2:float16": ("check_fused_experts", [2, 64, 32, 16, 8],
-                                        {"ep_ranks": 2, "tiles": _TILES_16_SERIAL, "stream": True, **_S}),
-    "stream_auto_small:float32": ("check_fused_experts", [2, 32, 16, 8, 2], {"stream": True}),
-    "stream_auto_grouped:float32": ("check_fused_experts", [20, 32, 16, 8, 2], {"stream": True, "skew": "hot"}),
     # fused_experts_triton's choice by the pair count (3 x 2 pairs: the small path)
     "experts_auto:float32": ("check_fused_experts", [3, 32, 16, 8, 2], {}),
     "align:int64": ("check_align", [30, 16, 4, 16], {}),
@@ -75,13 +65,13 @@ def test_moe_kernel_under_interpreter(results, key):
 
 # the small-batch kernels' runtime arguments, as fused_experts_small passes them (bf16 model)
 _GATE_UP_SIG = {"x_ptr": "*bf16", "w13_ptr": "*bf16", "h_ptr": "*bf16", "topk_ids_ptr": "*i64",
-                "expert_map_ptr": "*i32", "expert_load_ptr": "*i64", "slot_mapping_ptr": "*i64", "nw_ptr": "*bf16",
-                "inter": "i32", "hidden": "i32", "top_k": "i32", "stride_xm": "i32", "stride_we": "i32",
-                "stride_wn": "i32", "stride_hm": "i32", "eps": "fp32"}
+                "expert_map_ptr": "*i32", "expert_load_ptr": "*i64", "slot_mapping_ptr": "*i64", "inter": "i32",
+                "hidden": "i32", "top_k": "i32", "stride_xm": "i32", "stride_we": "i32", "stride_wn": "i32",
+                "stride_hm": "i32"}
 _DOWN_SIG = {"h_ptr": "*bf16", "w2_ptr": "*bf16", "out_ptr": "*bf16", "part_ptr": "*bf16", "count_ptr": "*i32",
-             "topk_ids_ptr": "*i64", "topk_weights_ptr": "*fp32", "expert_map_ptr": "*i32", "res_ptr": "*bf16",
-             "hidden": "i32", "inter": "i32", "top_k": "i32", "stride_hm": "i32", "stride_we": "i32",
-             "stride_wn": "i32", "stride_om": "i32", "stride_pm": "i32", "stride_rm": "i32"}
+             "topk_ids_ptr": "*i64", "topk_weights_ptr": "*fp32", "expert_map_ptr": "*i32", "hidden": "i32",
+             "inter": "i32", "top_k": "i32", "stride_hm": "i32", "stride_we": "i32", "stride_wn": "i32",
+             "stride_om": "i32", "stride_pm": "i32"}
 _ALIGNED = ("inter", "hidden", "stride_xm", "stride_we", "stride_wn", "stride_hm", "stride_om", "stride_pm")
 
 
@@ -102,16 +92,14 @@ def _down_constexprs(tiles: tuple, top_k: int = 8) -> dict:
     [("gate_up", "default"), ("gate_up", (32, 128, 4, 4)), ("down", "default"), ("down", "default_one_token"),
      ("down", (32, 256, 2, 4, 2)), ("down", (16, 256, 1, 4, 1))],
 )
-@pytest.mark.parametrize("stream", [False, True])
-def test_small_kernels_compile_for_sm90(kernel, tiles, stream):
+def test_small_kernels_compile_for_sm90(kernel, tiles):
     """The small-batch kernels compile for the H200 at their default tiles and at wide ones: the
     products on the tensor cores (mma.sync for 16- and 32-row tiles, wgmma from 64), the weight
     loads asynchronous copies (pipelined), nothing spilled. The down kernel's weight tiles get
     num_stages - 1 buffers (its experts are picked out of registers, not loaded in the loop).
     Split over the experts, its programs count on a barrier and an acq_rel atomic at gpu scope
     (the partial products' stores published before the count, the last program's loads of them
-    after it, from the L2); with all k experts in one program (8), no atomic. The same with the
-    residual stream (the gate/up kernel normalizing its input, the down kernel adding the residual)."""
+    after it, from the L2); with all k experts in one program (8), no atomic."""
     from pagedllm.kernels import fused_moe_small_triton as small
     from pagedllm.kernels.inspect_sm90 import compile_sm90, resources
 
@@ -128,8 +116,6 @@ def test_small_kernels_compile_for_sm90(kernel, tiles, stream):
         fn, sig = small._small_down_kernel, _DOWN_SIG
         constexprs = {"HAS_MAP": True, "EVEN_K": True, "DOT_PRECISION": "tf32", **_down_constexprs(tiles)}
     constexprs.update(BLOCK_N=block_n, BLOCK_K=block_k, PAD_COLS=16)
-    if stream:
-        constexprs.update({"NORM": True, "BLOCK_KN": 2048} if kernel == "gate_up" else {"RESIDUAL": True})
     compiled = compile_sm90(fn, sig, constexprs, num_warps, num_stages, aligned=_ALIGNED)
     ptx = compiled.asm["ptx"]
     assert ("wgmma.mma_async" if block_n >= 64 else "mma.sync.aligned") in ptx

@@ -102,17 +102,13 @@ if _patch is not None:
     interpreter._patch_lang_tensor = _patch_lang_tensor
 
 # Its float32 -> float8 rounding drops the carry of a rounded-up mantissa (7.76 -> 4.0 in e4m3)
-# and ignores the sticky bits, and its float32 -> bfloat16 truncates; the GPU rounds to nearest
-# even. Round through torch instead.
+# and ignores the sticky bits; the GPU rounds to nearest even. Round through torch instead.
 import numpy as np
 import triton.language as tl
 _convert_float = interpreter._convert_float
-_FP8 = {"fp8e4nv": torch.float8_e4m3fn, "fp8e5": torch.float8_e5m2, "bf16": torch.bfloat16}
+_FP8 = {"fp8e4nv": torch.float8_e4m3fn, "fp8e5": torch.float8_e5m2}
 def _convert_float_fp8(input, input_dtype, output_dtype, rounding_mode):
     if str(output_dtype) in _FP8 and input_dtype == tl.float32:
-        if str(output_dtype) == "bf16":
-            x = torch.from_numpy(np.frombuffer(input.tobytes(), dtype=np.float32).copy())
-            return x.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16).reshape(input.shape)
         x = torch.from_numpy(np.frombuffer(input.tobytes(), dtype=np.float32).copy())
         return x.to(_FP8[str(output_dtype)]).view(torch.uint8).numpy().reshape(input.shape)
     return _convert_float(input, input_dtype, output_dtype, rounding_mode)

@@ -13,7 +13,7 @@ import re
 import pytest
 from test_kernels_interpret import pytestmark  # noqa: F401  (skips without triton)
 
-_FLOATS = {"eps", "qk_eps", "qk_scale", "v_scale", "soft_cap", "inv_k_scale", "inv_v_scale"}
+_FLOATS = {"eps", "qk_scale", "v_scale", "soft_cap", "inv_k_scale", "inv_v_scale"}
 
 
 def _signature(kernel, **types) -> dict:
@@ -26,14 +26,6 @@ def _signature(kernel, **types) -> dict:
         sig[p.name] = types.get(p.name) or ("*bf16" if p.name.endswith("_ptr") else
                                             "fp32" if p.name in _FLOATS else "i32")
     return sig
-
-
-def qkv_gemm_signature() -> dict:
-    """The runtime arguments of qkv_gemm_rope_triton's kernel (bf16 model and cache)."""
-    from pagedllm.kernels import qkv_gemm_rope_triton
-
-    return _signature(qkv_gemm_rope_triton._swap_qkv_rope_kernel, ws_ptr="*fp32", count_ptr="*i32", pos_ptr="*i64",
-                      slot_ptr="*i64", cos_ptr="*fp32", sin_ptr="*fp32")
 
 
 def _cases():
@@ -49,7 +41,6 @@ def _cases():
         fp8_triton,
         fused_moe_small_triton,
         norm_triton,
-        qkv_gemm_rope_triton,
         qkv_rope_triton,
         swap_gemm_triton,
         wna16_triton,
@@ -119,23 +110,6 @@ def _cases():
          wna16_sig(wna16_triton._wna16_gemv_packed_kernel),
          {"GROUP_K": 128, "HAS_ZERO": True, "HAS_BIAS": False, "SPLIT_K": 4, "LAST": True, "EVEN": True,
           "BLOCK_N": 32, "BLOCK_KW": 64}, 4, False),
-        # the residual stream: the swap-AB product normalizing its input and adding the residual,
-        # the MoE kernels likewise, the qkv product with the rope/store epilogue
-        ("swap_stream", swap_gemm_triton._swap_kernel, swap_signature("*bf16"),
-         swap_constexprs(4, 64, 128, LAST=True, NORM=True, RESIDUAL=True, BLOCK_KN=2048), 4, False),
-        ("moe_gate_up_norm", fused_moe_small_triton._small_gate_up_kernel, _GATE_UP_SIG,
-         {"HAS_MAP": True, "HAS_LOAD": True, "HAS_SLOTS": True, "EVEN_K": True, "DOT_PRECISION": "tf32",
-          "BLOCK_N": 64, "BLOCK_K": 128, "PAD_COLS": 16, "NORM": True, "BLOCK_KN": 2048}, 4, False),
-        ("moe_down_residual", fused_moe_small_triton._small_down_kernel, _DOWN_SIG,
-         {"HAS_MAP": True, "EVEN_K": True, "DOT_PRECISION": "tf32", **_down_constexprs((64, 128, 4, 3, 1)),
-          "BLOCK_N": 64, "BLOCK_K": 128, "PAD_COLS": 16, "RESIDUAL": True}, 4, False),
-        ("fp8_gemv_stream", fp8_triton._fp8_gemv_kernel, fp8_gemv,
-         {"GROUP_K": 0, "HAS_BIAS": False, "EVEN_K": True, "BLOCK_N": 4, "BLOCK_K": 1024, "NORM": True,
-          "RESIDUAL": True, "BLOCK_KN": 4096}, 4, False),
-        ("qkv_gemm_rope", qkv_gemm_rope_triton._swap_qkv_rope_kernel, qkv_gemm_signature(),
-         {"HAS_BIAS": False, "NORM": True, "BLOCK_KN": 2048, "NORM_ROWS": 1, "EVEN_K": True, "SPLIT_K": 2,
-          "BLOCK_M": 16, "BLOCK_K": 128, "HEAD_DIM": 128, "HALF": 64, "BLOCK_HALF": 64, "BLOCK_SIZE": 16,
-          "HAS_QK_NORM": True, "FP8_MAX": 0.0, "V_MAX": 0.0}, 4, False),
         # an FP8 cache as the engine lays it out: V blocks key-major
         ("decode_fp8_key_major", attention_decode._decode_kernel,
          _signature(attention_decode._decode_kernel, k_cache_ptr="*fp8e4nv", v_cache_ptr="*fp8e4nv",
@@ -147,8 +121,7 @@ def _cases():
 
 CASES = ["rms_norm", "act_and_mul", "qkv_rope", "decode", "decode_last_ordered", "decode_reduce", "swap",
          "swap_last", "swap_router_prefetch", "swap_fp8_prefetch", "splitk_reduce", "fp8_gemv", "fp8_gemv_unrolled",
-         "fp8_gemv_blocks", "moe_gate_up", "moe_down", "wna16_gemv", "wna16_gemvp_split_last", "decode_fp8_key_major",
-         "swap_stream", "moe_gate_up_norm", "moe_down_residual", "fp8_gemv_stream", "qkv_gemm_rope"]
+         "fp8_gemv_blocks", "moe_gate_up", "moe_down", "wna16_gemv", "wna16_gemvp_split_last", "decode_fp8_key_major"]
 
 
 @pytest.mark.parametrize("name", CASES)

@@ -41,17 +41,6 @@ _CASES = {
     "router_topk_ties_renorm": ("check_router_topk", [5, 20, 96, 3, True],
                                 {"config": [16, 32, 3, 4, 1], "ties": True}),
     "router_topk_one_split": ("check_router_topk", [2, 12, 64, 2, True], {"config": [16, 32, 1, 4, 1]}),
-    # the residual stream (LlamaDecoderLayer.forward_stream): the RMSNorm in the prologue, the add
-    # in the epilogue, each alone and both; one split, split-K reduced by the last program (forced
-    # by the residual even under reduce "kernel"), ragged N and K, bias, and the router normalizing
-    "stream_norm_residual": ("check_stream_linear", [1, 40, 64], {"config": [32, 32, 1, 4, 1]}),
-    "stream_split_bias_ragged": ("check_stream_linear", [3, 40, 200], {"bias": True, "config": [16, 32, 3, 4, 1]}),
-    "stream_norm_only_split": ("check_stream_linear", [5, 24, 128],
-                               {"residual": False, "config": [16, 32, 2, 4, 1, "last"]}),
-    "stream_residual_only": ("check_stream_linear", [2, 24, 96], {"norm": False, "config": [16, 32, 1, 4, 1]}),
-    # 16 rows of 600: the prologue reads them [16, 512] at a time, the second chunk ragged
-    "stream_16_rows_chunked": ("check_stream_linear", [16, 24, 600], {"calls": 1, "config": [16, 64, 1, 4, 1]}),
-    "router_topk_norm": ("check_router_topk", [3, 24, 128, 4, True], {"config": [16, 32, 2, 4, 1], "norm": True}),
 }
 _DTYPES = ["bfloat16", "float16"]
 _KEYS = [f"{name}:{dt}" for name in _CASES for dt in _DTYPES]
@@ -75,11 +64,8 @@ SWAP_ALIGNED = ("N", "K", "K_SPLIT", "stride_xm", "stride_wn", "stride_om")
 def swap_signature(out: str = "*bf16", weight: str = "*bf16", scale: str = "*bf16") -> dict:
     """The swap-AB kernel's runtime arguments (16-bit activations), in its parameter order."""
     sig = {"x_ptr": "*bf16", "w_ptr": weight, "s_ptr": scale, "b_ptr": "*bf16", "out_ptr": out, "ws_ptr": "*fp32",
-           "count_ptr": "*i32", "topk_weights_ptr": "*fp32", "topk_ids_ptr": "*i64", "nw_ptr": "*bf16",
-           "res_ptr": "*bf16"}
-    sig.update(dict.fromkeys(("M", "N", "K", "K_SPLIT", "stride_xm", "stride_wn", "stride_sn", "stride_om",
-                              "stride_rm"), "i32"))
-    sig["eps"] = "fp32"
+           "count_ptr": "*i32", "topk_weights_ptr": "*fp32", "topk_ids_ptr": "*i64"}
+    sig.update(dict.fromkeys(("M", "N", "K", "K_SPLIT", "stride_xm", "stride_wn", "stride_sn", "stride_om"), "i32"))
     return sig
 
 
@@ -111,24 +97,22 @@ def check_last_program_ptx(ptx: str) -> None:
 @pytest.mark.parametrize(
     "mode, block_n, block_k, split_k, warps, stages",
     [("last", 64, 128, 4, 4, 3), ("last", 64, 128, 8, 4, 3), ("last", 64, 256, 4, 4, 3), ("router", 64, 128, 8, 4, 4),
-     ("router", 128, 128, 8, 4, 4), ("last_residual", 64, 128, 4, 4, 3), ("router_norm", 64, 128, 8, 4, 4)],
+     ("router", 128, 128, 8, 4, 4)],
 )
 def test_last_program_modes_compile_for_sm90(mode, block_n, block_k, split_k, warps, stages):
     """Split-K reduced by the last split (the table's split-K configs: Qwen3-30B-A3B o 64/128/4,
     Qwen3-0.6B o and down 64/128/8, Llama-3.1-8B o 64/128/4) and the fused router (the router's
     64/128/8 at 128 experts, top-8; and 128-wide tiles) compile for the H200: tensor cores,
-    pipelined loads, the counting protocol in the PTX, nothing spilled; so do the residual stream's
-    variants (Qwen3-30B-A3B's o adding the residual, its router normalizing its input)."""
+    pipelined loads, the counting protocol in the PTX, nothing spilled."""
     from pagedllm.kernels import swap_gemm_triton as s
     from pagedllm.kernels.inspect_sm90 import compile_sm90, resources
 
-    if mode.startswith("last"):
-        constexprs = swap_constexprs(split_k, block_n, block_k, LAST=True, RESIDUAL=mode == "last_residual")
+    if mode == "last":
+        constexprs = swap_constexprs(split_k, block_n, block_k, LAST=True)
         signature = swap_signature()
     else:
-        norm = {"NORM": True, "BLOCK_KN": 2048} if mode == "router_norm" else {}
         constexprs = swap_constexprs(split_k, block_n, block_k, HAS_BIAS=False, WORKSPACE=True, TOP_K=8,
-                                     RENORMALIZE=True, BLOCK_E=128, BLOCK_TOPK=8, **norm)
+                                     RENORMALIZE=True, BLOCK_E=128, BLOCK_TOPK=8)
         signature = swap_signature("*fp32")
     compiled = compile_sm90(s._swap_kernel, signature, constexprs, num_warps=warps, num_stages=stages,
                             aligned=SWAP_ALIGNED)
@@ -142,22 +126,17 @@ def test_last_program_modes_compile_for_sm90(mode, block_n, block_k, split_k, wa
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 @pytest.mark.parametrize(
-    "block_n, block_k, split_k, warps, norm_rows",
-    [(64, 128, 4, 4, 0), (128, 128, 1, 8, 0), (32, 256, 8, 4, 0), (64, 256, 1, 4, 1), (64, 256, 1, 4, 16),
-     (32, 256, 8, 4, 4)],
+    "block_n, block_k, split_k, warps", [(64, 128, 4, 4), (128, 128, 1, 8), (32, 256, 8, 4)]
 )
-def test_swap_kernel_16bit_compiles_for_sm90(block_n, block_k, split_k, warps, norm_rows):
+def test_swap_kernel_16bit_compiles_for_sm90(block_n, block_k, split_k, warps):
     """The kernel on bf16 weights compiles for the H200, its products run on tensor cores
     (wgmma for 64-row weight tiles and up, mma.sync below), its tile loads are asynchronous
-    copies (pipelined), nothing spills, and the MMA takes the bf16 operands as they are; also
-    with the RMSNorm in its prologue (Qwen3-30B-A3B's qkv config, 64/256 unsplit, reading 1 or
-    16 rows of 2,048 together)."""
+    copies (pipelined), nothing spills, and the MMA takes the bf16 operands as they are."""
     from pagedllm.kernels import swap_gemm_triton as s
     from pagedllm.kernels.inspect_sm90 import compile_sm90, resources
 
     signature = swap_signature("*fp32" if split_k > 1 else "*bf16")
-    norm = {"NORM": True, "BLOCK_KN": 2048, "NORM_ROWS": norm_rows} if norm_rows else {}
-    constexprs = swap_constexprs(split_k, block_n, block_k, **norm)
+    constexprs = swap_constexprs(split_k, block_n, block_k)
     compiled = compile_sm90(s._swap_kernel, signature, constexprs, num_warps=warps, num_stages=3, aligned=SWAP_ALIGNED)
     ptx = compiled.asm["ptx"]
     if block_n >= 64:

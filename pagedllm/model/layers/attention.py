@@ -80,25 +80,6 @@ class Attention(nn.Module):
         return o.reshape(o.shape[0], self.num_heads * self.head_dim)
 
 
-    def forward_qkv_gemm(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                         norm: tuple[torch.Tensor, float] | None, positions: torch.Tensor, cos_cache: torch.Tensor,
-                         sin_cache: torch.Tensor, q_norm_weight: torch.Tensor | None,
-                         k_norm_weight: torch.Tensor | None, eps: float, batch: ForwardBatch) -> torch.Tensor:  # fmt: skip
-        """`forward_qkv` from the qkv projection's input x [T, K] (norm: x is the residual stream,
-        normalized first) and its weight: the product with the q/k norm + rotary + store in its
-        epilogue, one launch (kernels/qkv_gemm_rope_triton.py); the backend then attends from the
-        cache. CUDA only (qkv_rope.qkv_gemm_rope_applies). -> [T, Hq * D]"""
-        from pagedllm.kernels.qkv_gemm_rope_triton import qkv_gemm_rope_triton
-
-        assert self.backend is not None and self.k_cache is not None and self.v_cache is not None
-        q = qkv_gemm_rope_triton(x, weight, bias, norm, positions, cos_cache, sin_cache, self.k_cache, self.v_cache,
-                                 batch.slot_mapping, self.num_heads, self.num_kv_heads, self.head_dim, q_norm_weight,
-                                 k_norm_weight, eps, self.k_scale, self.v_scale)  # fmt: skip
-        o = self.backend.attend(q, self.k_cache, self.v_cache, batch, self.scale, self.k_scale, self.v_scale,
-                                self.sliding_window, self.logits_soft_cap)  # fmt: skip
-        return o.reshape(o.shape[0], self.num_heads * self.head_dim)
-
-
 def bind_kv_cache(model: nn.Module, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
                   backend: AttentionBackend) -> None:
     layers = [m for m in model.modules() if isinstance(m, Attention)]

@@ -58,17 +58,12 @@ class Router(nn.Module):
         self.small_m_gemm = small_m.enabled("router")
         self.fused_topk = fusion_enabled("ROUTER")
 
-    def route(self, x: torch.Tensor, top_k: int, renormalize: bool,
-              norm: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def route(self, x: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(topk_weights [T, K] float32, topk_ids [T, K] int64) of x [T, H] in one launch, or None
-        where the fused router is off or does not apply (forward, then topk_softmax). norm (an
-        RMSNorm): x is the residual stream, routed as norm(x) (normalized in the same launch)."""
+        where the fused router is off or does not apply (forward, then topk_softmax)."""
         if not self.fused_topk:
             return None
-        if norm is not None and not small_m.norm_fusable(x, norm.weight):
-            return None
-        nw = None if norm is None else (norm.weight, norm.eps)
-        routed = small_m.route_small(x, self.weight, top_k, renormalize, norm=nw)
+        routed = small_m.route_small(x, self.weight, top_k, renormalize)
         return None if routed is None else routed[1:]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -169,16 +164,13 @@ class FusedMoE(nn.Module):
         return self.run_experts(x, topk_weights, topk_ids, slot_mapping)
 
     def run_experts(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-                    slot_mapping: torch.Tensor | None = None, norm: nn.Module | None = None,
-                    residual: torch.Tensor | None = None) -> torch.Tensor:
-        # x: [T, H], topk_*: [T, K] (global expert ids) -> partial output [T, H]; norm, residual:
-        # kernels.fused_moe.fused_experts's (x the residual stream, the output plus residual)
+                    slot_mapping: torch.Tensor | None = None) -> torch.Tensor:
+        # x: [T, H], topk_*: [T, K] (global expert ids) -> partial output [T, H]
         emap = self.expert_map
         if emap is not None and emap.device != x.device:
             emap = self.expert_map = emap.to(x.device)
-        nw = None if norm is None else (norm.weight, norm.eps)
         return fused_experts(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids, emap,
-                             self.expert_load, slot_mapping, norm=nw, residual=residual)
+                             self.expert_load, slot_mapping)
 
 
 class SparseMoeBlock(nn.Module):
@@ -202,25 +194,12 @@ class SparseMoeBlock(nn.Module):
         else:
             partial = self.experts.run_experts(x, *routed, slot_mapping)
         out = self.ps.all_reduce(partial)
-        if self.shared_expert is not None:  # (forward_stream requires none)
+        if self.shared_expert is not None:
             shared = self.shared_expert(x)
             if self.shared_expert_gate is not None:
                 shared = torch.sigmoid(self.shared_expert_gate(x)) * shared
             out = out + shared
         return out
-
-
-    def forward_stream(self, s: torch.Tensor, norm: nn.Module,
-                       slot_mapping: torch.Tensor | None = None) -> torch.Tensor:
-        """s + forward(norm(s)) at tensor-parallel size 1 without a shared expert
-        (LlamaDecoderLayer.forward_stream): the norm folded into the router's and the gate/up
-        kernel's prologues, the add into the down kernel's epilogue where the small-batch kernels
-        run (kernels/fused_moe.py says where; elsewhere the norm, experts and add run apart)."""
-        routed = self.gate.route(s, self.experts.top_k, self.experts.renormalize, norm=norm)
-        if routed is None:
-            x = norm(s)
-            return self.experts(x, self.gate(x), slot_mapping) + s
-        return self.experts.run_experts(s, *routed, slot_mapping, norm=norm, residual=s)
 
 
 def load_expert_weight(params: dict[str, nn.Parameter], modules: dict[str, nn.Module], name: str, tensor) -> str | None:

@@ -54,26 +54,6 @@ def dense_linear(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -
     return cpu_gemm.linear(x, layer.weight, bias, layer.packed_weight)
 
 
-def stream_linear(layer: nn.Module, x: torch.Tensor, norm: nn.Module | None = None,
-                  residual: torch.Tensor | None = None) -> torch.Tensor:
-    """layer(norm(x)) (+ residual) at tensor-parallel size 1, for a decoder that keeps its residual
-    stream whole (LlamaDecoderLayer.forward_stream). An unquantized layer whose product goes
-    through the swap-AB kernel folds the RMSNorm into its prologue and the residual add into its
-    epilogue (kernels/swap_gemm_triton.py): no norm or add kernel of its own; a quantized one asks
-    its method (`apply_stream`: FP8's W8A16 kernels fold them too). Anything else runs the norm,
-    the layer and the add as they are."""
-    assert not getattr(layer, "skip_bias_add", False), "a layer that leaves its bias to the caller"
-    if layer.quant_method is not None:
-        return layer.quant_method.apply_stream(layer, x, layer.bias, norm, residual)
-    if layer.small_m_gemm and (norm is None or small_m.norm_fusable(x, norm.weight)):
-        config = small_m.pick(x, layer.weight)
-        if config is not None:
-            nw = None if norm is None else (norm.weight, norm.eps)
-            return small_m.small_m_linear(x, layer.weight, layer.bias, config=config, norm=nw, residual=residual)
-    y = layer(x if norm is None else norm(x))
-    return y if residual is None else y + residual
-
-
 def default_weight_loader(param: torch.Tensor, loaded, shard_id=None) -> None:
     """A replicated parameter: every rank holds the whole tensor."""
     if tuple(param.shape) != tuple(loaded.shape):

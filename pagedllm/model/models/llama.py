@@ -21,22 +21,19 @@ from torch import nn
 
 from pagedllm.attention.backend import ForwardBatch
 from pagedllm.distributed import SINGLE, ParallelState
-from pagedllm.kernels import small_m
 from pagedllm.kernels._triton import fusion_enabled
-from pagedllm.kernels.qkv_rope import qkv_gemm_rope_applies
 from pagedllm.model.layers.activation import SiluAndMul
 from pagedllm.model.layers.attention import Attention, layer_sliding_window
 from pagedllm.model.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from pagedllm.model.layers.layernorm import RMSNorm
+from pagedllm.model.layers.pipeline import belongs_elsewhere, make_layers, owned_layers
 from pagedllm.model.layers.linear import (
     MergedColumnParallelLinear,
     QKVParallelLinear,
     RowParallelLinear,
     default_weight_loader,
-    stream_linear,
 )
 from pagedllm.model.layers.partial_rotary import partial_rotary_permutation, permuted_head_rows
-from pagedllm.model.layers.pipeline import belongs_elsewhere, make_layers, owned_layers
 from pagedllm.model.layers.rotary import RotaryEmbedding, get_rotary_embedding, rope_parameters, rotary_dim_of
 
 
@@ -73,8 +70,6 @@ class LlamaAttention(nn.Module):
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.fuse_rope_kv_requested = fusion_enabled("ROPE_KV")
-        # PAGEDLLM_FUSED_QKV_GEMM=1: in forward_stream, the rope/store in the qkv product's epilogue
-        self.fuse_qkv_gemm = fusion_enabled("QKV_GEMM", default=False)
 
     @property
     def fuse_rope_kv(self) -> bool:
@@ -99,12 +94,9 @@ class LlamaAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         # x: [T, H]
-        return self.o_proj(self.attend(positions, self.qkv_proj(x), batch))
-
-    def attend(self, positions: torch.Tensor, qkv: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        # qkv: [T, (Hq + 2 Hkv) * D] -> the attention's output [T, Hq * D], before o_proj
+        qkv = self.qkv_proj(x)
         if self.fuse_rope_kv and self.attn.can_store_qkv(qkv):
-            return self.fused_attention(positions, qkv, batch)
+            return self.o_proj(self.fused_attention(positions, qkv, batch))
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(-1, self.num_heads, self.head_dim)  # [T, Hq, D]
         k = k.reshape(-1, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
@@ -114,34 +106,18 @@ class LlamaAttention(nn.Module):
             k = self.k_norm(k)
         if self.rotary_emb is not None:
             q, k = self.rotary_emb(positions, q, k)
-        return self.attn(q, k, v, batch)
-
-    def qk_norms(self) -> tuple[torch.Tensor | None, torch.Tensor | None, float]:
-        """(q_norm weight, k_norm weight, eps) for the fused kernels; (None, None, 0.0) without."""
-        if self.use_qk_norm:
-            return self.q_norm.weight, self.k_norm.weight, self.q_norm.eps
-        return None, None, 0.0
+        return self.o_proj(self.attn(q, k, v, batch))
 
     def fused_attention(self, positions: torch.Tensor, qkv: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         # qkv: [T, (Hq + 2 Hkv) * D] -> [T, Hq * D]
         rope = self.rotary_emb
         assert rope is not None
-        return self.attn.forward_qkv(qkv, positions, rope.cos_cache, rope.sin_cache, *self.qk_norms(), batch)
-
-    def attend_stream(self, positions: torch.Tensor, s: torch.Tensor, norm: nn.Module,
-                      batch: ForwardBatch) -> torch.Tensor:
-        """attend(positions, qkv_proj(norm(s)), batch) for forward_stream: the norm folded into the
-        qkv product; with PAGEDLLM_FUSED_QKV_GEMM=1, where it applies, also the q/k norm + rotary +
-        store in the product's epilogue (kernels/qkv_gemm_rope_triton.py: no kernel between the
-        product and attention)."""
-        proj, rope = self.qkv_proj, self.rotary_emb
-        if (self.fuse_qkv_gemm and self.fuse_rope_kv and self.attn.can_store_qkv(s) and rope is not None
-                and proj.quant_method is None and proj.small_m_gemm
-                and small_m.norm_fusable(s, norm.weight)
-                and qkv_gemm_rope_applies(s, proj.weight, self.head_dim, rope.cos_cache.shape[-1])):
-            return self.attn.forward_qkv_gemm(s, proj.weight, proj.bias, (norm.weight, norm.eps), positions,
-                                              rope.cos_cache, rope.sin_cache, *self.qk_norms(), batch)
-        return self.attend(positions, stream_linear(proj, s, norm=norm), batch)
+        if self.use_qk_norm:
+            qw, kw, eps = self.q_norm.weight, self.k_norm.weight, self.q_norm.eps
+        else:
+            qw = kw = None
+            eps = 0.0
+        return self.attn.forward_qkv(qkv, positions, rope.cos_cache, rope.sin_cache, qw, kw, eps, batch)
 
 
 class LlamaMLP(nn.Module):
@@ -156,18 +132,11 @@ class LlamaMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
-    def forward_stream(self, s: torch.Tensor, norm: nn.Module) -> torch.Tensor:
-        """s + forward(norm(s)): the norm folded into gate_up's product, the add into down's."""
-        return stream_linear(self.down_proj, self.act_fn(stream_linear(self.gate_up_proj, s, norm=norm)), residual=s)
-
 
 class LlamaDecoderLayer(nn.Module):
     attention_cls = LlamaAttention
     mlp_cls: type[nn.Module] = LlamaMLP
     norm_cls: type[nn.Module] = RMSNorm  # built as norm_cls(hidden_size, eps)
-
-    # PAGEDLLM_FUSED_NORM=1: forward_stream where it applies (read when a layer is built)
-    fuse_norm_requested = False
 
     def __init__(self, cfg: Any, ps: ParallelState):
         super().__init__()
@@ -175,8 +144,6 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = self.mlp_cls(cfg, ps)
         self.input_layernorm = self.norm_cls(cfg.hidden_size, norm_eps(cfg))
         self.post_attention_layernorm = self.norm_cls(cfg.hidden_size, norm_eps(cfg))
-        self.fuse_norm_requested = fusion_enabled("NORM", default=False)
-        self.ps = ps
 
     def norm_input(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """(input_layernorm(x + residual), x + residual): x + residual is the layer's input, the
@@ -186,8 +153,6 @@ class LlamaDecoderLayer(nn.Module):
         return self.input_layernorm(x, residual)
 
     def forward(self, positions, x, residual, batch):
-        if residual is None and self.stream_applies(x):
-            return self.forward_stream(positions, x, batch), None
         x, residual = self.norm_input(x, residual)
         x = self.self_attn(positions, x, batch)
         x, residual = self.post_attention_layernorm(x, residual)
@@ -195,45 +160,6 @@ class LlamaDecoderLayer(nn.Module):
 
     def run_mlp(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         return self.mlp(x)
-
-    # ---- the residual stream kept whole (PAGEDLLM_FUSED_NORM=1) ---------------------------
-    # A decode batch of 1-16 tokens on CUDA spends most of a layer's time between its short
-    # kernels, and two of them are RMSNorms. Here the layer takes the stream s = x + residual and
-    # returns the next one: each RMSNorm is folded into the products that read it (qkv, gate_up
-    # or the MoE router and gate/up kernels), each residual add into the product that ends its
-    # half (o, down): no norm kernels at all. The layer after it then gets (s, None), as the
-    # first layer gets the embeddings, and the final norm normalizes s.
-    def stream_applies(self, x: torch.Tensor) -> bool:
-        """Whether forward_stream runs for x: stream_layer_ok, and a 16-bit CUDA decode batch of
-        at most small_m.MAX_ROWS rows (where the products are the swap-AB kernel's)."""
-        return (self.stream_layer_ok() and x.is_cuda and x.dtype in (torch.float16, torch.bfloat16)
-                and 0 < x.shape[0] <= small_m.MAX_ROWS)
-
-    def stream_layer_ok(self) -> bool:
-        """Switched on (PAGEDLLM_FUSED_NORM=1), one rank and one stage, and this class's own norms,
-        attention and MLP (a subclass that changes one of them keeps the plain path). Decided once."""
-        ok = getattr(self, "_stream_ok", None)
-        if ok is None:
-            ok = self._stream_ok = bool(
-                self.fuse_norm_requested
-                and self.ps.tp_size == 1 and self.ps.pp_size == 1
-                and type(self.input_layernorm) is RMSNorm and type(self.post_attention_layernorm) is RMSNorm
-                and type(self).norm_input is LlamaDecoderLayer.norm_input
-                and type(self.self_attn).forward is LlamaAttention.forward
-                and self.stream_mlp_ok(self.mlp)
-            )
-        return ok
-
-    def stream_mlp_ok(self, mlp: nn.Module) -> bool:
-        return type(mlp).forward is LlamaMLP.forward and type(self).run_mlp is LlamaDecoderLayer.run_mlp
-
-    def forward_stream(self, positions: torch.Tensor, s: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        attn = self.self_attn
-        s = stream_linear(attn.o_proj, attn.attend_stream(positions, s, self.input_layernorm, batch), residual=s)
-        return self.run_mlp_stream(s, batch)
-
-    def run_mlp_stream(self, s: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        return self.mlp.forward_stream(s, self.post_attention_layernorm)
 
 
 class LlamaModel(nn.Module):
@@ -268,8 +194,6 @@ class LlamaModel(nn.Module):
             x, residual = layer(positions, x, residual, batch)
         if not self.ps.is_last_stage:
             return x, residual
-        if residual is None:  # the layers kept the stream whole (forward_stream)
-            return self.norm(x)
         x, _ = self.norm(x, residual)
         return x
 

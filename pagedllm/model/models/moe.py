@@ -16,7 +16,6 @@ from torch import nn
 
 from pagedllm.attention.backend import ForwardBatch
 from pagedllm.distributed import ParallelState
-from pagedllm.kernels._triton import fusion_enabled
 from pagedllm.model.layers.fused_moe import SparseMoeBlock, config_num_experts, expert_load_modules, load_expert_weight
 from pagedllm.model.layers.layernorm import RMSNorm
 from pagedllm.model.layers.pipeline import belongs_elsewhere
@@ -47,22 +46,10 @@ class MoeDecoderLayer(LlamaDecoderLayer):
             self.mlp = dense_mlp(cfg, ps, cfg.intermediate_size)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.fuse_norm_requested = fusion_enabled("NORM", default=False)
-        self.ps = ps
 
     def run_mlp(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         # padding rows (slot -1) are computed but not counted in the expert load
         return self.mlp(x, batch.slot_mapping) if self.is_sparse else self.mlp(x)
-
-    def stream_mlp_ok(self, mlp: nn.Module) -> bool:
-        if not self.is_sparse:
-            return type(mlp).forward is LlamaMLP.forward
-        return type(mlp) is SparseMoeBlock and mlp.shared_expert is None
-
-    def run_mlp_stream(self, s: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        if not self.is_sparse:
-            return self.mlp.forward_stream(s, self.post_attention_layernorm)
-        return self.mlp.forward_stream(s, self.post_attention_layernorm, batch.slot_mapping)
 
 
 class MoeModel(LlamaModel):

@@ -37,13 +37,6 @@ class LinearMethod(ABC):
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x [T, in_per_rank] -> [T, out_per_rank] (before any all-reduce)."""
 
-    def apply_stream(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None, norm: nn.Module | None,
-                     residual: torch.Tensor | None) -> torch.Tensor:
-        """apply(layer, norm(x), bias) (+ residual) for linear.stream_linear (tensor-parallel size
-        1): the norm and the add apart here; a method whose kernels fold them in overrides it."""
-        y = self.apply(layer, x if norm is None else norm(x), bias)
-        return y if residual is None else y + residual
-
     def describe(self) -> str:
         return type(self).__name__
 

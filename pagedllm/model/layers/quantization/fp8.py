@@ -25,7 +25,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from pagedllm.kernels import small_m
 from pagedllm.kernels.fp8 import FP8_DTYPE, fp8_linear, quantize_fp8_torch
 from pagedllm.model.layers.linear import RowParallelLinear, materialize
 from pagedllm.model.layers.quantization.base import LinearMethod, QuantizationConfig, _is_ignored
@@ -190,14 +189,6 @@ class Fp8LinearMethod(LinearMethod):
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return fp8_linear(x, layer.weight, layer.weight_scale, bias)
-
-    def apply_stream(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None, norm: nn.Module | None,
-                     residual: torch.Tensor | None) -> torch.Tensor:
-        """The W8A16 kernels fold the norm and the add in (kernels/fp8.py fp8_linear)."""
-        if norm is not None and not small_m.norm_fusable(x, norm.weight):
-            return super().apply_stream(layer, x, bias, norm, residual)
-        nw = None if norm is None else (norm.weight, norm.eps)
-        return fp8_linear(x, layer.weight, layer.weight_scale, bias, norm=nw, residual=residual)
 
     def describe(self) -> str:
         return self.config.describe()
