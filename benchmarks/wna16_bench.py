@@ -115,17 +115,23 @@ def correctness(dev: str) -> None:
 def swap_sweep(n: int, k: int, group_k: int, m: int = 1) -> list:
     """SwapConfigs around the default: 64-wide weight tiles with K steps of 128 / 256, 128-wide
     ones (8 warps) with 128, one 32-wide (mma.sync), split-K 1-8 while the programs stay under
-    1024 and each split keeps two K steps. More than 16 rows (the GEMM): 128-wide weight tiles
-    against 64 (4 warps) or 128 (8 warps) activation rows, K steps of 64 / 128, split-K 1-4."""
+    1024 and each split keeps two K steps. More than 16 rows (the GEMM; activation tiles up to
+    twice the rows): 128-wide weight tiles against 64 (4 warps) or 128 (8 warps) activation rows, K
+    steps of 64 / 128, and 128- or 64-wide ones against 256 rows (8 warps, K steps of 64: sm_90 211 /
+    126 registers, no spills), split-K 1-4. At 256 rows a program each dequantized weight element
+    feeds twice the MMA work of 128."""
     from pagedllm.kernels.swap_gemm_triton import SwapConfig
 
     if m > 16:
         gemm = []
-        for bm, warps in ((64, 4), (128, 8)):
-            for bk in (64, 128):
+        for bn, bm, warps, bks in ((128, 64, 4, (64, 128)), (128, 128, 8, (64, 128)), (128, 256, 8, (64,)),
+                                   (64, 256, 8, (64,))):
+            if bm > 2 * m:
+                continue
+            for bk in bks:
                 for split in (1, 2, 4):
                     if k >= 2 * bk * split and (group_k == 0 or group_k % bk == 0 or bk % group_k == 0):
-                        gemm.append(SwapConfig(128, bk, split, warps, 3, block_m=bm))
+                        gemm.append(SwapConfig(bn, bk, split, warps, 3, block_m=bm))
         return gemm
     cfgs = []
     for bn, warps, bks in ((64, 4, (128, 256)), (128, 8, (128,))):

@@ -186,10 +186,11 @@ def _wna16_dequant_kernel(w_ptr, s_ptr, z_ptr, out_ptr, N, K, stride_wk, stride_
 
 @functools.cache
 def gemv_prefetch() -> bool:
-    """PAGEDLLM_WNA16_PREFETCH=1: the gemvp loop loads the next tile's words before it uses its own
-    (two tiles in flight a thread: the loop's loads are not pipelined otherwise; sm_90: the same
-    instructions a word, one register more). Off until the H200 measures it. Read once."""
-    return os.environ.get("PAGEDLLM_WNA16_PREFETCH", "0").strip() not in ("", "0")
+    """The gemvp (and gemvn) loop loads the next tile's words before it uses its own (two tiles in
+    flight a thread: the loop's loads are not pipelined otherwise; sm_90: the same instructions a
+    word, one register more). On by default (W2 gptq 3.25 -> 3.03 ms/token on the H100, RESULTS.md);
+    PAGEDLLM_WNA16_PREFETCH=0 turns it off. Read once."""
+    return os.environ.get("PAGEDLLM_WNA16_PREFETCH", "1").strip() not in ("", "0")
 
 
 def default_config(m: int, n: int, k: int, group_k: int, bits: int) -> tuple:

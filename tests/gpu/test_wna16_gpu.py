@@ -337,20 +337,25 @@ def test_wna16_swap_gemm(m, n, k, group_k, symmetric):
     check_wna16_swap("cuda", torch.bfloat16, m, n, k, group_k, symmetric, bias=m == 48)
 
 
-@pytest.mark.parametrize("m", [48, 300])
+@pytest.mark.parametrize("m", [48, 300, 447, 448, 1000])
 def test_wna16_int4_nk_dispatch_swap_gemm(m, monkeypatch):
-    """PAGEDLLM_WNA16_GEMM=swap sends DENSE_MIN_ROWS rows and more to the swap-AB GEMM, not
-    dequantize + cuBLAS; the same products, also replayed from a CUDA graph."""
-    from pagedllm.kernels import wna16
+    """PAGEDLLM_WNA16_GEMM=swap sends DENSE_MIN_ROWS up to SWAP_GEMM_MAX_ROWS rows to the swap-AB
+    GEMM and more to dequantize + cuBLAS; the same products, also replayed from a CUDA graph."""
+    from pagedllm.kernels import wna16, wna16_swap_triton
 
     monkeypatch.setenv("PAGEDLLM_WNA16_GEMM", "swap")
     wna16.large_gemm.cache_clear()
+    launched = []
+    real = wna16_swap_triton.wna16_swap_gemm
+    monkeypatch.setattr(wna16_swap_triton, "wna16_swap_gemm", lambda x, *a, **kw: launched.append(x.shape[0])
+                        or real(x, *a, **kw))
     try:
         assert wna16.large_gemm() == "swap"
         g = torch.Generator().manual_seed(m)
         qn, sn, zn = _nk_weights(4096, 4096, 128, False, "cuda", g)
         x = torch.randn(m, 4096, generator=g).to("cuda", torch.bfloat16)
         _close(wna16_int4_nk_linear(x, qn, sn, zn), wna16_int4_nk_linear_torch(x, qn, sn, zn), torch.bfloat16)
+        assert launched == ([m] if m < wna16.SWAP_GEMM_MAX_ROWS else []), launched
         _check_replayed(x, qn, sn, zn, g)
     finally:
         monkeypatch.delenv("PAGEDLLM_WNA16_GEMM")
