@@ -30,7 +30,8 @@ inputs into the two halves of a 32-bit register (each then read as fp16 1024 + q
 Products: few rows run the Triton kernels (the weights read once as integers, dequantized in
 registers); from DENSE_MIN_ROWS rows the weight is dequantized into a scratch matrix and cuBLAS
 multiplies, which beats the dequantizing Triton GEMM there (it is not yet a good tensor-core
-kernel: RESULTS.md).
+kernel: RESULTS.md); the N-major layout with PAGEDLLM_WNA16_GEMM=swap takes the swap-AB GEMM
+below SWAP_GEMM_MAX_ROWS rows instead.
 """
 
 from __future__ import annotations
