@@ -31,7 +31,7 @@ Products: few rows run the Triton kernels (the weights read once as integers, de
 registers); from DENSE_MIN_ROWS rows the weight is dequantized into a scratch matrix and cuBLAS
 multiplies, which beats the dequantizing Triton GEMM there (it is not yet a good tensor-core
 kernel: RESULTS.md); the N-major layout with PAGEDLLM_WNA16_GEMM=swap takes the swap-AB GEMM
-below SWAP_GEMM_MAX_ROWS rows instead.
+up to SWAP_GEMM_MAX_ROWS rows instead.
 """
 
 from __future__ import annotations
@@ -48,13 +48,15 @@ from pagedllm.kernels._triton import use_triton
 # GEMM takes 187 us at 16 rows and 363 us at 64, dequantize + cuBLAS about 310 us at 64 rows and
 # 383 at 256; the crossover (interpolated) is near 48 rows.
 DENSE_MIN_ROWS = 48
-# With PAGEDLLM_WNA16_GEMM=swap, the swap-AB GEMM takes DENSE_MIN_ROWS up to this many rows, and
-# dequantize + cuBLAS the rest. H100 (benchmarks/wna16_bench.py --swap, Llama-3.1-8B's four
+# With PAGEDLLM_WNA16_GEMM=swap, the swap-AB GEMM takes DENSE_MIN_ROWS to SWAP_GEMM_MAX_ROWS rows,
+# and dequantize + cuBLAS more. H100 (benchmarks/wna16_bench.py --swap, Llama-3.1-8B's four
 # projections x 32 layers, ms a step): at 256 rows bf16 6.84, the swap GEMM 11.05, dequantize +
 # cuBLAS 13.90. The dequantization costs a fixed ~7.1 ms a step, the swap GEMM ~4.2 ms more than
-# bf16 per 256 rows (it is compute-bound at ~0.62x cuBLAS): they cross near 430 rows, so W1's
-# prefill chunks (thousands of rows) go to cuBLAS.
-SWAP_GEMM_MAX_ROWS = 448
+# bf16 per 256 rows (compute-bound at ~0.62x cuBLAS): they cross near 430 rows. But the same sweep
+# found the swap GEMM wrong on gate_up (28,672 x 4,096) at 512 rows, bf16, where the interpreter
+# (fp16) is right; until that is understood it takes no more rows than the sweep checked right on
+# every projection: 256. W1's prefill chunks (thousands of rows) go to cuBLAS either way.
+SWAP_GEMM_MAX_ROWS = 256
 
 
 def pack_factor(bits: int) -> int:
@@ -221,7 +223,7 @@ def large_gemm() -> str:
     """How the N-major layout multiplies DENSE_MIN_ROWS rows or more: "dense" (the weight
     dequantized to x's dtype, then cuBLAS; the default) or, with PAGEDLLM_WNA16_GEMM=swap, the
     swap-AB kernel with 64- / 128-row activation tiles (a tensor-core W4A16 GEMM, the weight
-    dequantized in registers as the MMA's register operand) below SWAP_GEMM_MAX_ROWS rows. Read
+    dequantized in registers as the MMA's register operand) up to SWAP_GEMM_MAX_ROWS rows. Read
     once per process."""
     value = os.environ.get("PAGEDLLM_WNA16_GEMM", "dense").strip().lower() or "dense"
     if value not in ("dense", "swap"):
@@ -234,7 +236,7 @@ def wna16_int4_nk_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.T
     """y = x @ w.T (+ bias) with a 4-bit weight in the N-major layout; x [M, K] -> [M, N]. CUDA:
     one 16-bit row the N-major GEMV (wna16_gemvn_triton.py), then the swap-AB kernel up to
     DENSE_MIN_ROWS rows (16 rows a program), from there the weight dequantized to x's dtype and
-    cuBLAS (or, below SWAP_GEMM_MAX_ROWS rows, the swap-AB GEMM: large_gemm). Elsewhere: the
+    cuBLAS (or, up to SWAP_GEMM_MAX_ROWS rows, the swap-AB GEMM: large_gemm). Elsewhere: the
     dequantized weight and x's GEMM."""
     if use_triton(x):
         from pagedllm.kernels.wna16_gemvn_triton import GEMVN_MAX_ROWS, wna16_gemvn
@@ -243,7 +245,7 @@ def wna16_int4_nk_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.T
         if x.shape[0] <= GEMVN_MAX_ROWS and x.dtype in (torch.float16, torch.bfloat16):
             return wna16_gemvn(x, qweight, scales, zeros, bias)
         m = x.shape[0]
-        if m >= DENSE_MIN_ROWS and (large_gemm() == "dense" or m >= SWAP_GEMM_MAX_ROWS):
+        if m >= DENSE_MIN_ROWS and (large_gemm() == "dense" or m > SWAP_GEMM_MAX_ROWS):
             return torch.nn.functional.linear(x, dequantize_int4_nk_triton(qweight, scales, zeros, x.dtype), bias)
         return wna16_swap_gemm(x, qweight, scales, zeros, bias)
     if x.device.type == "cpu":
