@@ -70,17 +70,23 @@ def check(out: torch.Tensor, ref: torch.Tensor, what: str) -> float:
     return err
 
 
+WRONG: list[str] = []  # the configs whose product failed its check: reported, not timed, and the exit status 1
+
+
 def time_configs(cfgs: list, one, many, ref: torch.Tensor, label: str) -> list[tuple[float, object]]:
-    """(us, config) of each config that compiles, in order: `one(cfg)` checked against `ref` first
-    (a wrong result raises), then `many(cfg)` (every layer) timed in a CUDA graph; a config the
-    compiler refuses (shared memory) is skipped with a line."""
+    """(us, config) of each config that compiles and is right, in order: `one(cfg)` checked against
+    `ref` first, then `many(cfg)` (every layer) timed in a CUDA graph. A config the compiler refuses
+    (shared memory) is skipped with a line; a wrong one too, with a WRONG line, and kept in WRONG
+    (the sweep goes on, and the run exits 1 at its end)."""
     timed = []
     for cfg in cfgs:
         try:
             check(one(cfg), ref, f"{label} {cfg}")
             t = graph_time(lambda: many(cfg))
-        except AssertionError:
-            raise
+        except AssertionError as e:
+            print(f"  WRONG {e}", flush=True)
+            WRONG.append(str(e))
+            continue
         except Exception as e:  # noqa: BLE001
             print(f"  skip {cfg}: {type(e).__name__}: {str(e)[:100]}", flush=True)
             continue
@@ -227,7 +233,7 @@ def swap_main(args) -> None:
                 row["gemvn"] = graph_time(lambda x=x, qs=news: [wna16_gemvn(x, q, s, z) for q, s, z in qs])
                 gbs = nbytes / (row["gemvn"] * 1e-6) / 1e9
                 print(f"{name:8s} {m:4d} gemvn {row['gemvn']:7.1f} us ({gbs:5.0f} GB/s)", flush=True)
-            best = min(timed, key=lambda tc: tc[0])
+            best = min(timed, key=lambda tc: tc[0], default=(float("nan"), dflt))
             if m == 1:
                 top = [c for _, c in sorted(timed, key=lambda tc: tc[0])]
             row["swap_best"], row["swap_best_cfg"] = best
@@ -294,7 +300,7 @@ def main() -> None:
                 f"{name} m={m}")
             if timed and timed[0][1] == cfgs[0]:
                 row["default"], row["default_cfg"] = timed[0]
-            row["best"], row["best_cfg"] = min(timed, key=lambda tc: tc[0])
+            row["best"], row["best_cfg"] = min(timed, key=lambda tc: tc[0], default=(float("nan"), cfgs[0]))
             gbs = nbytes / (row["best"] * 1e-6) / 1e9
             dense = f"  dense {row['dense']:7.1f}" if "dense" in row else ""
             print(f"{name:8s} m={m:4d} us/layer: bf16 {row['bf16']:7.1f}{dense}  default {row.get('default', 0):7.1f}  "
@@ -317,3 +323,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    if WRONG:
+        print(f"\n{len(WRONG)} wrong product(s):", *WRONG, sep="\n  ")
+        sys.exit(1)
