@@ -242,9 +242,9 @@ def wna16_int4_nk_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.T
         from pagedllm.kernels.wna16_gemvn_triton import GEMVN_MAX_ROWS, wna16_gemvn
         from pagedllm.kernels.wna16_swap_triton import dequantize_int4_nk_triton, wna16_swap_gemm
 
-        if x.shape[0] <= GEMVN_MAX_ROWS and x.dtype in (torch.float16, torch.bfloat16):
-            return wna16_gemvn(x, qweight, scales, zeros, bias)
         m = x.shape[0]
+        if m <= GEMVN_MAX_ROWS and x.dtype in (torch.float16, torch.bfloat16):
+            return wna16_gemvn(x, qweight, scales, zeros, bias)
         if m >= DENSE_MIN_ROWS and (large_gemm() == "dense" or m > SWAP_GEMM_MAX_ROWS):
             return torch.nn.functional.linear(x, dequantize_int4_nk_triton(qweight, scales, zeros, x.dtype), bias)
         return wna16_swap_gemm(x, qweight, scales, zeros, bias)
