@@ -124,8 +124,9 @@ def swap_sweep(n: int, k: int, group_k: int, m: int = 1) -> list:
     1024 and each split keeps two K steps. More than 16 rows (the GEMM; activation tiles up to
     twice the rows): 128-wide weight tiles against 64 (4 warps) or 128 (8 warps) activation rows, K
     steps of 64 / 128, and 128- or 64-wide ones against 256 rows (8 warps, K steps of 64: sm_90 211 /
-    126 registers, no spills), split-K 1-4. At 256 rows a program each dequantized weight element
-    feeds twice the MMA work of 128."""
+    126 registers, no spills), split-K 1-4; and the pairs kernel (SwapConfig.pairs) at K steps of
+    128 and 64 / 128 rows. At 256 rows a program each dequantized weight element feeds twice the
+    MMA work of 128."""
     from pagedllm.kernels.swap_gemm_triton import SwapConfig
 
     if m > 16:
@@ -138,6 +139,8 @@ def swap_sweep(n: int, k: int, group_k: int, m: int = 1) -> list:
                 for split in (1, 2, 4):
                     if k >= 2 * bk * split and (group_k == 0 or group_k % bk == 0 or bk % group_k == 0):
                         gemm.append(SwapConfig(bn, bk, split, warps, 3, block_m=bm))
+                        if bk == 128 and bm <= 128:  # the pairs kernel: its operand built in registers
+                            gemm.append(SwapConfig(bn, bk, split, warps, 3, block_m=bm, pairs=True))
         return gemm
     cfgs = []
     for bn, warps, bks in ((64, 4, (128, 256)), (128, 8, (128,))):
@@ -162,7 +165,8 @@ def gemvn_sweep(n: int, k: int, group_k: int) -> list[tuple[int, int, int, int]]
 
 
 def _fields(cfg) -> tuple:
-    return (cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_warps, cfg.num_stages, cfg.block_m)
+    return (cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_warps, cfg.num_stages, cfg.block_m) + (
+        ("pairs",) if cfg.pairs else ())
 
 
 def swap_correctness(dev: str) -> None:

@@ -339,6 +339,16 @@ def test_wna16_swap_gemm(m, n, k, group_k, symmetric):
     check_wna16_swap("cuda", torch.bfloat16, m, n, k, group_k, symmetric, bias=m == 48)
 
 
+@pytest.mark.parametrize("m", [48, 256, 512])
+@pytest.mark.parametrize("n,k", [(6144, 4096), (28672, 4096), (4096, 14336)])
+@pytest.mark.parametrize("group_k,symmetric", [(128, True), (32, False), (None, True)])
+@pytest.mark.parametrize("config", [(128, 128, 1, 8, 3, "kernel", 128, True), (128, 64, 2, 4, 3, "kernel", 64, True)])
+def test_wna16_swap_pairs(m, n, k, group_k, symmetric, config):
+    """The pairs kernel (SwapConfig.pairs: the weight operand built in the MMA's registers) as the
+    GEMM on Llama-3.1-8B's projections: a group a K step, a group a word, per channel."""
+    check_wna16_swap("cuda", torch.bfloat16, m, n, k, group_k, symmetric, bias=m == 48, config=config)
+
+
 @pytest.mark.parametrize("m", [48, 200, 256, 257, 1000])
 def test_wna16_int4_nk_dispatch_swap_gemm(m, monkeypatch):
     """PAGEDLLM_WNA16_GEMM=swap sends DENSE_MIN_ROWS to SWAP_GEMM_MAX_ROWS rows to the swap-AB GEMM

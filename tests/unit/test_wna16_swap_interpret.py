@@ -65,6 +65,16 @@ _CASES = {
     "gemm_m150_bm128_split2_sym": ("check_wna16_swap", [150, 24, 256, 128, True],
                                    {"config": [16, 64, 2, 4, 1, "kernel", 128]}),
     "gemm_m100_default": ("check_wna16_swap", [100, 40, 512, 128, True], {}),
+    # the pairs kernel (SwapConfig.pairs): a group a K step and a group per word, per channel through
+    # the reduce, zeros, bias, a ragged split, 64- and 128-row tiles
+    "pairs_m70_bm64_g64_asym_bias": ("check_wna16_swap", [70, 40, 256, 64, False],
+                                     {"bias": True, "config": [32, 64, 1, 4, 1, "kernel", 64, True]}),
+    "pairs_m150_bm128_split2_ragged": ("check_wna16_swap", [150, 24, 384, 128, True],
+                                       {"config": [16, 128, 2, 4, 1, "kernel", 128, True]}),
+    "pairs_m40_g32_per_word_asym": ("check_wna16_swap", [40, 24, 256, 32, False],
+                                    {"config": [16, 64, 1, 4, 1, "kernel", 64, True]}),
+    "pairs_m33_channel_split3_bias": ("check_wna16_swap", [33, 40, 512, None, False],
+                                      {"bias": True, "config": [32, 128, 3, 4, 1, "kernel", 64, True]}),
     "dequant_g32_asym": ("check_int4_nk_dequant", [40, 512, 32, False], {}),
     "dequant_channel_sym": ("check_int4_nk_dequant", [24, 264, None, True], {}),
 }
@@ -136,8 +146,9 @@ def test_swap_int4_kernel_compiles_for_sm90(x, group_k, has_zero, block_n, block
     groups, or the GEMM's), pipelined
     asynchronous copies, no spills, the registers reported. The GEMM's tiles (64 or 128 rows of x
     a program, the large-batch default_config): wgmma takes the dequantized weight from registers
-    (its A operand four registers, x's tile a shared-memory descriptor), no round trip through
-    shared memory."""
+    (its A operand four registers, x's tile a shared-memory descriptor). (The PTX does not show
+    that Triton gets those registers through shared memory, converting the joined tile's layout:
+    the SASS does, test_swap_int4_pairs_kernel_builds_the_operand_in_registers.)"""
     from pagedllm.kernels import wna16_swap_triton as k
     from pagedllm.kernels.inspect_sm90 import compile_sm90, resources
 
@@ -167,6 +178,47 @@ def test_swap_int4_kernel_compiles_for_sm90(x, group_k, has_zero, block_n, block
     if r is not None:
         assert r["stack"] == 0 and 0 < r["regs"] <= 255, r
         print(f"{x} g{group_k} {block_n}x{block_k} split {split_k}: {r['regs']} registers, {r['shared']} B shared")
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+@pytest.mark.parametrize("x, group_k, has_zero, block_m, block_k, warps",
+                         [("bf16", 128, False, 128, 128, 8), ("bf16", 128, True, 128, 64, 8),
+                          ("fp16", 128, False, 64, 128, 4), ("bf16", 0, True, 128, 128, 8)])  # fmt: skip
+def test_swap_int4_pairs_kernel_builds_the_operand_in_registers(x, group_k, has_zero, block_m, block_k, warps):
+    """The pairs kernel (SwapConfig.pairs) compiled for the H200: wgmma reads the weight from
+    registers, and its main loop has no shared-memory round trip for it (no ldmatrix, no 128-bit
+    shared stores) where the plain kernel's has both (Triton converts its joined tile's layout
+    through shared memory); the pair made by one shift and one lop3 with the magic number."""
+    import re
+
+    from pagedllm.kernels import wna16_swap_triton as k
+    from pagedllm.kernels.inspect_sm90 import compile_sm90, main_loop, resources, sass
+
+    constexprs = {"GROUP_K": group_k, "HAS_ZERO": has_zero, "HAS_BIAS": True, "EVEN_K": True, "SPLIT_K": 1,
+                  "BLOCK_M": block_m, "BLOCK_N": 128, "BLOCK_K": block_k, "W_BF16": x == "bf16", "ASM": True,
+                  "FP16_MAX_": 65504.0}  # fmt: skip
+    aligned = ("N", "K", "K_SPLIT", "stride_xm", "stride_wn", "stride_om")
+    loops = {}
+    for name in ("_swap_int4_kernel", "_swap_int4_pairs_kernel"):
+        compiled = compile_sm90(getattr(k, name), _signature(x, 1), constexprs, num_warps=warps, num_stages=3,
+                                aligned=aligned)  # fmt: skip
+        if name == "_swap_int4_pairs_kernel":
+            ptx = compiled.asm["ptx"]
+            wgmma = re.findall(r"wgmma\.mma_async[^;]*", ptx)
+            assert wgmma and all(re.search(r"\}, \{%r\d+,\s*%r\d+,\s*%r\d+,\s*%r\d+\}, %rd\d+", w) for w in wgmma)
+            assert ptx.count("0x43004300" if x == "bf16" else "0x64006400") >= 4 and "lop3.b32" in ptx
+            r = resources(compiled)
+            if r is not None:
+                assert r["stack"] == 0 and r["regs"] <= 255, r
+        listing = sass(compiled)
+        if listing is None:
+            pytest.skip("Triton's nvdisasm is not there")
+        loop = main_loop(listing)
+        loops[name] = {kind: sum(n for op, n in loop.items() if op.startswith(kind)) for kind in ("HGMMA", "LDSM",
+                                                                                                   "STS.128")}
+    plain, pairs = loops["_swap_int4_kernel"], loops["_swap_int4_pairs_kernel"]
+    assert plain["LDSM"] > 0 and plain["STS.128"] > 0, plain  # the check sees the round trip where it is
+    assert pairs["HGMMA"] > 0 and pairs["LDSM"] == 0 and pairs["STS.128"] == 0, pairs
 
 
 def test_switch(monkeypatch):
