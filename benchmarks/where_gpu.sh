@@ -13,6 +13,7 @@
 # maxnreg (decode_sweep.py --maxnreg-ab), w1maxnreg (W1 FP8 KV: the default (A) against the decode
 # kernel capped at 96 registers (B), five CTAs an SM), w3prof (profiles of Llama-3.1-8B's prefill-heavy first steps, bf16 and FP8 + FP8 KV: where W3's
 # 1.4x must come from), w1int4 (W1 on Llama-3.1-8B: bf16 (A) against dummy gptq 4-bit weights (B), issue 19's 0.9x),
+# int4kp (wna16_bench.py: the K-packed kpairs GEMM), w1int4pairs (W1 gptq with PAGEDLLM_WNA16_GEMM=pairs),
 # int4tests (tests/gpu/test_wna16_gpu.py), swaptests (its swap GEMM and dispatch cases), int4gemm (wna16_bench.py --swap at $INT4GEMM_ROWS, default 64 256), w1int4swap (w1int4 with PAGEDLLM_WNA16_SWAP=1
 # PAGEDLLM_WNA16_GEMM=swap: the tensor-core W4A16 GEMM), w2int4swap (W2 gptq: K-packed (A) against
 # the N-major layout, PAGEDLLM_WNA16_SWAP=1, its one-row gemvn (B)), w2prefetch (W2 gptq: gemvp (A) against
@@ -100,8 +101,8 @@ if step int4tests 200; then  # the 4-bit GPU tests: the swap GEMM, gemvn, PTX ==
   timeout 200 $PY -m pytest -q tests/gpu/test_wna16_gpu.py > "$OUT/int4tests.log" 2>&1
   echo "int4tests rc=$? at ${SECONDS} s: $(tail -1 "$OUT/int4tests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/int4tests.log" | head
 fi
-if step swaptests 150; then  # the swap GEMM at 48-512 rows on every projection and the dispatch's row bound
-  timeout 150 $PY -m pytest -q tests/gpu/test_wna16_gpu.py -k "swap_gemm or dispatch" > "$OUT/swaptests.log" 2>&1
+if step swaptests 240; then  # the swap GEMM at 48-512 rows on every projection, the pairs kernels, the dispatch
+  timeout 240 $PY -m pytest -q tests/gpu/test_wna16_gpu.py -k "swap_gemm or dispatch or pairs" > "$OUT/swaptests.log" 2>&1
   echo "swaptests rc=$? at ${SECONDS} s: $(tail -1 "$OUT/swaptests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/swaptests.log" | head
 fi
 if step int4gemm 200; then  # the 4-bit swap-AB kernel as a GEMM at 64 / 256 rows against dequantize + cuBLAS and bf16
@@ -113,6 +114,15 @@ if step w1int4swap $((ROUNDS * 2 * 200)); then  # W1 Llama-3.1-8B: bf16 (A) agai
   B_ARGS="--quantization gptq" B_ENV="PAGEDLLM_WNA16_SWAP=1 PAGEDLLM_WNA16_GEMM=swap" ROUNDS=$ROUNDS \
     OUT="$OUT/w1int4swap" bash benchmarks/ab_w1.sh --model benchmarks/configs/llama-3.1-8b --skip-tokenizer-init \
     > "$OUT/w1int4swap.log" 2>&1; echo "w1int4swap rc=$? at ${SECONDS} s"
+fi
+if step int4kp 200; then  # the K-packed layout's kpairs GEMM against dequantize + cuBLAS and bf16 (64 / 256 rows)
+  OUT="$OUT" timeout 200 $PY benchmarks/wna16_bench.py --rows 64 256 --skip-check > "$OUT/int4kp.log" 2>&1
+  echo "int4kp rc=$? at ${SECONDS} s"; grep -A4 "^sum over" "$OUT/int4kp.log"; grep -E "WRONG" "$OUT/int4kp.log" | head -3
+fi
+if step w1int4pairs $((ROUNDS * 2 * 200)); then  # W1 Llama-3.1-8B: bf16 (A) against gptq (default K-packed layout) + kpairs (B)
+  B_ARGS="--quantization gptq" B_ENV="PAGEDLLM_WNA16_GEMM=pairs" ROUNDS=$ROUNDS OUT="$OUT/w1int4pairs" \
+    bash benchmarks/ab_w1.sh --model benchmarks/configs/llama-3.1-8b --skip-tokenizer-init > "$OUT/w1int4pairs.log" 2>&1
+  echo "w1int4pairs rc=$? at ${SECONDS} s"; grep -E "round|median" "$OUT/w1int4pairs.log"
 fi
 w2ab() {  # name B's-environment latency.py-arguments: W2 with the defaults (A) against B, alternated by round
   [[ " $STEPS " == *" $1 "* ]] || return

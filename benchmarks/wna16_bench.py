@@ -39,6 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fp8_bench import LAYERS, SHAPES, graph_time  # noqa: E402
 
 from pagedllm.kernels.wna16 import DENSE_MIN_ROWS, quantize_wna16_torch, wna16_linear_torch  # noqa: E402
+from pagedllm.kernels.wna16_kpairs_triton import default_config as kpairs_default  # noqa: E402
+from pagedllm.kernels.wna16_kpairs_triton import wna16_kpairs_gemm  # noqa: E402
 from pagedllm.kernels.wna16_triton import default_config, dequantize_wna16_triton, wna16_gemm_triton  # noqa: E402
 
 ROWS = [1, 16, 64, 256]
@@ -164,6 +166,16 @@ def gemvn_sweep(n: int, k: int, group_k: int) -> list[tuple[int, int, int, int]]
             if k // 8 >= 2 * bkw * split]
 
 
+def kpairs_sweep(m: int, k: int) -> list:
+    """kpairs configs around its default: 64 (4 warps) or 128 (8 warps) activation rows, 128-wide
+    weight tiles, K steps of 128, split-K 1-4; and 256 rows (8 warps) from 256 rows."""
+    from pagedllm.kernels.swap_gemm_triton import SwapConfig
+
+    return [SwapConfig(128, 128, split, warps, 3, block_m=bm, pairs=True)
+            for bm, warps in ((64, 4), (128, 8), (256, 8)) if bm <= max(64, m)
+            for split in (1, 2, 4) if k >= 2 * 128 * split]
+
+
 def _fields(cfg) -> tuple:
     return (cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_warps, cfg.num_stages, cfg.block_m) + (
         ("pairs",) if cfg.pairs else ())
@@ -286,7 +298,7 @@ def swap_main(args) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", type=int, nargs="*", default=ROWS)
+    ap.add_argument("--rows", type=int, nargs="*", default=ROWS, help="4-bit: from 17 rows the kpairs GEMM is timed too")
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--skip-check", action="store_true")
     ap.add_argument("--bits", type=int, default=4)
@@ -323,6 +335,18 @@ def main() -> None:
             if timed and timed[0][1] == cfgs[0]:
                 row["default"], row["default_cfg"] = timed[0]
             row["best"], row["best_cfg"] = min(timed, key=lambda tc: tc[0], default=(float("nan"), cfgs[0]))
+            if args.bits == 4 and m > 16:  # the K-packed layout's tensor-core GEMM, its default first
+                kcfgs = [kpairs_default(m, n, k)] + ([] if args.no_sweep else kpairs_sweep(m, k))
+                ktimed = time_configs(
+                    list(dict.fromkeys(kcfgs)), lambda c, x=x, qs=qs: wna16_kpairs_gemm(x, *qs[0], config=c),
+                    lambda c, x=x, qs=qs: [wna16_kpairs_gemm(x, q, s, z, config=c) for q, s, z in qs], ref,
+                    f"kpairs {name} m={m}")
+                if ktimed:
+                    row["kpairs"] = ktimed[0][0] if ktimed[0][1] == kcfgs[0] else float("nan")
+                    row["kpairs_best"], row["kpairs_best_cfg"] = min(ktimed, key=lambda tc: tc[0])
+                    print(f"{name:8s} m={m:4d} kpairs default {row['kpairs']:7.1f} best {row['kpairs_best']:7.1f} "
+                          f"{_fields(row['kpairs_best_cfg'])}  bf16/kpairs {row['bf16'] / row['kpairs_best']:.2f}x",
+                          flush=True)
             gbs = nbytes / (row["best"] * 1e-6) / 1e9
             dense = f"  dense {row['dense']:7.1f}" if "dense" in row else ""
             print(f"{name:8s} m={m:4d} us/layer: bf16 {row['bf16']:7.1f}{dense}  default {row.get('default', 0):7.1f}  "
@@ -332,11 +356,14 @@ def main() -> None:
         del ws, qs
         torch.cuda.empty_cache()
     print(f"\nsum over the four projections x {LAYERS} layers, ms per step (CUDA graph), int{args.bits} g128:")
-    print(f"{'rows':>5} {'bf16':>8} {'default':>8} {'best':>8} {'bf16/best':>10}")
+    print(f"{'rows':>5} {'bf16':>8} {'default':>8} {'best':>8} {'bf16/best':>10} {'dense':>8} {'kpairs':>8} "
+          f"{'kp best':>8} {'bf16/kp':>8}")
     for m in args.rows:
-        tot = {key: LAYERS * sum(results[f"{nm}:{m}"].get(key, 0) for nm in SHAPES) / 1000
-               for key in ("bf16", "default", "best")}
-        print(f"{m:5d} {tot['bf16']:8.3f} {tot['default']:8.3f} {tot['best']:8.3f} {tot['bf16'] / tot['best']:9.2f}x")
+        tot = {key: LAYERS * sum(results[f"{nm}:{m}"].get(key, float("nan")) for nm in SHAPES) / 1000
+               for key in ("bf16", "default", "best", "dense", "kpairs", "kpairs_best")}
+        print(f"{m:5d} {tot['bf16']:8.3f} {tot['default']:8.3f} {tot['best']:8.3f} {tot['bf16'] / tot['best']:9.2f}x "
+              f"{tot['dense']:8.3f} {tot['kpairs']:8.3f} {tot['kpairs_best']:8.3f} "
+              f"{tot['bf16'] / tot['kpairs_best']:7.2f}x")
     out = os.environ.get("OUT")
     if out:
         with open(os.path.join(out, f"wna16_bench_int{args.bits}.json"), "w") as fh:

@@ -30,8 +30,8 @@ inputs into the two halves of a 32-bit register (each then read as fp16 1024 + q
 Products: few rows run the Triton kernels (the weights read once as integers, dequantized in
 registers); from DENSE_MIN_ROWS rows the weight is dequantized into a scratch matrix and cuBLAS
 multiplies, which beats the dequantizing Triton GEMM there (it is not yet a good tensor-core
-kernel: RESULTS.md); the N-major layout with PAGEDLLM_WNA16_GEMM=swap takes the swap-AB GEMM
-up to SWAP_GEMM_MAX_ROWS rows instead.
+kernel: RESULTS.md); with PAGEDLLM_WNA16_GEMM=swap / pairs a tensor-core GEMM that dequantizes in
+registers takes up to SWAP_GEMM_MAX_ROWS rows instead (large_gemm).
 """
 
 from __future__ import annotations
@@ -136,12 +136,18 @@ def wna16_linear_torch(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Ten
 def wna16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
                  bits: int, bias: torch.Tensor | None = None) -> torch.Tensor:
     """y = x @ w.T (+ bias) with an integer weight; x [M, K] -> [M, N]. CUDA: the Triton kernels
-    below DENSE_MIN_ROWS rows, a dequantized weight and cuBLAS from there. Elsewhere (the CPU)
-    the weight is dequantized to x's dtype for its GEMM."""
+    below DENSE_MIN_ROWS rows, a dequantized weight and cuBLAS from there (or, 4-bit with
+    PAGEDLLM_WNA16_GEMM=pairs and up to SWAP_GEMM_MAX_ROWS rows, the kpairs tensor-core GEMM:
+    large_gemm). Elsewhere (the CPU) the weight is dequantized to x's dtype for its GEMM."""
     if use_triton(x):
         from pagedllm.kernels.wna16_triton import dequantize_wna16_triton, wna16_gemm_triton
 
-        if x.shape[0] >= DENSE_MIN_ROWS:
+        m = x.shape[0]
+        if m >= DENSE_MIN_ROWS:
+            if bits == 4 and large_gemm() == "pairs" and m <= SWAP_GEMM_MAX_ROWS:
+                from pagedllm.kernels.wna16_kpairs_triton import wna16_kpairs_gemm
+
+                return wna16_kpairs_gemm(x, qweight, scales, zeros, bias)
             y = x @ dequantize_wna16_triton(qweight, scales, zeros, bits, x.dtype)
             return y if bias is None else y + bias
         return wna16_gemm_triton(x, qweight, scales, zeros, bits, bias)
@@ -220,14 +226,15 @@ def wna16_int4_nk_linear_torch(x: torch.Tensor, qweight: torch.Tensor, scales: t
 
 @functools.cache
 def large_gemm() -> str:
-    """How the N-major layout multiplies DENSE_MIN_ROWS rows or more: "dense" (the weight
-    dequantized to x's dtype, then cuBLAS; the default) or, with PAGEDLLM_WNA16_GEMM=swap, the
-    swap-AB kernel with 64- / 128-row activation tiles (a tensor-core W4A16 GEMM, the weight
-    dequantized in registers as the MMA's register operand) up to SWAP_GEMM_MAX_ROWS rows. Read
-    once per process."""
+    """How 4-bit linears multiply DENSE_MIN_ROWS rows or more: "dense" (the weight dequantized to
+    x's dtype, then cuBLAS; the default), or up to SWAP_GEMM_MAX_ROWS rows a tensor-core W4A16 GEMM
+    that dequantizes in registers: with PAGEDLLM_WNA16_GEMM=swap the N-major layout's swap-AB
+    kernel (64- / 128-row activation tiles); with PAGEDLLM_WNA16_GEMM=pairs the same layout's pairs
+    kernel (SwapConfig.pairs) and the K-packed layout's kpairs kernel (wna16_kpairs_triton.py).
+    Not yet timed against dense; read once per process."""
     value = os.environ.get("PAGEDLLM_WNA16_GEMM", "dense").strip().lower() or "dense"
-    if value not in ("dense", "swap"):
-        raise ValueError(f"PAGEDLLM_WNA16_GEMM={value!r}: expected dense or swap")
+    if value not in ("dense", "swap", "pairs"):
+        raise ValueError(f"PAGEDLLM_WNA16_GEMM={value!r}: expected dense, swap or pairs")
     return value
 
 
@@ -247,7 +254,7 @@ def wna16_int4_nk_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.T
             return wna16_gemvn(x, qweight, scales, zeros, bias)
         if m >= DENSE_MIN_ROWS and (large_gemm() == "dense" or m > SWAP_GEMM_MAX_ROWS):
             return torch.nn.functional.linear(x, dequantize_int4_nk_triton(qweight, scales, zeros, x.dtype), bias)
-        return wna16_swap_gemm(x, qweight, scales, zeros, bias)
+        return wna16_swap_gemm(x, qweight, scales, zeros, bias, pairs=m >= DENSE_MIN_ROWS and large_gemm() == "pairs")
     if x.device.type == "cpu":
         return torch.nn.functional.linear(x, dequantize_int4_nk_torch(qweight, scales, zeros, x.dtype), bias)
     return wna16_int4_nk_linear_torch(x, qweight, scales, zeros, bias)

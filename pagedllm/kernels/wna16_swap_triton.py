@@ -45,6 +45,8 @@ where wgmma reads it (no ldmatrix, no shared stores of the tile; x's rows gather
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import triton
 import triton.language as tl
@@ -402,20 +404,26 @@ def default_config(m: int, n: int, k: int, group_k: int) -> SwapConfig:
     """Up to SWAP_BLOCK_M rows: 64-wide weight tiles (the H200's wgmma), 128-wide K steps. More
     rows (the GEMM): 128-wide weight tiles against 64 or 128 activation rows a program (one or two
     warpgroups; sm_90 compiles them to wgmma with the dequantized weight as the register operand,
-    nothing spilled), 64-wide K steps. Split-K by powers of two while the programs stay within
-    about two per SM of an H200 (132) and each split keeps four K steps. A guess fitted to nothing
+    nothing spilled), 64-wide K steps. Split-K: _split_k. A guess fitted to nothing
     yet: benchmarks/wna16_bench.py --swap sweeps it."""
     if m <= SWAP_BLOCK_M:
         block_m, block_n, block_k, warps = SWAP_BLOCK_M, 64, 128, 4
     else:
         block_m = 64 if m <= 64 else 128
         block_n, block_k, warps = 128, 64, 4 if block_m == 64 else 8
+    split_k = _split_k(m, n, k, block_m, block_n, block_k)
+    return SwapConfig(block_n, block_k, split_k, num_warps=warps, num_stages=4 if split_k == 1 and m <= SWAP_BLOCK_M
+                      else 3, block_m=block_m)
+
+
+def _split_k(m: int, n: int, k: int, block_m: int, block_n: int, block_k: int) -> int:
+    """Splits of K by powers of two while the programs stay within about two per SM of an H200
+    (132) and each split keeps four K steps."""
     tiles = -(-n // block_n) * -(-m // block_m)
     split_k = 1
     while 2 * split_k * tiles <= 264 and split_k < 8 and k >= 4 * block_k * (2 * split_k):
         split_k *= 2
-    return SwapConfig(block_n, block_k, split_k, num_warps=warps, num_stages=4 if split_k == 1 and m <= SWAP_BLOCK_M
-                      else 3, block_m=block_m)
+    return split_k
 
 
 def wna16_swap_gemm(
@@ -426,6 +434,7 @@ def wna16_swap_gemm(
     bias: torch.Tensor | None = None,  # [N]
     config: SwapConfig | None = None,
     asm: bool | None = None,  # None: the PTX path on a GPU, the plain one under the interpreter
+    pairs: bool = False,  # without a config: default_config's tiles through the pairs kernel
 ) -> torch.Tensor:  # [M, N] in x's dtype
     m, k = x.shape
     n, kw = qweight.shape
@@ -437,7 +446,7 @@ def wna16_swap_gemm(
         x = x.contiguous()
     group_k = 0 if g == 1 else k // g
     assert group_k % 8 == 0 and group_k * g in (0, k)
-    cfg = config or default_config(m, n, k, group_k)
+    cfg = config or dataclasses.replace(default_config(m, n, k, group_k), pairs=pairs)
     block_k = cfg.block_k
     assert block_k % 8 == 0 and (group_k == 0 or group_k % block_k == 0 or block_k % group_k == 0)
     assert not cfg.pairs or block_k % 64 == 0, "the pairs kernel's dots take block_k / 4 >= 16 columns"

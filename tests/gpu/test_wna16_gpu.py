@@ -129,6 +129,21 @@ def check_wna16_swap(device, dtype, m, n, k, group_k=128, symmetric=True, bias=F
     _close(out, wna16_int4_nk_linear_torch(x, qn, sn, zn, b), torch.float16 if dtype == torch.float32 else dtype)
 
 
+def check_wna16_kpairs(device, dtype, m, n, k, group_k=128, symmetric=True, bias=False, config=None, seed=0):
+    """The K-packed layout's kpairs GEMM (config: SwapConfig fields, pairs) against the float32
+    reference."""
+    from pagedllm.kernels.swap_gemm_triton import SwapConfig
+    from pagedllm.kernels.wna16_kpairs_triton import wna16_kpairs_gemm
+
+    g = torch.Generator().manual_seed(seed)
+    qw, s, z = _weights(n, k, 4, group_k, symmetric, device, g)
+    x = torch.randn(m, k, generator=g).to(device=device, dtype=dtype)
+    b = (torch.randn(n, generator=g) * 0.1).to(device=device, dtype=dtype) if bias else None
+    out = wna16_kpairs_gemm(x, qw, s, z, b, config=SwapConfig(*config) if config else None)
+    assert out.dtype == dtype and out.shape == (m, n)
+    _close(out, wna16_linear_torch(x, qw, s, z, 4, b), torch.float16 if dtype == torch.float32 else dtype)
+
+
 def check_wna16_gemvn(device, dtype, m, n, k, group_k=128, symmetric=True, bias=False, config=None, seed=0,
                       prefetch=False):
     """The N-major one-row GEMV (config: gemvn_config's fields) against the float32 reference;
@@ -339,14 +354,62 @@ def test_wna16_swap_gemm(m, n, k, group_k, symmetric):
     check_wna16_swap("cuda", torch.bfloat16, m, n, k, group_k, symmetric, bias=m == 48)
 
 
-@pytest.mark.parametrize("m", [48, 256, 512])
+@pytest.mark.parametrize("m, config", [(48, (128, 64, 2, 4, 3, "kernel", 64, True)),
+                                       (256, (128, 128, 1, 8, 3, "kernel", 128, True))])
 @pytest.mark.parametrize("n,k", [(6144, 4096), (28672, 4096), (4096, 14336)])
 @pytest.mark.parametrize("group_k,symmetric", [(128, True), (32, False), (None, True)])
-@pytest.mark.parametrize("config", [(128, 128, 1, 8, 3, "kernel", 128, True), (128, 64, 2, 4, 3, "kernel", 64, True)])
 def test_wna16_swap_pairs(m, n, k, group_k, symmetric, config):
     """The pairs kernel (SwapConfig.pairs: the weight operand built in the MMA's registers) as the
     GEMM on Llama-3.1-8B's projections: a group a K step, a group a word, per channel."""
     check_wna16_swap("cuda", torch.bfloat16, m, n, k, group_k, symmetric, bias=m == 48, config=config)
+
+
+@pytest.mark.parametrize("m, dtype", [(48, torch.bfloat16), (256, torch.bfloat16), (200, torch.float16)])
+@pytest.mark.parametrize("n,k", [(6144, 4096), (28672, 4096), (4096, 14336)])
+@pytest.mark.parametrize("group_k,symmetric", [(128, True), (32, False), (None, True)])
+def test_wna16_kpairs(m, n, k, group_k, symmetric, dtype):
+    """The K-packed layout's kpairs GEMM (default_config) on Llama-3.1-8B's projections: a group a
+    K step, a group a word, per channel; both 16-bit types (the PTX pairs of each)."""
+    check_wna16_kpairs("cuda", dtype, m, n, k, group_k, symmetric, bias=m == 48)
+
+
+@pytest.mark.parametrize("m", [48, 256, 257])
+def test_wna16_linear_dispatch_pairs(m, monkeypatch):
+    """PAGEDLLM_WNA16_GEMM=pairs sends the K-packed layout's 4-bit linears of DENSE_MIN_ROWS to
+    SWAP_GEMM_MAX_ROWS rows to the kpairs GEMM (more to dequantize + cuBLAS), and the N-major
+    layout's to the swap kernel's pairs variant; the same products, the K-packed one also replayed
+    from a CUDA graph."""
+    from pagedllm.kernels import wna16, wna16_kpairs_triton, wna16_swap_triton
+
+    monkeypatch.setenv("PAGEDLLM_WNA16_GEMM", "pairs")
+    wna16.large_gemm.cache_clear()
+    kp, nk = [], []
+    real_kp, real_nk = wna16_kpairs_triton.wna16_kpairs_gemm, wna16_swap_triton.wna16_swap_gemm
+    monkeypatch.setattr(wna16_kpairs_triton, "wna16_kpairs_gemm", lambda x, *a, **kw: kp.append(x.shape[0])
+                        or real_kp(x, *a, **kw))
+    monkeypatch.setattr(wna16_swap_triton, "wna16_swap_gemm", lambda x, *a, **kw: nk.append(kw.get("pairs"))
+                        or real_nk(x, *a, **kw))
+    try:
+        g = torch.Generator().manual_seed(m)
+        qw, s, z = _weights(4096, 4096, 4, 128, False, "cuda", g)
+        x = torch.randn(m, 4096, generator=g).to("cuda", torch.bfloat16)
+        _close(wna16_linear(x, qw, s, z, 4), wna16_linear_torch(x, qw, s, z, 4), torch.bfloat16)
+        assert kp == ([m] if m <= wna16.SWAP_GEMM_MAX_ROWS else []), kp
+        qn, sn, zn = _nk_weights(4096, 4096, 128, False, "cuda", g)
+        _close(wna16_int4_nk_linear(x, qn, sn, zn), wna16_int4_nk_linear_torch(x, qn, sn, zn), torch.bfloat16)
+        assert nk == ([True] if m <= wna16.SWAP_GEMM_MAX_ROWS else []), nk
+        wna16_linear(x, qw, s, z, 4)  # compile outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = wna16_linear(x, qw, s, z, 4)
+        x.copy_(torch.randn(x.shape, generator=g).to("cuda", torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        _close(y, wna16_linear_torch(x, qw, s, z, 4), torch.bfloat16)
+    finally:
+        monkeypatch.delenv("PAGEDLLM_WNA16_GEMM")
+        wna16.large_gemm.cache_clear()
 
 
 @pytest.mark.parametrize("m", [48, 200, 256, 257, 1000])

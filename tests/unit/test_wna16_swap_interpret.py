@@ -189,36 +189,44 @@ def test_swap_int4_pairs_kernel_builds_the_operand_in_registers(x, group_k, has_
     registers, and its main loop has no shared-memory round trip for it (no ldmatrix, no 128-bit
     shared stores) where the plain kernel's has both (Triton converts its joined tile's layout
     through shared memory); the pair made by one shift and one lop3 with the magic number."""
-    import re
-
     from pagedllm.kernels import wna16_swap_triton as k
-    from pagedllm.kernels.inspect_sm90 import compile_sm90, main_loop, resources, sass
+    from pagedllm.kernels.inspect_sm90 import compile_sm90
 
     constexprs = {"GROUP_K": group_k, "HAS_ZERO": has_zero, "HAS_BIAS": True, "EVEN_K": True, "SPLIT_K": 1,
                   "BLOCK_M": block_m, "BLOCK_N": 128, "BLOCK_K": block_k, "W_BF16": x == "bf16", "ASM": True,
                   "FP16_MAX_": 65504.0}  # fmt: skip
     aligned = ("N", "K", "K_SPLIT", "stride_xm", "stride_wn", "stride_om")
-    loops = {}
-    for name in ("_swap_int4_kernel", "_swap_int4_pairs_kernel"):
-        compiled = compile_sm90(getattr(k, name), _signature(x, 1), constexprs, num_warps=warps, num_stages=3,
-                                aligned=aligned)  # fmt: skip
-        if name == "_swap_int4_pairs_kernel":
-            ptx = compiled.asm["ptx"]
-            wgmma = re.findall(r"wgmma\.mma_async[^;]*", ptx)
-            assert wgmma and all(re.search(r"\}, \{%r\d+,\s*%r\d+,\s*%r\d+,\s*%r\d+\}, %rd\d+", w) for w in wgmma)
-            assert ptx.count("0x43004300" if x == "bf16" else "0x64006400") >= 4 and "lop3.b32" in ptx
-            r = resources(compiled)
-            if r is not None:
-                assert r["stack"] == 0 and r["regs"] <= 255, r
-        listing = sass(compiled)
-        if listing is None:
-            pytest.skip("Triton's nvdisasm is not there")
-        loop = main_loop(listing)
-        loops[name] = {kind: sum(n for op, n in loop.items() if op.startswith(kind)) for kind in ("HGMMA", "LDSM",
-                                                                                                   "STS.128")}
-    plain, pairs = loops["_swap_int4_kernel"], loops["_swap_int4_pairs_kernel"]
-    assert plain["LDSM"] > 0 and plain["STS.128"] > 0, plain  # the check sees the round trip where it is
-    assert pairs["HGMMA"] > 0 and pairs["LDSM"] == 0 and pairs["STS.128"] == 0, pairs
+    plain, pairs = (pairs_main_loop(compile_sm90(getattr(k, name), _signature(x, 1), constexprs, num_warps=warps,
+                                                 num_stages=3, aligned=aligned), x, check_pairs=name != "_swap_int4_kernel")
+                    for name in ("_swap_int4_kernel", "_swap_int4_pairs_kernel"))  # fmt: skip
+    assert plain["LDSM.16.M88."] > 0 and plain["STS.128"] > 0, plain  # the check sees the round trip where it is
+    assert pairs["HGMMA"] > 0 and pairs["LDSM.16.M88."] == 0 and pairs["STS.128"] == 0, pairs
+
+
+def pairs_main_loop(compiled, x: str, check_pairs: bool = True) -> dict:
+    """A compiled 4-bit GEMM's main-loop counts of what moves a tile through shared memory
+    (STS.128, ldmatrix of a 16-bit tile LDSM.16.M88, a transposing one .MT88) and its HGMMAs,
+    from its sm_90 SASS (the test skips without Triton's nvdisasm). check_pairs: first that its
+    PTX makes the pairs with lop3 and the magic number and feeds wgmma's weight operand from
+    registers, nothing spilled."""
+    import re
+
+    from pagedllm.kernels.inspect_sm90 import main_loop, resources, sass
+
+    if check_pairs:
+        ptx = compiled.asm["ptx"]
+        wgmma = re.findall(r"wgmma\.mma_async[^;]*", ptx)
+        assert wgmma and all(re.search(r"\}, \{%r\d+,\s*%r\d+,\s*%r\d+,\s*%r\d+\}, %rd\d+", w) for w in wgmma)
+        assert ptx.count("0x43004300" if x == "bf16" else "0x64006400") >= 4 and "lop3.b32" in ptx
+        r = resources(compiled)
+        if r is not None:
+            assert r["stack"] == 0 and r["regs"] <= 255, r
+    listing = sass(compiled)
+    if listing is None:
+        pytest.skip("Triton's nvdisasm is not there")
+    loop = main_loop(listing)
+    return {kind: sum(n for op, n in loop.items() if op.startswith(kind))
+            for kind in ("HGMMA", "LDSM.16.M88.", "LDSM.16.MT88", "STS.128")}
 
 
 def test_switch(monkeypatch):

@@ -1,0 +1,89 @@
+"""The K-packed layout's kpairs GEMM (kernels/wna16_kpairs_triton.py) on the CPU: the GPU checks of
+tests/gpu/test_wna16_gpu.py through Triton's interpreter at small shapes against the float32
+reference (a group a K step, a group a word, per channel through the split-K reduce; zeros, bias;
+K not a multiple of the step; 32-, 64- and 128-row tiles; float32 activations through fp16
+operands), which runs the pairs' plain ops (the interpreter cannot run PTX); x's permutation; and
+the kernel compiled for the H200 with its PTX pairs: wgmma reads the weight from registers and
+its main loop has no shared-memory round trip for it."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+from test_kernels_interpret import run_under_interpreter
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+
+# (m, n, k, group_k, symmetric) + kwargs; config: SwapConfig fields (block_n, block_k, split_k, warps,
+# stages, reduce, block_m, pairs)
+_CASES = {
+    "g128_step_bm64": ("check_wna16_kpairs", [40, 128, 256, 128, True], {"config": [64, 128, 1, 4, 1, "kernel", 64,
+                                                                                     True]}),
+    "g32_per_word_asym_bias": ("check_wna16_kpairs", [70, 96, 256, 32, False],
+                               {"bias": True, "config": [64, 64, 1, 4, 1, "kernel", 64, True]}),
+    "channel_asym_split2_bias": ("check_wna16_kpairs", [33, 128, 512, None, False],
+                                 {"bias": True, "config": [32, 128, 2, 4, 1, "kernel", 64, True]}),
+    "g8_ragged_k_bm32": ("check_wna16_kpairs", [17, 64, 200, 8, True], {"config": [64, 64, 1, 4, 1, "kernel", 32,
+                                                                                   True]}),
+    "g128_asym_split3_bm128": ("check_wna16_kpairs", [130, 128, 384, 128, False],
+                               {"config": [128, 128, 3, 8, 1, "kernel", 128, True]}),
+    "default_config_ragged": ("check_wna16_kpairs", [50, 40, 320, 64, True], {"bias": True}),
+}
+_DTYPES = ["bfloat16", "float16", "float32"]
+_KEYS = [f"{name}:{dt}" for name in _CASES for dt in _DTYPES]
+
+
+@pytest.fixture(scope="module")
+def interpreter_results() -> dict[str, str | None]:
+    return run_under_interpreter("test_wna16_gpu.py", {key: _CASES[key.split(":")[0]] for key in _KEYS})
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+@pytest.mark.parametrize("key", _KEYS)
+def test_wna16_kpairs_under_interpreter(interpreter_results, key):
+    err = interpreter_results[key]
+    assert err is None, err
+
+
+@pytest.mark.parametrize("k, block_k", [(256, 128), (384, 64)])
+def test_permutation_puts_each_dots_inputs_together(k, block_k):
+    """x' = x[:, p]: a permutation of every K step, whose dot i reads positions i * block_k / 4 ..
+    (i + 1) * block_k / 4 - 1 of the step as nibbles i (even) and i + 4 (odd) of the step's words."""
+    from pagedllm.kernels.wna16_kpairs_triton import kpairs_permutation
+
+    p = kpairs_permutation(k, block_k, torch.device("cpu"))
+    assert sorted(p.tolist()) == list(range(k))
+    cols = block_k // 4
+    for k0 in range(0, k, block_k):
+        for i in range(4):
+            for c in range(cols):
+                word, half = divmod(c, 2)
+                assert p[k0 + i * cols + c] == k0 + 8 * word + i + 4 * half
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+@pytest.mark.parametrize("x, group_k, has_zero, block_m, warps", [("bf16", 128, False, 128, 8), ("fp16", 128, True, 64, 4),
+                                                                 ("bf16", 0, True, 128, 8)])  # fmt: skip
+def test_kpairs_kernel_builds_the_operand_in_registers(x, group_k, has_zero, block_m, warps):
+    """Compiled for the H200: wgmma takes the weight from registers (its A operand four registers),
+    the pairs made by one lop3 with the magic number, no spills, and the main loop without the
+    tile's ldmatrix or 128-bit shared stores (no round trip of the operand through shared memory)."""
+    from test_wna16_swap_interpret import pairs_main_loop
+
+    from pagedllm.kernels import wna16_kpairs_triton as kp
+    from pagedllm.kernels.inspect_sm90 import compile_sm90
+
+    sig = {"x_ptr": f"*{x}", "w_ptr": "*i32", "s_ptr": f"*{x}", "z_ptr": f"*{x}", "b_ptr": f"*{x}", "out_ptr": f"*{x}",
+           "M": "i32", "N": "i32", "K": "i32", "K_SPLIT": "i32", "stride_xm": "i32", "stride_wk": "i32",
+           "stride_sg": "i32", "stride_om": "i32"}  # fmt: skip
+    constexprs = {"GROUP_K": group_k, "HAS_ZERO": has_zero, "HAS_BIAS": True, "SPLIT_K": 1, "BLOCK_M": block_m,
+                  "BLOCK_N": 128, "BLOCK_K": 128, "W_BF16": x == "bf16", "ASM": True, "FP16_MAX_": 65504.0}
+    count = pairs_main_loop(compile_sm90(kp._kpairs_kernel, sig, constexprs, num_warps=warps, num_stages=3,
+                                         aligned=("N", "K", "K_SPLIT", "stride_xm", "stride_wk", "stride_sg",
+                                                  "stride_om")), x)  # fmt: skip
+    # the plain swap kernel's round trip is STS.128 + LDSM.16.M88 of the whole tile; a group scale
+    # vector may come through one transposing LDSM (.MT88)
+    assert count["HGMMA"] > 0 and count["LDSM.16.M88."] == 0 and count["STS.128"] == 0, count
+    assert count["LDSM.16.MT88"] <= 1, count
