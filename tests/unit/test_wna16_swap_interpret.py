@@ -229,6 +229,23 @@ def pairs_main_loop(compiled, x: str, check_pairs: bool = True) -> dict:
             for kind in ("HGMMA", "LDSM.16.M88.", "LDSM.16.MT88", "STS.128")}
 
 
+def test_large_gemm_switch(monkeypatch):
+    from pagedllm.kernels import wna16
+
+    for value, want in (("", "dense"), ("dense", "dense"), ("swap", "swap"), (" Pairs ", "pairs"), ("tensor", None)):
+        monkeypatch.setenv("PAGEDLLM_WNA16_GEMM", value)
+        wna16.large_gemm.cache_clear()
+        if want is None:
+            with pytest.raises(ValueError, match="PAGEDLLM_WNA16_GEMM='tensor'"):
+                wna16.large_gemm()
+        else:
+            assert wna16.large_gemm() == want
+    monkeypatch.delenv("PAGEDLLM_WNA16_GEMM")
+    wna16.large_gemm.cache_clear()
+    assert wna16.large_gemm() == "dense", "dense by default"
+    wna16.large_gemm.cache_clear()
+
+
 def test_switch(monkeypatch):
     monkeypatch.delenv("PAGEDLLM_WNA16_SWAP", raising=False)
     assert not swap_enabled(), "off by default"
