@@ -89,9 +89,11 @@ def _kpairs_kernel(
 def kpairs_permutation(k_padded: int, block_k: int, device: torch.device) -> torch.Tensor:
     """Indices p [k_padded] with x' = x[:, p]: within each K step of block_k inputs, position
     i * block_k / 4 + 2j + h takes input 8j + i + 4h (i < 4, j < block_k / 8, h < 2)."""
-    i, j, h = torch.meshgrid(torch.arange(4), torch.arange(block_k // 8), torch.arange(2), indexing="ij")
+    # made on the device (no host copy: a first call may come inside a CUDA graph's capture)
+    i, j, h = torch.meshgrid(torch.arange(4, device=device), torch.arange(block_k // 8, device=device),
+                             torch.arange(2, device=device), indexing="ij")  # fmt: skip
     step = (8 * j + i + 4 * h).reshape(-1)  # position i * block_k / 4 + 2j + h, in that order
-    return (torch.arange(0, k_padded, block_k)[:, None] + step[None, :]).reshape(-1).to(device)
+    return (torch.arange(0, k_padded, block_k, device=device)[:, None] + step[None, :]).reshape(-1)
 
 
 def default_config(m: int, n: int, k: int) -> SwapConfig:
