@@ -39,7 +39,7 @@ def _kpairs_kernel(
     z_ptr,  # [G, N] zeros in any float dtype (read when HAS_ZERO)
     b_ptr,  # [N] bias (read when HAS_BIAS)
     out_ptr,  # [M, N] (SPLIT_K == 1) or the float32 workspace [SPLIT_K, M, N]
-    M, N, K, K_SPLIT,  # K: the weight's inputs; K_SPLIT: a split's range of x', a multiple of BLOCK_K
+    M, N, K, KP, K_SPLIT,  # K: the weight's inputs; KP: x''s (K padded); K_SPLIT: a split's range, whole steps
     stride_xm, stride_wk, stride_sg, stride_om,
     GROUP_K: tl.constexpr, HAS_ZERO: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -59,7 +59,7 @@ def _kpairs_kernel(
     s = tl.full([BLOCK_N, BLOCK_C], 1.0, W_DTYPE)
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     k_start = pid_k * K_SPLIT
-    for k0 in range(k_start, k_start + K_SPLIT, BLOCK_K):
+    for k0 in range(k_start, tl.minimum(k_start + K_SPLIT, KP), BLOCK_K):  # (the last split may end early)
         kw = k0 // 8 + rc // 2  # the word a column reads: columns 2p and 2p + 1 read word p
         w_mask = n_mask[:, None] & (kw < K // 8)[None, :]
         w = tl.load(w_ptr + kw.to(tl.int64)[None, :] * stride_wk + rn[:, None], mask=w_mask, other=0)
@@ -135,7 +135,7 @@ def wna16_kpairs_gemm(
     b = bias if bias is not None else scales  # likewise without a bias
     ws = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device) if split_k > 1 else None
     _kpairs_kernel[(triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), split_k)](
-        xp, qweight, scales, z, b, out if ws is None else ws, m, n, k, k_split,
+        xp, qweight, scales, z, b, out if ws is None else ws, m, n, k, k_padded, k_split,
         xp.stride(0), qweight.stride(0), scales.stride(0), out.stride(0),
         GROUP_K=group_k, HAS_ZERO=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=split_k,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, W_BF16=x.dtype == torch.bfloat16,

@@ -30,6 +30,9 @@ _CASES = {
     "g128_asym_split3_bm128": ("check_wna16_kpairs", [130, 128, 384, 128, False],
                                {"config": [128, 128, 3, 8, 1, "kernel", 128, True]}),
     "default_config_ragged": ("check_wna16_kpairs", [50, 40, 320, 64, True], {"bias": True}),
+    # two splits of 256 over 384 inputs: the last split's steps past x' read nothing
+    "split_past_the_end": ("check_wna16_kpairs", [24, 64, 384, 128, False], {"config": [64, 128, 2, 4, 1, "kernel",
+                                                                                       32, True]}),
 }
 _DTYPES = ["bfloat16", "float16", "float32"]
 _KEYS = [f"{name}:{dt}" for name in _CASES for dt in _DTYPES]
@@ -76,13 +79,13 @@ def test_kpairs_kernel_builds_the_operand_in_registers(x, group_k, has_zero, blo
     from pagedllm.kernels.inspect_sm90 import compile_sm90
 
     sig = {"x_ptr": f"*{x}", "w_ptr": "*i32", "s_ptr": f"*{x}", "z_ptr": f"*{x}", "b_ptr": f"*{x}", "out_ptr": f"*{x}",
-           "M": "i32", "N": "i32", "K": "i32", "K_SPLIT": "i32", "stride_xm": "i32", "stride_wk": "i32",
+           "M": "i32", "N": "i32", "K": "i32", "KP": "i32", "K_SPLIT": "i32", "stride_xm": "i32", "stride_wk": "i32",
            "stride_sg": "i32", "stride_om": "i32"}  # fmt: skip
     constexprs = {"GROUP_K": group_k, "HAS_ZERO": has_zero, "HAS_BIAS": True, "SPLIT_K": 1, "BLOCK_M": block_m,
                   "BLOCK_N": 128, "BLOCK_K": 128, "W_BF16": x == "bf16", "ASM": True, "FP16_MAX_": 65504.0}
     count = pairs_main_loop(compile_sm90(kp._kpairs_kernel, sig, constexprs, num_warps=warps, num_stages=3,
-                                         aligned=("N", "K", "K_SPLIT", "stride_xm", "stride_wk", "stride_sg",
-                                                  "stride_om")), x)  # fmt: skip
+                                         aligned=("N", "K", "KP", "K_SPLIT", "stride_xm", "stride_wk",
+                                                  "stride_sg", "stride_om")), x)  # fmt: skip
     # the plain swap kernel's round trip is STS.128 + LDSM.16.M88 of the whole tile; a group scale
     # vector may come through one transposing LDSM (.MT88)
     assert count["HGMMA"] > 0 and count["LDSM.16.M88."] == 0 and count["STS.128"] == 0, count
