@@ -233,7 +233,7 @@ def _swap_int4_kernel(
     s_unit = tl.full([BLOCK_N, 1], 1.0, W_DTYPE)  # read only when SCALE_IN_TILE
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     k_start = pid_k * K_SPLIT
-    for k0 in range(k_start, k_start + K_SPLIT, BLOCK_K):
+    for k0 in range(k_start, tl.minimum(k_start + K_SPLIT, K), BLOCK_K):  # (the last split may end early)
         kk = k0 + rk
         kw = k0 // 8 + rkw
         if EVEN_K:
@@ -337,7 +337,7 @@ def _swap_int4_pairs_kernel(
     s = tl.full([BLOCK_N, BLOCK_C], 1.0, W_DTYPE)
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     k_start = pid_k * K_SPLIT
-    for k0 in range(k_start, k_start + K_SPLIT, BLOCK_K):
+    for k0 in range(k_start, tl.minimum(k_start + K_SPLIT, K), BLOCK_K):  # (the last split may end early)
         kw = k0 // 8 + word  # [BLOCK_C]
         if EVEN_K:
             w_mask = n_mask[:, None]

@@ -30,9 +30,9 @@ _CASES = {
     "g128_asym_split3_bm128": ("check_wna16_kpairs", [130, 128, 384, 128, False],
                                {"config": [128, 128, 3, 8, 1, "kernel", 128, True]}),
     "default_config_ragged": ("check_wna16_kpairs", [50, 40, 320, 64, True], {"bias": True}),
-    # two splits of 256 over 384 inputs: the last split's steps past x' read nothing
-    "split_past_the_end": ("check_wna16_kpairs", [24, 64, 384, 128, False], {"config": [64, 128, 2, 4, 1, "kernel",
-                                                                                       32, True]}),
+    # two splits of 256 over 384 inputs: the last split's steps past x' read nothing (NaN there)
+    "split_past_the_end": ("check_wna16_kpairs", [24, 64, 384, 128, False],
+                           {"config": [64, 128, 2, 4, 1, "kernel", 32, True], "nan_past_end": True}),
 }
 _DTYPES = ["bfloat16", "float16", "float32"]
 _KEYS = [f"{name}:{dt}" for name in _CASES for dt in _DTYPES]

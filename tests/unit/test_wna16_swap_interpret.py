@@ -73,6 +73,11 @@ _CASES = {
                                        {"config": [16, 128, 2, 4, 1, "kernel", 128, True]}),
     "pairs_m40_g32_per_word_asym": ("check_wna16_swap", [40, 24, 256, 32, False],
                                     {"config": [16, 64, 1, 4, 1, "kernel", 64, True]}),
+    # 384 inputs in two splits of 256 (steps of 128), NaN past the last group: no step past K
+    "split_past_the_end_plain": ("check_wna16_swap", [24, 40, 384, 128, False],
+                                 {"config": [32, 128, 2, 4, 1, "kernel", 32], "nan_past_end": True}),
+    "split_past_the_end_pairs": ("check_wna16_swap", [24, 40, 384, 128, False],
+                                 {"config": [32, 128, 2, 4, 1, "kernel", 32, True], "nan_past_end": True}),
     "pairs_m33_channel_split3_bias": ("check_wna16_swap", [33, 40, 512, None, False],
                                       {"bias": True, "config": [32, 128, 3, 4, 1, "kernel", 64, True]}),
     "dequant_g32_asym": ("check_int4_nk_dequant", [40, 512, 32, False], {}),
