@@ -172,7 +172,7 @@ def _swap_kernel(
     if PREFETCH_K > 0:
         prefetch_rows_l2(w_ptr + rn64 * stride_wn, n_mask, k_start, tl.minimum(k_start + K_SPLIT, K), PREFETCH_K)
     pdl_wait(PDL)
-    for k0 in range(k_start, k_start + K_SPLIT, BLOCK_K):
+    for k0 in range(k_start, tl.minimum(k_start + K_SPLIT, K), BLOCK_K):  # (the last split may end early)
         kk = k0 + rk
         if EVEN_K:
             w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None], other=0.0)

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_kernels import ATTENTION_TOL, _attention_inputs, make_batch  # noqa: E402
+from test_kernels import ATTENTION_TOL, _attention_inputs, make_batch, nan_past_the_end  # noqa: E402
 
 from pagedllm.attention.backend import v_cache_view  # noqa: E402
 from pagedllm.attention.torch_backend import TorchAttentionBackend, paged_attention_torch  # noqa: E402
@@ -49,11 +49,14 @@ def _weights(n, k, group_k, device, gen):
     return q.to(device), s.to(device)
 
 
-def check_fp8_gemm(device, dtype, m, n, k, group_k=None, bias=False, config=None, seed=0):
+def check_fp8_gemm(device, dtype, m, n, k, group_k=None, bias=False, config=None, seed=0, nan_past_end=False):
+    """nan_past_end: the scales followed by NaN (no step may read a group past K)."""
     from pagedllm.kernels.fp8_triton import fp8_gemm_triton
 
     g = torch.Generator().manual_seed(seed)
     q, s = _weights(n, k, group_k, device, g)
+    if nan_past_end:
+        s = nan_past_the_end(s, 1)
     x = torch.randn(m, k, generator=g).to(device=device, dtype=dtype)
     b = (torch.randn(n, generator=g) * 0.1).to(device=device, dtype=dtype) if bias else None
     out = fp8_gemm_triton(x, q, s, b, config=config)

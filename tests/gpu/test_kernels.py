@@ -32,6 +32,16 @@ def _close(actual, expected, tol, what=""):
     torch.testing.assert_close(actual, expected, atol=atol, rtol=rtol, msg=lambda m: f"{what}: {m}")
 
 
+def nan_past_the_end(t, dim):
+    """t as a view of a buffer one row / column longer along dim, NaN there: a kernel that reads a
+    scale group past the last turns its output NaN."""
+    shape = list(t.shape)
+    shape[dim] += 1
+    view = torch.full(shape, float("nan"), dtype=t.dtype, device=t.device).narrow(dim, 0, t.shape[dim])
+    view.copy_(t)
+    return view
+
+
 def _randn(*shape, dtype, device, gen, scale=1.0):
     return (torch.randn(*shape, generator=gen, dtype=torch.float32) * scale).to(device=device, dtype=dtype)
 

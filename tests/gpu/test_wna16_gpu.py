@@ -15,11 +15,15 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import sys
 
 import pytest
 import torch
 
-from pagedllm.kernels.wna16 import (
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_kernels import nan_past_the_end  # noqa: E402
+
+from pagedllm.kernels.wna16 import (  # noqa: E402
     dequantize_int4_nk_torch,
     dequantize_wna16_torch,
     quantize_wna16_torch,
@@ -113,17 +117,6 @@ def _nk_weights(n, k, group_k, symmetric, device, gen, scale_dtype=torch.float16
     return qn.to(device), sn.to(device), None if zn is None else zn.to(device)
 
 
-def _nan_past_the_end(t, dim):
-    """t as a view of a buffer one row / column longer along dim, NaN there: a kernel that reads a
-    group past the last turns its output NaN."""
-    shape = list(t.shape)
-    shape[dim] += 1
-    buf = torch.full(shape, float("nan"), dtype=t.dtype, device=t.device)
-    view = buf.narrow(dim, 0, t.shape[dim])
-    view.copy_(t)
-    return view
-
-
 def check_wna16_swap(device, dtype, m, n, k, group_k=128, symmetric=True, bias=False, config=None, seed=0,
                      scale_dtype="float16", nan_past_end=False):
     """The swap-AB kernel (config: SwapConfig fields) against the float32 reference; nan_past_end:
@@ -134,7 +127,7 @@ def check_wna16_swap(device, dtype, m, n, k, group_k=128, symmetric=True, bias=F
     g = torch.Generator().manual_seed(seed)
     qn, sn, zn = _nk_weights(n, k, group_k, symmetric, device, g, getattr(torch, scale_dtype))
     if nan_past_end:
-        sn, zn = _nan_past_the_end(sn, 1), None if zn is None else _nan_past_the_end(zn, 1)
+        sn, zn = nan_past_the_end(sn, 1), None if zn is None else nan_past_the_end(zn, 1)
     x = torch.randn(m, k, generator=g).to(device=device, dtype=dtype)
     b = (torch.randn(n, generator=g) * 0.1).to(device=device, dtype=dtype) if bias else None
     out = wna16_swap_gemm(x, qn, sn, zn, b, config=SwapConfig(*config) if config else None)
@@ -153,7 +146,7 @@ def check_wna16_kpairs(device, dtype, m, n, k, group_k=128, symmetric=True, bias
     g = torch.Generator().manual_seed(seed)
     qw, s, z = _weights(n, k, 4, group_k, symmetric, device, g)
     if nan_past_end:
-        s, z = _nan_past_the_end(s, 0), None if z is None else _nan_past_the_end(z, 0)
+        s, z = nan_past_the_end(s, 0), None if z is None else nan_past_the_end(z, 0)
     x = torch.randn(m, k, generator=g).to(device=device, dtype=dtype)
     b = (torch.randn(n, generator=g) * 0.1).to(device=device, dtype=dtype) if bias else None
     out = wna16_kpairs_gemm(x, qw, s, z, b, config=SwapConfig(*config) if config else None)

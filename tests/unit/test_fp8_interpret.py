@@ -36,6 +36,9 @@ _CASES = {
     "swap_groups": ("check_fp8_gemm", [5, 24, 96], {"group_k": 32, "config": _SWAP}),
     "swap_split_k": ("check_fp8_gemm", [3, 40, 200], {"bias": True, "config": _SWAP_SPLIT}),
     "swap_split_k_groups": ("check_fp8_gemm", [7, 24, 192], {"group_k": 32, "config": _SWAP_SPLIT}),
+    # three splits of 128 over 320 inputs (steps of 32): the last split's steps past K read no scale
+    "swap_split_k_past_the_end": ("check_fp8_gemm", [3, 24, 320], {"group_k": 32, "config": _SWAP_SPLIT,
+                                                                  "nan_past_end": True}),
     "swap_fp16_saturation": ("check_fp16_saturation", [_SWAP], {}),
     "per_token_quant": ("check_per_token_quant", [5, 40], {}),
     "kv_e4m3_scaled": ("check_fp8_backend", [], dict(_MIXED, cache="fp8_e4m3", k_scale=0.05, v_scale=0.3)),
