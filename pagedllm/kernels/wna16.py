@@ -231,7 +231,8 @@ def large_gemm() -> str:
     that dequantizes in registers: with PAGEDLLM_WNA16_GEMM=swap the N-major layout's swap-AB
     kernel (64- / 128-row activation tiles); with PAGEDLLM_WNA16_GEMM=pairs the same layout's pairs
     kernel (SwapConfig.pairs) and the K-packed layout's kpairs kernel (wna16_kpairs_triton.py).
-    Not yet timed against dense; read once per process."""
+    swap was timed on the H100 (RESULTS.md: 0.62x bf16 at 256 rows, dense 0.49x), pairs not yet.
+    Read once per process."""
     value = os.environ.get("PAGEDLLM_WNA16_GEMM", "dense").strip().lower() or "dense"
     if value not in ("dense", "swap", "pairs"):
         raise ValueError(f"PAGEDLLM_WNA16_GEMM={value!r}: expected dense, swap or pairs")
