@@ -23,9 +23,9 @@ qflag() { [ "$1" = bf16 ] && echo "" || echo "--quantization $1"; }
 for step in $STEPS; do
   t0=$(date +%s)
   case $step in
-    tests) $PY -m pytest -q -x tests/gpu/test_wna16_gpu.py 2>&1 | tail -4 | tee "$OUT/tests.log" ;;
+    tests) $PY -m pytest -q -x tests/gpu/test_wna16_gpu.py tests/gpu/test_wna16_nk_gpu.py 2>&1 | tail -4 | tee "$OUT/tests.log" ;;
     bench) $PY benchmarks/wna16_bench.py 2>&1 | tee "$OUT/bench.log" | grep -vE "^  skip|Warning|warn" ;;
-    swaptests) $PY -m pytest -q -x tests/gpu/test_wna16_gpu.py -k "swap or int4_nk" 2>&1 | tail -4 | tee "$OUT/swaptests.log" ;;
+    swaptests) $PY -m pytest -q -x tests/gpu/test_wna16_nk_gpu.py -k "swap or int4_nk" 2>&1 | tail -4 | tee "$OUT/swaptests.log" ;;
     swap) $PY benchmarks/wna16_bench.py --swap 2>&1 | tee "$OUT/swap.log" | grep -vE "^  skip|Warning|warn" ;;
     w2swap) PAGEDLLM_WNA16_SWAP=1 $PY benchmarks/latency.py --peer none --iters ${W2_ITERS:-3} --quantization gptq \
               --output-json "$OUT/w2_gptq_swap.json" > "$OUT/w2_gptq_swap.log" 2>&1

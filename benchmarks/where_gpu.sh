@@ -14,7 +14,7 @@
 # kernel capped at 96 registers (B), five CTAs an SM), w3prof (profiles of Llama-3.1-8B's prefill-heavy first steps, bf16 and FP8 + FP8 KV: where W3's
 # 1.4x must come from), w1int4 (W1 on Llama-3.1-8B: bf16 (A) against dummy gptq 4-bit weights (B), issue 19's 0.9x),
 # int4kp (wna16_bench.py: the K-packed kpairs GEMM), w1int4pairs (W1 gptq with PAGEDLLM_WNA16_GEMM=pairs),
-# int4tests (tests/gpu/test_wna16_gpu.py), swaptests (its swap GEMM and dispatch cases), int4gemm (wna16_bench.py --swap at $INT4GEMM_ROWS, default 64 256), w1int4swap (w1int4 with PAGEDLLM_WNA16_SWAP=1
+# int4tests (tests/gpu/test_wna16_gpu.py and test_wna16_nk_gpu.py), swaptests (its swap GEMM and dispatch cases), int4gemm (wna16_bench.py --swap at $INT4GEMM_ROWS, default 64 256), w1int4swap (w1int4 with PAGEDLLM_WNA16_SWAP=1
 # PAGEDLLM_WNA16_GEMM=swap: the tensor-core W4A16 GEMM), w2int4swap (W2 gptq: K-packed (A) against
 # the N-major layout, PAGEDLLM_WNA16_SWAP=1, its one-row gemvn (B)), w2prefetch (W2 gptq: gemvp (A) against
 # PAGEDLLM_WNA16_PREFETCH=1, the next tile's words loaded first (B)).
@@ -98,11 +98,11 @@ if step w1int4 $((ROUNDS * 2 * 200)); then  # issue 19's W1: Llama-3.1-8B, 256 r
   echo "w1int4 rc=$? at ${SECONDS} s"
 fi
 if step int4tests 200; then  # the 4-bit GPU tests: the swap GEMM, gemvn, PTX == plain, dispatch, CUDA graphs
-  timeout 200 $PY -m pytest -q tests/gpu/test_wna16_gpu.py > "$OUT/int4tests.log" 2>&1
+  timeout 200 $PY -m pytest -q tests/gpu/test_wna16_gpu.py tests/gpu/test_wna16_nk_gpu.py > "$OUT/int4tests.log" 2>&1
   echo "int4tests rc=$? at ${SECONDS} s: $(tail -1 "$OUT/int4tests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/int4tests.log" | head
 fi
 if step swaptests 240; then  # the swap GEMM at 48-512 rows on every projection, the pairs kernels, the dispatch
-  timeout 240 $PY -m pytest -q tests/gpu/test_wna16_gpu.py -k "swap_gemm or dispatch or pairs" > "$OUT/swaptests.log" 2>&1
+  timeout 240 $PY -m pytest -q tests/gpu/test_wna16_gpu.py tests/gpu/test_wna16_nk_gpu.py -k "swap_gemm or dispatch or pairs" > "$OUT/swaptests.log" 2>&1
   echo "swaptests rc=$? at ${SECONDS} s: $(tail -1 "$OUT/swaptests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/swaptests.log" | head
 fi
 if step int4gemm 200; then  # the 4-bit swap-AB kernel as a GEMM at 64 / 256 rows against dequantize + cuBLAS and bf16

@@ -39,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fp8_bench import LAYERS, SHAPES, graph_time  # noqa: E402
 
 from pagedllm.kernels.wna16 import DENSE_MIN_ROWS, quantize_wna16_torch, wna16_linear_torch  # noqa: E402
-from pagedllm.kernels.wna16_kpairs_triton import default_config as kpairs_default  # noqa: E402
-from pagedllm.kernels.wna16_kpairs_triton import wna16_kpairs_gemm  # noqa: E402
+from pagedllm.kernels.wna16_pairs_triton import default_config as kpairs_default  # noqa: E402
+from pagedllm.kernels.wna16_pairs_triton import wna16_kpairs_gemm  # noqa: E402
 from pagedllm.kernels.wna16_triton import default_config, dequantize_wna16_triton, wna16_gemm_triton  # noqa: E402
 
 ROWS = [1, 16, 64, 256]
@@ -94,6 +94,19 @@ def time_configs(cfgs: list, one, many, ref: torch.Tensor, label: str) -> list[t
             continue
         timed.append((t, cfg))
     return timed
+
+
+def time_default_and_best(row: dict, key: str, cfgs: list, one, many, ref: torch.Tensor, label: str) -> bool:
+    """time_configs over cfgs, the default first (duplicates dropped): row[key] the default's us
+    (NaN if it did not run), row[key + "_best"] / row[key + "_best_cfg"] the fastest. False when no
+    config ran."""
+    cfgs = list(dict.fromkeys(cfgs))
+    timed = time_configs(cfgs, one, many, ref, label)
+    if not timed:
+        return False
+    row[key] = timed[0][0] if timed[0][1] == cfgs[0] else float("nan")
+    row[f"{key}_best"], row[f"{key}_best_cfg"] = min(timed, key=lambda tc: tc[0])
+    return True
 
 
 def correctness(dev: str) -> None:
@@ -257,13 +270,10 @@ def swap_main(args) -> None:
                 from pagedllm.kernels.wna16_gemvn_triton import gemvn_config, wna16_gemvn
 
                 gcfgs = [gemvn_config(n, k, gk)] + ([] if args.no_sweep or over else gemvn_sweep(n, k, gk))
-                gtimed = time_configs(
-                    list(dict.fromkeys(gcfgs)), lambda c, x=x, qs=news: wna16_gemvn(x, *qs[0], config=c),
+                if time_default_and_best(
+                    row, "gemvn", gcfgs, lambda c, x=x, qs=news: wna16_gemvn(x, *qs[0], config=c),
                     lambda c, x=x, qs=news: [wna16_gemvn(x, q, s, z, config=c) for q, s, z in qs], ref,
-                    f"gemvn {name}")
-                if gtimed:
-                    row["gemvn"] = gtimed[0][0] if gtimed[0][1] == gcfgs[0] else float("nan")
-                    row["gemvn_best"], row["gemvn_best_cfg"] = min(gtimed, key=lambda tc: tc[0])
+                    f"gemvn {name}"):
                     gbs = nbytes / (row["gemvn_best"] * 1e-6) / 1e9
                     print(f"{name:8s} {m:4d} gemvn default {row['gemvn']:7.1f} us, best {row['gemvn_best']:7.1f} "
                           f"({gbs:5.0f} GB/s) {row['gemvn_best_cfg']}", flush=True)
@@ -337,13 +347,10 @@ def main() -> None:
             row["best"], row["best_cfg"] = min(timed, key=lambda tc: tc[0], default=(float("nan"), cfgs[0]))
             if args.bits == 4 and m > 16:  # the K-packed layout's tensor-core GEMM, its default first
                 kcfgs = [kpairs_default(m, n, k)] + ([] if args.no_sweep else kpairs_sweep(m, k))
-                ktimed = time_configs(
-                    list(dict.fromkeys(kcfgs)), lambda c, x=x, qs=qs: wna16_kpairs_gemm(x, *qs[0], config=c),
+                if time_default_and_best(
+                    row, "kpairs", kcfgs, lambda c, x=x, qs=qs: wna16_kpairs_gemm(x, *qs[0], config=c),
                     lambda c, x=x, qs=qs: [wna16_kpairs_gemm(x, q, s, z, config=c) for q, s, z in qs], ref,
-                    f"kpairs {name} m={m}")
-                if ktimed:
-                    row["kpairs"] = ktimed[0][0] if ktimed[0][1] == kcfgs[0] else float("nan")
-                    row["kpairs_best"], row["kpairs_best_cfg"] = min(ktimed, key=lambda tc: tc[0])
+                    f"kpairs {name} m={m}"):
                     print(f"{name:8s} m={m:4d} kpairs default {row['kpairs']:7.1f} best {row['kpairs_best']:7.1f} "
                           f"{_fields(row['kpairs_best_cfg'])}  bf16/kpairs {row['bf16'] / row['kpairs_best']:.2f}x",
                           flush=True)
@@ -353,7 +360,7 @@ def main() -> None:
                   f"best {row['best']:7.1f} {row['best_cfg']} ({gbs:5.0f} GB/s of weights)  "
                   f"bf16/best {row['bf16'] / row['best']:.2f}x", flush=True)
             results[f"{name}:{m}"] = row
-        del ws, qs
+        ws = qs = []  # the layers freed before the next shape
         torch.cuda.empty_cache()
     print(f"\nsum over the four projections x {LAYERS} layers, ms per step (CUDA graph), int{args.bits} g128:")
     print(f"{'rows':>5} {'bf16':>8} {'default':>8} {'best':>8} {'bf16/best':>10} {'dense':>8} {'kpairs':>8} "

@@ -71,7 +71,7 @@ class SwapConfig:
     reduce: str = "kernel"  # the workspace's sum: "kernel" (a reduce kernel) or "last" (the last split)
     block_m: int = SWAP_BLOCK_M  # activation rows per program: the MMA's N side (the 4-bit kernel's tiles of
     # 64 / 128 rows make it a GEMM for large batches; the 16-bit and FP8 kernels keep SWAP_BLOCK_M)
-    pairs: bool = False  # (the 4-bit kernel) wna16_swap_triton._swap_int4_pairs_kernel: its weight operand
+    pairs: bool = False  # (the 4-bit kernel) wna16_pairs_triton._swap_int4_pairs_kernel: its weight operand
     # built in the MMA's register layout, four dots a K step (BLOCK_K a multiple of 64)
 
     def __post_init__(self) -> None:

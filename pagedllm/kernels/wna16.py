@@ -55,7 +55,8 @@ DENSE_MIN_ROWS = 48
 # bf16 per 256 rows (compute-bound at ~0.62x cuBLAS): they cross near 430 rows. But the same sweep
 # found the swap GEMM wrong on gate_up (28,672 x 4,096) at 512 rows, bf16, where the interpreter
 # (fp16) is right; until that is understood it takes no more rows than the sweep checked right on
-# every projection: 256. W1's prefill chunks (thousands of rows) go to cuBLAS either way.
+# every projection: 256. W1's prefill chunks (thousands of rows) go to cuBLAS either way. The pairs
+# kernels (PAGEDLLM_WNA16_GEMM=pairs) take the same bound until they are timed.
 SWAP_GEMM_MAX_ROWS = 256
 
 
@@ -145,7 +146,7 @@ def wna16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
         m = x.shape[0]
         if m >= DENSE_MIN_ROWS:
             if bits == 4 and large_gemm() == "pairs" and m <= SWAP_GEMM_MAX_ROWS:
-                from pagedllm.kernels.wna16_kpairs_triton import wna16_kpairs_gemm
+                from pagedllm.kernels.wna16_pairs_triton import wna16_kpairs_gemm
 
                 return wna16_kpairs_gemm(x, qweight, scales, zeros, bias)
             y = x @ dequantize_wna16_triton(qweight, scales, zeros, bits, x.dtype)
@@ -230,7 +231,7 @@ def large_gemm() -> str:
     x's dtype, then cuBLAS; the default), or up to SWAP_GEMM_MAX_ROWS rows a tensor-core W4A16 GEMM
     that dequantizes in registers: with PAGEDLLM_WNA16_GEMM=swap the N-major layout's swap-AB
     kernel (64- / 128-row activation tiles); with PAGEDLLM_WNA16_GEMM=pairs the same layout's pairs
-    kernel (SwapConfig.pairs) and the K-packed layout's kpairs kernel (wna16_kpairs_triton.py).
+    kernel (SwapConfig.pairs) and the K-packed layout's kpairs kernel (wna16_pairs_triton.py).
     swap was timed on the H100 (RESULTS.md: 0.62x bf16 at 256 rows, dense 0.49x), pairs not yet.
     Read once per process."""
     value = os.environ.get("PAGEDLLM_WNA16_GEMM", "dense").strip().lower() or "dense"

@@ -30,15 +30,12 @@ the row tiles of one weight tile side by side so that it comes from HBM once.
 ASM (a constexpr): True on the GPU makes the pairs through `tl.inline_asm_elementwise`; False
 computes the same values with shifts, masks and float32 math rounded once, which Triton's
 interpreter can run (it cannot run PTX, nor bf16 arithmetic). Both give the same 16-bit values bit
-for bit (tests/gpu/test_wna16_gpu.py; benchmarks/wna16_bench.py --swap checks it too).
+for bit (tests/gpu/test_wna16_nk_gpu.py; benchmarks/wna16_bench.py --swap checks it too).
 
-The pairs kernel (`SwapConfig.pairs`, `_swap_int4_pairs_kernel`; in the GEMM sweep, not a default
-until measured): the kernel above builds its [BLOCK_N, BLOCK_K] weight tile by joining eight
-nibble tiles, and Triton moves the joined tile into the MMA's register layout through shared
-memory (sm_90 SASS: 128-bit shared stores, ldmatrix and five barriers a K step). The pairs kernel
-loads each word into two adjacent columns and takes a K step as four dots, dot i over nibbles i
-and i + 4 of its words: every op from the load to the MMA is elementwise, so the operand is made
-where wgmma reads it (no ldmatrix, no shared stores of the tile; x's rows gathered in pairs).
+This kernel builds its [BLOCK_N, BLOCK_K] weight tile by joining eight nibble tiles, and Triton
+moves the joined tile into the MMA's register layout through shared memory (sm_90 SASS: 128-bit
+shared stores, ldmatrix and five barriers a K step). wna16_pairs_triton.py builds the operand where
+the MMA reads it instead (`SwapConfig.pairs` sends this wrapper's launch there).
 
 `dequantize_int4_nk_triton` writes the whole weight [N, K] in a 16-bit dtype (the prefill path).
 """
@@ -112,23 +109,6 @@ _ASM_FP16_SCALED = tl.constexpr(_FP16_HEAD + _FP16_SCALE + _TAIL)
 _ASM_BF16 = tl.constexpr(_BF16_HEAD + _TAIL)
 _ASM_BF16_SCALED = tl.constexpr(_BF16_HEAD + _BF16_SCALE + _TAIL)
 _OUT8 = tl.constexpr("=h,=h,=h,=h,=h,=h,=h,=h,r")
-
-
-def _pair_asm(nib: int, bf16: bool) -> tl.constexpr:
-    # The pairs kernel's operand: two elements (the same word twice) -> one 16-bit pair, nibble nib
-    # low and nibble nib + 4 high, minus (magic + z) ($3), times the scale pair ($4)
-    magic, sub, mul = ("0x43004300", "sub.rn.bf16x2", "mul.rn.bf16x2") if bf16 else ("0x64006400", "sub.f16x2",
-                                                                                     "mul.f16x2")
-    return tl.constexpr(f"""{{
-.reg .b32 t;
-shr.u32 t, $1, {4 * nib};
-lop3.b32 t, t, 0x000F000F, {magic}, 0xEA;
-{sub} t, t, $3;
-{mul} $0, t, $4;
-}}""")
-
-
-_PAIR_ASM = tl.constexpr(tuple(_pair_asm(i, bf16).value for bf16 in (False, True) for i in range(4)))
 
 
 @triton.jit
@@ -287,89 +267,6 @@ def _int4_epilogue(acc, s_rows, b_ptr, out_ptr, rm, rn, n_mask, m_mask, pid_k, M
 
 
 @triton.jit
-def _pairs_operand(w, zc, s, hi, NIB: tl.constexpr, W_BF16: tl.constexpr, ASM: tl.constexpr):
-    """[R, C] 16-bit values from words w [R, C] whose columns 2p and 2p + 1 hold the same word:
-    column 2p the word's nibble NIB, 2p + 1 its nibble NIB + 4 (inputs 8j + 2 NIB and 8j + 2 NIB + 1
-    of the N-major layout), minus the zero, times s. zc: the magic number plus the zero (128 + z
-    bf16, 1024 + z fp16), s the scale, both in the 16-bit type and broadcast to w; hi [1, C]: the
-    column's parity (read by the interpreter's path only)."""
-    if ASM:  # one shift, one lop3, sub and mul on the pair: the two columns of a word are one register
-        v = tl.inline_asm_elementwise(_PAIR_ASM[4 * W_BF16 + NIB], "=r,r,r,r,r", [w, zc, s], dtype=zc.dtype,
-                                      is_pure=True, pack=2)  # fmt: skip
-    else:  # float32 math rounded once: the pair ops' values (q - z exact, its product with s exact in float32)
-        magic = 128.0 if W_BF16 else 1024.0
-        q = ((w >> (4 * NIB + 16 * hi)) & 0xF).to(tl.float32)
-        v = ((q - (zc.to(tl.float32) - magic)) * s.to(tl.float32)).to(zc.dtype)
-    return v
-
-
-@triton.jit
-def _swap_int4_pairs_kernel(
-    x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr,  # as _swap_int4_kernel's
-    M, N, K, K_SPLIT,
-    stride_xm, stride_wn, stride_sn, stride_om,
-    GROUP_K: tl.constexpr, HAS_ZERO: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    W_BF16: tl.constexpr, ASM: tl.constexpr, FP16_MAX_: tl.constexpr,
-):  # fmt: skip
-    """_swap_int4_kernel's product with the weight operand built where the MMA reads it: a K step
-    of BLOCK_K inputs (BLOCK_K / 8 words a row) is four dots, dot i over the inputs 8j + 2i and
-    8j + 2i + 1 of its words j. Each word is loaded into two adjacent columns, so that the pair a
-    word gives (nibbles i and i + 4) is one register of the operand and every op from the load to
-    the MMA is elementwise: the operand needs no layout conversion (sm_90: no shared-memory round
-    trip, wgmma reads it from registers). x.T's rows are gathered in the same input order. Group
-    scales go into the tile (GROUP_K > 0), per-channel ones into the epilogue or the reduce."""
-    BLOCK_C: tl.constexpr = BLOCK_K // 4  # an operand's columns: two a word
-    W_DTYPE: tl.constexpr = tl.bfloat16 if W_BF16 else tl.float16
-    MAGIC: tl.constexpr = 128.0 if W_BF16 else 1024.0
-    pid_k, rn, n_mask, rn64, rm, m_mask = _tile(M, N, BLOCK_M, BLOCK_N)
-    rc = tl.arange(0, BLOCK_C)
-    word = rc // 2  # the word a column reads
-    hi = (rc % 2)[None, :]
-    w_rows = w_ptr + rn64[:, None] * stride_wn  # [BLOCK_N, 1]
-    s_rows = s_ptr + rn64 * stride_sn
-    z_rows = z_ptr + rn64 * stride_sn
-    x_cols = x_ptr + rm.to(tl.int64)[None, :] * stride_xm  # [1, BLOCK_M]
-    zc = tl.full([BLOCK_N, BLOCK_C], MAGIC + 8.0, W_DTYPE)  # symmetric: the zero of 4 bits
-    if HAS_ZERO and GROUP_K == 0:
-        zc = tl.broadcast_to((tl.load(z_rows, mask=n_mask, other=0.0).to(tl.float32) + MAGIC).to(W_DTYPE)[:, None],
-                             [BLOCK_N, BLOCK_C])  # fmt: skip
-    s = tl.full([BLOCK_N, BLOCK_C], 1.0, W_DTYPE)
-    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    k_start = pid_k * K_SPLIT
-    for k0 in range(k_start, tl.minimum(k_start + K_SPLIT, K), BLOCK_K):  # (the last split may end early)
-        kw = k0 // 8 + word  # [BLOCK_C]
-        if EVEN_K:
-            w_mask = n_mask[:, None]
-        else:
-            w_mask = n_mask[:, None] & (kw < K // 8)[None, :]
-        w = tl.load(w_rows + kw[None, :], mask=w_mask, other=0)
-        if GROUP_K > 0:
-            if GROUP_K >= BLOCK_K:  # one group for the step
-                s = tl.broadcast_to(tl.load(s_rows + k0 // GROUP_K, mask=n_mask, other=0.0).to(W_DTYPE)[:, None],
-                                    [BLOCK_N, BLOCK_C])  # fmt: skip
-                if HAS_ZERO:
-                    zc = tl.broadcast_to((tl.load(z_rows + k0 // GROUP_K, mask=n_mask, other=0.0).to(tl.float32)
-                                          + MAGIC).to(W_DTYPE)[:, None], [BLOCK_N, BLOCK_C])  # fmt: skip
-            else:  # a group per word
-                g = (kw * 8 // GROUP_K)[None, :]
-                s = tl.load(s_rows[:, None] + g, mask=w_mask, other=0.0).to(W_DTYPE)
-                if HAS_ZERO:
-                    zc = (tl.load(z_rows[:, None] + g, mask=w_mask, other=0.0).to(tl.float32) + MAGIC).to(W_DTYPE)
-        for i in tl.static_range(4):
-            kk = 8 * kw + 2 * i + (rc % 2)  # the inputs of dot i's columns
-            if EVEN_K:
-                xt = tl.load(x_cols + kk[:, None], mask=m_mask[None, :], other=0.0)
-            else:
-                xt = tl.load(x_cols + kk[:, None], mask=m_mask[None, :] & (kk < K)[:, None], other=0.0)
-            if xt.dtype != W_DTYPE:  # float32 x: fp16 operands, saturated
-                xt = tl.clamp(xt.to(tl.float32), -FP16_MAX_, FP16_MAX_).to(tl.float16)
-            acc = tl.dot(_pairs_operand(w, zc, s, hi, i, W_BF16, ASM), xt, acc)
-    _int4_epilogue(acc, s_rows, b_ptr, out_ptr, rm, rn, n_mask, m_mask, pid_k, M, N, stride_om, GROUP_K, HAS_BIAS,
-                   SPLIT_K)  # fmt: skip
-
-
-@triton.jit
 def _dequant_int4_nk_kernel(
     w_ptr, s_ptr, z_ptr,  # [N, K/8] int32, [N, G] scales, [N, G] zeros (HAS_ZERO)
     out_ptr,  # [N, K] 16-bit
@@ -460,7 +357,10 @@ def wna16_swap_gemm(
     z = zeros if zeros is not None else scales  # an unused pointer when symmetric
     b = bias if bias is not None else scales  # likewise without a bias
     ws = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device) if split_k > 1 else None
-    kernel = _swap_int4_pairs_kernel if cfg.pairs else _swap_int4_kernel
+    if cfg.pairs:
+        from pagedllm.kernels.wna16_pairs_triton import _swap_int4_pairs_kernel as kernel
+    else:
+        kernel = _swap_int4_kernel
     kernel[(triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), split_k)](
         x, qweight, scales, z, b, out if ws is None else ws, m, n, k, k_split,
         x.stride(0), qweight.stride(0), scales.stride(0), out.stride(0),

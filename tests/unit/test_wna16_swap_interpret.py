@@ -1,5 +1,5 @@
 """The 4-bit swap-AB tensor-core kernel (kernels/wna16_swap_triton.py) on the CPU: the checks of
-tests/gpu/test_wna16_gpu.py through Triton's interpreter at small shapes against the torch
+tests/gpu/test_wna16_nk_gpu.py through Triton's interpreter at small shapes against the torch
 reference (1, 3 and 16 rows, 40 rows in three launches; groups of 32 / 128 and per channel,
 symmetric and asymmetric; BLOCK_K above and below the group; N and K not multiples of the tiles;
 split-K; bias; float32 activations through fp16 operands), which runs the plain Triton
@@ -90,7 +90,7 @@ _KEYS = [f"{name}:{dt}" for name, case in _CASES.items() for dt in _DTYPES[case[
 
 @pytest.fixture(scope="module")
 def interpreter_results() -> dict[str, str | None]:
-    return run_under_interpreter("test_wna16_gpu.py", {key: _CASES[key.split(":")[0]] for key in _KEYS})
+    return run_under_interpreter("test_wna16_nk_gpu.py", {key: _CASES[key.split(":")[0]] for key in _KEYS})
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
@@ -194,6 +194,7 @@ def test_swap_int4_pairs_kernel_builds_the_operand_in_registers(x, group_k, has_
     registers, and its main loop has no shared-memory round trip for it (no ldmatrix, no 128-bit
     shared stores) where the plain kernel's has both (Triton converts its joined tile's layout
     through shared memory); the pair made by one shift and one lop3 with the magic number."""
+    from pagedllm.kernels import wna16_pairs_triton as p
     from pagedllm.kernels import wna16_swap_triton as k
     from pagedllm.kernels.inspect_sm90 import compile_sm90
 
@@ -201,9 +202,9 @@ def test_swap_int4_pairs_kernel_builds_the_operand_in_registers(x, group_k, has_
                   "BLOCK_M": block_m, "BLOCK_N": 128, "BLOCK_K": block_k, "W_BF16": x == "bf16", "ASM": True,
                   "FP16_MAX_": 65504.0}  # fmt: skip
     aligned = ("N", "K", "K_SPLIT", "stride_xm", "stride_wn", "stride_om")
-    plain, pairs = (pairs_main_loop(compile_sm90(getattr(k, name), _signature(x, 1), constexprs, num_warps=warps,
-                                                 num_stages=3, aligned=aligned), x, check_pairs=name != "_swap_int4_kernel")
-                    for name in ("_swap_int4_kernel", "_swap_int4_pairs_kernel"))  # fmt: skip
+    plain, pairs = (pairs_main_loop(compile_sm90(kernel, _signature(x, 1), constexprs, num_warps=warps, num_stages=3,
+                                                 aligned=aligned), x, check_pairs=kernel is not k._swap_int4_kernel)
+                    for kernel in (k._swap_int4_kernel, p._swap_int4_pairs_kernel))  # fmt: skip
     assert plain["LDSM.16.M88."] > 0 and plain["STS.128"] > 0, plain  # the check sees the round trip where it is
     assert pairs["HGMMA"] > 0 and pairs["LDSM.16.M88."] == 0 and pairs["STS.128"] == 0, pairs
 

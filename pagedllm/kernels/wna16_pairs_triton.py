@@ -1,0 +1,256 @@
+"""4-bit tensor-core GEMMs whose weight operand is built where the MMA reads it: the N-major
+layout's pairs kernel (`SwapConfig.pairs`, launched by wna16_swap_triton.wna16_swap_gemm) and the
+K-packed layout's kpairs GEMM (`wna16_kpairs_gemm`). Neither is a default until timed
+(wna16.large_gemm, PAGEDLLM_WNA16_GEMM=pairs); each must equal its layout's torch reference.
+
+The construction: a K step of BLOCK_K inputs is four dots, dot i over nibbles i and i + 4 of the
+step's words. Each word is loaded into two adjacent columns, and one shift and one lop3 with the
+magic number make the pair of them one 16-bit pair register (`_PAIR_ASM`): every op from the load
+to the MMA is elementwise, so Triton needs no layout conversion (sm_90: no shared-memory round
+trip, wgmma reads the operand from registers; tests/unit/test_wna16_*_interpret.py check the SASS).
+Which inputs a dot's columns hold depends on the layout:
+
+  N-major (wna16.py's interleaved words): nibbles i and i + 4 of word j are inputs 8j + 2i and
+  8j + 2i + 1, so x.T's rows are gathered in 4-byte pairs.
+  K-packed (`kpairs`): nibbles i and i + 4 of word j are inputs 8j + i and 8j + i + 4, so x is
+  permuted once a call (`kpairs_permutation`, one gather) for each dot to read its rows
+  contiguously: within each K step, x'[k0 + i * BLOCK_K / 4 + 2j + h] = x[k0 + 8j + i + 4h]; K is
+  padded to whole steps (x' zero there).
+
+Scales: a group per K step or per word go into the tile, rounded to x's type once with the weight
+(the swap kernels' GEMM tiles' numerics); per channel into the epilogue or the split-K reduce.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from pagedllm.kernels.swap_gemm_triton import FP16_MAX, SwapConfig, _splitk_reduce_kernel
+from pagedllm.kernels.wna16_swap_triton import _int4_epilogue, _split_k, _tile
+
+
+def _pair_asm(nib: int, bf16: bool) -> tl.constexpr:
+    # The pairs kernel's operand: two elements (the same word twice) -> one 16-bit pair, nibble nib
+    # low and nibble nib + 4 high, minus (magic + z) ($3), times the scale pair ($4)
+    magic, sub, mul = ("0x43004300", "sub.rn.bf16x2", "mul.rn.bf16x2") if bf16 else ("0x64006400", "sub.f16x2",
+                                                                                     "mul.f16x2")
+    return tl.constexpr(f"""{{
+.reg .b32 t;
+shr.u32 t, $1, {4 * nib};
+lop3.b32 t, t, 0x000F000F, {magic}, 0xEA;
+{sub} t, t, $3;
+{mul} $0, t, $4;
+}}""")
+
+
+_PAIR_ASM = tl.constexpr(tuple(_pair_asm(i, bf16).value for bf16 in (False, True) for i in range(4)))
+
+
+@triton.jit
+def _pairs_operand(w, zc, s, hi, NIB: tl.constexpr, W_BF16: tl.constexpr, ASM: tl.constexpr):
+    """[R, C] 16-bit values from words w [R, C] whose columns 2p and 2p + 1 hold the same word:
+    column 2p the word's nibble NIB, 2p + 1 its nibble NIB + 4 (the inputs they are: the layout's,
+    module docstring), minus the zero, times s. zc: the magic number plus the zero (128 + z
+    bf16, 1024 + z fp16), s the scale, both in the 16-bit type and broadcast to w; hi [1, C]: the
+    column's parity (read by the interpreter's path only)."""
+    if ASM:  # one shift, one lop3, sub and mul on the pair: the two columns of a word are one register
+        v = tl.inline_asm_elementwise(_PAIR_ASM[4 * W_BF16 + NIB], "=r,r,r,r,r", [w, zc, s], dtype=zc.dtype,
+                                      is_pure=True, pack=2)  # fmt: skip
+    else:  # float32 math rounded once: the pair ops' values (q - z exact, its product with s exact in float32)
+        magic = 128.0 if W_BF16 else 1024.0
+        q = ((w >> (4 * NIB + 16 * hi)) & 0xF).to(tl.float32)
+        v = ((q - (zc.to(tl.float32) - magic)) * s.to(tl.float32)).to(zc.dtype)
+    return v
+
+
+@triton.jit
+def _channel_zeros(z_ptr, rn64, n_mask, stride_n, HAS_ZERO: tl.constexpr, GROUP_K: tl.constexpr,
+                   MAGIC: tl.constexpr, W_DTYPE: tl.constexpr, BLOCK_C: tl.constexpr):  # fmt: skip
+    # the pairs' magic + zero [BLOCK_N, BLOCK_C] before the loop: the zero of 4 bits (symmetric), or
+    # per channel the row's; group zeros are read by _group_scales
+    zc = tl.full([rn64.shape[0], BLOCK_C], MAGIC + 8.0, W_DTYPE)
+    if HAS_ZERO and GROUP_K == 0:
+        z = tl.load(z_ptr + rn64 * stride_n, mask=n_mask, other=0.0).to(tl.float32)
+        zc = tl.broadcast_to((z + MAGIC).to(W_DTYPE)[:, None], [rn64.shape[0], BLOCK_C])
+    return zc
+
+
+@triton.jit
+def _group_scales(s_ptr, z_ptr, rn64, n_mask, w_mask, k0, kw, s, zc, stride_n, stride_g, GROUP_K: tl.constexpr,
+                  BLOCK_K: tl.constexpr, HAS_ZERO: tl.constexpr, MAGIC: tl.constexpr, W_DTYPE: tl.constexpr):  # fmt: skip
+    # (s, zc) of a K step whose columns read words kw: scale (group g of row n at s_ptr + n stride_n
+    # + g stride_g) and magic + zero in the 16-bit type, broadcast to the operand; unchanged per
+    # channel (GROUP_K == 0: the epilogue scales)
+    if GROUP_K > 0:
+        if GROUP_K % BLOCK_K == 0:  # one group for the step
+            off = rn64 * stride_n + (k0 // GROUP_K) * stride_g
+            s = tl.broadcast_to(tl.load(s_ptr + off, mask=n_mask, other=0.0).to(W_DTYPE)[:, None], s.shape)
+            if HAS_ZERO:
+                z = tl.load(z_ptr + off, mask=n_mask, other=0.0).to(tl.float32)
+                zc = tl.broadcast_to((z + MAGIC).to(W_DTYPE)[:, None], zc.shape)
+        else:  # a group per word (a word's eight inputs share one)
+            off = rn64[:, None] * stride_n + (kw * 8 // GROUP_K).to(tl.int64)[None, :] * stride_g
+            s = tl.load(s_ptr + off, mask=w_mask, other=0.0).to(W_DTYPE)
+            if HAS_ZERO:
+                zc = (tl.load(z_ptr + off, mask=w_mask, other=0.0).to(tl.float32) + MAGIC).to(W_DTYPE)
+    return s, zc
+
+
+@triton.jit
+def _swap_int4_pairs_kernel(
+    x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr,  # as _swap_int4_kernel's
+    M, N, K, K_SPLIT,
+    stride_xm, stride_wn, stride_sn, stride_om,
+    GROUP_K: tl.constexpr, HAS_ZERO: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    W_BF16: tl.constexpr, ASM: tl.constexpr, FP16_MAX_: tl.constexpr,
+):  # fmt: skip
+    """_swap_int4_kernel's product with the weight operand built where the MMA reads it: a K step
+    of BLOCK_K inputs (BLOCK_K / 8 words a row) is four dots, dot i over the inputs 8j + 2i and
+    8j + 2i + 1 of its words j. Each word is loaded into two adjacent columns, so that the pair a
+    word gives (nibbles i and i + 4) is one register of the operand and every op from the load to
+    the MMA is elementwise: the operand needs no layout conversion (sm_90: no shared-memory round
+    trip, wgmma reads it from registers). x.T's rows are gathered in the same input order. Group
+    scales go into the tile (GROUP_K > 0), per-channel ones into the epilogue or the reduce."""
+    BLOCK_C: tl.constexpr = BLOCK_K // 4  # an operand's columns: two a word
+    W_DTYPE: tl.constexpr = tl.bfloat16 if W_BF16 else tl.float16
+    MAGIC: tl.constexpr = 128.0 if W_BF16 else 1024.0
+    pid_k, rn, n_mask, rn64, rm, m_mask = _tile(M, N, BLOCK_M, BLOCK_N)
+    rc = tl.arange(0, BLOCK_C)
+    word = rc // 2  # the word a column reads
+    hi = (rc % 2)[None, :]
+    w_rows = w_ptr + rn64[:, None] * stride_wn  # [BLOCK_N, 1]
+    x_cols = x_ptr + rm.to(tl.int64)[None, :] * stride_xm  # [1, BLOCK_M]
+    zc = _channel_zeros(z_ptr, rn64, n_mask, stride_sn, HAS_ZERO, GROUP_K, MAGIC, W_DTYPE, BLOCK_C)
+    s = tl.full([BLOCK_N, BLOCK_C], 1.0, W_DTYPE)
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    k_start = pid_k * K_SPLIT
+    for k0 in range(k_start, tl.minimum(k_start + K_SPLIT, K), BLOCK_K):  # (the last split may end early)
+        kw = k0 // 8 + word  # [BLOCK_C]
+        if EVEN_K:
+            w_mask = n_mask[:, None]
+        else:
+            w_mask = n_mask[:, None] & (kw < K // 8)[None, :]
+        w = tl.load(w_rows + kw[None, :], mask=w_mask, other=0)
+        s, zc = _group_scales(s_ptr, z_ptr, rn64, n_mask, w_mask, k0, kw, s, zc, stride_sn, 1, GROUP_K, BLOCK_K,
+                              HAS_ZERO, MAGIC, W_DTYPE)  # fmt: skip
+        for i in tl.static_range(4):
+            kk = 8 * kw + 2 * i + (rc % 2)  # the inputs of dot i's columns
+            if EVEN_K:
+                xt = tl.load(x_cols + kk[:, None], mask=m_mask[None, :], other=0.0)
+            else:
+                xt = tl.load(x_cols + kk[:, None], mask=m_mask[None, :] & (kk < K)[:, None], other=0.0)
+            if xt.dtype != W_DTYPE:  # float32 x: fp16 operands, saturated
+                xt = tl.clamp(xt.to(tl.float32), -FP16_MAX_, FP16_MAX_).to(tl.float16)
+            acc = tl.dot(_pairs_operand(w, zc, s, hi, i, W_BF16, ASM), xt, acc)
+    _int4_epilogue(acc, s_ptr + rn64 * stride_sn, b_ptr, out_ptr, rm, rn, n_mask, m_mask, pid_k, M, N, stride_om,
+                   GROUP_K, HAS_BIAS, SPLIT_K)  # fmt: skip
+
+
+@triton.jit
+def _kpairs_kernel(
+    x_ptr,  # [M, KP] activations, permuted (kpairs_permutation), KP = K padded to whole K steps
+    w_ptr,  # [K/8, N] int32, K-packed (wna16.py)
+    s_ptr,  # [G, N] scales
+    z_ptr,  # [G, N] zeros in any float dtype (read when HAS_ZERO)
+    b_ptr,  # [N] bias (read when HAS_BIAS)
+    out_ptr,  # [M, N] (SPLIT_K == 1) or the float32 workspace [SPLIT_K, M, N]
+    M, N, K, KP, K_SPLIT,  # K: the weight's inputs; KP: x''s (K padded); K_SPLIT: a split's range, whole steps
+    stride_xm, stride_wk, stride_sg, stride_om,
+    GROUP_K: tl.constexpr, HAS_ZERO: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    W_BF16: tl.constexpr, ASM: tl.constexpr, FP16_MAX_: tl.constexpr,
+):  # fmt: skip
+    BLOCK_C: tl.constexpr = BLOCK_K // 4  # a dot's columns: two a word
+    W_DTYPE: tl.constexpr = tl.bfloat16 if W_BF16 else tl.float16
+    MAGIC: tl.constexpr = 128.0 if W_BF16 else 1024.0
+    pid_k, rn, n_mask, rn64, rm, m_mask = _tile(M, N, BLOCK_M, BLOCK_N)
+    rc = tl.arange(0, BLOCK_C)
+    hi = (rc % 2)[None, :]
+    x_cols = x_ptr + rm.to(tl.int64)[None, :] * stride_xm  # [1, BLOCK_M]
+    zc = _channel_zeros(z_ptr, rn64, n_mask, 1, HAS_ZERO, GROUP_K, MAGIC, W_DTYPE, BLOCK_C)
+    s = tl.full([BLOCK_N, BLOCK_C], 1.0, W_DTYPE)
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    k_start = pid_k * K_SPLIT
+    for k0 in range(k_start, tl.minimum(k_start + K_SPLIT, KP), BLOCK_K):  # (the last split may end early)
+        kw = k0 // 8 + rc // 2  # the word a column reads: columns 2p and 2p + 1 read word p
+        w_mask = n_mask[:, None] & (kw < K // 8)[None, :]
+        w = tl.load(w_ptr + kw.to(tl.int64)[None, :] * stride_wk + rn[:, None], mask=w_mask, other=0)
+        s, zc = _group_scales(s_ptr, z_ptr, rn64, n_mask, w_mask, k0, kw, s, zc, 1, stride_sg, GROUP_K, BLOCK_K,
+                              HAS_ZERO, MAGIC, W_DTYPE)  # fmt: skip
+        for i in tl.static_range(4):
+            xt = tl.load(x_cols + (k0 + i * BLOCK_C + rc)[:, None], mask=m_mask[None, :], other=0.0)
+            if xt.dtype != W_DTYPE:  # float32 x: fp16 operands, saturated
+                xt = tl.clamp(xt.to(tl.float32), -FP16_MAX_, FP16_MAX_).to(tl.float16)
+            acc = tl.dot(_pairs_operand(w, zc, s, hi, i, W_BF16, ASM), xt, acc)
+    _int4_epilogue(acc, s_ptr + rn64, b_ptr, out_ptr, rm, rn, n_mask, m_mask, pid_k, M, N, stride_om, GROUP_K,
+                   HAS_BIAS, SPLIT_K)  # fmt: skip
+
+
+@functools.cache
+def kpairs_permutation(k_padded: int, block_k: int, device: torch.device) -> torch.Tensor:
+    """Indices p [k_padded] with x' = x[:, p]: within each K step of block_k inputs, position
+    i * block_k / 4 + 2j + h takes input 8j + i + 4h (i < 4, j < block_k / 8, h < 2)."""
+    # made on the device (no host copy: a first call may come inside a CUDA graph's capture)
+    i, j, h = torch.meshgrid(torch.arange(4, device=device), torch.arange(block_k // 8, device=device),
+                             torch.arange(2, device=device), indexing="ij")  # fmt: skip
+    step = (8 * j + i + 4 * h).reshape(-1)  # position i * block_k / 4 + 2j + h, in that order
+    return (torch.arange(0, k_padded, block_k, device=device)[:, None] + step[None, :]).reshape(-1)
+
+
+def default_config(m: int, n: int, k: int) -> SwapConfig:
+    """64 or 128 activation rows a program (4 / 8 warps), 128-wide weight tiles, K steps of 128;
+    split-K as the swap kernels' GEMM tiles. A guess fitted to nothing yet: wna16_bench.py sweeps it."""
+    block_m = 64 if m <= 64 else 128
+    return SwapConfig(128, 128, _split_k(m, n, k, block_m, 128, 128), num_warps=4 if block_m == 64 else 8,
+                      num_stages=3, block_m=block_m, pairs=True)
+
+
+def wna16_kpairs_gemm(
+    x: torch.Tensor,  # [M, K] float16 / bfloat16 / float32
+    qweight: torch.Tensor,  # [K/8, N] int32, K-packed 4-bit
+    scales: torch.Tensor,  # [G, N]
+    zeros: torch.Tensor | None,  # [G, N] or None (symmetric: 8)
+    bias: torch.Tensor | None = None,  # [N]
+    config: SwapConfig | None = None,
+    asm: bool | None = None,  # None: the PTX pairs on a GPU, the plain ops under the interpreter
+) -> torch.Tensor:  # [M, N] in x's dtype
+    m, k = x.shape
+    kw, n = qweight.shape
+    g = scales.shape[0]
+    assert kw * 8 == k and qweight.stride(1) == 1 and scales.shape[1] == n and scales.stride(1) == 1
+    assert zeros is None or (zeros.shape == scales.shape and zeros.stride() == scales.stride())
+    group_k = 0 if g == 1 else k // g
+    assert group_k % 8 == 0 and group_k * g in (0, k)
+    cfg = config or default_config(m, n, k)
+    block_k = cfg.block_k
+    assert block_k % 64 == 0 and cfg.reduce == "kernel", "dots of block_k / 4 >= 16 columns; the reduce kernel"
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    k_padded = triton.cdiv(k, block_k) * block_k
+    xp = x if k_padded == k else torch.nn.functional.pad(x, (0, k_padded - k))
+    xp = xp.index_select(1, kpairs_permutation(k_padded, block_k, x.device))
+    k_split = triton.cdiv(triton.cdiv(k_padded, cfg.split_k), block_k) * block_k
+    split_k = triton.cdiv(k_padded, k_split)  # no empty split
+    z = zeros if zeros is not None else scales  # an unused pointer when symmetric
+    b = bias if bias is not None else scales  # likewise without a bias
+    ws = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device) if split_k > 1 else None
+    _kpairs_kernel[(triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), split_k)](
+        xp, qweight, scales, z, b, out if ws is None else ws, m, n, k, k_padded, k_split,
+        xp.stride(0), qweight.stride(0), scales.stride(0), out.stride(0),
+        GROUP_K=group_k, HAS_ZERO=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=split_k,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, W_BF16=x.dtype == torch.bfloat16,
+        ASM=x.is_cuda if asm is None else asm, FP16_MAX_=FP16_MAX, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    if ws is not None:
+        block = 1024
+        _splitk_reduce_kernel[(triton.cdiv(n, block), m)](
+            ws, scales, b, out, m, n, 1, out.stride(0),
+            SPLIT_K=split_k, SCALED=group_k == 0, GROUP_K=0, HAS_BIAS=bias is not None, BLOCK=block, num_warps=4,
+        )  # fmt: skip
+    return out
