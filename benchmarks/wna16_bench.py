@@ -41,18 +41,24 @@ from fp8_bench import LAYERS, SHAPES, graph_time  # noqa: E402
 from pagedllm.kernels.wna16 import DENSE_MIN_ROWS, quantize_wna16_torch, wna16_linear_torch  # noqa: E402
 from pagedllm.kernels.wna16_pairs_triton import default_config as kpairs_default  # noqa: E402
 from pagedllm.kernels.wna16_pairs_triton import wna16_kpairs_gemm  # noqa: E402
+from pagedllm.kernels.wna16_gemv_triton import gemv_kind  # noqa: E402
 from pagedllm.kernels.wna16_triton import default_config, dequantize_wna16_triton, wna16_gemm_triton  # noqa: E402
 
 ROWS = [1, 16, 64, 256]
 
 
-def sweep(m: int) -> list[tuple]:
+def sweep(m: int, k: int) -> list[tuple]:
     if m <= 4:
-        # "gemvp": the packed 16-bit GEMV (wna16_triton.py), beside the float32 one
-        cfgs = [(kind, 1, bn, bk, w, 2, 1) for kind in ("gemv", "gemvp") for bn in (32, 64, 128)
-                for bk in (256, 1024) for w in (4, 8)]
-        cfgs += [(kind, 1, bn, 512, 4, 2, s) for kind in ("gemv", "gemvp") for bn in (32, 64) for s in (1, 2, 4)]
-        return cfgs
+        # gemvp (the packed 16-bit GEMV, the engine's one for 16-bit rows): 32 / 64 columns, tiles of
+        # 512 / 1,024 inputs, 4 / 8 warps, split-K 1-4 (more programs an SM: more loads in flight)
+        # while each split keeps two tiles; 2 stages: the next tile's words in registers, 3 / 4:
+        # Triton's software pipeline (cp.async, wna16_triton.gemv_prefetch)
+        cfgs = [("gemvp", 1, bn, bk, w, 2, s) for bn in (32, 64) for bk in (512, 1024) for w in (4, 8)
+                for s in (1, 2, 4)]
+        cfgs += [("gemvp", 1, bn, bk, 8, 3, s) for bn in (32, 64) for bk in (512, 1024) for s in (1, 2, 4)]
+        cfgs += [("gemvp", 1, 32, bk, 8, 4, s) for bk in (512, 1024) for s in (1, 2)]
+        cfgs += [("gemvp", 1, 128, 512, 8, 2, s) for s in (1, 2)]
+        return [c for c in cfgs if k >= 2 * c[3] * c[6]]
     # "dotj" (each word loaded once, wna16_triton.py) beside "dot"; its 128 x 256 tiles spill on sm_90
     if m <= 16:
         return [("gemv", 1, 64, 512, 4, 2, 1)] + [(kind, 16, bn, bk, 4, st, 1) for kind in ("dot", "dotj")
@@ -63,6 +69,12 @@ def sweep(m: int) -> list[tuple]:
     return [("dot", bm, bn, bk, w, 3, 1) for bm in (64, 128) for bn in (128, 256) for bk in (64, 128)
             for w in (4, 8)] + [("dot", 128, 64, 64, 4, 4, 1)] + [
         ("dotj", bm, 128, bk, w, st, 1) for bm in (64, 128) for bk in (64, 128) for w in (4, 8) for st in (3, 4)]
+
+
+def engine_config(m: int, n: int, k: int, bits: int) -> tuple:
+    """default_config with the kind the engine runs for bf16 rows (gemv_kind: gemvp to 4 rows)."""
+    cfg = default_config(m, n, k, 128, bits)
+    return (gemv_kind(torch.bfloat16),) + cfg[1:] if cfg[0] == "gemv" and bits == 4 else cfg
 
 
 def check(out: torch.Tensor, ref: torch.Tensor, what: str) -> float:
@@ -337,7 +349,7 @@ def main() -> None:
             if m >= 64:
                 row["dense"] = graph_time(lambda: [x @ dequantize_wna16_triton(q, s, z, args.bits, x.dtype)
                                                    for q, s, z in qs])
-            cfgs = [default_config(m, n, k, 128, args.bits)] + ([] if args.no_sweep else sweep(m))
+            cfgs = [engine_config(m, n, k, args.bits)] + ([] if args.no_sweep else sweep(m, k))
             timed = time_configs(
                 cfgs, lambda c, x=x, qs=qs: wna16_gemm_triton(x, *qs[0], args.bits, config=c),
                 lambda c, x=x, qs=qs: [wna16_gemm_triton(x, q, s, z, args.bits, config=c) for q, s, z in qs], ref,

@@ -288,6 +288,8 @@ def _wna16_gemv_packed_kernel(
     PDL: tl.constexpr = False,  # kernels/pdl_triton.py
     LAST: tl.constexpr = False,  # (SPLIT_K > 1) the last split of a row's column block adds them (_gemv_store)
     PREFETCH: tl.constexpr = False,  # each iteration loads the next tile's words before it uses its own
+    LOOP_STAGES: tl.constexpr = 1,  # > 1: Triton's software pipeline of the loop's loads (cp.async
+    # through shared memory, LOOP_STAGES - 1 tiles ahead); PREFETCH then off
 ):  # fmt: skip
     """The 4-bit GEMV in packed 16-bit arithmetic (`gemvp`). The gemv kernel spends about 42
     instructions a word in float32 (sm_90 SASS), more than the SM issues at the memory's pace;
@@ -317,7 +319,7 @@ def _wna16_gemv_packed_kernel(
     if PREFETCH:  # the first tile's words, before the loop
         w_next = tl.load(w_ptr + (kw_lo + ri)[:, None] * stride_wk + rn[None, :],
                          mask=((kw_lo + ri) < kw_hi)[:, None] & n_mask[None, :], other=0)
-    for kw0 in range(kw_lo, kw_hi, BLOCK_KW):
+    for kw0 in tl.range(kw_lo, kw_hi, BLOCK_KW, num_stages=LOOP_STAGES):
         rows = kw0 + ri
         if EVEN:
             r_mask = ri < BLOCK_KW

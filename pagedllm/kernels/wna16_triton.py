@@ -185,12 +185,17 @@ def _wna16_dequant_kernel(w_ptr, s_ptr, z_ptr, out_ptr, N, K, stride_wk, stride_
 
 
 @functools.cache
-def gemv_prefetch() -> bool:
-    """The gemvp (and gemvn) loop loads the next tile's words before it uses its own (two tiles in
-    flight a thread: the loop's loads are not pipelined otherwise; sm_90: the same instructions a
-    word, one register more). On by default (W2 gptq 3.25 -> 3.03 ms/token on the H100, RESULTS.md);
-    PAGEDLLM_WNA16_PREFETCH=0 turns it off. Read once."""
-    return os.environ.get("PAGEDLLM_WNA16_PREFETCH", "1").strip() not in ("", "0")
+def gemv_prefetch() -> int:
+    """How the gemvp (and gemvn) loop keeps loads in flight (PAGEDLLM_WNA16_PREFETCH, read once):
+    1 (the default) loads the next tile's words before it uses its own (two tiles in flight a
+    thread: the loop's loads are not pipelined otherwise; sm_90: the same instructions a word, one
+    register more; W2 gptq 3.25 -> 3.03 ms/token on the H100, RESULTS.md); 0 neither; 3 or 4 (gemvp)
+    Triton's software pipeline of that many stages instead (cp.async through shared memory, 2 / 3
+    tiles ahead; sm_90 26 / 52 KB of shared memory, 27-28 instructions a word against 26)."""
+    value = os.environ.get("PAGEDLLM_WNA16_PREFETCH", "1").strip() or "0"
+    if value not in ("0", "1", "3", "4"):
+        raise ValueError(f"PAGEDLLM_WNA16_PREFETCH={value!r}: expected 0, 1, 3 or 4")
+    return int(value)
 
 
 def default_config(m: int, n: int, k: int, group_k: int, bits: int) -> tuple:
@@ -259,7 +264,10 @@ def wna16_gemm_triton(
                 raise ValueError("the gemvp kernel reads activation rows as int32 pairs: each must start "
                                  "4-byte aligned")
             common["ASM"] = os.environ.get("TRITON_INTERPRET") != "1"
-            common["PREFETCH"] = gemv_prefetch()
+            # a config's 3 or 4 stages: the loop's software pipeline; else gemv_prefetch's choice
+            mode = num_stages if config is not None and num_stages >= 3 else gemv_prefetch()
+            common["PREFETCH"] = mode == 1
+            common["LOOP_STAGES"] = mode if mode >= 3 else 1
         else:
             common["BITS"] = bits
         (_wna16_gemv_packed_kernel if packed else _wna16_gemv_kernel)[(m, n_blocks, split_k)](

@@ -130,8 +130,9 @@ def test_wna16_gemm(dtype, m, n, k, bits, group_k, symmetric):
 
 @pytest.mark.parametrize("m, split", [(1, 1), (1, 4), (3, 2)])
 def test_gemvp_prefetch_equals_plain(m, split):
-    """PAGEDLLM_WNA16_PREFETCH=1 (the next tile's words loaded before the current tile is used):
-    the same bits as without, split-K and a ragged K range too."""
+    """PAGEDLLM_WNA16_PREFETCH=1 (the next tile's words loaded before the current tile is used)
+    and a config's 3 / 4 stages (Triton's cp.async pipeline of the loop): the same bits as
+    neither, split-K and a ragged K range too."""
     from pagedllm.kernels import wna16_triton
 
     g = torch.Generator().manual_seed(m)
@@ -139,12 +140,12 @@ def test_gemvp_prefetch_equals_plain(m, split):
     qw, s, z = (t.to("cuda") if t is not None else None for t in quantize_wna16_torch(w, 4, 8 * 125, False,
                                                                                       torch.bfloat16))
     x = torch.randn(m, w.shape[1], generator=g).to("cuda", torch.bfloat16)
-    cfg = ("gemvp", 1, 32, 1024, 8, 2, split)
     outs = []
-    for on in (False, True):
+    for on, stages in ((False, 2), (True, 2), (False, 3), (False, 4)):
         with _prefetch(on):
-            outs.append(wna16_triton.wna16_gemm_triton(x, qw, s, z, 4, config=cfg))
-    assert torch.equal(outs[0], outs[1])
+            outs.append(wna16_triton.wna16_gemm_triton(x, qw, s, z, 4, config=("gemvp", 1, 32, 1024, 8, stages, split)))
+    for out in outs[1:]:
+        assert torch.equal(outs[0], out)
 
 
 @pytest.mark.parametrize("config", [("gemv", 1, 32, 512, 4, 2, 1), ("gemv", 1, 64, 1024, 8, 2, 4),

@@ -20,6 +20,9 @@ _CASES = {
     # PAGEDLLM_WNA16_PREFETCH=1: the next tile's words loaded first (ragged K range, split-K)
     "gemvp_prefetch_g32_asym_split": ("check_wna16_gemm", [2, 40, 320, 4, 32, False],
                                       {"config": ["gemvp", 1, 16, 128, 4, 1, 2], "prefetch": True, "bias": True}),
+    # a config's 3 stages: Triton's software pipeline of the loop's loads (ragged K range, split-K)
+    "gemvp_stages3_g32_asym_split": ("check_wna16_gemm", [2, 40, 320, 4, 32, False],
+                                     {"config": ["gemvp", 1, 16, 128, 4, 3, 2], "bias": True}),
     "gemv_g64_asym_split_bias": ("check_wna16_gemm", [2, 40, 256, 4, 64, False],
                                  {"bias": True, "config": ["gemv", 1, 16, 64, 4, 1, 2]}),
     "gemv_channel_asym": ("check_wna16_gemm", [1, 32, 128, 4, None, False], {"config": ["gemv", 1, 32, 256, 4, 1, 1]}),
@@ -140,3 +143,22 @@ def test_gemv_last_split_reduces_for_sm90(kind):
     check_last_program_ptx(compiled.asm["ptx"])
     r = resources(compiled)
     assert r is None or r["stack"] == 0, r
+
+
+def test_gemv_prefetch_switch(monkeypatch):
+    """PAGEDLLM_WNA16_PREFETCH: 1 (registers) by default, 0, or 3 / 4 pipeline stages; anything
+    else a ValueError naming it."""
+    from pagedllm.kernels import wna16_triton
+
+    for value, want in ((None, 1), ("0", 0), ("1", 1), ("3", 3), ("4", 4), ("2", None)):
+        if value is None:
+            monkeypatch.delenv("PAGEDLLM_WNA16_PREFETCH", raising=False)
+        else:
+            monkeypatch.setenv("PAGEDLLM_WNA16_PREFETCH", value)
+        wna16_triton.gemv_prefetch.cache_clear()
+        if want is None:
+            with pytest.raises(ValueError, match="PAGEDLLM_WNA16_PREFETCH='2'"):
+                wna16_triton.gemv_prefetch()
+        else:
+            assert wna16_triton.gemv_prefetch() == want
+    wna16_triton.gemv_prefetch.cache_clear()
