@@ -297,9 +297,10 @@ def _wna16_gemv_packed_kernel(
     16-bit floats MAGIC + q, one subtraction (or fma) gives q - zero exactly, and the products
     with the activation pairs add up two lanes at a time over the word's eight inputs (rounded
     as 16-bit products and sums are), then in float32. The activation pairs (x_j, x_j+4) are
-    assembled once per word row from the row read as int32 (x_2i, x_2i+1) pairs."""
+    assembled once per word row from the row read as int32 (x_2i, x_2i+1) pairs. Under PDL with
+    PREFETCH the first tile's words (weights, which no kernel writes) are loaded before the wait,
+    through L2 (pdl_triton.py's rule 1), while the kernel before finishes."""
     pdl_release(PDL)
-    pdl_wait(PDL)
     act: tl.constexpr = x_ptr.dtype.element_ty
     m = tl.program_id(0).to(tl.int64)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -312,13 +313,16 @@ def _wna16_gemv_packed_kernel(
     kw_hi = tl.minimum(kw_lo + KW_PER_SPLIT, KW)
     if GROUP_K == 0:
         if HAS_ZERO:
-            zero = tl.load(z_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+            zero = tl.load(z_ptr + rn, mask=n_mask, other=0.0, cache_modifier=".cg" if PDL else "")
+            zero = zero.to(tl.float32)[None, :]
         else:
             zero = tl.full([1, BLOCK_N], 8.0, tl.float32)
     acc = tl.zeros([BLOCK_KW, BLOCK_N], dtype=tl.float32)
-    if PREFETCH:  # the first tile's words, before the loop
+    if PREFETCH:  # the first tile's words, before the loop (and before the wait)
         w_next = tl.load(w_ptr + (kw_lo + ri)[:, None] * stride_wk + rn[None, :],
-                         mask=((kw_lo + ri) < kw_hi)[:, None] & n_mask[None, :], other=0)
+                         mask=((kw_lo + ri) < kw_hi)[:, None] & n_mask[None, :], other=0,
+                         cache_modifier=".cg" if PDL else "")
+    pdl_wait(PDL)
     for kw0 in tl.range(kw_lo, kw_hi, BLOCK_KW, num_stages=LOOP_STAGES):
         rows = kw0 + ri
         if EVEN:

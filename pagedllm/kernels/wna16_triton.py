@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from pagedllm.kernels._triton import pdl
 from pagedllm.kernels.counters import counters
 from pagedllm.kernels.small_m import last_reduce
 from pagedllm.kernels.wna16 import pack_factor
@@ -198,6 +199,17 @@ def gemv_prefetch() -> int:
     return int(value)
 
 
+@functools.cache
+def gemv_pdl() -> bool:
+    """PAGEDLLM_WNA16_PDL=1 (read once; off by default until timed): gemvp launched with
+    programmatic dependent launch (PAGEDLLM_PDL on too), its first tile's words loaded before
+    it waits for the kernel before (with gemv_prefetch's register prefetch)."""
+    value = os.environ.get("PAGEDLLM_WNA16_PDL", "0").strip() or "0"
+    if value not in ("0", "1"):
+        raise ValueError(f"PAGEDLLM_WNA16_PDL={value!r}: expected 0 or 1")
+    return value == "1"
+
+
 def default_config(m: int, n: int, k: int, group_k: int, bits: int) -> tuple:
     """(kind, BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, SPLIT_K) for an [m, k] x [k, n]
     product; BLOCK_K counts inputs (a multiple of 32 // bits). From the H200 sweep of
@@ -257,8 +269,9 @@ def wna16_gemm_triton(
         count = counters(x.device, m * n_blocks) if last else qweight
         common = dict(GROUP_K=group_k, HAS_ZERO=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=split_k,
                       EVEN=kw_per_split * split_k == kw, BLOCK_N=block_n, BLOCK_KW=block_kw, LAST=last,
-                      num_warps=num_warps, num_stages=num_stages)  # no PDL: the H200 measured it a loss here
-        # (W2 gptq, PAGEDLLM_PDL=1: gemv 3.24 -> 3.83, gemvp 2.96 -> 3.00 ms/token)
+                      num_warps=num_warps, num_stages=num_stages)  # no PDL by default: the H200 measured it
+        # a loss here with the wait first (W2 gptq, PAGEDLLM_PDL=1: gemv 3.24 -> 3.83, gemvp 2.96 -> 3.00
+        # ms/token); PAGEDLLM_WNA16_PDL=1 launches gemvp with it, its first tile's words before the wait
         if packed:  # the interpreter runs no PTX: the same arithmetic in Triton ops
             if not _rows_as_int32_pairs(x):
                 raise ValueError("the gemvp kernel reads activation rows as int32 pairs: each must start "
@@ -268,6 +281,8 @@ def wna16_gemm_triton(
             mode = num_stages if config is not None and num_stages >= 3 else gemv_prefetch()
             common["PREFETCH"] = mode == 1
             common["LOOP_STAGES"] = mode if mode >= 3 else 1
+            if gemv_pdl():
+                common.update(pdl(x))
         else:
             common["BITS"] = bits
         (_wna16_gemv_packed_kernel if packed else _wna16_gemv_kernel)[(m, n_blocks, split_k)](

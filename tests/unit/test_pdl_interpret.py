@@ -110,6 +110,11 @@ def _cases():
          wna16_sig(wna16_triton._wna16_gemv_packed_kernel),
          {"GROUP_K": 128, "HAS_ZERO": True, "HAS_BIAS": False, "SPLIT_K": 4, "LAST": True, "EVEN": True,
           "BLOCK_N": 32, "BLOCK_KW": 64}, 4, False),
+        # PAGEDLLM_WNA16_PDL=1: the first tile's words (weights) before the wait, through L2
+        ("wna16_gemvp_prefetch", wna16_triton._wna16_gemv_packed_kernel,
+         wna16_sig(wna16_triton._wna16_gemv_packed_kernel),
+         {"GROUP_K": 128, "HAS_ZERO": True, "HAS_BIAS": False, "SPLIT_K": 1, "EVEN": True, "PREFETCH": True,
+          "BLOCK_N": 32, "BLOCK_KW": 128}, 8, "inputs"),
         # an FP8 cache as the engine lays it out: V blocks key-major
         ("decode_fp8_key_major", attention_decode._decode_kernel,
          _signature(attention_decode._decode_kernel, k_cache_ptr="*fp8e4nv", v_cache_ptr="*fp8e4nv",
@@ -121,7 +126,8 @@ def _cases():
 
 CASES = ["rms_norm", "act_and_mul", "qkv_rope", "decode", "decode_last_ordered", "decode_reduce", "swap",
          "swap_last", "swap_router_prefetch", "swap_fp8_prefetch", "splitk_reduce", "fp8_gemv", "fp8_gemv_unrolled",
-         "fp8_gemv_blocks", "moe_gate_up", "moe_down", "wna16_gemv", "wna16_gemvp_split_last", "decode_fp8_key_major"]
+         "fp8_gemv_blocks", "moe_gate_up", "moe_down", "wna16_gemv", "wna16_gemvp_split_last", "wna16_gemvp_prefetch",
+         "decode_fp8_key_major"]
 
 
 @pytest.mark.parametrize("name", CASES)
