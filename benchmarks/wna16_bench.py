@@ -50,14 +50,12 @@ ROWS = [1, 16, 64, 256]
 def sweep(m: int, k: int) -> list[tuple]:
     if m <= 4:
         # gemvp (the packed 16-bit GEMV, the engine's one for 16-bit rows): 32 / 64 columns, tiles of
-        # 512 / 1,024 inputs, 4 / 8 warps, split-K 1-4 (more programs an SM: more loads in flight)
+        # 512 / 1,024 inputs, 8 warps, split-K 1-4 (more programs an SM: more loads in flight)
         # while each split keeps two tiles; 2 stages: the next tile's words in registers, 3 / 4:
         # Triton's software pipeline (cp.async, wna16_triton.gemv_prefetch)
-        cfgs = [("gemvp", 1, bn, bk, w, 2, s) for bn in (32, 64) for bk in (512, 1024) for w in (4, 8)
-                for s in (1, 2, 4)]
-        cfgs += [("gemvp", 1, bn, bk, 8, 3, s) for bn in (32, 64) for bk in (512, 1024) for s in (1, 2, 4)]
-        cfgs += [("gemvp", 1, 32, bk, 8, 4, s) for bk in (512, 1024) for s in (1, 2)]
-        cfgs += [("gemvp", 1, 128, 512, 8, 2, s) for s in (1, 2)]
+        cfgs = [("gemvp", 1, bn, bk, 8, 2, s) for bn in (32, 64) for bk in (512, 1024) for s in (1, 2, 4)]
+        cfgs += [("gemvp", 1, bn, 1024, 8, 3, s) for bn in (32, 64) for s in (1, 2, 4)]
+        cfgs += [("gemvp", 1, 32, 512, 8, 4, s) for s in (1, 2, 4)]
         return [c for c in cfgs if k >= 2 * c[3] * c[6]]
     # "dotj" (each word loaded once, wna16_triton.py) beside "dot"; its 128 x 256 tiles spill on sm_90
     if m <= 16:
