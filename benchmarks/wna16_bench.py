@@ -102,6 +102,7 @@ def time_configs(cfgs: list, one, many, ref: torch.Tensor, label: str) -> list[t
         except Exception as e:  # noqa: BLE001
             print(f"  skip {cfg}: {type(e).__name__}: {str(e)[:100]}", flush=True)
             continue
+        print(f"  {label} {cfg}: {t:.1f} us", flush=True)
         timed.append((t, cfg))
     return timed
 
