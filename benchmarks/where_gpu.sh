@@ -17,7 +17,9 @@
 # int4tests (tests/gpu/test_wna16_gpu.py and test_wna16_nk_gpu.py), swaptests (its swap GEMM and dispatch cases), int4gemm (wna16_bench.py --swap at $INT4GEMM_ROWS, default 64 256), w1int4swap (w1int4 with PAGEDLLM_WNA16_SWAP=1
 # PAGEDLLM_WNA16_GEMM=swap: the tensor-core W4A16 GEMM), w2int4swap (W2 gptq: K-packed (A) against
 # the N-major layout, PAGEDLLM_WNA16_SWAP=1, its one-row gemvn (B)), w2prefetch (W2 gptq: gemvp (A) against
-# PAGEDLLM_WNA16_PREFETCH=1, the next tile's words loaded first (B)).
+# PAGEDLLM_WNA16_PREFETCH=1, the next tile's words loaded first (B)), gemv1 (wna16_bench.py --rows 1: gemvp's
+# tiles, split-K and loop stages), w2gemv (W2 gptq: the register prefetch, PAGEDLLM_WNA16_PREFETCH=3 (the
+# cp.async pipeline), PAGEDLLM_WNA16_PDL=1 (gemvp's first tile before the PDL wait)).
 # Logs in one archive in $OUT; a summary last.
 #     OUT=$OUT bash benchmarks/where_gpu.sh
 #     STEPS="moeprof w1order" bash benchmarks/where_gpu.sh   # any of moeprof w2int4prof w1fp8prof order w1order
@@ -138,6 +140,19 @@ w2ab() {  # name B's-environment latency.py-arguments: W2 with the defaults (A) 
 }
 w2ab w2int4swap PAGEDLLM_WNA16_SWAP=1 "--quantization gptq"  # W2 gptq: K-packed gemvp against the N-major gemvn
 w2ab w2prefetch PAGEDLLM_WNA16_PREFETCH=1 "--quantization gptq"  # W2 gptq: gemvp against its next-tile prefetch
+if step gemv1 170; then  # gemvp's one-row tiles, split-K and loop stages over the four projections (wna16_bench.py)
+  OUT="$OUT" timeout 170 $PY benchmarks/wna16_bench.py --rows 1 --skip-check > "$OUT/gemv1.log" 2>&1
+  echo "gemv1 rc=$? at ${SECONDS} s"; grep -E "us/layer|WRONG" "$OUT/gemv1.log" | cut -c1-150
+fi
+if [[ " $STEPS " == *" w2gemv "* ]]; then  # W2 gptq: the register prefetch (default), the cp.async pipeline, gemvp under PDL
+  for v in PAGEDLLM_WNA16_PREFETCH=1 PAGEDLLM_WNA16_PREFETCH=3 PAGEDLLM_WNA16_PDL=1; do
+    fits 45 "w2gemv $v" || continue
+    n=${v#PAGEDLLM_WNA16_}; n=${n/=/}
+    env "$v" timeout 45 $PY benchmarks/latency.py --peer none --iters 2 --quantization gptq \
+      --output-json "$OUT/w2gemv_$n.json" > "$OUT/w2gemv_$n.log" 2>&1
+    echo "w2gemv $v rc=$?: $(grep -E '^pagedllm:' "$OUT/w2gemv_$n.log")"
+  done
+fi
 if [[ " $STEPS " == *" w2 "* ]]; then  # W2 Llama-3.1-8B batch 1: bf16, FP8 weights, dummy gptq 4-bit weights
   for q in bf16 fp8 gptq; do
     fits 45 "w2 $q" || continue
