@@ -118,3 +118,64 @@ def test_engine_greedy_tokens_equal_with_pdl(tmp_path, tokenizer_dir, monkeypatc
         torch.cuda.empty_cache()
     _set_mode(monkeypatch, "0")
     assert tokens["prefetch"] == tokens["0"]
+
+
+def _set_wna16(monkeypatch, pdl: str, prefetch: str) -> None:
+    from pagedllm.kernels import wna16_triton
+
+    monkeypatch.setenv("PAGEDLLM_WNA16_PDL", pdl)
+    monkeypatch.setenv("PAGEDLLM_WNA16_PREFETCH", prefetch)
+    wna16_triton.gemv_pdl.cache_clear()
+    wna16_triton.gemv_prefetch.cache_clear()
+
+
+@pytest.mark.parametrize("prefetch", ["1", "3"])
+def test_gemvp_chain_under_pdl_in_a_cuda_graph(monkeypatch, prefetch):
+    """PAGEDLLM_WNA16_PDL=1: gemvp launched with PDL, its first tile's words loaded before its wait
+    (register prefetch) or its loop pipelined (3 stages), between PDL kernels that write its input
+    and read its output -- norm, gemvp, SiLU-and-mul, gemvp split-K summed by its last split --
+    captured in a CUDA graph and replayed on new inputs: the same bits as without PDL. A read of
+    the activations before the wait would see the last replay's."""
+    from pagedllm.kernels import _triton, wna16_triton
+    from pagedllm.kernels.activation_triton import silu_and_mul_triton
+    from pagedllm.kernels.norm_triton import fused_add_rms_norm_triton
+    from pagedllm.kernels.wna16 import quantize_wna16_torch
+
+    g = torch.Generator().manual_seed(2)
+    hidden, inter = 2048, 4096
+    norm = (1 + torch.randn(hidden, generator=g) * 0.02).to("cuda", torch.bfloat16)
+
+    def weight(n, k, symmetric):
+        q = quantize_wna16_torch(torch.randn(n, k, generator=g) * 0.02, 4, 128, symmetric, torch.bfloat16)
+        return [t.cuda() if t is not None else None for t in q]
+
+    up, down = weight(2 * inter, hidden, True), weight(hidden, inter, False)
+
+    def chain(x, res):
+        h, r = fused_add_rms_norm_triton(x, res, norm, 1e-6)
+        a = wna16_triton.wna16_gemm_triton(h, *up, 4)  # the default config: gemvp
+        y = wna16_triton.wna16_gemm_triton(silu_and_mul_triton(a), *down, 4,
+                                           config=("gemvp", 1, 32, 512, 4, 2, 4), reduce_last=True)
+        return y + r
+
+    inputs = [tuple(torch.randn(1, hidden, generator=g).to("cuda", torch.bfloat16) for _ in range(2))
+              for _ in range(3)]
+    _set_mode(monkeypatch, "1")
+    if not _triton.pdl(norm)["PDL"]:
+        pytest.skip("this triton has no programmatic dependent launch (tl.extra.cuda.gdc_wait, launch_pdl)")
+    _set_wna16(monkeypatch, "0", prefetch)
+    refs = [chain(x, r) for x, r in inputs]
+    _set_wna16(monkeypatch, "1", prefetch)
+    x, res = inputs[0][0].clone(), inputs[0][1].clone()
+    torch.testing.assert_close(chain(x, res), refs[0], atol=0, rtol=0)  # eager, compiles
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = chain(x, res)
+    for (xi, ri), ref in zip(reversed(inputs), reversed(refs)):
+        x.copy_(xi)
+        res.copy_(ri)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, ref)
+    _set_wna16(monkeypatch, "0", "1")
