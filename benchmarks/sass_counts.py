@@ -16,7 +16,8 @@ With the device's Triton (3.6) beside this tree's (the figures in RESULTS.md wer
 decode: the paged decode kernel at its default tiles, bf16 and FP8 caches, V blocks head_dim-major
 ("hd") and key-major ("vt", FP8's layout), Qwen3-0.6B's group 2 and Llama-3.1-8B's 4: instructions
 a warp issues per tile, per key, registers. gemv: the 4-bit GEMV (float32 arithmetic) and gemvp
-(packed 16-bit, inline PTX), bf16 and fp16 activations, groups of 128, 32 x 1024 tiles and 8 warps
+(packed 16-bit, inline PTX; plain, with the register prefetch "p1", with Triton's cp.async pipeline
+of 3 / 4 stages "s3" / "s4"), bf16 and fp16 activations, groups of 128, 32 x 1024 tiles and 8 warps
 (the W2 default), and the N-major gemvn at its default tiles: instructions a thread issues per
 32-bit word of weights."""
 
@@ -55,14 +56,19 @@ def gemv_rows():
     from pagedllm.kernels.inspect_sm90 import compile_sm90, main_loop, resources, sass
 
     block_n, block_kw, warps = 32, 128, 8
-    for kind in ("gemv", "gemvp"):
+    # gemvp's loop modes (wna16_triton.gemv_prefetch): the next tile's words in registers (p1), Triton's
+    # cp.async pipeline of 3 / 4 stages (s3 / s4)
+    modes = {"gemv": {}, "gemvp": {}, "gemvp p1": {"PREFETCH": True}, "gemvp s3": {"LOOP_STAGES": 3},
+             "gemvp s4": {"LOOP_STAGES": 4}}
+    for name, mode in modes.items():
+        kind = name.split()[0]
         for dt in ("bf16", "fp16"):
             sig = {"x_ptr": f"*{dt}", "w_ptr": "*i32", "s_ptr": f"*{dt}", "z_ptr": f"*{dt}", "b_ptr": f"*{dt}",
                    "out_ptr": f"*{dt}", "ws_ptr": "*fp32", "count_ptr": "*i32", "M": "i32", "N": "i32",
                    "KW": "i32", "KW_PER_SPLIT": "i32", "stride_xm": "i32", "stride_wk": "i32", "stride_sg": "i32",
                    "stride_om": "i32"}
             const = dict(GROUP_K=128, HAS_ZERO=False, HAS_BIAS=False, SPLIT_K=1, EVEN=True, BLOCK_N=block_n,
-                         BLOCK_KW=block_kw, **({"BITS": 4} if kind == "gemv" else {}))
+                         BLOCK_KW=block_kw, **({"BITS": 4} if kind == "gemv" else {}), **mode)
             kernel = w._wna16_gemv_kernel if kind == "gemv" else w._wna16_gemv_packed_kernel
             c = compile_sm90(kernel, sig, const, warps, 2, aligned=("N", "KW", "KW_PER_SPLIT", "stride_xm",
                                                                      "stride_wk", "stride_sg", "stride_om"))
@@ -70,7 +76,9 @@ def gemv_rows():
             n = sum(ops.values())
             words = block_n * block_kw / (32 * warps)
             top = ", ".join(f"{k} {v}" for k, v in ops.most_common(6))
-            print(f"{kind:5s} {dt}: {n / words:5.1f} a word, {resources(c)['regs']:3d} registers  [{top}]", flush=True)
+            r = resources(c)
+            print(f"{name:8s} {dt}: {n / words:5.1f} a word, {r['regs']:3d} registers, {r['shared']:6d} B shared  "
+                  f"[{top}]", flush=True)
     gemvn_rows()
 
 

@@ -192,7 +192,8 @@ def gemv_prefetch() -> int:
     thread: the loop's loads are not pipelined otherwise; sm_90: the same instructions a word, one
     register more; W2 gptq 3.25 -> 3.03 ms/token on the H100, RESULTS.md); 0 neither; 3 or 4 (gemvp)
     Triton's software pipeline of that many stages instead (cp.async through shared memory, 2 / 3
-    tiles ahead; sm_90 26 / 52 KB of shared memory, 27-28 instructions a word against 26)."""
+    tiles ahead; sm_90 at the 32 x 1,024 tile: 52 / 78 KB of shared memory, 28.1 bf16 instructions a word
+    against 25.9; benchmarks/sass_counts.py)."""
     value = os.environ.get("PAGEDLLM_WNA16_PREFETCH", "1").strip() or "0"
     if value not in ("0", "1", "3", "4"):
         raise ValueError(f"PAGEDLLM_WNA16_PREFETCH={value!r}: expected 0, 1, 3 or 4")
