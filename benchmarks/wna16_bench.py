@@ -39,23 +39,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fp8_bench import LAYERS, SHAPES, graph_time  # noqa: E402
 
 from pagedllm.kernels.wna16 import DENSE_MIN_ROWS, quantize_wna16_torch, wna16_linear_torch  # noqa: E402
+from pagedllm.kernels.wna16_gemv_triton import gemv_kind  # noqa: E402
 from pagedllm.kernels.wna16_pairs_triton import default_config as kpairs_default  # noqa: E402
 from pagedllm.kernels.wna16_pairs_triton import wna16_kpairs_gemm  # noqa: E402
-from pagedllm.kernels.wna16_gemv_triton import gemv_kind  # noqa: E402
 from pagedllm.kernels.wna16_triton import default_config, dequantize_wna16_triton, wna16_gemm_triton  # noqa: E402
 
 ROWS = [1, 16, 64, 256]
 
 
-def sweep(m: int, k: int) -> list[tuple]:
+def sweep(m: int, k: int, bits: int = 4) -> list[tuple]:
     if m <= 4:
         # gemvp (the packed 16-bit GEMV, the engine's one for 16-bit rows): 32 / 64 columns, tiles of
         # 512 / 1,024 inputs, 8 warps, split-K 1-4 (more programs an SM: more loads in flight)
         # while each split keeps two tiles; 2 stages: the next tile's words in registers, 3 / 4:
-        # Triton's software pipeline (cp.async, wna16_triton.gemv_prefetch)
-        cfgs = [("gemvp", 1, bn, bk, 8, 2, s) for bn in (32, 64) for bk in (512, 1024) for s in (1, 2, 4)]
-        cfgs += [("gemvp", 1, bn, 1024, 8, 3, s) for bn in (32, 64) for s in (1, 2, 4)]
-        cfgs += [("gemvp", 1, 32, 512, 8, 4, s) for s in (1, 2, 4)]
+        # Triton's software pipeline (cp.async, wna16_triton.gemv_prefetch). 8 bits: the float32 gemv's
+        # tiles and split-K (it has no stages)
+        if bits != 4:
+            cfgs = [("gemv", 1, bn, bk, 8, 2, s) for bn in (32, 64) for bk in (512, 1024) for s in (1, 2, 4)]
+        else:
+            cfgs = [("gemvp", 1, bn, bk, 8, 2, s) for bn in (32, 64) for bk in (512, 1024) for s in (1, 2, 4)]
+            cfgs += [("gemvp", 1, bn, 1024, 8, 3, s) for bn in (32, 64) for s in (1, 2, 4)]
+            cfgs += [("gemvp", 1, 32, 512, 8, 4, s) for s in (1, 2, 4)]
         return [c for c in cfgs if k >= 2 * c[3] * c[6]]
     # "dotj" (each word loaded once, wna16_triton.py) beside "dot"; its 128 x 256 tiles spill on sm_90
     if m <= 16:
@@ -348,7 +352,7 @@ def main() -> None:
             if m >= 64:
                 row["dense"] = graph_time(lambda: [x @ dequantize_wna16_triton(q, s, z, args.bits, x.dtype)
                                                    for q, s, z in qs])
-            cfgs = [engine_config(m, n, k, args.bits)] + ([] if args.no_sweep else sweep(m, k))
+            cfgs = [engine_config(m, n, k, args.bits)] + ([] if args.no_sweep else sweep(m, k, args.bits))
             timed = time_configs(
                 cfgs, lambda c, x=x, qs=qs: wna16_gemm_triton(x, *qs[0], args.bits, config=c),
                 lambda c, x=x, qs=qs: [wna16_gemm_triton(x, q, s, z, args.bits, config=c) for q, s, z in qs], ref,

@@ -162,3 +162,25 @@ def test_gemv_prefetch_switch(monkeypatch):
         else:
             assert wna16_triton.gemv_prefetch() == want
     wna16_triton.gemv_prefetch.cache_clear()
+
+
+def test_gemv_pdl_switch(monkeypatch):
+    """PAGEDLLM_WNA16_PDL: off by default, 1 on; anything else a ValueError naming it; on a CPU
+    tensor the launch stays without PDL whatever it says (pdl())."""
+    import torch
+
+    from pagedllm.kernels import _triton, wna16_triton
+
+    for value, want in ((None, False), ("0", False), ("1", True), ("yes", None)):
+        if value is None:
+            monkeypatch.delenv("PAGEDLLM_WNA16_PDL", raising=False)
+        else:
+            monkeypatch.setenv("PAGEDLLM_WNA16_PDL", value)
+        wna16_triton.gemv_pdl.cache_clear()
+        if want is None:
+            with pytest.raises(ValueError, match="PAGEDLLM_WNA16_PDL='yes'"):
+                wna16_triton.gemv_pdl()
+        else:
+            assert wna16_triton.gemv_pdl() is want
+    assert _triton.pdl(torch.zeros(2)) == {"PDL": False}
+    wna16_triton.gemv_pdl.cache_clear()
