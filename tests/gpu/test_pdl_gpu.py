@@ -69,6 +69,23 @@ def _chain(x: torch.Tensor, res: torch.Tensor, p: dict) -> torch.Tensor:
     return dense + r2
 
 
+def _replays_equal(chain, inputs: list, refs: list) -> None:
+    """chain(x, res) run eagerly on the first inputs (compiling it) equals refs[0]; then captured in
+    a CUDA graph and replayed on every input (last first), each replay bit for bit its ref."""
+    x, res = inputs[0][0].clone(), inputs[0][1].clone()
+    torch.testing.assert_close(chain(x, res), refs[0], atol=0, rtol=0)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = chain(x, res)
+    for (xi, ri), ref in zip(reversed(inputs), reversed(refs)):
+        x.copy_(xi)
+        res.copy_(ri)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, ref)
+
+
 @pytest.mark.parametrize("mode", ["1", "prefetch"])
 def test_decode_layer_chain_in_a_cuda_graph(monkeypatch, mode):
     p = _params()
@@ -82,18 +99,7 @@ def test_decode_layer_chain_in_a_cuda_graph(monkeypatch, mode):
 
     if not _triton.pdl(p["norm"])["PDL"]:
         pytest.skip("this triton has no programmatic dependent launch (tl.extra.cuda.gdc_wait, launch_pdl)")
-    x, res = inputs[0][0].clone(), inputs[0][1].clone()
-    torch.testing.assert_close(_chain(x, res, p), refs[0], atol=0, rtol=0)  # eager, compiles
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = _chain(x, res, p)
-    for (xi, ri), ref in zip(reversed(inputs), reversed(refs)):
-        x.copy_(xi)
-        res.copy_(ri)
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, ref)
+    _replays_equal(lambda x, res: _chain(x, res, p), inputs, refs)
     _set_mode(monkeypatch, "0")
 
 
@@ -166,16 +172,5 @@ def test_gemvp_chain_under_pdl_in_a_cuda_graph(monkeypatch, prefetch):
     _set_wna16(monkeypatch, "0", prefetch)
     refs = [chain(x, r) for x, r in inputs]
     _set_wna16(monkeypatch, "1", prefetch)
-    x, res = inputs[0][0].clone(), inputs[0][1].clone()
-    torch.testing.assert_close(chain(x, res), refs[0], atol=0, rtol=0)  # eager, compiles
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = chain(x, res)
-    for (xi, ri), ref in zip(reversed(inputs), reversed(refs)):
-        x.copy_(xi)
-        res.copy_(ri)
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, ref)
+    _replays_equal(chain, inputs, refs)
     _set_wna16(monkeypatch, "0", "1")

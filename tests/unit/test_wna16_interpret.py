@@ -145,42 +145,26 @@ def test_gemv_last_split_reduces_for_sm90(kind):
     assert r is None or r["stack"] == 0, r
 
 
-def test_gemv_prefetch_switch(monkeypatch):
-    """PAGEDLLM_WNA16_PREFETCH: 1 (registers) by default, 0, or 3 / 4 pipeline stages; anything
-    else a ValueError naming it."""
+@pytest.mark.parametrize("switch, values", [
+    ("gemv_prefetch", ((None, 1), ("0", 0), ("1", 1), ("3", 3), ("4", 4), ("2", None))),
+    ("gemv_pdl", ((None, False), ("0", False), ("1", True), ("yes", None))),
+])  # fmt: skip
+def test_gemv_switches(monkeypatch, switch, values):
+    """PAGEDLLM_WNA16_PREFETCH: 1 (registers) by default, 0, or 3 / 4 pipeline stages;
+    PAGEDLLM_WNA16_PDL: off by default, 1 on; anything else a ValueError naming the variable."""
     from pagedllm.kernels import wna16_triton
 
-    for value, want in ((None, 1), ("0", 0), ("1", 1), ("3", 3), ("4", 4), ("2", None)):
+    env = {"gemv_prefetch": "PAGEDLLM_WNA16_PREFETCH", "gemv_pdl": "PAGEDLLM_WNA16_PDL"}[switch]
+    read = getattr(wna16_triton, switch)
+    for value, want in values:
         if value is None:
-            monkeypatch.delenv("PAGEDLLM_WNA16_PREFETCH", raising=False)
+            monkeypatch.delenv(env, raising=False)
         else:
-            monkeypatch.setenv("PAGEDLLM_WNA16_PREFETCH", value)
-        wna16_triton.gemv_prefetch.cache_clear()
+            monkeypatch.setenv(env, value)
+        read.cache_clear()
         if want is None:
-            with pytest.raises(ValueError, match="PAGEDLLM_WNA16_PREFETCH='2'"):
-                wna16_triton.gemv_prefetch()
+            with pytest.raises(ValueError, match=f"{env}='{value}'"):
+                read()
         else:
-            assert wna16_triton.gemv_prefetch() == want
-    wna16_triton.gemv_prefetch.cache_clear()
-
-
-def test_gemv_pdl_switch(monkeypatch):
-    """PAGEDLLM_WNA16_PDL: off by default, 1 on; anything else a ValueError naming it; on a CPU
-    tensor the launch stays without PDL whatever it says (pdl())."""
-    import torch
-
-    from pagedllm.kernels import _triton, wna16_triton
-
-    for value, want in ((None, False), ("0", False), ("1", True), ("yes", None)):
-        if value is None:
-            monkeypatch.delenv("PAGEDLLM_WNA16_PDL", raising=False)
-        else:
-            monkeypatch.setenv("PAGEDLLM_WNA16_PDL", value)
-        wna16_triton.gemv_pdl.cache_clear()
-        if want is None:
-            with pytest.raises(ValueError, match="PAGEDLLM_WNA16_PDL='yes'"):
-                wna16_triton.gemv_pdl()
-        else:
-            assert wna16_triton.gemv_pdl() is want
-    assert _triton.pdl(torch.zeros(2)) == {"PDL": False}
-    wna16_triton.gemv_pdl.cache_clear()
+            assert read() == want and type(read()) is type(want)
+    read.cache_clear()
