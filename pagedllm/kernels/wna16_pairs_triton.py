@@ -29,8 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedllm.kernels.swap_gemm_triton import FP16_MAX, SwapConfig, _splitk_reduce_kernel
-from pagedllm.kernels.wna16_swap_triton import _int4_epilogue, _split_k, _tile
+from pagedllm.kernels.swap_gemm_triton import FP16_MAX, SwapConfig
+from pagedllm.kernels.wna16_swap_triton import _int4_epilogue, _k_splits, _split_k, _sum_splits, _tile
 
 
 def _pair_asm(nib: int, bf16: bool) -> tl.constexpr:
@@ -235,8 +235,7 @@ def wna16_kpairs_gemm(
     k_padded = triton.cdiv(k, block_k) * block_k
     xp = x if k_padded == k else torch.nn.functional.pad(x, (0, k_padded - k))
     xp = xp.index_select(1, kpairs_permutation(k_padded, block_k, x.device))
-    k_split = triton.cdiv(triton.cdiv(k_padded, cfg.split_k), block_k) * block_k
-    split_k = triton.cdiv(k_padded, k_split)  # no empty split
+    k_split, split_k = _k_splits(k_padded, cfg.split_k, block_k)
     z = zeros if zeros is not None else scales  # an unused pointer when symmetric
     b = bias if bias is not None else scales  # likewise without a bias
     ws = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device) if split_k > 1 else None
@@ -247,10 +246,5 @@ def wna16_kpairs_gemm(
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, W_BF16=x.dtype == torch.bfloat16,
         ASM=x.is_cuda if asm is None else asm, FP16_MAX_=FP16_MAX, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
-    if ws is not None:
-        block = 1024
-        _splitk_reduce_kernel[(triton.cdiv(n, block), m)](
-            ws, scales, b, out, m, n, 1, out.stride(0),
-            SPLIT_K=split_k, SCALED=group_k == 0, GROUP_K=0, HAS_BIAS=bias is not None, BLOCK=block, num_warps=4,
-        )  # fmt: skip
+    _sum_splits(ws, scales, 1, bias, out, group_k)
     return out

@@ -323,6 +323,26 @@ def _split_k(m: int, n: int, k: int, block_m: int, block_n: int, block_k: int) -
     return split_k
 
 
+def _k_splits(k: int, split_k: int, block_k: int) -> tuple[int, int]:
+    """(inputs a split, whole K steps; splits) for `split_k` asked over k inputs: no empty split."""
+    k_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
+    return k_split, triton.cdiv(k, k_split)
+
+
+def _sum_splits(ws: torch.Tensor | None, scales: torch.Tensor, scale_stride_n: int, bias: torch.Tensor | None,
+                out: torch.Tensor, group_k: int) -> None:
+    """Adds the float32 partials ws [SPLIT_K, M, N] into out (nothing when ws is None: one split),
+    with the per-channel scale (scales' element of column n at n * scale_stride_n) and the bias."""
+    if ws is None:
+        return
+    m, n = out.shape
+    block = 1024
+    _splitk_reduce_kernel[(triton.cdiv(n, block), m)](
+        ws, scales, bias if bias is not None else scales, out, m, n, scale_stride_n, out.stride(0),
+        SPLIT_K=ws.shape[0], SCALED=group_k == 0, GROUP_K=0, HAS_BIAS=bias is not None, BLOCK=block, num_warps=4,
+    )  # fmt: skip
+
+
 def wna16_swap_gemm(
     x: torch.Tensor,  # [M, K]: cfg.block_m rows a program
     qweight: torch.Tensor,  # [N, K/8] int32, N-major interleaved
@@ -352,8 +372,7 @@ def wna16_swap_gemm(
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    k_split = triton.cdiv(triton.cdiv(k, cfg.split_k), block_k) * block_k
-    split_k = triton.cdiv(k, k_split)  # no empty split
+    k_split, split_k = _k_splits(k, cfg.split_k, block_k)
     z = zeros if zeros is not None else scales  # an unused pointer when symmetric
     b = bias if bias is not None else scales  # likewise without a bias
     ws = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device) if split_k > 1 else None
@@ -369,13 +388,7 @@ def wna16_swap_gemm(
         BLOCK_K=block_k, W_BF16=x.dtype == torch.bfloat16, ASM=asm, FP16_MAX_=FP16_MAX,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
-    if ws is not None:
-        block = 1024
-        _splitk_reduce_kernel[(triton.cdiv(n, block), m)](
-            ws, scales, b, out, m, n, scales.stride(0), out.stride(0),
-            SPLIT_K=split_k, SCALED=group_k == 0, GROUP_K=0, HAS_BIAS=bias is not None, BLOCK=block,
-            num_warps=4,
-        )  # fmt: skip
+    _sum_splits(ws, scales, scales.stride(0), bias, out, group_k)
     return out
 
 
