@@ -19,7 +19,8 @@
 # the N-major layout, PAGEDLLM_WNA16_SWAP=1, its one-row gemvn (B)), w2prefetch (W2 gptq: gemvp (A) against
 # PAGEDLLM_WNA16_PREFETCH=1, the next tile's words loaded first (B)), gemv1 (wna16_bench.py --rows 1: gemvp's
 # tiles, split-K and loop stages), w2gemv (W2 gptq: the register prefetch, PAGEDLLM_WNA16_PREFETCH=3 (the
-# cp.async pipeline), PAGEDLLM_WNA16_PDL=1 (gemvp's first tile before the PDL wait)).
+# cp.async pipeline), PAGEDLLM_WNA16_PDL=1 (gemvp's first tile before the PDL wait)), w2tiles (W2 gptq:
+# A the tree at $A_PATH, B this one, C this one with PAGEDLLM_WNA16_PDL=1; $ROUNDS rounds alternated).
 # Logs in one archive in $OUT; a summary last.
 #     OUT=$OUT bash benchmarks/where_gpu.sh
 #     STEPS="moeprof w1order" bash benchmarks/where_gpu.sh   # any of moeprof w2int4prof w1fp8prof order w1order
@@ -151,6 +152,18 @@ if [[ " $STEPS " == *" w2gemv "* ]]; then  # W2 gptq: the register prefetch (def
     env "$v" timeout 45 $PY benchmarks/latency.py --peer none --iters 2 --quantization gptq \
       --output-json "$OUT/w2gemv_$n.json" > "$OUT/w2gemv_$n.log" 2>&1
     echo "w2gemv $v rc=$?: $(grep -E '^pagedllm:' "$OUT/w2gemv_$n.log")"
+  done
+fi
+if [[ " $STEPS " == *" w2tiles "* ]] && [ -d "${A_PATH:-}" ]; then  # W2 gptq: A the tree at $A_PATH, B this one, C this one
+  for r in $(seq "$ROUNDS"); do  # with PAGEDLLM_WNA16_PDL=1; alternated (the order reversed every other round)
+    order="A B C"; [ $((r % 2)) = 0 ] && order="C B A"
+    for v in $order; do
+      fits 45 "w2tiles $v" || continue
+      case $v in A) e="PYTHONPATH=$A_PATH:$PYTHONPATH";; B) e="PAGEDLLM_WNA16_PDL=0";; C) e="PAGEDLLM_WNA16_PDL=1";; esac
+      env "$e" timeout 45 $PY benchmarks/latency.py --peer none --iters 2 --quantization gptq \
+        --output-json "$OUT/w2tiles_${v}_$r.json" > "$OUT/w2tiles_${v}_$r.log" 2>&1
+      echo "w2tiles $v round $r rc=$?: $(grep -E '^pagedllm:' "$OUT/w2tiles_${v}_$r.log")"
+    done
   done
 fi
 if [[ " $STEPS " == *" w2 "* ]]; then  # W2 Llama-3.1-8B batch 1: bf16, FP8 weights, dummy gptq 4-bit weights

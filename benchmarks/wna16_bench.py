@@ -42,7 +42,12 @@ from pagedllm.kernels.wna16 import DENSE_MIN_ROWS, quantize_wna16_torch, wna16_l
 from pagedllm.kernels.wna16_gemv_triton import gemv_kind  # noqa: E402
 from pagedllm.kernels.wna16_pairs_triton import default_config as kpairs_default  # noqa: E402
 from pagedllm.kernels.wna16_pairs_triton import wna16_kpairs_gemm  # noqa: E402
-from pagedllm.kernels.wna16_triton import default_config, dequantize_wna16_triton, wna16_gemm_triton  # noqa: E402
+from pagedllm.kernels.wna16_triton import (  # noqa: E402
+    default_config,
+    dequantize_wna16_triton,
+    gemvp_config,
+    wna16_gemm_triton,
+)
 
 ROWS = [1, 16, 64, 256]
 
@@ -74,9 +79,12 @@ def sweep(m: int, k: int, bits: int = 4) -> list[tuple]:
 
 
 def engine_config(m: int, n: int, k: int, bits: int) -> tuple:
-    """default_config with the kind the engine runs for bf16 rows (gemv_kind: gemvp to 4 rows)."""
+    """The config the engine runs for bf16 rows: default_config's, or gemvp_config's where gemv_kind
+    takes gemvp (4-bit weights, to 4 rows)."""
     cfg = default_config(m, n, k, 128, bits)
-    return (gemv_kind(torch.bfloat16),) + cfg[1:] if cfg[0] == "gemv" and bits == 4 else cfg
+    if cfg[0] == "gemv" and bits == 4 and gemv_kind(torch.bfloat16) == "gemvp":
+        return gemvp_config(n, k)
+    return cfg
 
 
 def check(out: torch.Tensor, ref: torch.Tensor, what: str) -> float:

@@ -187,8 +187,8 @@ def _wna16_dequant_kernel(w_ptr, s_ptr, z_ptr, out_ptr, N, K, stride_wk, stride_
 
 @functools.cache
 def gemv_prefetch() -> int:
-    """How the gemvp (and gemvn) loop keeps loads in flight (PAGEDLLM_WNA16_PREFETCH, read once):
-    1 (the default) loads the next tile's words before it uses its own (two tiles in flight a
+    """How the gemvp (and gemvn) loop keeps loads in flight (PAGEDLLM_WNA16_PREFETCH, read once; set,
+    it overrides gemvp_config's per-shape stages): 1 (the default) loads the next tile's words before it uses its own (two tiles in flight a
     thread: the loop's loads are not pipelined otherwise; sm_90: the same instructions a word, one
     register more; W2 gptq 3.25 -> 3.03 ms/token on the H100, RESULTS.md); 0 neither; 3 or 4 (gemvp)
     Triton's software pipeline of that many stages instead (cp.async through shared memory, 2 / 3
@@ -202,7 +202,8 @@ def gemv_prefetch() -> int:
 
 @functools.cache
 def gemv_pdl() -> bool:
-    """PAGEDLLM_WNA16_PDL=1 (read once; off by default until timed): gemvp launched with
+    """PAGEDLLM_WNA16_PDL=1 (read once; off by default: with gemvp_config's tiles W2 gptq 2.89 -> 2.97
+    ms/token on the H100, RESULTS.md eighteenth session): gemvp launched with
     programmatic dependent launch (PAGEDLLM_PDL on too), its first tile's words loaded before
     it waits for the kernel before (with gemv_prefetch's register prefetch)."""
     value = os.environ.get("PAGEDLLM_WNA16_PDL", "0").strip() or "0"
@@ -226,6 +227,20 @@ def default_config(m: int, n: int, k: int, group_k: int, bits: int) -> tuple:
     return ("dot", 32, 64, 64 if group_k == 0 else min(64, group_k), 8, 3, 1)
 
 
+def gemvp_config(n: int, k: int) -> tuple:
+    """gemvp's one-row config (the default_config tuple; num_stages 3 / 4: the loop's cp.async
+    pipeline, 2: gemv_prefetch's register mode) where 4-bit weights meet 16-bit activations and no
+    config was given. From the H100 sweep (`wna16_bench.py --rows 1`, RESULTS.md eighteenth session,
+    us a layer, Llama-3.1-8B int4 g128): the 14,336-input down projection split 4 ways with 8 warps
+    (15.4 against 18.7 with 4), a projection of at most 4,096 outputs (128 programs of 32) with
+    512-input tiles in a 4-stage pipeline (o: 7.3 against 8.5); the rest as the float32 gemv."""
+    if k >= 8192:
+        return ("gemvp", 1, 32, 512, 8, 2, 4)
+    if n <= 4096:
+        return ("gemvp", 1, 32, 512, 8, 4, 1)
+    return ("gemvp", 1, 64 if n <= 8192 else 32, 1024, 8, 2, 1)
+
+
 def wna16_gemm_triton(
     x: torch.Tensor,  # [M, K]
     qweight: torch.Tensor,  # [K / P, N] int32
@@ -246,9 +261,12 @@ def wna16_gemm_triton(
         x = x.contiguous()
     group_k = 0 if g == 1 else k // g
     assert group_k == 0 or group_k % p == 0
+    given = config is not None
     kind, block_m, block_n, block_k, num_warps, num_stages, split_k = config or default_config(m, n, k, group_k, bits)
-    if config is None and kind == "gemv" and bits == 4 and _rows_as_int32_pairs(x):
+    if not given and kind == "gemv" and bits == 4 and _rows_as_int32_pairs(x):
         kind = gemv_kind(x.dtype)
+        if kind == "gemvp":
+            kind, block_m, block_n, block_k, num_warps, num_stages, split_k = gemvp_config(n, k)
     z = zeros if zeros is not None else scales  # unused pointer when HAS_ZERO is False
     b = bias if bias is not None else scales
     if kind in ("gemv", "gemvp"):
@@ -278,8 +296,10 @@ def wna16_gemm_triton(
                 raise ValueError("the gemvp kernel reads activation rows as int32 pairs: each must start "
                                  "4-byte aligned")
             common["ASM"] = os.environ.get("TRITON_INTERPRET") != "1"
-            # a config's 3 or 4 stages: the loop's software pipeline; else gemv_prefetch's choice
-            mode = num_stages if config is not None and num_stages >= 3 else gemv_prefetch()
+            # a given config's 3 or 4 stages: the loop's software pipeline; gemvp_config's unless
+            # PAGEDLLM_WNA16_PREFETCH chose the engine's mode; else gemv_prefetch's choice
+            pipelined = num_stages >= 3 and (given or "PAGEDLLM_WNA16_PREFETCH" not in os.environ)
+            mode = num_stages if pipelined else gemv_prefetch()
             common["PREFETCH"] = mode == 1
             common["LOOP_STAGES"] = mode if mode >= 3 else 1
             if gemv_pdl():

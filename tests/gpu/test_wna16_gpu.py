@@ -118,7 +118,7 @@ def check_wna16_kpairs(device, dtype, m, n, k, group_k=128, symmetric=True, bias
     _close(out, wna16_linear_torch(x, qw, s, z, 4, b), torch.float16 if dtype == torch.float32 else dtype)
 
 
-_SHAPES = [(1, 4096, 4096), (3, 1000, 2048), (16, 4096, 14336), (200, 768, 1024)]
+_SHAPES = [(1, 4096, 4096), (3, 1000, 2048), (1, 4096, 14336), (2, 6144, 4096), (16, 4096, 14336), (200, 768, 1024)]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
