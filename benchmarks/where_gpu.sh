@@ -20,7 +20,8 @@
 # PAGEDLLM_WNA16_PREFETCH=1, the next tile's words loaded first (B)), gemv1 (wna16_bench.py --rows 1: gemvp's
 # tiles, split-K and loop stages), w2gemv (W2 gptq: the register prefetch, PAGEDLLM_WNA16_PREFETCH=3 (the
 # cp.async pipeline), PAGEDLLM_WNA16_PDL=1 (gemvp's first tile before the PDL wait)), w2tiles (W2 gptq:
-# A the tree at $A_PATH, B this one, C this one with PAGEDLLM_WNA16_PDL=1; $ROUNDS rounds alternated).
+# A the tree at $A_PATH, B this one, C this one with PAGEDLLM_WNA16_PDL=1; $ROUNDS rounds alternated), w3act
+# (W3 at inf: bf16, FP8 + FP8 KV with PAGEDLLM_FUSED_ACT_FP8=0, FP8 + FP8 KV).
 # Logs in one archive in $OUT; a summary last.
 #     OUT=$OUT bash benchmarks/where_gpu.sh
 #     STEPS="moeprof w1order" bash benchmarks/where_gpu.sh   # any of moeprof w2int4prof w1fp8prof order w1order
@@ -191,6 +192,15 @@ if step w3 200; then  # needs the server's packages (the device README's wheel r
     args=$([ $v = fp8 ] && echo "--quantization fp8 --kv-cache-dtype fp8")
     SERVER_ARGS="$args" OUT="$OUT/w3_$v" timeout 100 bash benchmarks/w3_gpu.sh 200 inf > "$OUT/w3_$v.log" 2>&1
     echo "w3 $v rc=$? at ${SECONDS} s"
+  done
+fi
+if [[ " $STEPS " == *" w3act "* ]]; then  # W3 at inf: bf16, FP8 + FP8 KV with PAGEDLLM_FUSED_ACT_FP8=0, FP8 + FP8 KV
+  for v in ${W3ACT_ORDER:-bf16 fp8_unfused fp8}; do  # (the server's packages needed, as for w3)
+    fits 110 "w3act $v" || continue
+    args=$([ $v = bf16 ] || echo "--quantization fp8 --kv-cache-dtype fp8")
+    e=$([ $v = fp8_unfused ] && echo PAGEDLLM_FUSED_ACT_FP8=0 || echo PAGEDLLM_FUSED_ACT_FP8=1)
+    env "$e" SERVER_ARGS="$args" OUT="$OUT/w3act_$v" timeout 110 bash benchmarks/w3_gpu.sh 200 inf > "$OUT/w3act_$v.log" 2>&1
+    echo "w3act $v rc=$? at ${SECONDS} s: $(grep -iE "total token|output token" "$OUT/w3act_$v.log" | tr -s ' ' | head -2 | tr '\n' ';')"
   done
 fi
 for f in moeprof moeprof0 w2int4prof w1fp8prof w2prof0 w3prof_bf16 w3prof_fp8; do

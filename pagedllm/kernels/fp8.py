@@ -17,9 +17,15 @@ Two products:
   (dynamic scales), FP8 tensor cores. Wins once the product is compute-bound (many rows);
   only for per-channel scales (G = 1).
 `fp8_linear` picks by row count (SCALED_MM_MIN_ROWS, from the measured crossover).
+
+`Fp8Rows`: activations already quantized per token by the kernel that made them (the gated
+activation's, activation_triton.py), which `fp8_rows_linear` multiplies without a quantization
+kernel of its own; `takes_fp8_rows` says where the W8A8 product would run, so where such rows help.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
@@ -85,23 +91,50 @@ def fp8_scaled_mm_torch(x: torch.Tensor, weight: torch.Tensor, weight_scale: tor
     return y.to(x.dtype)
 
 
-def _scaled_mm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
-               bias: torch.Tensor | None) -> torch.Tensor:
-    from pagedllm.kernels.fp8_triton import per_token_quant_triton
+class Fp8Rows(NamedTuple):
+    """Activations [T, K] quantized per token (`per_token_quant_torch`'s values) by the kernel that
+    computed them, for a W8A8 product whose result is in `dtype` (the activations' own)."""
 
-    xq, xs = per_token_quant_triton(x)
-    y = torch._scaled_mm(xq, weight.t(), scale_a=xs, scale_b=weight_scale.view(1, -1), out_dtype=x.dtype)
+    data: torch.Tensor  # [T, K] float8_e4m3fn
+    scale: torch.Tensor  # [T, 1] float32
+    dtype: torch.dtype
+
+
+def takes_fp8_rows(x: torch.Tensor, weight_scale: torch.Tensor) -> bool:
+    """Whether `fp8_linear(x, ...)` multiplies per-token FP8 rows (W8A8, `_scaled_mm`): CUDA, at
+    least SCALED_MM_MIN_ROWS rows of 16-bit activations, per-channel weight scales. `x` may be any
+    tensor with the activations' rows, dtype and device (e.g. the input of the kernel making them)."""
+    return (use_triton(x) and x.shape[0] >= SCALED_MM_MIN_ROWS and weight_scale.shape[1] == 1
+            and x.dtype in (torch.bfloat16, torch.float16))
+
+
+def fp8_rows_linear(rows: Fp8Rows, weight: torch.Tensor, weight_scale: torch.Tensor,
+                    bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`fp8_scaled_mm_torch` of the activations `rows` holds, from their FP8 values and scales
+    (cuBLAS `_scaled_mm`): [T, N] in rows.dtype."""
+    y = torch._scaled_mm(rows.data, weight.t(), scale_a=rows.scale, scale_b=weight_scale.view(1, -1),
+                         out_dtype=rows.dtype)
     return y if bias is None else y + bias
 
 
-def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+def _scaled_mm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+               bias: torch.Tensor | None) -> torch.Tensor:
+    """W8A8 on CUDA: x quantized per token by its own kernel, then `fp8_rows_linear`."""
+    from pagedllm.kernels.fp8_triton import per_token_quant_triton
+
+    return fp8_rows_linear(Fp8Rows(*per_token_quant_triton(x), x.dtype), weight, weight_scale, bias)
+
+
+def fp8_linear(x: torch.Tensor | Fp8Rows, weight: torch.Tensor, weight_scale: torch.Tensor,
                bias: torch.Tensor | None = None) -> torch.Tensor:
     """y = x @ w.T (+ bias) with an FP8 weight; x [M, K] -> [M, N]. On CUDA: the Triton W8A16
     kernel for few rows, cuBLAS W8A8 from SCALED_MM_MIN_ROWS rows (per-channel scales, 16-bit
-    activations). Elsewhere the W8A16 reference (the CPU's emulation)."""
+    activations; `Fp8Rows` are multiplied as they are). Elsewhere the W8A16 reference (the CPU's
+    emulation)."""
+    if isinstance(x, Fp8Rows):
+        return fp8_rows_linear(x, weight, weight_scale, bias)
     if use_triton(x):
-        if (x.shape[0] >= SCALED_MM_MIN_ROWS and weight_scale.shape[1] == 1
-                and x.dtype in (torch.bfloat16, torch.float16)):
+        if takes_fp8_rows(x, weight_scale):
             return _scaled_mm(x, weight, weight_scale, bias)
         from pagedllm.kernels.fp8_triton import fp8_gemm_triton
 

@@ -154,9 +154,58 @@ def test_fp16_saturation():
     check_fp16_saturation("cuda", torch.bfloat16, SWAP_CONFIGS[0])
 
 
+def check_act_and_mul_fp8(device, dtype, m, d, gelu_tanh=False, seed=0):
+    """The gated activation quantized per token in its own kernel: bit for bit the activation
+    kernel then the quantization kernel, and within a rounding step of the torch references;
+    a zero row gets the least scale."""
+    from pagedllm.kernels.activation import gelu_tanh_and_mul_torch, silu_and_mul_torch
+    from pagedllm.kernels.activation_triton import _act_and_mul, act_and_mul_fp8_triton
+    from pagedllm.kernels.fp8 import MIN_SCALE
+    from pagedllm.kernels.fp8_triton import per_token_quant_triton
+
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(m, 2 * d, generator=g) * 3).to(device=device, dtype=dtype)
+    x[0] = 0.0
+    q, s = act_and_mul_fp8_triton(x, gelu_tanh)
+    assert q.dtype == FP8_DTYPE and q.shape == (m, d) and s.shape == (m, 1)
+    uq, us = per_token_quant_triton(_act_and_mul(x, gelu_tanh))
+    assert torch.equal(s, us) and torch.equal(q.view(torch.uint8), uq.view(torch.uint8))
+    assert float(s[0]) == pytest.approx(MIN_SCALE) and not q[0].float().any()
+    rq, rs = per_token_quant_torch((gelu_tanh_and_mul_torch if gelu_tanh else silu_and_mul_torch)(x))
+    torch.testing.assert_close(s, rs, atol=0, rtol=2e-3)  # the 16-bit product's last bit may differ
+    step = rs * 2**-3 * 448 / 2
+    assert bool(((q.float() * s - rq.float() * rs).abs() <= 2 * step).all())
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_per_token_quant(dtype):
     check_per_token_quant("cuda", dtype, 37, 4096)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("d, gelu_tanh", [(14336, False), (3000, True), (17, False)])
+def test_act_and_mul_fp8(dtype, d, gelu_tanh):
+    check_act_and_mul_fp8("cuda", dtype, 70, d, gelu_tanh)
+
+
+@pytest.mark.parametrize("m", [63, 64, 300])
+def test_act_into_fp8_rows(m):
+    """An FP8 down projection takes the activation's FP8 rows from 64 rows (where it would quantize
+    them itself): the same bits as the activation, the quantization kernel and `_scaled_mm`."""
+    from pagedllm.kernels import fp8
+    from pagedllm.model.layers.activation import SiluAndMul, act_into
+    from pagedllm.model.layers.linear import RowParallelLinear
+    from pagedllm.model.layers.quantization.fp8 import Fp8Config
+
+    torch.manual_seed(3)
+    layer = RowParallelLinear(1024, 512).to("cuda", torch.bfloat16)
+    layer.weight.data.normal_(0, 0.02)
+    layer.quant_method = Fp8Config().get_linear_method(layer, "down_proj")  # online: quantized after loading
+    layer.quant_method.process_weights_after_loading(layer)
+    h = torch.randn(m, 2048, device="cuda", dtype=torch.bfloat16)
+    assert layer.takes_fp8_rows(h) == (m >= fp8.SCALED_MM_MIN_ROWS)
+    act = SiluAndMul()
+    assert torch.equal(act_into(act, layer, h), layer(act(h)))
 
 
 @pytest.mark.parametrize("m", [1, 8, 64, 300])

@@ -41,6 +41,8 @@ _CASES = {
                                                                   "nan_past_end": True}),
     "swap_fp16_saturation": ("check_fp16_saturation", [_SWAP], {}),
     "per_token_quant": ("check_per_token_quant", [5, 40], {}),
+    "act_and_mul_fp8": ("check_act_and_mul_fp8", [5, 40], {}),
+    "gelu_and_mul_fp8_ragged": ("check_act_and_mul_fp8", [3, 37], {"gelu_tanh": True}),
     "kv_e4m3_scaled": ("check_fp8_backend", [], dict(_MIXED, cache="fp8_e4m3", k_scale=0.05, v_scale=0.3)),
     "kv_e4m3_split_k": ("check_fp8_backend", [], dict(_MIXED, cache="fp8_e4m3", num_splits=3)),
     "kv_e5m2": ("check_fp8_backend", [], dict(_MIXED, cache="fp8_e5m2", k_scale=0.5, v_scale=2.0)),

@@ -23,6 +23,7 @@ from torch import nn
 
 from pagedllm.distributed import SINGLE, ParallelState, check_tp_divides, kv_heads_per_rank
 from pagedllm.kernels import cpu_gemm, small_m
+from pagedllm.kernels.fp8 import Fp8Rows
 
 
 def _set_loader(param: nn.Parameter, loader) -> nn.Parameter:
@@ -163,8 +164,13 @@ class RowParallelLinear(nn.Module):
         n = self.in_per_rank
         copy_checked(param.data, loaded.narrow(1, self.ps.tp_rank * n, n))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [T, in / tp] -> partial sums [T, out] -> all-reduced [T, out]
+    def takes_fp8_rows(self, x: torch.Tensor) -> bool:
+        """Whether forward would quantize activations like x ([T, ...] rows of its dtype and device)
+        per token to FP8, and so takes them as kernels/fp8.Fp8Rows made by the kernel before."""
+        return self.quant_method is not None and self.quant_method.takes_fp8_rows(self, x)
+
+    def forward(self, x: torch.Tensor | Fp8Rows) -> torch.Tensor:
+        # x: [T, in / tp] (or those rows as FP8, when takes_fp8_rows) -> partial sums [T, out] -> all-reduced [T, out]
         if self.quant_method is not None:
             y = self.quant_method.apply(self, x, None)
         else:

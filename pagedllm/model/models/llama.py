@@ -22,7 +22,7 @@ from torch import nn
 from pagedllm.attention.backend import ForwardBatch
 from pagedllm.distributed import SINGLE, ParallelState
 from pagedllm.kernels._triton import fusion_enabled
-from pagedllm.model.layers.activation import SiluAndMul
+from pagedllm.model.layers.activation import SiluAndMul, act_into
 from pagedllm.model.layers.attention import Attention, layer_sliding_window
 from pagedllm.model.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from pagedllm.model.layers.layernorm import RMSNorm
@@ -130,7 +130,7 @@ class LlamaMLP(nn.Module):
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+        return act_into(self.act_fn, self.down_proj, self.gate_up_proj(x))
 
 
 class LlamaDecoderLayer(nn.Module):

@@ -37,6 +37,11 @@ class LinearMethod(ABC):
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x [T, in_per_rank] -> [T, out_per_rank] (before any all-reduce)."""
 
+    def takes_fp8_rows(self, layer: nn.Module, x: torch.Tensor) -> bool:
+        """Whether `apply` would quantize activations like x per token to FP8 (W8A8), and so takes
+        them as kernels/fp8.Fp8Rows already quantized; no method but FP8's does."""
+        return False
+
     def describe(self) -> str:
         return type(self).__name__
 

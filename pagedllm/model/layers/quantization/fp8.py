@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from pagedllm.kernels.fp8 import FP8_DTYPE, fp8_linear, quantize_fp8_torch
+from pagedllm.kernels.fp8 import FP8_DTYPE, Fp8Rows, fp8_linear, quantize_fp8_torch, takes_fp8_rows
 from pagedllm.model.layers.linear import RowParallelLinear, materialize
 from pagedllm.model.layers.quantization.base import LinearMethod, QuantizationConfig, _is_ignored
 
@@ -187,7 +187,10 @@ class Fp8LinearMethod(LinearMethod):
         if not layer.weight.is_contiguous():
             layer.weight = nn.Parameter(layer.weight.data.contiguous(), requires_grad=False)
 
-    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def takes_fp8_rows(self, layer: nn.Module, x: torch.Tensor) -> bool:
+        return takes_fp8_rows(x, layer.weight_scale)
+
+    def apply(self, layer: nn.Module, x: torch.Tensor | Fp8Rows, bias: torch.Tensor | None) -> torch.Tensor:
         return fp8_linear(x, layer.weight, layer.weight_scale, bias)
 
     def describe(self) -> str:
