@@ -21,7 +21,8 @@
 # tiles, split-K and loop stages), w2gemv (W2 gptq: the register prefetch, PAGEDLLM_WNA16_PREFETCH=3 (the
 # cp.async pipeline), PAGEDLLM_WNA16_PDL=1 (gemvp's first tile before the PDL wait)), w2tiles (W2 gptq:
 # A the tree at $A_PATH, B this one, C this one with PAGEDLLM_WNA16_PDL=1; $ROUNDS rounds alternated), w3act
-# (W3 at inf: bf16, FP8 + FP8 KV with PAGEDLLM_FUSED_ACT_FP8=0, FP8 + FP8 KV).
+# (W3 at inf: bf16, FP8 + FP8 KV with PAGEDLLM_FUSED_ACT_FP8=0, FP8 + FP8 KV; W3ACT_ORDER may add fp8_norm:
+# PAGEDLLM_FUSED_NORM_FP8=1).
 # Logs in one archive in $OUT; a summary last.
 #     OUT=$OUT bash benchmarks/where_gpu.sh
 #     STEPS="moeprof w1order" bash benchmarks/where_gpu.sh   # any of moeprof w2int4prof w1fp8prof order w1order
@@ -195,10 +196,10 @@ if step w3 200; then  # needs the server's packages (the device README's wheel r
   done
 fi
 if [[ " $STEPS " == *" w3act "* ]]; then  # W3 at inf: bf16, FP8 + FP8 KV with PAGEDLLM_FUSED_ACT_FP8=0, FP8 + FP8 KV
-  for v in ${W3ACT_ORDER:-bf16 fp8_unfused fp8}; do  # (the server's packages needed, as for w3)
-    fits 110 "w3act $v" || continue
+  for v in ${W3ACT_ORDER:-bf16 fp8_unfused fp8}; do  # (the server's packages needed, as for w3; fp8_norm:
+    fits 110 "w3act $v" || continue                 # FP8 + FP8 KV with PAGEDLLM_FUSED_NORM_FP8=1 too)
     args=$([ $v = bf16 ] || echo "--quantization fp8 --kv-cache-dtype fp8")
-    e=$([ $v = fp8_unfused ] && echo PAGEDLLM_FUSED_ACT_FP8=0 || echo PAGEDLLM_FUSED_ACT_FP8=1)
+    case $v in fp8_unfused) e=PAGEDLLM_FUSED_ACT_FP8=0;; fp8_norm) e=PAGEDLLM_FUSED_NORM_FP8=1;; *) e=PAGEDLLM_FUSED_ACT_FP8=1;; esac
     env "$e" SERVER_ARGS="$args" OUT="$OUT/w3act_$v" timeout 110 bash benchmarks/w3_gpu.sh 200 inf > "$OUT/w3act_$v.log" 2>&1
     echo "w3act $v rc=$? at ${SECONDS} s: $(grep -iE "total token|output token" "$OUT/w3act_$v.log" | tr -s ' ' | head -2 | tr '\n' ';')"
   done

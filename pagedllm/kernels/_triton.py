@@ -33,7 +33,8 @@ def fusion_enabled(option: str, default: bool = True) -> bool:
     (kernels/qkv_rope.py), on by default (it runs on CUDA tensors only; the CPU keeps the unfused
     chain). ROUTER: the MoE router's product, softmax and top-k in one launch for 1-16 tokens
     (kernels/small_m.py `route_small`), on by default. ACT_FP8: the gated activation writing an FP8
-    down projection's per-token e4m3 rows itself (model/layers/activation.py `act_into`), on by default."""
+    down projection's per-token e4m3 rows itself (model/layers/activation.py `act_into`), on by default.
+    NORM_FP8: RMSNorm writing the qkv and gate/up products' FP8 rows (layernorm.py `norm_into`), off."""
     value = os.environ.get(f"PAGEDLLM_FUSED_{option}", "").strip()
     return default if not value else value != "0"
 

@@ -177,6 +177,37 @@ def check_act_and_mul_fp8(device, dtype, m, d, gelu_tanh=False, seed=0):
     assert bool(((q.float() * s - rq.float() * rs).abs() <= 2 * step).all())
 
 
+def check_rms_norm_fp8(device, dtype, m, h, residual=True, seed=0):
+    """The RMSNorm (with the residual add, or without) quantized per token in its own kernel: bit for
+    bit the norm kernel then the quantization kernel (and the same residual sum), and within a
+    rounding step of the torch references."""
+    from pagedllm.kernels.fp8_triton import per_token_quant_triton
+    from pagedllm.kernels.norm import fused_add_rms_norm_torch, rms_norm_torch
+    from pagedllm.kernels.norm_triton import fused_add_rms_norm_triton, rms_norm_fp8_triton, rms_norm_triton
+
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(m, h, generator=g) * 2).to(device=device, dtype=dtype)
+    r = torch.randn(m, h, generator=g).to(device=device, dtype=dtype) if residual else None
+    w = (torch.rand(h, generator=g) + 0.5).to(device=device, dtype=dtype)
+    (q, s), res = rms_norm_fp8_triton(x, r, w, 1e-6)
+    assert q.dtype == FP8_DTYPE and q.shape == (m, h) and s.shape == (m, 1)
+    y, ures = fused_add_rms_norm_triton(x, r, w, 1e-6) if residual else (rms_norm_triton(x, w, 1e-6), None)
+    uq, us = per_token_quant_triton(y)
+    assert torch.equal(s, us) and torch.equal(q.view(torch.uint8), uq.view(torch.uint8))
+    assert (res is None) == (not residual) and (res is None or torch.equal(res, ures))
+    ry = fused_add_rms_norm_torch(x, r, w, 1e-6)[0] if residual else rms_norm_torch(x, w, 1e-6)
+    rq, rs = per_token_quant_torch(ry)
+    torch.testing.assert_close(s, rs, atol=0, rtol=2e-3)
+    step = rs * 2**-3 * 448 / 2
+    assert bool(((q.float() * s - rq.float() * rs).abs() <= 2 * step).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("h, residual", [(4096, True), (4096, False), (1000, True)])
+def test_rms_norm_fp8(dtype, h, residual):
+    check_rms_norm_fp8("cuda", dtype, 70, h, residual)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_per_token_quant(dtype):
     check_per_token_quant("cuda", dtype, 37, 4096)

@@ -305,3 +305,36 @@ def test_engine_fused_rope_kv_greedy(tmp_path, tokenizer_dir, monkeypatch, arch,
             ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=20, do_sample=False,
                               eos_token_id=None, pad_token_id=0)[0, len(p):].tolist()
             assert o == ref
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_engine_fp8_rows_greedy(tmp_path, tokenizer_dir, monkeypatch, arch):
+    """FP8 weights on a bfloat16 model: the norms and the gated activation writing the W8A8
+    products' FP8 rows themselves (the default) give the tokens of the separate quantization
+    kernel (PAGEDLLM_FUSED_NORM_FP8=0, PAGEDLLM_FUSED_ACT_FP8=0); the 64-row prefill chunks take
+    the fused kernels (counted), the decodes below 64 rows do not."""
+    import collections
+
+    from pagedllm.model.layers import activation, layernorm
+
+    calls: collections.Counter = collections.Counter()
+
+    def counted(name, fn):
+        def run(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+
+        return run
+
+    monkeypatch.setattr(layernorm, "rms_norm_fp8", counted("norm", layernorm.rms_norm_fp8))
+    monkeypatch.setattr(activation, "act_and_mul_fp8", counted("act", activation.act_and_mul_fp8))
+    path = _tiny(arch, tmp_path, tokenizer_dir)
+    prompts = _prompts()
+    outs = {}
+    for fused in ("0", "1"):
+        monkeypatch.setenv("PAGEDLLM_FUSED_NORM_FP8", fused)
+        monkeypatch.setenv("PAGEDLLM_FUSED_ACT_FP8", fused)
+        calls.clear()
+        outs[fused] = _generate(path, monkeypatch, {}, prompts, dtype="bfloat16", quantization="fp8")
+        assert (calls["norm"] > 0 and calls["act"] > 0) == (fused == "1"), dict(calls)
+    assert outs["1"] == outs["0"]

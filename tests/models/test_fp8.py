@@ -293,3 +293,50 @@ def test_cli_flags():
     ns = build_parser().parse_args(["serve", "m", "--quantization", "fp8", "--kv-cache-dtype", "fp8"])
     args = engine_args_from_namespace(ns)
     assert (args.quantization, args.kv_cache_dtype) == ("fp8", "fp8")
+
+
+def test_fp8_rows_reach_the_w8a8_products(plain, monkeypatch):
+    """Where a layer multiplies per-token FP8 rows (W8A8: CUDA from 64 rows; here the CPU is told
+    so, and its `torch._scaled_mm` multiplies), the norms hand the qkv and gate/up products their
+    rows already quantized and the gated activation the down product's (`norm_into`, `act_into`);
+    the o projection quantizes its own. The greedy tokens equal those of quantizing before every
+    product (PAGEDLLM_FUSED_NORM_FP8=0, PAGEDLLM_FUSED_ACT_FP8=0), and decode steps (below 64
+    rows) take 16-bit rows."""
+    from pagedllm.kernels.fp8 import Fp8Rows, fp8_linear, per_token_quant_torch
+    from pagedllm.model.layers.quantization.fp8 import Fp8LinearMethod
+
+    names: dict[int, str] = {}
+    got: list[tuple[str, int, bool]] = []  # (product, rows, handed FP8 rows by the kernel before)
+
+    def takes(self, layer, x):
+        return x.shape[0] >= 64
+
+    def apply(self, layer, x, bias):
+        handed = isinstance(x, Fp8Rows)
+        if not handed and takes(self, layer, x):  # the unfused W8A8: quantized here
+            x = Fp8Rows(*per_token_quant_torch(x), x.dtype)
+        if isinstance(x, Fp8Rows):
+            got.append((names[id(layer)].rsplit(".", 1)[-1], x.data.shape[0], handed))
+        return fp8_linear(x, layer.weight, layer.weight_scale, bias)
+
+    monkeypatch.setattr(Fp8LinearMethod, "takes_fp8_rows", takes)
+    monkeypatch.setattr(Fp8LinearMethod, "apply", apply)
+    prompts = [list(range(200, 300)), [5, 77, 300]]
+    outs, seen = {}, {}
+    for fused in ("0", "1"):
+        monkeypatch.setenv("PAGEDLLM_FUSED_NORM_FP8", fused)
+        monkeypatch.setenv("PAGEDLLM_FUSED_ACT_FP8", fused)
+        llm = LLM(plain, kv_cache_memory="16MiB", max_model_len=256, quantization="fp8", dtype="bfloat16",
+                  max_num_batched_tokens=128)
+        model = llm.llm_engine.executor.worker.model
+        names.update({id(m): n for n, m in model.named_modules()
+                      if isinstance(getattr(m, "quant_method", None), Fp8LinearMethod)})
+        got.clear()
+        outs[fused] = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
+        seen[fused] = sorted(set(got))
+    assert outs["1"] == outs["0"]
+    products = ["down_proj", "gate_up_proj", "o_proj", "qkv_proj"]
+    # one step of 103 rows (both prompts' prefills); 2 layers: each product twice
+    assert seen["0"] == [(p, 103, False) for p in products]
+    assert seen["1"] == [(p, 103, p != "o_proj") for p in products]
+    assert sum(1 for p, _, handed in got if handed) == 2 * 3

@@ -1,7 +1,7 @@
 """The FP8 kernels (tests/gpu/test_fp8_gpu.py's checks) on the CPU through Triton's interpreter, at
 small shapes, against their torch references: the W8A16 GEMV and tensor-core GEMM (per-channel
 and K-group scales, ragged shapes, bias), the swap-AB tensor-core kernel for few rows (split-K
-too), the per-token quantization, and the attention kernels on e4m3 / e5m2 KV caches with scales.
+too), the per-token quantization (alone and in the gated activation's and RMSNorm's kernels), and the attention kernels on e4m3 / e5m2 KV caches with scales.
 bfloat16 through `tl.dot` does not run in the interpreter (test_kernels_interpret.py says why):
 float32 and float16 activations here, and bfloat16 for the swap-AB kernel, whose dots take fp16
 operands (its saturation of bfloat16 values beyond fp16's range is checked there too)."""
@@ -43,6 +43,8 @@ _CASES = {
     "per_token_quant": ("check_per_token_quant", [5, 40], {}),
     "act_and_mul_fp8": ("check_act_and_mul_fp8", [5, 40], {}),
     "gelu_and_mul_fp8_ragged": ("check_act_and_mul_fp8", [3, 37], {"gelu_tanh": True}),
+    "rms_norm_fp8_residual": ("check_rms_norm_fp8", [4, 48], {}),
+    "rms_norm_fp8_ragged": ("check_rms_norm_fp8", [3, 40], {"residual": False}),
     "kv_e4m3_scaled": ("check_fp8_backend", [], dict(_MIXED, cache="fp8_e4m3", k_scale=0.05, v_scale=0.3)),
     "kv_e4m3_split_k": ("check_fp8_backend", [], dict(_MIXED, cache="fp8_e4m3", num_splits=3)),
     "kv_e5m2": ("check_fp8_backend", [], dict(_MIXED, cache="fp8_e5m2", k_scale=0.5, v_scale=2.0)),

@@ -62,7 +62,10 @@ def default_weight_loader(param: torch.Tensor, loaded, shard_id=None) -> None:
     param.data.copy_(materialize(loaded))
 
 
-class ColumnParallelLinear(nn.Module):
+class LinearBase(nn.Module):
+    """What column- and row-parallel layers share: the attributes set at build / load, and whether
+    the layer takes FP8 rows."""
+
     # MKL-packed copy of the weight for small CPU products (kernels/cpu_gemm.py), set after loading
     packed_weight: cpu_gemm.PackedWeight | None = None
     # a quantized layout and product (model/layers/quantization), given at load; None: plain
@@ -70,6 +73,13 @@ class ColumnParallelLinear(nn.Module):
     # 16-bit products of 1-16 rows on CUDA through kernels/small_m.py (PAGEDLLM_SMALL_M_GEMM), set at build
     small_m_gemm = False
 
+    def takes_fp8_rows(self, x: torch.Tensor) -> bool:
+        """Whether forward would quantize activations like x ([T, ...] rows of its dtype and device)
+        per token to FP8, and so takes them as kernels/fp8.Fp8Rows made by the kernel before."""
+        return self.quant_method is not None and self.quant_method.takes_fp8_rows(self, x)
+
+
+class ColumnParallelLinear(LinearBase):
     def __init__(self, in_features: int, out_features: int, bias: bool = False, ps: ParallelState = SINGLE,
                  skip_bias_add: bool = False):
         super().__init__()
@@ -91,8 +101,8 @@ class ColumnParallelLinear(nn.Module):
         n = self.out_per_rank
         copy_checked(param.data, loaded.narrow(0, self.ps.tp_rank * n, n))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [T, in] -> [T, out / tp]
+    def forward(self, x: torch.Tensor | Fp8Rows) -> torch.Tensor:
+        # x: [T, in] (or those rows as FP8, when takes_fp8_rows) -> [T, out / tp]
         bias = None if self.skip_bias_add else self.bias
         if self.quant_method is not None:
             return self.quant_method.apply(self, x, bias)
@@ -141,11 +151,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         copy_checked(param.data.narrow(0, offset, size), loaded.narrow(0, block * size, size), f"{shard_id}_proj")
 
 
-class RowParallelLinear(nn.Module):
-    packed_weight: cpu_gemm.PackedWeight | None = None
-    quant_method = None
-    small_m_gemm = False
-
+class RowParallelLinear(LinearBase):
     def __init__(self, in_features: int, out_features: int, bias: bool = False, ps: ParallelState = SINGLE):
         super().__init__()
         if in_features % ps.tp_size:
@@ -163,11 +169,6 @@ class RowParallelLinear(nn.Module):
     def weight_loader(self, param: nn.Parameter, loaded, shard_id=None) -> None:
         n = self.in_per_rank
         copy_checked(param.data, loaded.narrow(1, self.ps.tp_rank * n, n))
-
-    def takes_fp8_rows(self, x: torch.Tensor) -> bool:
-        """Whether forward would quantize activations like x ([T, ...] rows of its dtype and device)
-        per token to FP8, and so takes them as kernels/fp8.Fp8Rows made by the kernel before."""
-        return self.quant_method is not None and self.quant_method.takes_fp8_rows(self, x)
 
     def forward(self, x: torch.Tensor | Fp8Rows) -> torch.Tensor:
         # x: [T, in / tp] (or those rows as FP8, when takes_fp8_rows) -> partial sums [T, out] -> all-reduced [T, out]

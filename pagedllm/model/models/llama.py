@@ -25,7 +25,7 @@ from pagedllm.kernels._triton import fusion_enabled
 from pagedllm.model.layers.activation import SiluAndMul, act_into
 from pagedllm.model.layers.attention import Attention, layer_sliding_window
 from pagedllm.model.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from pagedllm.model.layers.layernorm import RMSNorm
+from pagedllm.model.layers.layernorm import RMSNorm, norm_into
 from pagedllm.model.layers.pipeline import belongs_elsewhere, make_layers, owned_layers
 from pagedllm.model.layers.linear import (
     MergedColumnParallelLinear,
@@ -79,6 +79,12 @@ class LlamaAttention(nn.Module):
         return (self.fuse_rope_kv_requested and type(self.rotary_emb) is RotaryEmbedding
                 and (not self.use_qk_norm or type(self.q_norm) is type(self.k_norm) is RMSNorm))
 
+    @property
+    def input_linear(self) -> nn.Module | None:
+        """The one consumer of forward's x (so the norm before may hand it FP8 rows: norm_into);
+        None for a subclass with a forward of its own."""
+        return self.qkv_proj if type(self).forward is LlamaAttention.forward else None
+
     def biases(self, cfg: Any) -> tuple[bool, bool]:
         """(q/k/v projections have a bias, o_proj has one)."""
         bias = bool(getattr(cfg, "attention_bias", False))
@@ -129,6 +135,11 @@ class LlamaMLP(nn.Module):
         self.down_proj = RowParallelLinear(inter, cfg.hidden_size, bias=bias, ps=ps)
         self.act_fn = SiluAndMul()
 
+    @property
+    def input_linear(self) -> nn.Module | None:
+        """The one consumer of forward's x (LlamaAttention.input_linear's rule)."""
+        return self.gate_up_proj if type(self).forward is LlamaMLP.forward else None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return act_into(self.act_fn, self.down_proj, self.gate_up_proj(x))
 
@@ -145,17 +156,19 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = self.norm_cls(cfg.hidden_size, norm_eps(cfg))
         self.post_attention_layernorm = self.norm_cls(cfg.hidden_size, norm_eps(cfg))
 
-    def norm_input(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def norm_input(self, x: torch.Tensor, residual: torch.Tensor | None,
+                   linear: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(input_layernorm(x + residual), x + residual): x + residual is the layer's input, the
-        previous layer's output not yet added to the stream (the first layer: no residual)."""
-        if residual is None:
-            return self.input_layernorm(x), x
-        return self.input_layernorm(x, residual)
+        previous layer's output not yet added to the stream (the first layer: no residual); the
+        normed rows as FP8 where `linear`, their one consumer, takes them (norm_into)."""
+        return norm_into(self.input_layernorm, x, residual, linear)
 
     def forward(self, positions, x, residual, batch):
-        x, residual = self.norm_input(x, residual)
+        x, residual = self.norm_input(x, residual, getattr(self.self_attn, "input_linear", None))
         x = self.self_attn(positions, x, batch)
-        x, residual = self.post_attention_layernorm(x, residual)
+        plain_mlp = type(self).run_mlp is LlamaDecoderLayer.run_mlp  # (MoE layers route first)
+        mlp_linear = getattr(self.mlp, "input_linear", None) if plain_mlp else None
+        x, residual = norm_into(self.post_attention_layernorm, x, residual, mlp_linear)
         return self.run_mlp(x, batch), residual
 
     def run_mlp(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
