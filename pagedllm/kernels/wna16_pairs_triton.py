@@ -204,10 +204,16 @@ def kpairs_permutation(k_padded: int, block_k: int, device: torch.device) -> tor
 
 def default_config(m: int, n: int, k: int) -> SwapConfig:
     """64 or 128 activation rows a program (4 / 8 warps), 128-wide weight tiles, K steps of 128;
-    split-K as the swap kernels' GEMM tiles. A guess fitted to nothing yet: wna16_bench.py sweeps it."""
+    split-K as the swap kernels' GEMM tiles, but the 8-warp 128-row tiles split only while the
+    programs stay within one an SM. From the H100 sweep (`wna16_bench.py --rows 64 256`, RESULTS.md
+    eighteenth session, Llama-3.1-8B int4 g128, us a layer): at 64 rows this was the best of the
+    sweep on all four projections; at 256 rows qkv split 1 44.3 against split 2's 56.0, o split 2
+    32.5 against split 4's 39.0 (gate_up best with 256-row tiles, 142.4 against 161.3: not taken,
+    one shape)."""
     block_m = 64 if m <= 64 else 128
-    return SwapConfig(128, 128, _split_k(m, n, k, block_m, 128, 128), num_warps=4 if block_m == 64 else 8,
-                      num_stages=3, block_m=block_m, pairs=True)
+    split_k = _split_k(m, n, k, block_m, 128, 128, 264 if block_m == 64 else 132)
+    return SwapConfig(128, 128, split_k, num_warps=4 if block_m == 64 else 8, num_stages=3, block_m=block_m,
+                      pairs=True)
 
 
 def wna16_kpairs_gemm(

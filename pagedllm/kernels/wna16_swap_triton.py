@@ -313,12 +313,12 @@ def default_config(m: int, n: int, k: int, group_k: int) -> SwapConfig:
                       else 3, block_m=block_m)
 
 
-def _split_k(m: int, n: int, k: int, block_m: int, block_n: int, block_k: int) -> int:
-    """Splits of K by powers of two while the programs stay within about two per SM of an H200
-    (132) and each split keeps four K steps."""
+def _split_k(m: int, n: int, k: int, block_m: int, block_n: int, block_k: int, max_programs: int = 264) -> int:
+    """Splits of K by powers of two while the programs stay within max_programs (by default about
+    two per SM of an H200's 132) and each split keeps four K steps."""
     tiles = -(-n // block_n) * -(-m // block_m)
     split_k = 1
-    while 2 * split_k * tiles <= 264 and split_k < 8 and k >= 4 * block_k * (2 * split_k):
+    while 2 * split_k * tiles <= max_programs and split_k < 8 and k >= 4 * block_k * (2 * split_k):
         split_k *= 2
     return split_k
 
