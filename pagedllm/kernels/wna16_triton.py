@@ -202,10 +202,12 @@ def gemv_prefetch() -> int:
 
 @functools.cache
 def gemv_pdl() -> bool:
-    """PAGEDLLM_WNA16_PDL=1 (read once; off by default: with gemvp_config's tiles W2 gptq 2.89 -> 2.97
-    ms/token on the H100, RESULTS.md eighteenth session): gemvp launched with
-    programmatic dependent launch (PAGEDLLM_PDL on too), its first tile's words loaded before
-    it waits for the kernel before (with gemv_prefetch's register prefetch)."""
+    """PAGEDLLM_WNA16_PDL=1 (read once; off by default): gemvp launched with programmatic dependent
+    launch (PAGEDLLM_PDL on too) where it runs gemv_prefetch's register prefetch, its first tile's
+    words loaded before it waits for the kernel before. The H100 (RESULTS.md eighteenth session):
+    W2 gptq 3.03 -> 2.93 ms/token at the old tiles, but 2.89 -> 2.97 with gemvp_config's, whose
+    pipelined o projection then waited before its first load; since then the pipelined shapes launch
+    without PDL (not yet timed)."""
     value = os.environ.get("PAGEDLLM_WNA16_PDL", "0").strip() or "0"
     if value not in ("0", "1"):
         raise ValueError(f"PAGEDLLM_WNA16_PDL={value!r}: expected 0 or 1")
@@ -302,7 +304,7 @@ def wna16_gemm_triton(
             mode = num_stages if pipelined else gemv_prefetch()
             common["PREFETCH"] = mode == 1
             common["LOOP_STAGES"] = mode if mode >= 3 else 1
-            if gemv_pdl():
+            if gemv_pdl() and mode == 1:  # (the pipelined or plain loops would wait first: no overlap)
                 common.update(pdl(x))
         else:
             common["BITS"] = bits
