@@ -7,12 +7,21 @@ largest first so all graphs share one memory pool. The graphs read the runner's 
 there, so replaying copies nothing; padding rows get slot -1 (nothing stored) and seq_len 0
 (the decode kernel writes zeros).
 The attention grid depends only on the batch size and the `max_seq_len` bound, which is
-`max_model_len` at capture and at replay.
+`max_model_len` at capture and at replay -- or, with PAGEDLLM_GRAPH_CONTEXT_BUCKETS=1 (opt-in until
+timed), also the smaller bounds of CONTEXT_BUCKETS for the batch sizes whose decode split count
+they change: a step replays the graph of the least bound at least its longest context. The
+decode kernel cuts each request's actual length into the grid's splits, so any bound is correct;
+a small one only spares short contexts the splits (and the reduce kernel) that a long
+max_model_len asks for at small batches (Qwen3-30B-A3B batch 1, max_model_len 4,096: 32 splits
+and a reduce kernel a layer for a few hundred tokens; at a bound of 1,024, 8 splits merged by the
+last one).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 import time
 from typing import Any
 
@@ -32,6 +41,33 @@ def batch_size_ladder(max_bs: int) -> list[int]:
     return sizes
 
 
+# the max_seq_len bounds below max_model_len that graphs may be captured for (context_buckets())
+CONTEXT_BUCKETS = (1024, 4096)
+
+
+@functools.cache
+def context_buckets() -> bool:
+    """PAGEDLLM_GRAPH_CONTEXT_BUCKETS=1: decode graphs for CONTEXT_BUCKETS too (read once; off by default)."""
+    value = os.environ.get("PAGEDLLM_GRAPH_CONTEXT_BUCKETS", "0").strip() or "0"
+    if value not in ("0", "1"):
+        raise ValueError(f"PAGEDLLM_GRAPH_CONTEXT_BUCKETS={value!r}: expected 0 or 1")
+    return value == "1"
+
+
+def context_bounds(sizes: list[int], max_model_len: int, split_counts) -> dict[int, list[int]]:
+    """Per batch size, the ascending max_seq_len bounds to capture a graph for: max_model_len, and
+    each of CONTEXT_BUCKETS below it whose split counts (`split_counts(bs, bound)`, a tuple over the
+    model's attention layers) differ from the next larger bound kept."""
+    bounds = {}
+    for bs in sizes:
+        kept = [max_model_len]
+        for b in sorted((b for b in CONTEXT_BUCKETS if b < max_model_len), reverse=True):
+            if split_counts(bs, b) != split_counts(bs, kept[0]):
+                kept.insert(0, b)
+        bounds[bs] = kept
+    return bounds
+
+
 class DecodeGraphs:
     def __init__(self, model: Any, buffers: StepBuffers, max_bs: int, max_model_len: int,
                  backend: AttentionBackend, block_size: int):  # fmt: skip
@@ -46,16 +82,33 @@ class DecodeGraphs:
         self.max_model_len = max_model_len
         self.max_blocks = buffers.block_tables.shape[1]
         self.sizes = batch_size_ladder(max_bs)
+        self.bounds = (
+            context_bounds(self.sizes, max_model_len, self._split_counts)
+            if context_buckets()
+            else {bs: [max_model_len] for bs in self.sizes}
+        )
         # the graph runs the LM head too: logits of every row, in the head's dtype (the sampler
         # converts where it needs float32); made by the first (uncaptured) forward pass
         self.logits: torch.Tensor | None = None
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (batch size, max_seq_len bound)
         self.pool: Any = None
+
+    def _split_counts(self, bs: int, bound: int) -> tuple[int, ...]:
+        """The decode kernel's split count at batch bs and max_seq_len bound, per distinct attention
+        layer (kv heads, sliding window)."""
+        from pagedllm.kernels.attention_decode import _num_sms, decode_num_splits
+        from pagedllm.model.layers.attention import Attention
+
+        layers = sorted(
+            {(m.num_kv_heads, m.sliding_window or 0) for m in self.model.modules() if isinstance(m, Attention)}
+        )
+        sms = _num_sms(self.device.index or 0)
+        return tuple(decode_num_splits(bs, hkv, min(bound, window) if window else bound, sms) for hkv, window in layers)
 
     def padded_size(self, n: int) -> int:
         return next(s for s in self.sizes if s >= n)
 
-    def _batch(self, bs: int) -> ForwardBatch:
+    def _batch(self, bs: int, bound: int) -> ForwardBatch:
         """The views of the runner's StepBuffers a graph of batch size bs reads (their layout)."""
         ints, ints32 = self.buffers.ints, self.buffers.ints32
         s = aligned(bs)
@@ -70,17 +123,18 @@ class DecodeGraphs:
             logits_indices=ints[3 * s : 3 * s + bs],
             num_decodes=bs,
             max_query_len=1,
-            max_seq_len=self.max_model_len,
+            max_seq_len=bound,
             query_lens_cpu=[1] * bs,
-            seq_lens_cpu=[self.max_model_len] * bs,
+            seq_lens_cpu=[bound] * bs,
         )
 
     @torch.inference_mode()
     def capture(self) -> None:
         t0 = time.time()
         b = self.buffers
-        for bs in reversed(self.sizes):
-            batch = self._batch(bs)
+        order = [(size, bound) for size in reversed(self.sizes) for bound in reversed(self.bounds[size])]
+        for bs, bound in order:  # the largest first: every graph fits the first one's pool
+            batch = self._batch(bs, bound)
             # every row padding: nothing stored (slot -1), nothing read (seq_len 0)
             batch.input_ids.zero_()
             batch.positions.zero_()
@@ -97,10 +151,11 @@ class DecodeGraphs:
                 self._forward(batch, bs)
             if self.pool is None:
                 self.pool = g.pool()
-            self.graphs[bs] = g
+            self.graphs[(bs, bound)] = g
         torch.cuda.synchronize(self.device)
         logger.info(
-            "captured CUDA graphs for %d decode batch sizes (up to %d) in %.1fs",
+            "captured %d CUDA graphs for %d decode batch sizes (up to %d) in %.1fs",
+            len(self.graphs),
             len(self.sizes),
             self.max_bs,
             time.time() - t0,
@@ -117,9 +172,11 @@ class DecodeGraphs:
     def can_run(self, num_reqs: int, num_tokens: int, num_decodes: int) -> bool:
         return num_decodes == num_reqs == num_tokens and num_reqs <= self.max_bs
 
-    def run(self, num_reqs: int) -> torch.Tensor:
-        """Replays the graph of the padded size; the runner has laid out the step in the
-        buffers for that size."""
-        self.graphs[self.padded_size(num_reqs)].replay()
+    def run(self, num_reqs: int, max_seq_len: int) -> torch.Tensor:
+        """Replays the graph of the padded size and the least bound at least max_seq_len (the
+        step's longest context); the runner has laid out the step in the buffers for that size."""
+        bs = self.padded_size(num_reqs)
+        bound = next(b for b in self.bounds[bs] if b >= max_seq_len)
+        self.graphs[(bs, bound)].replay()
         assert self.logits is not None
         return self.logits[:num_reqs]  # [n, vocab]; row i is token i

@@ -286,7 +286,7 @@ class ModelRunner:
         if si.graph:
             # the graph's own output buffer, which the next launch overwrites: everything read
             # from it (sampling, logprobs) is queued below, before that launch
-            logits = self.graphs.run(batch.num_reqs)  # [n, V], row i is token i
+            logits = self.graphs.run(batch.num_reqs, batch.max_seq_len)  # [n, V], row i is token i
             if batch.logits_indices.shape[0] != batch.num_tokens or len(si.sample_rows) != batch.num_reqs:
                 logits = logits[batch.logits_indices]  # [S', V]
         elif self.ps.pp_size > 1:

@@ -143,3 +143,33 @@ def test_float32_penalties_and_min_tokens_with_graphs_and_async(tmp_path, tokeni
     for i, (p, c) in enumerate(zip(prompts, cases)):
         ref = penalized_greedy_reference(hf, p, 20, banned=banned if "min_tokens" in c else (), **c)
         assert outs[str(i)] == ref, f"case {c}"
+
+
+def test_float32_greedy_equals_hf_with_context_buckets(tmp_path, tokenizer_dir, monkeypatch):
+    """PAGEDLLM_GRAPH_CONTEXT_BUCKETS=1 with max_model_len 4,096: small decode batches replay graphs
+    captured for a 1,024-token bound (fewer decode splits) until a context passes it, then the
+    max_model_len graph; the tokens equal transformers' float32 on both sides of the bound."""
+    from transformers import AutoModelForCausalLM
+
+    from pagedllm import LLM, SamplingParams
+    from pagedllm.worker import cuda_graph
+
+    monkeypatch.setenv("PAGEDLLM_GRAPH_CONTEXT_BUCKETS", "1")
+    cuda_graph.context_buckets.cache_clear()
+    try:
+        path = save_tiny_model(tiny_config("llama", heads=4, kv_heads=2, hidden=128, max_pos=4096), str(tmp_path),
+                               tokenizer_dir, seed=3)
+        hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda().eval()
+        llm = LLM(path, dtype="float32", max_model_len=4096, gpu_memory_utilization=0.3, max_num_seqs=4)
+        graphs = llm.llm_engine.executor.worker.runner.graphs
+        assert graphs.bounds[1] == [1024, 4096] and (1, 1024) in graphs.graphs
+        replayed = []
+        run = graphs.run
+        monkeypatch.setattr(graphs, "run", lambda n, s: replayed.append(s) or run(n, s))
+        prompts = prompts_of([1000, 20], seed=9)  # the first crosses 1,024 while it decodes
+        sp = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+        for p, o in zip(prompts, llm.generate(prompts, sp, use_tqdm=False)):
+            assert o.outputs[0].token_ids == hf_generate(hf, p, 40)[0]
+        assert min(replayed) <= 1024 < max(replayed)
+    finally:
+        cuda_graph.context_buckets.cache_clear()
