@@ -23,6 +23,12 @@ def use_triton(x: torch.Tensor) -> bool:
     return x.is_cuda and triton_available()
 
 
+def unit_stride_rows(x: torch.Tensor) -> torch.Tensor:
+    """x [..., H] as rows [N, H] whose last dimension has unit stride (a view where it can be)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+
+
 def next_power_of_2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 

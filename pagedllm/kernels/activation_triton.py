@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedllm.kernels._triton import next_power_of_2, pdl
+from pagedllm.kernels._triton import next_power_of_2, pdl, unit_stride_rows
 from pagedllm.kernels.pdl_triton import pdl_release, pdl_wait
 
 
@@ -67,14 +67,9 @@ def gelu_tanh_and_mul_triton(x: torch.Tensor) -> torch.Tensor:
     return _act_and_mul(x, gelu_tanh=True)
 
 
-def _rows(x: torch.Tensor) -> torch.Tensor:
-    x2 = x.reshape(-1, x.shape[-1])
-    return x2 if x2.stride(-1) == 1 else x2.contiguous()
-
-
 def _act_and_mul(x: torch.Tensor, gelu_tanh: bool) -> torch.Tensor:
     d = x.shape[-1] // 2
-    x2 = _rows(x)
+    x2 = unit_stride_rows(x)
     t = x2.shape[0]
     out = torch.empty((t, d), dtype=x.dtype, device=x.device)
     block = min(next_power_of_2(d), 1024)
@@ -97,7 +92,7 @@ def act_and_mul_fp8_triton(x: torch.Tensor, gelu_tanh: bool) -> tuple[torch.Tens
     d = x.shape[-1] // 2
     if d > FP8_MAX_D or x.dim() != 2:
         raise ValueError(f"act_and_mul_fp8_triton takes [T, 2 * d] rows with d <= {FP8_MAX_D}, got {tuple(x.shape)}")
-    x2 = _rows(x)
+    x2 = unit_stride_rows(x)
     t = x2.shape[0]
     q = torch.empty((t, d), dtype=FP8_DTYPE, device=x.device)
     s = torch.empty((t, 1), dtype=torch.float32, device=x.device)

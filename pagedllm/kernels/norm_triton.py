@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedllm.kernels._triton import next_power_of_2, pdl
+from pagedllm.kernels._triton import next_power_of_2, pdl, unit_stride_rows
 from pagedllm.kernels.pdl_triton import pdl_release, pdl_wait
 
 
@@ -69,11 +69,6 @@ def _rms_norm_kernel(
         tl.store(out_ptr + row * stride_out + cols, (w * y).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _rows(x: torch.Tensor) -> torch.Tensor:
-    x2 = x.reshape(-1, x.shape[-1])
-    return x2 if x2.stride(-1) == 1 else x2.contiguous()
-
-
 def _strided_rows(x: torch.Tensor) -> tuple[torch.Tensor, int, int, int]:
     """(x, outer row stride, inner row stride, rows per outer step) for x [..., R, H] whose
     rows cannot be flattened without a copy but whose last two dims can be walked in place:
@@ -81,7 +76,7 @@ def _strided_rows(x: torch.Tensor) -> tuple[torch.Tensor, int, int, int]:
     head), as Qwen3's q/k norms get them. Anything else: flattened rows (inner 1)."""
     if x.dim() == 3 and x.stride(-1) == 1 and x.stride(0) != x.shape[1] * x.stride(1):
         return x, x.stride(0), x.stride(1), x.shape[1]
-    x2 = _rows(x)
+    x2 = unit_stride_rows(x)
     return x2, x2.stride(0), 0, 1
 
 
@@ -90,7 +85,7 @@ def _launch(x, residual, weight, eps, fp8=False):
     if residual is None:
         x2, stride_x, stride_inner, inner = _strided_rows(x)
     else:
-        x2 = _rows(x)
+        x2 = unit_stride_rows(x)
         stride_x, stride_inner, inner = x2.stride(0), 0, 1
     t = x2.numel() // hidden
     out_dtype = torch.float8_e4m3fn if fp8 else torch.promote_types(weight.dtype, x.dtype)
@@ -102,7 +97,7 @@ def _launch(x, residual, weight, eps, fp8=False):
         scale = torch.empty((t, 1), dtype=torch.float32, device=x.device)
         quant = dict(s_ptr=scale, QUANT=True, FP8_MAX_=FP8_MAX, MIN_SCALE_=MIN_SCALE)
     if residual is not None:
-        r2 = _rows(residual)
+        r2 = unit_stride_rows(residual)
         res_out = torch.empty((t, hidden), dtype=x.dtype, device=x.device)
     else:
         r2, res_out = out, out  # unused by the kernel
