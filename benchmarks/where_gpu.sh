@@ -122,7 +122,7 @@ if step w1int4swap $((ROUNDS * 2 * 200)); then  # W1 Llama-3.1-8B: bf16 (A) agai
     > "$OUT/w1int4swap.log" 2>&1; echo "w1int4swap rc=$? at ${SECONDS} s"
 fi
 if step int4kp 200; then  # the K-packed layout's kpairs GEMM against dequantize + cuBLAS and bf16 (64 / 256 rows)
-  OUT="$OUT" timeout 200 $PY benchmarks/wna16_bench.py --rows 64 256 --skip-check > "$OUT/int4kp.log" 2>&1
+  OUT="$OUT" timeout 200 $PY benchmarks/wna16_bench.py --rows 64 256 --skip-check --kpairs-only > "$OUT/int4kp.log" 2>&1
   echo "int4kp rc=$? at ${SECONDS} s"; grep -A4 "^sum over" "$OUT/int4kp.log"; grep -E "WRONG" "$OUT/int4kp.log" | head -3
 fi
 if step w1int4pairs $((ROUNDS * 2 * 200)); then  # W1 Llama-3.1-8B: bf16 (A) against gptq (default K-packed layout) + kpairs (B)

@@ -334,6 +334,8 @@ def main() -> None:
     ap.add_argument("--rows", type=int, nargs="*", default=ROWS, help="4-bit: from 17 rows the kpairs GEMM is timed too")
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--skip-check", action="store_true")
+    ap.add_argument("--kpairs-only", action="store_true",
+                    help="sweep only the kpairs GEMM (the Triton GEMV/GEMM at its default config)")
     ap.add_argument("--bits", type=int, default=4)
     ap.add_argument("--swap", action="store_true", help="time the 4-bit swap-AB kernel (rows default 1 4 16)")
     ap.add_argument("--group", type=int, default=128, help="--swap: the group size of the int4 weights")
@@ -360,7 +362,8 @@ def main() -> None:
             if m >= 64:
                 row["dense"] = graph_time(lambda: [x @ dequantize_wna16_triton(q, s, z, args.bits, x.dtype)
                                                    for q, s, z in qs])
-            cfgs = [engine_config(m, n, k, args.bits)] + ([] if args.no_sweep else sweep(m, k, args.bits))
+            cfgs = [engine_config(m, n, k, args.bits)] + ([] if args.no_sweep or args.kpairs_only
+                                                          else sweep(m, k, args.bits))
             timed = time_configs(
                 cfgs, lambda c, x=x, qs=qs: wna16_gemm_triton(x, *qs[0], args.bits, config=c),
                 lambda c, x=x, qs=qs: [wna16_gemm_triton(x, q, s, z, args.bits, config=c) for q, s, z in qs], ref,
