@@ -6,6 +6,11 @@ bfloat16, against the float32 model, over English text: Python's own documentati
 over the model's own paged cache, the last tokens one at a time).
 
     python benchmarks/fp8_agreement.py --text pydoc --tokens 3000
+    python benchmarks/fp8_agreement.py --margins 0.5 1 2    # agreement by float32's top-1 lead too
+
+--margins: the same agreement over the positions where float32's top-1 logit leads its second by
+at least each margin (nats), and the share of positions that leaves: whether the variant's
+disagreements are the float32 model's near-ties.
 """
 
 from __future__ import annotations
@@ -48,13 +53,25 @@ def main() -> None:
     p.add_argument("--text", choices=("pydoc", "readme"), default="pydoc")
     p.add_argument("--tokens", type=int, default=3000)
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument("--margins", type=float, nargs="*", default=[],
+                   help="also the agreement where float32's top-1 leads its second by >= each margin (nats)")
     args = p.parse_args()
     ids = text_ids(args.text, args.tokens)
     ref = teacher_forced_logits(ids, dtype="float32")
     print(f"SmolLM2-135M-Instruct, {len(ids)} teacher-forced tokens of {args.text}, against float32:", flush=True)
+    two = ref.float().topk(2, dim=-1).values
+    lead = two[:, 0] - two[:, 1]  # float32's top-1 logit over its second
     for name in args.variants:
-        top1, kl = agreement_and_kl(ref, teacher_forced_logits(ids, **VARIANTS[name]))
+        got = teacher_forced_logits(ids, **VARIANTS[name])
+        top1, kl = agreement_and_kl(ref, got)
         print(f"  {name:22s} top-1 agreement {100 * top1:6.2f}%  mean KL {kl:.5f} nats", flush=True)
+        same = ref.argmax(-1) == got.argmax(-1)
+        for margin in args.margins:
+            keep = lead >= margin
+            share = keep.float().mean().item()
+            agree = same[keep].float().mean().item() if keep.any() else float("nan")
+            print(f"    where float32 leads by >= {margin:g} nats ({100 * share:5.1f}% of positions): "
+                  f"{100 * agree:6.2f}%", flush=True)
 
 
 if __name__ == "__main__":
