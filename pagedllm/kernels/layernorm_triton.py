@@ -11,8 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedllm.kernels._triton import next_power_of_2
-from pagedllm.kernels.norm_triton import _rows
+from pagedllm.kernels._triton import next_power_of_2, unit_stride_rows
 
 
 @triton.jit
@@ -48,11 +47,11 @@ def _layer_norm_kernel(
 
 def _launch(x, residual, weight, bias, eps):
     hidden = x.shape[-1]
-    x2 = _rows(x)
+    x2 = unit_stride_rows(x)
     t = x2.shape[0]
     out = torch.empty((t, hidden), dtype=x.dtype, device=x.device)
     if residual is not None:
-        r2 = _rows(residual)
+        r2 = unit_stride_rows(residual)
         res_out = torch.empty((t, hidden), dtype=x.dtype, device=x.device)
     else:
         r2, res_out = x2, out  # unused by the kernel
