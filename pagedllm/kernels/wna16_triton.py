@@ -187,13 +187,13 @@ def _wna16_dequant_kernel(w_ptr, s_ptr, z_ptr, out_ptr, N, K, stride_wk, stride_
 
 @functools.cache
 def gemv_prefetch() -> int:
-    """How the gemvp (and gemvn) loop keeps loads in flight (PAGEDLLM_WNA16_PREFETCH, read once; set,
-    it overrides gemvp_config's per-shape stages): 1 (the default) loads the next tile's words
-    before it uses its own (two tiles in flight a thread: the loop's loads are not pipelined otherwise; sm_90: the same instructions a word, one
-    register more; W2 gptq 3.25 -> 3.03 ms/token on the H100, RESULTS.md); 0 neither; 3 or 4 (gemvp)
-    Triton's software pipeline of that many stages instead (cp.async through shared memory, 2 / 3
-    tiles ahead; sm_90 at the 32 x 1,024 tile: 52 / 78 KB of shared memory, 28.1 bf16 instructions a word
-    against 25.9; benchmarks/sass_counts.py)."""
+    """How the gemvp (and gemvn) loop keeps loads in flight (PAGEDLLM_WNA16_PREFETCH, read once; set, it overrides
+    gemvp_config's per-shape stages): 1 (the default) loads the next tile's words before it uses its own (two tiles
+    in flight a thread: the loop's loads are not pipelined otherwise; sm_90: the same instructions a word, one
+    register more; W2 gptq 3.25 -> 3.03 ms/token on the H100, RESULTS.md); 0 neither; 3 or 4 (gemvp) Triton's
+    software pipeline of that many stages instead (cp.async through shared memory, 2 / 3 tiles ahead; sm_90 at the
+    32 x 1,024 tile: 52 / 78 KB of shared memory, 28.1 bf16 instructions a word against 25.9;
+    benchmarks/sass_counts.py)."""
     value = os.environ.get("PAGEDLLM_WNA16_PREFETCH", "1").strip() or "0"
     if value not in ("0", "1", "3", "4"):
         raise ValueError(f"PAGEDLLM_WNA16_PREFETCH={value!r}: expected 0, 1, 3 or 4")

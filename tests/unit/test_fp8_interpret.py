@@ -1,10 +1,11 @@
 """The FP8 kernels (tests/gpu/test_fp8_gpu.py's checks) on the CPU through Triton's interpreter, at
-small shapes, against their torch references: the W8A16 GEMV and tensor-core GEMM (per-channel
-and K-group scales, ragged shapes, bias), the swap-AB tensor-core kernel for few rows (split-K
-too), the per-token quantization (alone and in the gated activation's and RMSNorm's kernels), and the attention kernels on e4m3 / e5m2 KV caches with scales.
-bfloat16 through `tl.dot` does not run in the interpreter (test_kernels_interpret.py says why):
-float32 and float16 activations here, and bfloat16 for the swap-AB kernel, whose dots take fp16
-operands (its saturation of bfloat16 values beyond fp16's range is checked there too)."""
+small shapes, against their torch references: the W8A16 GEMV and tensor-core GEMM (per-channel and
+K-group scales, ragged shapes, bias), the swap-AB tensor-core kernel for few rows (split-K too), the
+per-token quantization (alone and in the gated activation's and RMSNorm's kernels), and the
+attention kernels on e4m3 / e5m2 KV caches with scales. bfloat16 through `tl.dot` does not run in
+the interpreter (test_kernels_interpret.py says why): float32 and float16 activations here, and
+bfloat16 for the swap-AB kernel, whose dots take fp16 operands (its saturation of bfloat16 values
+beyond fp16's range is checked there too)."""
 
 from __future__ import annotations
 

@@ -171,7 +171,8 @@ class RowParallelLinear(LinearBase):
         copy_checked(param.data, loaded.narrow(1, self.ps.tp_rank * n, n))
 
     def forward(self, x: torch.Tensor | Fp8Rows) -> torch.Tensor:
-        # x: [T, in / tp] (or those rows as FP8, when takes_fp8_rows) -> partial sums [T, out] -> all-reduced [T, out]
+        # x: [T, in / tp] (or those rows as FP8, when takes_fp8_rows) -> partial sums [T, out]
+        # -> all-reduced [T, out]
         if self.quant_method is not None:
             y = self.quant_method.apply(self, x, None)
         else:
