@@ -39,15 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fp8_bench import LAYERS, SHAPES, graph_time  # noqa: E402
 
 from pagedllm.kernels.wna16 import DENSE_MIN_ROWS, quantize_wna16_torch, wna16_linear_torch  # noqa: E402
-from pagedllm.kernels.wna16_gemv_triton import gemv_kind  # noqa: E402
 from pagedllm.kernels.wna16_pairs_triton import default_config as kpairs_default  # noqa: E402
 from pagedllm.kernels.wna16_pairs_triton import wna16_kpairs_gemm  # noqa: E402
-from pagedllm.kernels.wna16_triton import (  # noqa: E402
-    default_config,
-    dequantize_wna16_triton,
-    gemvp_config,
-    wna16_gemm_triton,
-)
+from pagedllm.kernels.wna16_triton import default_config, dequantize_wna16_triton, wna16_gemm_triton  # noqa: E402
+from pagedllm.kernels.wna16_triton import engine_config as wna16_engine_config  # noqa: E402
 
 ROWS = [1, 16, 64, 256]
 
@@ -79,12 +74,8 @@ def sweep(m: int, k: int, bits: int = 4) -> list[tuple]:
 
 
 def engine_config(m: int, n: int, k: int, bits: int) -> tuple:
-    """The config the engine runs for bf16 rows: default_config's, or gemvp_config's where gemv_kind
-    takes gemvp (4-bit weights, to 4 rows)."""
-    cfg = default_config(m, n, k, 128, bits)
-    if cfg[0] == "gemv" and bits == 4 and gemv_kind(torch.bfloat16) == "gemvp":
-        return gemvp_config(n, k)
-    return cfg
+    """The config the engine runs for bf16 rows of int4 / int8 weights in groups of 128."""
+    return wna16_engine_config(m, n, k, 128, bits, torch.bfloat16)
 
 
 def check(out: torch.Tensor, ref: torch.Tensor, what: str) -> float:

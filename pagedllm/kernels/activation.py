@@ -41,17 +41,13 @@ def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
 def act_and_mul_fp8(x: torch.Tensor, gelu_tanh: bool = False):
     """The gated activation of x [T, 2 * d] quantized per token for a W8A8 product: fp8.Fp8Rows
     with `per_token_quant_torch(silu_and_mul(x))`'s values (GELU's with gelu_tanh), computed in one
-    Triton kernel on CUDA (activation_triton.act_and_mul_fp8_triton, rows of at most FP8_MAX_D)."""
-    from pagedllm.kernels.fp8 import Fp8Rows, per_token_quant_torch
+    Triton kernel on CUDA (activation_triton.act_and_mul_fp8_triton, rows of at most FP8_MAX_D);
+    otherwise the activation, then fp8.fp8_rows."""
+    from pagedllm.kernels.fp8 import Fp8Rows, fp8_rows
 
     if use_triton(x) and x.dim() == 2:
         from pagedllm.kernels.activation_triton import FP8_MAX_D, act_and_mul_fp8_triton
 
         if x.shape[-1] // 2 <= FP8_MAX_D:
             return Fp8Rows(*act_and_mul_fp8_triton(x, gelu_tanh), x.dtype)
-    y = (gelu_tanh_and_mul if gelu_tanh else silu_and_mul)(x)
-    if use_triton(y):
-        from pagedllm.kernels.fp8_triton import per_token_quant_triton
-
-        return Fp8Rows(*per_token_quant_triton(y.reshape(-1, y.shape[-1])), x.dtype)
-    return Fp8Rows(*per_token_quant_torch(y.reshape(-1, y.shape[-1])), x.dtype)
+    return fp8_rows((gelu_tanh_and_mul if gelu_tanh else silu_and_mul)(x))

@@ -117,12 +117,21 @@ def fp8_rows_linear(rows: Fp8Rows, weight: torch.Tensor, weight_scale: torch.Ten
     return y if bias is None else y + bias
 
 
+def fp8_rows(x: torch.Tensor) -> Fp8Rows:
+    """x [..., K] quantized per token as Fp8Rows [T, K]: the Triton kernel on CUDA
+    (`per_token_quant_triton`), else `per_token_quant_torch`."""
+    x2 = x.reshape(-1, x.shape[-1])
+    if use_triton(x2):
+        from pagedllm.kernels.fp8_triton import per_token_quant_triton
+
+        return Fp8Rows(*per_token_quant_triton(x2), x.dtype)
+    return Fp8Rows(*per_token_quant_torch(x2), x.dtype)
+
+
 def _scaled_mm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                bias: torch.Tensor | None) -> torch.Tensor:
     """W8A8 on CUDA: x quantized per token by its own kernel, then `fp8_rows_linear`."""
-    from pagedllm.kernels.fp8_triton import per_token_quant_triton
-
-    return fp8_rows_linear(Fp8Rows(*per_token_quant_triton(x), x.dtype), weight, weight_scale, bias)
+    return fp8_rows_linear(fp8_rows(x), weight, weight_scale, bias)
 
 
 def fp8_linear(x: torch.Tensor | Fp8Rows, weight: torch.Tensor, weight_scale: torch.Tensor,

@@ -53,8 +53,8 @@ def fused_add_rms_norm(
 def rms_norm_fp8(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
     """(fp8.Fp8Rows of rms_norm(x [+ residual]) quantized per token, x + residual or None): one Triton
     kernel on CUDA for 2-D rows and a weight of x's dtype (norm_triton.rms_norm_fp8_triton), else
-    the norm and then `per_token_quant_torch` (the reference)."""
-    from pagedllm.kernels.fp8 import Fp8Rows, per_token_quant_torch
+    the norm, then fp8.fp8_rows."""
+    from pagedllm.kernels.fp8 import Fp8Rows, fp8_rows
 
     if use_triton(x) and x.dim() == 2 and weight.dtype == x.dtype:
         from pagedllm.kernels.norm_triton import rms_norm_fp8_triton
@@ -62,7 +62,6 @@ def rms_norm_fp8(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
         (q, s), res = rms_norm_fp8_triton(x, residual, weight, eps)
         return Fp8Rows(q, s, x.dtype), res
     if residual is None:
-        y, res = rms_norm(x, weight, eps), None
-    else:
-        y, res = fused_add_rms_norm(x, residual, weight, eps)
-    return Fp8Rows(*per_token_quant_torch(y.reshape(-1, y.shape[-1])), y.dtype), res
+        return fp8_rows(rms_norm(x, weight, eps)), None
+    y, res = fused_add_rms_norm(x, residual, weight, eps)
+    return fp8_rows(y), res

@@ -186,15 +186,18 @@ def _wna16_dequant_kernel(w_ptr, s_ptr, z_ptr, out_ptr, N, K, stride_wk, stride_
 
 
 @functools.cache
-def gemv_prefetch() -> int:
-    """How the gemvp (and gemvn) loop keeps loads in flight (PAGEDLLM_WNA16_PREFETCH, read once; set, it overrides
-    gemvp_config's per-shape stages): 1 (the default) loads the next tile's words before it uses its own (two tiles
-    in flight a thread: the loop's loads are not pipelined otherwise; sm_90: the same instructions a word, one
-    register more; W2 gptq 3.25 -> 3.03 ms/token on the H100, RESULTS.md); 0 neither; 3 or 4 (gemvp) Triton's
-    software pipeline of that many stages instead (cp.async through shared memory, 2 / 3 tiles ahead; sm_90 at the
-    32 x 1,024 tile: 52 / 78 KB of shared memory, 28.1 bf16 instructions a word against 25.9;
-    benchmarks/sass_counts.py)."""
-    value = os.environ.get("PAGEDLLM_WNA16_PREFETCH", "1").strip() or "0"
+def gemv_prefetch() -> int | None:
+    """How the gemvp (and gemvn) loop keeps loads in flight (PAGEDLLM_WNA16_PREFETCH, read once):
+    unset (None), per shape -- gemvp_config's stages for gemvp, the register prefetch elsewhere; 1
+    loads the next tile's words before it uses its own (two tiles in flight a thread: the loop's
+    loads are not pipelined otherwise; sm_90: the same instructions a word, one register more; W2
+    gptq 3.25 -> 3.03 ms/token on the H100, RESULTS.md); 0 neither; 3 or 4 (gemvp) Triton's software
+    pipeline of that many stages instead (cp.async through shared memory, 2 / 3 tiles ahead; sm_90 at
+    the 32 x 1,024 tile: 52 / 78 KB of shared memory, 28.1 bf16 instructions a word against 25.9;
+    benchmarks/sass_counts.py). Set, it applies to every shape."""
+    value = os.environ.get("PAGEDLLM_WNA16_PREFETCH", "").strip()
+    if not value:
+        return None
     if value not in ("0", "1", "3", "4"):
         raise ValueError(f"PAGEDLLM_WNA16_PREFETCH={value!r}: expected 0, 1, 3 or 4")
     return int(value)
@@ -243,6 +246,15 @@ def gemvp_config(n: int, k: int) -> tuple:
     return ("gemvp", 1, 64 if n <= 8192 else 32, 1024, 8, 2, 1)
 
 
+def engine_config(m: int, n: int, k: int, group_k: int, bits: int, dtype: torch.dtype, pairs: bool = True) -> tuple:
+    """The config wna16_gemm_triton runs when none is given: default_config's, or gemvp_config's
+    where gemv_kind takes gemvp for `dtype` (4-bit weights, few rows, rows readable as int32 pairs)."""
+    cfg = default_config(m, n, k, group_k, bits)
+    if cfg[0] == "gemv" and bits == 4 and pairs and gemv_kind(dtype) == "gemvp":
+        return gemvp_config(n, k)
+    return cfg
+
+
 def wna16_gemm_triton(
     x: torch.Tensor,  # [M, K]
     qweight: torch.Tensor,  # [K / P, N] int32
@@ -264,11 +276,8 @@ def wna16_gemm_triton(
     group_k = 0 if g == 1 else k // g
     assert group_k == 0 or group_k % p == 0
     given = config is not None
-    kind, block_m, block_n, block_k, num_warps, num_stages, split_k = config or default_config(m, n, k, group_k, bits)
-    if not given and kind == "gemv" and bits == 4 and _rows_as_int32_pairs(x):
-        kind = gemv_kind(x.dtype)
-        if kind == "gemvp":
-            kind, block_m, block_n, block_k, num_warps, num_stages, split_k = gemvp_config(n, k)
+    kind, block_m, block_n, block_k, num_warps, num_stages, split_k = config or engine_config(
+        m, n, k, group_k, bits, x.dtype, _rows_as_int32_pairs(x))
     z = zeros if zeros is not None else scales  # unused pointer when HAS_ZERO is False
     b = bias if bias is not None else scales
     if kind in ("gemv", "gemvp"):
@@ -298,10 +307,10 @@ def wna16_gemm_triton(
                 raise ValueError("the gemvp kernel reads activation rows as int32 pairs: each must start "
                                  "4-byte aligned")
             common["ASM"] = os.environ.get("TRITON_INTERPRET") != "1"
-            # a given config's 3 or 4 stages: the loop's software pipeline; gemvp_config's unless
-            # PAGEDLLM_WNA16_PREFETCH chose the engine's mode; else gemv_prefetch's choice
-            pipelined = num_stages >= 3 and (given or "PAGEDLLM_WNA16_PREFETCH" not in os.environ)
-            mode = num_stages if pipelined else gemv_prefetch()
+            # 3 or 4 stages: the loop's software pipeline (gemvp_config's only while gemv_prefetch
+            # leaves the mode per shape); else gemv_prefetch's mode, the register prefetch per shape
+            forced = gemv_prefetch()
+            mode = num_stages if num_stages >= 3 and (given or forced is None) else (1 if forced is None else forced)
             common["PREFETCH"] = mode == 1
             common["LOOP_STAGES"] = mode if mode >= 3 else 1
             if gemv_pdl() and mode == 1:  # (the pipelined or plain loops would wait first: no overlap)

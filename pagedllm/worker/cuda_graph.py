@@ -93,17 +93,24 @@ class DecodeGraphs:
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (batch size, max_seq_len bound)
         self.pool: Any = None
 
-    def _split_counts(self, bs: int, bound: int) -> tuple[int, ...]:
-        """The decode kernel's split count at batch bs and max_seq_len bound, per distinct attention
-        layer (kv heads, sliding window)."""
-        from pagedllm.kernels.attention_decode import _num_sms, decode_num_splits
+    @functools.cached_property
+    def _attention_kinds(self) -> list[tuple[int, int]]:
+        """(kv heads, sliding window or 0) of the model's distinct attention layers."""
         from pagedllm.model.layers.attention import Attention
 
-        layers = sorted(
+        return sorted(
             {(m.num_kv_heads, m.sliding_window or 0) for m in self.model.modules() if isinstance(m, Attention)}
         )
+
+    def _split_counts(self, bs: int, bound: int) -> tuple[int, ...]:
+        """The decode kernel's split count at batch bs and max_seq_len bound, per attention kind."""
+        from pagedllm.kernels.attention_decode import _num_sms, decode_num_splits
+
         sms = _num_sms(self.device.index or 0)
-        return tuple(decode_num_splits(bs, hkv, min(bound, window) if window else bound, sms) for hkv, window in layers)
+        return tuple(
+            decode_num_splits(bs, hkv, min(bound, window) if window else bound, sms)
+            for hkv, window in self._attention_kinds
+        )
 
     def padded_size(self, n: int) -> int:
         return next(s for s in self.sizes if s >= n)

@@ -302,7 +302,7 @@ def test_fp8_rows_reach_the_w8a8_products(plain, monkeypatch):
     the o projection quantizes its own. The greedy tokens equal those of quantizing before every
     product (PAGEDLLM_FUSED_NORM_FP8=0, PAGEDLLM_FUSED_ACT_FP8=0), and decode steps (below 64
     rows) take 16-bit rows."""
-    from pagedllm.kernels.fp8 import Fp8Rows, fp8_linear, per_token_quant_torch
+    from pagedllm.kernels.fp8 import Fp8Rows, fp8_linear, fp8_rows
     from pagedllm.model.layers.quantization.fp8 import Fp8LinearMethod
 
     names: dict[int, str] = {}
@@ -314,7 +314,7 @@ def test_fp8_rows_reach_the_w8a8_products(plain, monkeypatch):
     def apply(self, layer, x, bias):
         handed = isinstance(x, Fp8Rows)
         if not handed and takes(self, layer, x):  # the unfused W8A8: quantized here
-            x = Fp8Rows(*per_token_quant_torch(x), x.dtype)
+            x = fp8_rows(x)
         if isinstance(x, Fp8Rows):
             got.append((names[id(layer)].rsplit(".", 1)[-1], x.data.shape[0], handed))
         return fp8_linear(x, layer.weight, layer.weight_scale, bias)

@@ -146,12 +146,12 @@ def test_gemv_last_split_reduces_for_sm90(kind):
 
 
 @pytest.mark.parametrize("switch, values", [
-    ("gemv_prefetch", ((None, 1), ("0", 0), ("1", 1), ("3", 3), ("4", 4), ("2", None))),
-    ("gemv_pdl", ((None, False), ("0", False), ("1", True), ("yes", None))),
+    ("gemv_prefetch", ((None, None), ("0", 0), ("1", 1), ("3", 3), ("4", 4), ("2", "error"))),
+    ("gemv_pdl", ((None, False), ("0", False), ("1", True), ("yes", "error"))),
 ])  # fmt: skip
 def test_gemv_switches(monkeypatch, switch, values):
-    """PAGEDLLM_WNA16_PREFETCH: 1 (registers) by default, 0, or 3 / 4 pipeline stages;
-    PAGEDLLM_WNA16_PDL: off by default, 1 on; anything else a ValueError naming the variable."""
+    """PAGEDLLM_WNA16_PREFETCH: unset None (the mode per shape), 0, 1 (registers), or 3 / 4 pipeline
+    stages; PAGEDLLM_WNA16_PDL: off by default, 1 on; anything else a ValueError naming the variable."""
     from pagedllm.kernels import wna16_triton
 
     env = {"gemv_prefetch": "PAGEDLLM_WNA16_PREFETCH", "gemv_pdl": "PAGEDLLM_WNA16_PDL"}[switch]
@@ -162,7 +162,7 @@ def test_gemv_switches(monkeypatch, switch, values):
         else:
             monkeypatch.setenv(env, value)
         read.cache_clear()
-        if want is None:
+        if want == "error":
             with pytest.raises(ValueError, match=f"{env}='{value}'"):
                 read()
         else:
