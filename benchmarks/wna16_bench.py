@@ -261,7 +261,7 @@ def swap_main(args) -> None:
             x = torch.randn(m, k, device=dev, generator=g, dtype=torch.bfloat16)
             ref = wna16_int4_nk_linear_torch(x, *news[0])
             row: dict = {"bf16": graph_time(lambda x=x, ws=ws: [torch.nn.functional.linear(x, w) for w in ws])}
-            if m >= DENSE_MIN_ROWS:  # what the engine runs there: the weight dequantized, then cuBLAS
+            if m >= DENSE_MIN_ROWS:  # PAGEDLLM_WNA16_GEMM=dense there: the weight dequantized, then cuBLAS
                 row["old"] = graph_time(lambda x=x, qs=olds: [
                     x @ dequantize_wna16_triton(q, s, z, 4, x.dtype) for q, s, z in qs])
             else:

@@ -28,10 +28,10 @@ inputs into the two halves of a 32-bit register (each then read as fp16 1024 + q
     scales   [N, G] (transposed from the layout above), zeros [N, G] or None
 
 Products: few rows run the Triton kernels (the weights read once as integers, dequantized in
-registers); from DENSE_MIN_ROWS rows the weight is dequantized into a scratch matrix and cuBLAS
-multiplies, which beats the dequantizing Triton GEMM there (it is not yet a good tensor-core
-kernel: RESULTS.md); with PAGEDLLM_WNA16_GEMM=swap / pairs a tensor-core GEMM that dequantizes in
-registers takes up to SWAP_GEMM_MAX_ROWS rows instead (large_gemm).
+registers); from DENSE_MIN_ROWS to SWAP_GEMM_MAX_ROWS rows 4-bit weights go to a tensor-core GEMM
+that dequantizes in registers (large_gemm: each layout's measured best, LAYOUT_DEFAULT), and beyond
+(prefill chunks) or with PAGEDLLM_WNA16_GEMM=dense, or for 8-bit weights, the weight is dequantized
+into a scratch matrix and cuBLAS multiplies.
 """
 
 from __future__ import annotations
@@ -137,15 +137,15 @@ def wna16_linear_torch(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Ten
 def wna16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
                  bits: int, bias: torch.Tensor | None = None) -> torch.Tensor:
     """y = x @ w.T (+ bias) with an integer weight; x [M, K] -> [M, N]. CUDA: the Triton kernels
-    below DENSE_MIN_ROWS rows, a dequantized weight and cuBLAS from there (or, 4-bit with
-    PAGEDLLM_WNA16_GEMM=pairs and up to SWAP_GEMM_MAX_ROWS rows, the kpairs tensor-core GEMM:
-    large_gemm). Elsewhere (the CPU) the weight is dequantized to x's dtype for its GEMM."""
+    below DENSE_MIN_ROWS rows; from there 4-bit weights up to SWAP_GEMM_MAX_ROWS rows the kpairs
+    tensor-core GEMM (large_gemm: the default, or PAGEDLLM_WNA16_GEMM=pairs), else a dequantized
+    weight and cuBLAS. Elsewhere (the CPU) the weight is dequantized to x's dtype for its GEMM."""
     if use_triton(x):
         from pagedllm.kernels.wna16_triton import dequantize_wna16_triton, wna16_gemm_triton
 
         m = x.shape[0]
         if m >= DENSE_MIN_ROWS:
-            if bits == 4 and large_gemm() == "pairs" and m <= SWAP_GEMM_MAX_ROWS:
+            if bits == 4 and (large_gemm() or LAYOUT_DEFAULT["k_packed"]) == "pairs" and m <= SWAP_GEMM_MAX_ROWS:
                 from pagedllm.kernels.wna16_pairs_triton import wna16_kpairs_gemm
 
                 return wna16_kpairs_gemm(x, qweight, scales, zeros, bias)
@@ -225,16 +225,23 @@ def wna16_int4_nk_linear_torch(x: torch.Tensor, qweight: torch.Tensor, scales: t
     return y.to(x.dtype)
 
 
+# Each 4-bit layout's large-row GEMM when PAGEDLLM_WNA16_GEMM is unset: its best on W1 (Llama-3.1-8B,
+# 256 requests; RESULTS.md, H100): the K-packed layout's kpairs GEMM 0.834x / 0.839x bf16 against
+# 0.704x dequantize + cuBLAS; the N-major layout's bounded swap-AB GEMM 0.863x (0.791x unbounded).
+LAYOUT_DEFAULT = {"k_packed": "pairs", "n_major": "swap"}
+
+
 @functools.cache
-def large_gemm() -> str:
-    """How 4-bit linears multiply DENSE_MIN_ROWS rows or more: "dense" (the weight dequantized to
-    x's dtype, then cuBLAS; the default), or up to SWAP_GEMM_MAX_ROWS rows a tensor-core W4A16 GEMM
-    that dequantizes in registers: with PAGEDLLM_WNA16_GEMM=swap the N-major layout's swap-AB
-    kernel (64- / 128-row activation tiles); with PAGEDLLM_WNA16_GEMM=pairs the same layout's pairs
-    kernel (SwapConfig.pairs) and the K-packed layout's kpairs kernel (wna16_pairs_triton.py).
-    swap was timed on the H100 (RESULTS.md: 0.62x bf16 at 256 rows, dense 0.49x), pairs not yet.
-    Read once per process."""
-    value = os.environ.get("PAGEDLLM_WNA16_GEMM", "dense").strip().lower() or "dense"
+def large_gemm() -> str | None:
+    """How 4-bit linears multiply DENSE_MIN_ROWS rows or more, from PAGEDLLM_WNA16_GEMM: "dense" (the
+    weight dequantized to x's dtype, then cuBLAS), or up to SWAP_GEMM_MAX_ROWS rows a tensor-core
+    W4A16 GEMM that dequantizes in registers: "swap" the N-major layout's swap-AB kernel (64- /
+    128-row activation tiles), "pairs" the same layout's pairs kernel (SwapConfig.pairs) and the
+    K-packed layout's kpairs kernel (wna16_pairs_triton.py). None when unset: each layout's
+    LAYOUT_DEFAULT. Read once per process."""
+    value = os.environ.get("PAGEDLLM_WNA16_GEMM", "").strip().lower()
+    if not value:
+        return None
     if value not in ("dense", "swap", "pairs"):
         raise ValueError(f"PAGEDLLM_WNA16_GEMM={value!r}: expected dense, swap or pairs")
     return value
@@ -244,9 +251,9 @@ def wna16_int4_nk_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.T
                          zeros: torch.Tensor | None, bias: torch.Tensor | None = None) -> torch.Tensor:
     """y = x @ w.T (+ bias) with a 4-bit weight in the N-major layout; x [M, K] -> [M, N]. CUDA:
     one 16-bit row the N-major GEMV (wna16_gemvn_triton.py), then the swap-AB kernel up to
-    DENSE_MIN_ROWS rows (16 rows a program), from there the weight dequantized to x's dtype and
-    cuBLAS (or, up to SWAP_GEMM_MAX_ROWS rows, the swap-AB GEMM: large_gemm). Elsewhere: the
-    dequantized weight and x's GEMM."""
+    DENSE_MIN_ROWS rows (16 rows a program), from there up to SWAP_GEMM_MAX_ROWS rows the swap-AB
+    GEMM (large_gemm: the default "swap", or its pairs variant), else the weight dequantized to x's
+    dtype and cuBLAS. Elsewhere: the dequantized weight and x's GEMM."""
     if use_triton(x):
         from pagedllm.kernels.wna16_gemvn_triton import GEMVN_MAX_ROWS, wna16_gemvn
         from pagedllm.kernels.wna16_swap_triton import dequantize_int4_nk_triton, wna16_swap_gemm
@@ -254,9 +261,10 @@ def wna16_int4_nk_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.T
         m = x.shape[0]
         if m <= GEMVN_MAX_ROWS and x.dtype in (torch.float16, torch.bfloat16):
             return wna16_gemvn(x, qweight, scales, zeros, bias)
-        if m >= DENSE_MIN_ROWS and (large_gemm() == "dense" or m > SWAP_GEMM_MAX_ROWS):
+        mode = large_gemm() or LAYOUT_DEFAULT["n_major"]
+        if m >= DENSE_MIN_ROWS and (mode == "dense" or m > SWAP_GEMM_MAX_ROWS):
             return torch.nn.functional.linear(x, dequantize_int4_nk_triton(qweight, scales, zeros, x.dtype), bias)
-        return wna16_swap_gemm(x, qweight, scales, zeros, bias, pairs=m >= DENSE_MIN_ROWS and large_gemm() == "pairs")
+        return wna16_swap_gemm(x, qweight, scales, zeros, bias, pairs=m >= DENSE_MIN_ROWS and mode == "pairs")
     if x.device.type == "cpu":
         return torch.nn.functional.linear(x, dequantize_int4_nk_torch(qweight, scales, zeros, x.dtype), bias)
     return wna16_int4_nk_linear_torch(x, qweight, scales, zeros, bias)

@@ -238,17 +238,18 @@ def pairs_main_loop(compiled, x: str, check_pairs: bool = True) -> dict:
 def test_large_gemm_switch(monkeypatch):
     from pagedllm.kernels import wna16
 
-    for value, want in (("", "dense"), ("dense", "dense"), ("swap", "swap"), (" Pairs ", "pairs"), ("tensor", None)):
+    for value, want in (("", None), ("dense", "dense"), ("swap", "swap"), (" Pairs ", "pairs"), ("tensor", ValueError)):
         monkeypatch.setenv("PAGEDLLM_WNA16_GEMM", value)
         wna16.large_gemm.cache_clear()
-        if want is None:
+        if want is ValueError:
             with pytest.raises(ValueError, match="PAGEDLLM_WNA16_GEMM='tensor'"):
                 wna16.large_gemm()
         else:
             assert wna16.large_gemm() == want
     monkeypatch.delenv("PAGEDLLM_WNA16_GEMM")
     wna16.large_gemm.cache_clear()
-    assert wna16.large_gemm() == "dense", "dense by default"
+    assert wna16.large_gemm() is None, "unset: each layout's default"
+    assert wna16.LAYOUT_DEFAULT == {"k_packed": "pairs", "n_major": "swap"}
     wna16.large_gemm.cache_clear()
 
 

@@ -219,7 +219,8 @@ class WNA16LinearMethod(LinearMethod):
                 return
             if out_dim is None:  # g_idx: the rank's inputs of a row-parallel layer, else all
                 src = loaded.narrow(0, layer.ps.tp_rank * param.shape[0], param.shape[0]) if row_parallel else materialize(loaded)
-                if getattr(param, "loaded_once", False) and not torch.equal(param.data, src.to(param.dtype)):
+                src = src.to(device=param.device, dtype=param.dtype)  # (a CUDA parameter, a checkpoint's CPU tensor)
+                if getattr(param, "loaded_once", False) and not torch.equal(param.data, src):
                     raise ValueError(f"{name} differs between the parts of a fused layer (shard {shard_id!r})")
                 param.data.copy_(src)
                 param.loaded_once = True  # type: ignore[attr-defined]
