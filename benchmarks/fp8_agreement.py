@@ -7,6 +7,7 @@ over the model's own paged cache, the last tokens one at a time).
 
     python benchmarks/fp8_agreement.py --text pydoc --tokens 3000
     python benchmarks/fp8_agreement.py --margins 0.5 1 2    # agreement by float32's top-1 lead too
+    python benchmarks/fp8_agreement.py --text /usr/share/common-licenses/GPL-3   # any text file
 
 --margins: the same agreement over the positions where float32's top-1 logit leads its second by
 at least each margin (nats), and the share of positions that leaves: whether the variant's
@@ -43,14 +44,14 @@ def text_ids(text: str, n: int) -> list[int]:
 
         raw = "\n\n".join(topics[k] for k in sorted(topics))
     else:
-        with open(README) as fh:
+        with open(README if text == "readme" else text) as fh:
             raw = fh.read()
     return tokenizer(raw)["input_ids"][:n]
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--text", choices=("pydoc", "readme"), default="pydoc")
+    p.add_argument("--text", default="pydoc", help="pydoc, readme, or the path of a text file")
     p.add_argument("--tokens", type=int, default=3000)
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--margins", type=float, nargs="*", default=[],
@@ -58,7 +59,8 @@ def main() -> None:
     args = p.parse_args()
     ids = text_ids(args.text, args.tokens)
     ref = teacher_forced_logits(ids, dtype="float32")
-    print(f"SmolLM2-135M-Instruct, {len(ids)} teacher-forced tokens of {args.text}, against float32:", flush=True)
+    print(f"SmolLM2-135M-Instruct, {len(ids)} teacher-forced tokens of {os.path.basename(args.text)}, against float32:",
+          flush=True)
     two = ref.float().topk(2, dim=-1).values
     lead = two[:, 0] - two[:, 1]  # float32's top-1 logit over its second
     for name in args.variants:
