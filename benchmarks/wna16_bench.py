@@ -60,6 +60,12 @@ def sweep(m: int, k: int, bits: int = 4) -> list[tuple]:
             cfgs = [("gemvp", 1, bn, bk, 8, 2, s) for bn in (32, 64) for bk in (512, 1024) for s in (1, 2, 4)]
             cfgs += [("gemvp", 1, bn, 1024, 8, 3, s) for bn in (32, 64) for s in (1, 2, 4)]
             cfgs += [("gemvp", 1, 32, 512, 8, 4, s) for s in (1, 2, 4)]
+            # deeper pipelines (5-7 tiles ahead: a 4,096-input projection's whole K range of 512-input
+            # tiles in flight at once; sm_90 with Triton 3.6: 40-57 registers, 67-186 KB of shared
+            # memory, no spills): the small projections are latency-bound (qkv / o at 35-40% of the
+            # H100's bandwidth, RESULTS.md eighteenth session)
+            cfgs += [("gemvp", 1, 32, 512, 8, st, s) for st in (6, 8) for s in (1, 2)]
+            cfgs += [("gemvp", 1, 64, 512, 8, st, 1) for st in (4, 6)] + [("gemvp", 1, 32, 1024, 8, 6, 1)]
         return [c for c in cfgs if k >= 2 * c[3] * c[6]]
     # "dotj" (each word loaded once, wna16_triton.py) beside "dot"; its 128 x 256 tiles spill on sm_90
     if m <= 16:
