@@ -24,14 +24,16 @@ def compile_sm90(kernel: Any, signature: dict, constexprs: dict, num_warps: int,
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    # constexprs left out take their defaults (a launch would), all in parameter order
+    # constexprs left out take their defaults (a launch would), all in parameter order; so do the
+    # other parameters with a default that the signature leaves out (a launch that does not pass
+    # them: None pointers are constexpr there too)
     constexprs = {p.name: constexprs[p.name] if p.name in constexprs else p.default for p in kernel.params
-                  if p.name in constexprs or (p.is_constexpr and p.name not in signature
-                                              and p.default is not inspect.Parameter.empty)}
-    names = list(signature) + list(constexprs)
+                  if p.name in constexprs or (p.name not in signature and p.default is not inspect.Parameter.empty)}
+    position = {p.name: i for i, p in enumerate(kernel.params)}
     hinted = [n for n, t in signature.items() if t.startswith("*") or n in aligned]
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in hinted}
-    src = ASTSource(fn=kernel, signature={**signature, **dict.fromkeys(constexprs, "constexpr")},
+    attrs = {(position[n],): [["tt.divisibility", 16]] for n in hinted}
+    types = {**signature, **dict.fromkeys(constexprs, "constexpr")}
+    src = ASTSource(fn=kernel, signature={n: types[n] for n in sorted(types, key=position.__getitem__)},
                     constexprs=constexprs, attrs=attrs)
     options = {"num_warps": num_warps, "num_stages": num_stages}
     if maxnreg is not None:  # ptxas's register cap (a launch's maxnreg=)

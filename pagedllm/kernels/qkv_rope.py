@@ -7,7 +7,7 @@ in qkv_rope_triton.py and must equal this.
 
     qkv row [ (Hq + 2 Hkv) * D ] = | q heads | k heads | v heads |
     q  -> [q_norm] -> rotary -> q_out [T, Hq, D]
-    k  -> [k_norm] -> rotary -> k_cache[slot]   (slot -1: not stored)
+    k  -> [k_norm] -> rotary -> [- k_offset] -> k_cache[slot]   (slot -1: not stored)
     v  ------------------------> v_cache[slot]
 
 Only the GPU path fuses (`qkv_norm_rope_store`); the layers keep the unfused path elsewhere."""
@@ -37,6 +37,7 @@ def qkv_norm_rope_store_torch(
     eps: float = 1e-6,
     k_scale: float = 1.0,  # FP8 caches: stored = value / scale
     v_scale: float = 1.0,
+    k_offset: torch.Tensor | None = None,  # [Hkv, D] float32: K stored as (k - offset) / scale
 ) -> torch.Tensor:  # q [T, Hq, D], normed and rotated
     from pagedllm.attention.torch_backend import store_kv_torch
 
@@ -50,20 +51,22 @@ def qkv_norm_rope_store_torch(
         q = rms_norm_torch(q, q_norm_weight, eps)
         k = rms_norm_torch(k, k_norm_weight, eps)
     q, k = apply_rotary_torch(positions, q, k, cos_cache, sin_cache)
+    if k_offset is not None:  # (in float32: the stores scale it so)
+        k = k.float() - k_offset
     store_kv_torch(k, v, k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale)
     return q
 
 
 def qkv_norm_rope_store(qkv, positions, cos_cache, sin_cache, k_cache, v_cache, slot_mapping,
                         num_heads, num_kv_heads, head_dim, q_norm_weight=None, k_norm_weight=None,
-                        eps=1e-6, k_scale=1.0, v_scale=1.0):  # fmt: skip
+                        eps=1e-6, k_scale=1.0, v_scale=1.0, k_offset=None):  # fmt: skip
     """The Triton kernel on CUDA, the reference elsewhere (same arguments as the reference)."""
     if use_triton(qkv):
         from pagedllm.kernels.qkv_rope_triton import qkv_norm_rope_store_triton
 
         return qkv_norm_rope_store_triton(qkv, positions, cos_cache, sin_cache, k_cache, v_cache, slot_mapping,
                                           num_heads, num_kv_heads, head_dim, q_norm_weight, k_norm_weight,
-                                          eps, k_scale, v_scale)  # fmt: skip
+                                          eps, k_scale, v_scale, k_offset=k_offset)  # fmt: skip
     return qkv_norm_rope_store_torch(qkv, positions, cos_cache, sin_cache, k_cache, v_cache, slot_mapping,
                                      num_heads, num_kv_heads, head_dim, q_norm_weight, k_norm_weight,
-                                     eps, k_scale, v_scale)  # fmt: skip
+                                     eps, k_scale, v_scale, k_offset)  # fmt: skip

@@ -12,7 +12,8 @@ is held as its two rotary halves, so the rotation needs no shuffle:
 
 Numerics as the unfused kernels: the norm in float32, rounded to the activation dtype before
 and after the weight multiply; cos/sin rounded to the activation dtype; the rotation in float32
-rounded once; an FP8 cache takes the rounded k and v, times 1 / scale, saturated."""
+rounded once; an FP8 cache takes the rounded k (less its offset, in float32, where the layer has
+one: qkv_rope.py) and v, times 1 / scale, saturated."""
 
 from __future__ import annotations
 
@@ -75,6 +76,8 @@ def _qkv_rope_store_kernel(
     FP8_MAX: tl.constexpr,  # > 0: an FP8 cache, values scaled and saturated to +-FP8_MAX
     PDL: tl.constexpr = False,  # kernels/pdl_triton.py
     V_MAX: tl.constexpr = 0.0,  # > 0: a 16-bit V cache read key-major (attention.v_store_max)
+    koff_ptr=None,  # [Hkv, D] float32: K stored less this offset (HAS_K_OFFSET)
+    HAS_K_OFFSET: tl.constexpr = False,
 ):  # fmt: skip
     pdl_release(PDL)
     t = tl.program_id(0).to(tl.int64)
@@ -110,6 +113,10 @@ def _qkv_rope_store_kernel(
         k_row = row + num_q_heads * HEAD_DIM
         k1, k2 = _norm_rotate(k_row, heads, head_mask, cols, col_mask, cos1, cos2, sin1, sin2, kw_ptr, eps,
                               HEAD_DIM, HALF, HAS_NORM)  # fmt: skip
+        if HAS_K_OFFSET:  # the rounded k less the offset, in float32 (scaled below)
+            c = koff_ptr + heads[:, None] * HEAD_DIM + cols[None, :]
+            k1 = k1.to(tl.float32) - tl.load(c, mask=mask, other=0.0)
+            k2 = k2.to(tl.float32) - tl.load(c + HALF, mask=mask, other=0.0)
         v_src = k_row + num_kv_heads * HEAD_DIM + heads[:, None] * HEAD_DIM + cols[None, :]
         v1 = tl.load(v_src, mask=mask, other=0.0)
         v2 = tl.load(v_src + HALF, mask=mask, other=0.0)
@@ -156,6 +163,7 @@ def qkv_norm_rope_store_triton(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     block_h: int | None = None,  # heads per program (default_block_h)
+    k_offset: torch.Tensor | None = None,  # [Hkv, D] float32: K stored less it (qkv_rope.py)
 ) -> torch.Tensor:  # q [T, Hq, D]
     t = qkv.shape[0]
     d = head_dim
@@ -172,6 +180,8 @@ def qkv_norm_rope_store_triton(
     has_norm = q_norm_weight is not None
     if has_norm:
         assert k_norm_weight is not None and q_norm_weight.shape[-1] == d == k_norm_weight.shape[-1]
+    assert k_offset is None or (k_offset.dtype == torch.float32 and k_offset.shape == (num_kv_heads, d)
+                                and k_offset.is_contiguous())
     qw = q_norm_weight if has_norm else cos_cache  # unused pointers without the norm
     kw = k_norm_weight if has_norm else cos_cache
     half = d // 2
@@ -186,5 +196,6 @@ def qkv_norm_rope_store_triton(
         HEAD_DIM=d, HALF=half, BLOCK_HALF=next_power_of_2(half), BLOCK_H=bh, BLOCK_SIZE=k_cache.shape[1],
         HAS_NORM=has_norm, FP8_MAX=fp8_max(k_cache.dtype), V_MAX=v_store_max(v_cache),
         num_warps=max(1, min(8, bh * next_power_of_2(d) // 256)), **pdl(qkv),
+        **({} if k_offset is None else dict(koff_ptr=k_offset, HAS_K_OFFSET=True)),
     )  # fmt: skip
     return q_out

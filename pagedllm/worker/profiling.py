@@ -1,5 +1,6 @@
 """Peak-memory profiling on CUDA: one dummy step at the largest batch the scheduler can form
-(max_num_batched_tokens tokens as prefills, logits and sampling for max_num_seqs rows)."""
+(max_num_batched_tokens tokens as prefills, logits and sampling for max_num_seqs rows); and
+`prefill_batch`, the step the startup runs outside the scheduler."""
 
 from __future__ import annotations
 
@@ -8,6 +9,34 @@ import torch
 
 from pagedllm.attention.backend import ForwardBatch
 from pagedllm.model.layers.attention import bind_kv_cache
+
+
+def prefill_batch(input_ids: torch.Tensor, lens: list[int], block_size: int, rows: int) -> ForwardBatch:
+    """Whole prompts of `lens` tokens (input_ids, their concatenation) as one prefill step, each
+    sequence in its own run of cache blocks from block 0 (blocks a sequence: its longest's), the
+    logits of the last `rows` tokens asked for: the startup's own steps (this profile,
+    worker/kv_offset.py's calibration), outside the scheduler."""
+    dev = input_ids.device
+    n_tok = sum(lens)
+    blocks_per_seq = -(-max(lens) // block_size)
+    positions = np.concatenate([np.arange(n) for n in lens])
+    slots = np.concatenate([i * blocks_per_seq * block_size + np.arange(n) for i, n in enumerate(lens)])
+    tables = np.arange(len(lens) * blocks_per_seq, dtype=np.int32).reshape(len(lens), blocks_per_seq)
+    qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    return ForwardBatch(
+        input_ids=input_ids,
+        positions=torch.from_numpy(positions).to(dev),
+        slot_mapping=torch.from_numpy(slots).long().to(dev),
+        query_start_loc=torch.from_numpy(qsl).to(dev),
+        seq_lens=torch.tensor(lens, dtype=torch.int32, device=dev),
+        block_tables=torch.from_numpy(tables).to(dev),
+        logits_indices=torch.arange(n_tok - rows, n_tok, device=dev),
+        num_decodes=0,
+        max_query_len=max(lens),
+        max_seq_len=max(lens),
+        query_lens_cpu=list(lens),
+        seq_lens_cpu=list(lens),
+    )
 
 
 @torch.inference_mode()
@@ -27,25 +56,8 @@ def profile_peak_memory(worker) -> tuple[int, int]:
         (nl, 2, n_seq * blocks_per_seq, bs, worker.num_kv_heads, mc.head_dim), dtype=worker.kv_dtype, device=dev
     )
     bind_kv_cache(worker.model, [tmp[i, 0] for i in range(nl)], [tmp[i, 1] for i in range(nl)], worker.backend)
-    positions = np.concatenate([np.arange(n) for n in lens])
-    slots = np.concatenate([i * blocks_per_seq * bs + np.arange(n) for i, n in enumerate(lens)])
-    tables = np.arange(n_seq * blocks_per_seq, dtype=np.int32).reshape(n_seq, blocks_per_seq)
-    qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
     rows = min(sc.max_num_seqs, n_tok)
-    batch = ForwardBatch(
-        input_ids=torch.randint(0, mc.vocab_size, (n_tok,), device=dev),
-        positions=torch.from_numpy(positions).to(dev),
-        slot_mapping=torch.from_numpy(slots).long().to(dev),
-        query_start_loc=torch.from_numpy(qsl).to(dev),
-        seq_lens=torch.tensor(lens, dtype=torch.int32, device=dev),
-        block_tables=torch.from_numpy(tables).to(dev),
-        logits_indices=torch.arange(n_tok - rows, n_tok, device=dev),
-        num_decodes=0,
-        max_query_len=max(lens),
-        max_seq_len=max(lens),
-        query_lens_cpu=lens,
-        seq_lens_cpu=lens,
-    )
+    batch = prefill_batch(torch.randint(0, mc.vocab_size, (n_tok,), device=dev), lens, bs, rows)
     torch.cuda.synchronize(dev)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(dev)

@@ -26,6 +26,7 @@ from pagedllm.model.layers.attention import bind_kv_cache
 from pagedllm.model.loader import build_model, torch_dtype
 from pagedllm.model.sampler import host_to_device
 from pagedllm.worker import cpu_threads
+from pagedllm.worker.kv_offset import maybe_calibrate
 from pagedllm.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -211,6 +212,7 @@ class Worker:
             self.cpu_cache = torch.zeros(cpu_shape, dtype=self.kv_dtype, pin_memory=pin)
         self.num_gpu_blocks, self.num_cpu_blocks = num_gpu_blocks, num_cpu_blocks
         logger.info("%sKV cache allocated in %.1fs", self._tag(), time.time() - t0)
+        maybe_calibrate(self)  # FP8 caches: K's offsets (worker/kv_offset.py), before the graphs read them
         if (
             self.device.type == "cuda"
             and not self.config.enforce_eager

@@ -80,9 +80,11 @@ def _cache_close(actual, expected, scale, what, act_dtype, tol=ELEMENTWISE_TOL):
 
 
 def check_qkv_rope_store(device, dtype, num_tokens, hq, hkv, head_dim, block_size, qk_norm=False,
-                         cache="auto", k_scale=1.0, v_scale=1.0, block_h=None, seed=0, v_key_major=False):
+                         cache="auto", k_scale=1.0, v_scale=1.0, block_h=None, seed=0, v_key_major=False,
+                         k_offset=False):  # fmt: skip
     """v_key_major: V blocks stored [Hkv, D, bs], and a NaN and an infinity in the first stored
-    token's V (stored as 0 and saturated, as store_kv_torch does)."""
+    token's V (stored as 0 and saturated, as store_kv_torch does). k_offset: K stored less a
+    random per-channel offset (worker/kv_offset.py) by both."""
     from pagedllm.kernels.qkv_rope_triton import qkv_norm_rope_store_triton
 
     qkv, pos, cos, sin, kc, vc, slots, qw, kw = _qkv_inputs(device, dtype, num_tokens, hq, hkv, head_dim,
@@ -93,10 +95,21 @@ def check_qkv_rope_store(device, dtype, num_tokens, hq, hkv, head_dim, block_siz
     norms = (qw, kw) if qk_norm else (None, None)
     before = qkv.clone()
     kc_ref, vc_ref = kc.clone(), vc.clone()
+    offset = None
+    if k_offset:
+        offset = torch.randn(hkv, head_dim, generator=torch.Generator().manual_seed(seed + 1)).to(device) * 2
     q = qkv_norm_rope_store_triton(qkv, pos, cos, sin, kc, vc, slots, hq, hkv, head_dim, *norms, 1e-6,
-                                   k_scale, v_scale, block_h=block_h)  # fmt: skip
+                                   k_scale, v_scale, block_h=block_h, k_offset=offset)  # fmt: skip
     q_ref = qkv_norm_rope_store_torch(qkv, pos, cos, sin, kc_ref, vc_ref, slots, hq, hkv, head_dim, *norms,
-                                      1e-6, k_scale, v_scale)  # fmt: skip
+                                      1e-6, k_scale, v_scale, offset)  # fmt: skip
+    if offset is not None:  # the offset is taken: the stored keys are not those without it
+        kc_plain, vc_plain = kc.clone().zero_(), vc.clone()
+        qkv_norm_rope_store_torch(qkv, pos, cos, sin, kc_plain, vc_plain, slots, hq, hkv, head_dim, *norms,
+                                  1e-6, k_scale, v_scale)  # fmt: skip
+        stored = slots[slots >= 0]
+        flat_plain = kc_plain.view(-1, hkv, head_dim)[stored].float() * k_scale
+        flat_kc = kc.view(-1, hkv, head_dim)[stored].float() * k_scale
+        assert float((flat_plain - offset - flat_kc).abs().mean()) < float((flat_plain - flat_kc).abs().mean()) / 4
     assert q.shape == (num_tokens, hq, head_dim) and q.is_contiguous()
     tol = NORM_ROPE_TOL if qk_norm else ELEMENTWISE_TOL
     _close(q, q_ref, tol, "q")

@@ -225,6 +225,93 @@ def test_fp8_kv_cache_layout_and_plan(plain):
     assert plans["fp8"][2] == "fp8_e4m3"
 
 
+def test_any_k_offset_leaves_the_attention_unchanged(plain):
+    """Keys stored less any per-channel offset (worker/kv_offset.py) attend as before: every score
+    of a query moves by the same q . c. A float32 cache (no rounding to hide a wiring mistake),
+    random offsets of every layer: the same greedy tokens and logprobs through prefill chunks and
+    decodes, while the cache holds other keys."""
+    prompts = [[(7 * i + j) % 3000 + 3 for j in range(18 + 11 * i)] for i in range(4)]
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=3)
+    llm = LLM(plain, kv_cache_memory="4MiB", max_model_len=128, enable_prefix_caching=False,
+              max_num_batched_tokens=32)
+    w = llm.llm_engine.executor.worker
+    layers = [m for m in w.model.modules() if isinstance(m, Attention)]
+    runs, caches = [], []
+    for offset in (False, True):
+        if offset:
+            g = torch.Generator().manual_seed(0)
+            for layer in layers:
+                layer.k_offset = torch.randn(layer.num_kv_heads, layer.head_dim, generator=g) * 5
+        runs.append([o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)])
+        caches.append(w.kv_cache[:, 0].clone())
+    for a, b in zip(*runs):
+        assert a.token_ids == b.token_ids
+        for la, lb in zip(a.logprobs, b.logprobs):
+            assert la.keys() == lb.keys()
+            assert all(abs(la[t].logprob - lb[t].logprob) < 1e-4 for t in la)
+    assert not torch.allclose(caches[0], caches[1])
+    for layer in layers:
+        layer.k_offset = None
+
+
+def test_fp8_kv_offsets_calibrated_at_startup(plain, monkeypatch):
+    """PAGEDLLM_FP8_KV_OFFSET=1 with an FP8 cache: the startup sets each layer's offset to the mean
+    post-rotary key of its calibration prefill, transformers' own keys for the same random tokens
+    (the first layer's to float32 rounding; the later layers' within the FP8 cache's effect on the
+    attention before them, which the calibration runs through); off, or with a 16-bit cache, none.
+    Generation then runs over the offset cache."""
+    from transformers import AutoModelForCausalLM
+
+    from pagedllm.worker import kv_offset
+
+    for env, dtype, calibrated in (("1", "fp8", True), ("0", "fp8", False), ("1", "auto", False)):
+        monkeypatch.setenv("PAGEDLLM_FP8_KV_OFFSET", env)
+        llm = LLM(plain, kv_cache_memory="4MiB", max_model_len=128, kv_cache_dtype=dtype)
+        layers = [m for m in llm.llm_engine.executor.worker.model.modules() if isinstance(m, Attention)]
+        assert all((layer.k_offset is not None) == calibrated for layer in layers)
+        if calibrated:
+            offsets = [layer.k_offset for layer in layers]
+            out = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+            assert all(len(o.outputs[0].token_ids) == GREEDY.max_tokens for o in out)
+    # transformers' post-rotary keys of the same tokens (its apply_rotary_pos_emb, recorded)
+    from transformers.models.llama import modeling_llama
+
+    n = 128  # min(CALIBRATION_TOKENS, max_model_len)
+    ids = torch.randint(0, 49152, (n,), generator=torch.Generator().manual_seed(kv_offset.CALIBRATION_SEED))
+    keys = []
+    real = modeling_llama.apply_rotary_pos_emb
+
+    def recorded(q, k, *a, **kw):
+        q, k = real(q, k, *a, **kw)
+        keys.append(k[0].mean(dim=1))  # [Hkv, D]: the mean over the tokens
+        return q, k
+
+    monkeypatch.setattr(modeling_llama, "apply_rotary_pos_emb", recorded)
+    hf = AutoModelForCausalLM.from_pretrained(plain, dtype=torch.float32).eval()
+    assert hf.config.vocab_size == 49152
+    with torch.no_grad():
+        hf(ids[None])
+    assert len(keys) == len(offsets)
+    torch.testing.assert_close(offsets[0], keys[0], atol=1e-5, rtol=1e-5)
+    for got, want in zip(offsets, keys):
+        assert got.dtype == torch.float32 and got.shape == want.shape
+        torch.testing.assert_close(got, want, atol=0.05, rtol=0.05)
+        assert float((got - want).abs().mean()) < 0.1 * float(want.abs().mean())  # (a wiring slip: ~1)
+
+
+def test_fp8_kv_offsets_under_tensor_parallelism(plain, monkeypatch):
+    """Both ranks run the calibration prefill (its all-reduces pair up: no rank waits alone), each
+    for its own kv head: TP=2 gives TP=1's greedy tokens over the offset FP8 cache."""
+    monkeypatch.setenv("PAGEDLLM_FP8_KV_OFFSET", "1")
+    got = {}
+    for tp in (1, 2):
+        llm = LLM(plain, kv_cache_memory="4MiB", max_model_len=128, kv_cache_dtype="fp8", tensor_parallel_size=tp)
+        got[tp] = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
+        llm.llm_engine.shutdown()
+        del llm
+    assert got[2] == got[1]
+
+
 def test_v_key_major_switch_keeps_16_bit_tokens(plain, monkeypatch):
     """PAGEDLLM_V_TRANSPOSED=1 stores a 16-bit cache's V blocks key-major too (to compare the
     layouts on a GPU): the same greedy tokens, through prefix hits and a preemption by swap."""

@@ -21,6 +21,8 @@ _CASES = {
     "norm_rope_store_fp8": ("check_qkv_rope_store", [6, 4, 2, 16, 16],
                             {"qk_norm": True, "cache": "fp8_e4m3", "k_scale": 0.05, "v_scale": 0.3}),
     "rope_store_e5m2": ("check_qkv_rope_store", [6, 4, 2, 16, 16], {"cache": "fp8_e5m2", "k_scale": 0.5}),
+    "norm_rope_store_fp8_k_offset": ("check_qkv_rope_store", [6, 4, 2, 16, 16],
+                                     {"qk_norm": True, "cache": "fp8_e4m3", "k_scale": 0.05, "k_offset": True}),
     "rope_store_v_key_major": ("check_qkv_rope_store", [6, 4, 2, 16, 16], {"v_key_major": True}),
     "norm_rope_store_vs_unfused": ("check_qkv_rope_store_equals_unfused_triton", [5, 4, 2, 16, 16],
                                    {"qk_norm": True}),
@@ -52,9 +54,9 @@ def test_fused_kernel_under_interpreter(interpreter_results, key):
     assert error is None, f"{key} differs from its torch reference under TRITON_INTERPRET=1:\n{error}"
 
 
-@pytest.mark.parametrize("cache", ["*bf16", "*fp8e4nv"])
+@pytest.mark.parametrize("cache, k_offset", [("*bf16", False), ("*fp8e4nv", False), ("*fp8e4nv", True)])
 @pytest.mark.parametrize("has_norm", [False, True])
-def test_qkv_rope_store_compiles_for_sm90(cache, has_norm):
+def test_qkv_rope_store_compiles_for_sm90(cache, has_norm, k_offset):
     from pagedllm.kernels import qkv_rope_triton as r
 
     signature = {"qkv_ptr": "*bf16", "pos_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32",
@@ -69,6 +71,9 @@ def test_qkv_rope_store_compiles_for_sm90(cache, has_norm):
     constexprs = {"HEAD_DIM": 128, "HALF": 64, "BLOCK_HALF": 64, "BLOCK_H": 4, "BLOCK_SIZE": 16,
                   **({} if cache == "*fp8e4nv" else {"stride_vcd": 1}),
                   "HAS_NORM": has_norm, "FP8_MAX": 448.0 if cache == "*fp8e4nv" else 0.0}
+    if k_offset:  # K stored less its offset (worker/kv_offset.py)
+        signature["koff_ptr"] = "*fp32"
+        constexprs["HAS_K_OFFSET"] = True
     compiled = _compile_sm90(r._qkv_rope_store_kernel, signature, constexprs, num_warps=2, num_stages=1)
     ptx = compiled.asm["ptx"]
     assert "st.global" in ptx

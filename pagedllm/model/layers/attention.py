@@ -41,6 +41,11 @@ class Attention(nn.Module):
         # scales of an FP8 cache (real K/V = stored * scale); 1.0: e4m3 holds K/V as they are
         self.k_scale = 1.0
         self.v_scale = 1.0
+        # an FP8 cache may store K less a per-channel offset [Hkv, D] float32 (worker/kv_offset.py):
+        # every key of a query then loses the same vector, every score the same q . c, and the
+        # softmax is unchanged, while e4m3 rounds |k - c| instead of |k|. None: K stored as it is
+        self.k_offset: torch.Tensor | None = None
+        self.k_stats: list | None = None  # while calibrating: [sum of the stored K [Hkv, D] float64, tokens]
         # per-layer options the backend honours (None: plain causal attention over all keys)
         self.sliding_window = sliding_window
         self.logits_soft_cap = logits_soft_cap
@@ -51,6 +56,11 @@ class Attention(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         # q: [T, Hq, D], k/v: [T, Hkv, D] -> [T, Hq * D]
         assert self.backend is not None and self.k_cache is not None, "KV cache not bound"
+        if self.k_stats is not None:
+            self.k_stats[0] = self.k_stats[0] + k.double().sum(0)
+            self.k_stats[1] += k.shape[0]
+        elif self.k_offset is not None:
+            k = (k.float() - self.k_offset).to(k.dtype)
         if self.sliding_window is None and self.logits_soft_cap is None:
             o = self.backend.forward(q, k, v, self.k_cache, self.v_cache, batch, self.scale,
                                      self.k_scale, self.v_scale)
@@ -63,7 +73,7 @@ class Attention(nn.Module):
     def can_store_qkv(self, qkv: torch.Tensor) -> bool:
         """Whether `forward_qkv` may run: a CUDA tensor and a backend that attends K/V stored by
         someone else."""
-        return qkv.is_cuda and self.backend is not None and self.backend.attends_stored_kv
+        return qkv.is_cuda and self.backend is not None and self.backend.attends_stored_kv and self.k_stats is None
 
     def forward_qkv(self, qkv: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
                     sin_cache: torch.Tensor, q_norm_weight: torch.Tensor | None, k_norm_weight: torch.Tensor | None,
@@ -74,7 +84,7 @@ class Attention(nn.Module):
         assert self.backend is not None and self.k_cache is not None and self.v_cache is not None
         q = qkv_norm_rope_store(qkv, positions, cos_cache, sin_cache, self.k_cache, self.v_cache, batch.slot_mapping,
                                 self.num_heads, self.num_kv_heads, self.head_dim, q_norm_weight, k_norm_weight,
-                                eps, self.k_scale, self.v_scale)  # fmt: skip
+                                eps, self.k_scale, self.v_scale, self.k_offset)  # fmt: skip
         o = self.backend.attend(q, self.k_cache, self.v_cache, batch, self.scale, self.k_scale, self.v_scale,
                                 self.sliding_window, self.logits_soft_cap)  # fmt: skip
         return o.reshape(o.shape[0], self.num_heads * self.head_dim)
