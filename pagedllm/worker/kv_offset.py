@@ -68,6 +68,7 @@ def calibrate_k_offsets(model: torch.nn.Module, vocab_size: int, num_blocks: int
         batch = prefill_batch(ids, [n], block_size, 1)
         model(batch.input_ids, batch.positions, batch)
         for layer in layers:
+            assert layer.k_stats is not None
             total, count = layer.k_stats
             layer.k_offset = (total / count).float().contiguous()
     finally:
