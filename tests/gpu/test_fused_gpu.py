@@ -240,6 +240,14 @@ def test_qkv_rope_store_fp8_cache(cache, k_scale, v_scale, qk_norm):
     check_qkv_rope_store("cuda", torch.bfloat16, 64, 32, 8, 128, 16, qk_norm, cache, k_scale, v_scale)
 
 
+@pytest.mark.parametrize("k_scale", [1.0, 0.05])
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_qkv_rope_store_fp8_k_offset(k_scale, qk_norm):
+    """K stored less a per-channel offset (worker/kv_offset.py) by the kernel as by the reference."""
+    check_qkv_rope_store("cuda", torch.bfloat16, 64, 32, 8, 128, 16, qk_norm, "fp8_e4m3", k_scale, 1.0,
+                         k_offset=True)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_qkv_rope_store_v_key_major(dtype):
     """A 16-bit V cache stored key-major (PAGEDLLM_V_TRANSPOSED=1): the fused store writes each
