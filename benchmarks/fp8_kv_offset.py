@@ -7,7 +7,9 @@ buys: K's e4m3 rounding error scales with |k - c| instead of |k|, and this model
 large shared component (a channel mean up to 6-14 against a mean |k| of 1-1.6).
 
 Also: FP8 weights as the GPU multiplies 64+ rows (W8A8: activations quantized per token, then
-the e4m3 product) instead of the CPU's W8A16 emulation.
+the e4m3 product) instead of the CPU's W8A16 emulation; with --activations, W8A8 whose inputs lose
+their per-channel mean before they are quantized (W mu added back: the same shift idea for
+activations).
 
     python benchmarks/fp8_kv_offset.py --tokens 3000     # teacher-forced on pydoc, vs float32
 
@@ -77,10 +79,38 @@ def w8a8(x, weight, weight_scale, bias=None):
     return _linear(x, weight, weight_scale, bias)
 
 
+class ActOffsets:
+    """W8A8 with each linear's activations less their calibrated per-channel mean mu before the
+    per-token quantization, W mu added back in float32 (a bias): mode "calibrate" (W8A16, sums the
+    inputs) or "apply"; linears keyed by the order they first run in (one model a run)."""
+
+    def __init__(self):
+        self.mode = "calibrate"
+        self.sums: list[list] = []
+        self.index_of: dict[int, int] = {}
+
+    def __call__(self, x, weight, weight_scale, bias=None):
+        if not (isinstance(x, torch.Tensor) and x.device.type == "cpu" and weight_scale.shape[1] == 1):
+            return _linear(x, weight, weight_scale, bias)
+        i = self.index_of.setdefault(weight.data_ptr(), len(self.index_of))
+        if self.mode == "calibrate":
+            if i == len(self.sums):
+                self.sums.append([0.0, 0])
+            self.sums[i][0] = self.sums[i][0] + x.double().sum(0)
+            self.sums[i][1] += x.shape[0]
+            return _linear(x, weight, weight_scale, bias)
+        mu = (self.sums[i][0] / self.sums[i][1]).float()
+        w = fp8.dequantize_fp8_torch(weight, weight_scale, torch.float32)
+        y = fp8.fp8_scaled_mm_torch(x - mu.to(x.dtype), weight, weight_scale).float() + w @ mu
+        return (y if bias is None else y + bias.float()).to(x.dtype)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--text", default="pydoc", help="the evaluation text: pydoc, readme or a file's path")
     p.add_argument("--tokens", type=int, default=3000)
+    p.add_argument("--activations", action="store_true",
+                   help="only W8A8 with each linear's activations less their calibrated mean (and + the K offset)")
     args = p.parse_args()
     off = Offsets()
     torch_backend.TorchAttentionBackend.forward = lambda b, *a, **kw: off.forward(b, *a, **kw)
@@ -99,9 +129,20 @@ def main() -> None:
             ("fp8 weights W8A8 + kv", {"quantization": "fp8"}, "off", True),
             ("fp8 weights + kv, K offset", {"quantization": "fp8"}, "k", False),
             ("fp8 weights W8A8 + kv, K offset", {"quantization": "fp8"}, "k", True)]
+    if args.activations:  # W8A8 with the activations less their mean (calibrated on the README)
+        act = ActOffsets()
+        qfp8.fp8_linear, off.mode = act, "off"
+        teacher_forced_logits(text_ids("readme", 3000), quantization="fp8")
+        act.mode = "apply"
+        runs = [("fp8 weights W8A8, activation offsets", {"quantization": "fp8"}, None, act),
+                ("same + fp8 kv, K offset", {"quantization": "fp8"}, "k", act)]
     for name, kw, mode, scaled in runs:
         off.mode, off.layer_of = mode or "off", {}
-        qfp8.fp8_linear = w8a8 if scaled else _linear
+        if isinstance(scaled, ActOffsets):
+            scaled.index_of = {}
+            qfp8.fp8_linear = scaled
+        else:
+            qfp8.fp8_linear = w8a8 if scaled else _linear
         got = teacher_forced_logits(ids, **kw, **({} if mode is None else {"kv_cache_dtype": "fp8"}))
         top1, kl = agreement_and_kl(ref, got)
         print(f"  {name:34s} top-1 agreement {100 * top1:6.2f}%  mean KL {kl:.5f} nats", flush=True)
