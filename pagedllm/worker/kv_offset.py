@@ -77,6 +77,11 @@ def calibrate_k_offsets(model: torch.nn.Module, vocab_size: int, num_blocks: int
     return n
 
 
+def layer_offsets(model: torch.nn.Module) -> list[torch.Tensor | None]:
+    """Each attention layer's K offset [Hkv, D] on the CPU (None: K stored as it is), in layer order."""
+    return [None if m.k_offset is None else m.k_offset.cpu() for m in model.modules() if isinstance(m, Attention)]
+
+
 def maybe_calibrate(worker) -> None:
     """The worker's startup step: calibrate where the cache is FP8, the switch is on and the worker
     holds the whole model (one pipeline stage)."""

@@ -26,7 +26,7 @@ from pagedllm.model.layers.attention import bind_kv_cache
 from pagedllm.model.loader import build_model, torch_dtype
 from pagedllm.model.sampler import host_to_device
 from pagedllm.worker import cpu_threads
-from pagedllm.worker.kv_offset import maybe_calibrate
+from pagedllm.worker.kv_offset import layer_offsets, maybe_calibrate
 from pagedllm.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -240,6 +240,10 @@ class Worker:
         if self.runner.graphs is not None:
             torch.cuda.synchronize(self.device)
             self.runner.graphs = None
+
+    def k_offsets(self) -> list[torch.Tensor | None]:
+        """This rank's FP8-cache K offsets by attention layer (worker/kv_offset.py; None: none)."""
+        return layer_offsets(self.model)
 
     def expert_load(self) -> list[int]:
         """MoE: tokens routed to each expert so far ([] for a dense model); see ExpertLoadReader."""

@@ -301,14 +301,22 @@ def test_fp8_kv_offsets_calibrated_at_startup(plain, monkeypatch):
 
 def test_fp8_kv_offsets_under_tensor_parallelism(plain, monkeypatch):
     """Both ranks run the calibration prefill (its all-reduces pair up: no rank waits alone), each
-    for its own kv head: TP=2 gives TP=1's greedy tokens over the offset FP8 cache."""
+    for its own kv head: rank r's offsets are TP=1's of head r (the first layer's exactly, the later
+    ones within the FP8 cache's effect on the layers before), and TP=2 gives TP=1's greedy tokens."""
     monkeypatch.setenv("PAGEDLLM_FP8_KV_OFFSET", "1")
-    got = {}
+    got, offsets = {}, {}
     for tp in (1, 2):
         llm = LLM(plain, kv_cache_memory="4MiB", max_model_len=128, kv_cache_dtype="fp8", tensor_parallel_size=tp)
+        offsets[tp] = llm.llm_engine.executor.collective_rpc("k_offsets")
         got[tp] = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
         llm.llm_engine.shutdown()
         del llm
+    (one,) = offsets[1]
+    assert len(offsets[2]) == 2 and all(len(rank) == len(one) for rank in offsets[2])
+    for r, rank in enumerate(offsets[2]):
+        torch.testing.assert_close(rank[0], one[0][r : r + 1], atol=1e-5, rtol=1e-5)
+        for got_layer, want in zip(rank, one):
+            torch.testing.assert_close(got_layer, want[r : r + 1], atol=0.05, rtol=0.05)
     assert got[2] == got[1]
 
 
