@@ -320,6 +320,20 @@ def test_fp8_kv_offsets_under_tensor_parallelism(plain, monkeypatch):
     assert got[2] == got[1]
 
 
+def test_fp8_kv_offsets_not_under_pipeline_parallelism(plain, monkeypatch):
+    """Under pipeline parallelism no stage calibrates (a stage alone has no real hidden states):
+    K is stored as it is, and generation runs as without the switch."""
+    got = {}
+    for env in ("0", "1"):
+        monkeypatch.setenv("PAGEDLLM_FP8_KV_OFFSET", env)
+        llm = LLM(plain, kv_cache_memory="4MiB", max_model_len=128, kv_cache_dtype="fp8", pipeline_parallel_size=2)
+        assert all(o is None for stage in llm.llm_engine.executor.collective_rpc("k_offsets") for o in stage)
+        got[env] = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
+        llm.llm_engine.shutdown()
+        del llm
+    assert got["1"] == got["0"]
+
+
 def test_v_key_major_switch_keeps_16_bit_tokens(plain, monkeypatch):
     """PAGEDLLM_V_TRANSPOSED=1 stores a 16-bit cache's V blocks key-major too (to compare the
     layouts on a GPU): the same greedy tokens, through prefix hits and a preemption by swap."""
