@@ -208,8 +208,12 @@ def default_config(m: int, n: int, k: int) -> SwapConfig:
     programs stay within one an SM. From the H100 sweep (`wna16_bench.py --rows 64 256`, RESULTS.md
     eighteenth session, Llama-3.1-8B int4 g128, us a layer): at 64 rows this was the best of the
     sweep on all four projections; at 256 rows qkv split 1 44.3 against split 2's 56.0, o split 2
-    32.5 against split 4's 39.0 (gate_up best with 256-row tiles, 142.4 against 161.3: not taken,
-    one shape)."""
+    32.5 against split 4's 39.0, and gate_up best with 256-row tiles, 142.4 against 161.3. So more
+    than 128 rows of a projection whose 128-wide weight tiles alone fill the 132 SMs (gate_up's 224)
+    take 256-row tiles: each weight tile dequantized once for all the rows, no split (the narrower
+    qkv and o lost with them: 48.8 / 35.5 against 44.3 / 32.5)."""
+    if m > 128 and -(-n // 128) >= 132:
+        return SwapConfig(128, 128, 1, num_warps=8, num_stages=3, block_m=256, pairs=True)
     block_m = 64 if m <= 64 else 128
     split_k = _split_k(m, n, k, block_m, 128, 128, 264 if block_m == 64 else 132)
     return SwapConfig(128, 128, split_k, num_warps=4 if block_m == 64 else 8, num_stages=3, block_m=block_m,

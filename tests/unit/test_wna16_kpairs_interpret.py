@@ -30,6 +30,9 @@ _CASES = {
     "g128_asym_split3_bm128": ("check_wna16_kpairs", [130, 128, 384, 128, False],
                                {"config": [128, 128, 3, 8, 1, "kernel", 128, True]}),
     "default_config_ragged": ("check_wna16_kpairs", [50, 40, 320, 64, True], {"bias": True}),
+    # 256-row tiles (default_config's for wide outputs past 128 rows), 200 rows in one ragged tile
+    "g64_asym_bm256_bias": ("check_wna16_kpairs", [200, 128, 256, 64, False],
+                            {"bias": True, "config": [128, 128, 1, 8, 1, "kernel", 256, True]}),
     # two splits of 256 over 384 inputs: the last split's steps past x' read nothing (NaN there)
     "split_past_the_end": ("check_wna16_kpairs", [24, 64, 384, 128, False],
                            {"config": [64, 128, 2, 4, 1, "kernel", 32, True], "nan_past_end": True}),
@@ -63,7 +66,7 @@ def test_permutation_stays_within_each_step(k, block_k):
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 @pytest.mark.parametrize("x, group_k, has_zero, block_m, warps", [("bf16", 128, False, 128, 8), ("fp16", 128, True, 64, 4),
-                                                                 ("bf16", 0, True, 128, 8)])  # fmt: skip
+                                                                 ("bf16", 0, True, 128, 8), ("bf16", 128, False, 256, 8)])  # fmt: skip
 def test_kpairs_kernel_builds_the_operand_in_registers(x, group_k, has_zero, block_m, warps):
     """Compiled for the H200: wgmma takes the weight from registers (its A operand four registers),
     the pairs made by one lop3 with the magic number, no spills, and the main loop without the
