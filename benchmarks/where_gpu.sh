@@ -22,7 +22,8 @@
 # cp.async pipeline), PAGEDLLM_WNA16_PDL=1 (gemvp's first tile before the PDL wait)), w2tiles (W2 gptq:
 # A the tree at $A_PATH, B this one, C this one with PAGEDLLM_WNA16_PDL=1; $ROUNDS rounds alternated), w3act
 # (W3 at inf: bf16, FP8 + FP8 KV with PAGEDLLM_FUSED_ACT_FP8=0, FP8 + FP8 KV; W3ACT_ORDER may add fp8_norm:
-# PAGEDLLM_FUSED_NORM_FP8=1), moebuckets (Qwen3-30B-A3B batch 1: A default, B PAGEDLLM_GRAPH_CONTEXT_BUCKETS=1).
+# PAGEDLLM_FUSED_NORM_FP8=1), moebuckets (Qwen3-30B-A3B batch 1: A default, B PAGEDLLM_GRAPH_CONTEXT_BUCKETS=1), w1kvoff (W1 with an FP8
+# cache: K as it is (A) against PAGEDLLM_FP8_KV_OFFSET=1 (B)).
 # Logs in one archive in $OUT; a summary last.
 #     OUT=$OUT bash benchmarks/where_gpu.sh
 #     STEPS="moeprof w1order" bash benchmarks/where_gpu.sh   # any of moeprof w2int4prof w1fp8prof order w1order
@@ -97,6 +98,11 @@ fi
 if step w1kv $((ROUNDS * 2 * 75)); then
   B_ARGS="--kv-cache-dtype fp8" ROUNDS=$ROUNDS OUT="$OUT/w1kv" bash benchmarks/ab_w1.sh > "$OUT/w1kv.log" 2>&1
   echo "w1kv rc=$? at ${SECONDS} s"
+fi
+if step w1kvoff $((ROUNDS * 2 * 75)); then  # W1 with an FP8 cache: K as it is (A) against K less its offset (B)
+  A_ARGS="--kv-cache-dtype fp8" B_ARGS="--kv-cache-dtype fp8" B_ENV=PAGEDLLM_FP8_KV_OFFSET=1 ROUNDS=$ROUNDS \
+    OUT="$OUT/w1kvoff" bash benchmarks/ab_w1.sh > "$OUT/w1kvoff.log" 2>&1
+  echo "w1kvoff rc=$? at ${SECONDS} s"; grep -E "median" "$OUT/w1kvoff.log"
 fi
 if step w1int4 $((ROUNDS * 2 * 200)); then  # issue 19's W1: Llama-3.1-8B, 256 requests, bf16 (A) against dummy gptq 4-bit (B)
   B_ARGS="--quantization gptq" ROUNDS=$ROUNDS OUT="$OUT/w1int4" bash benchmarks/ab_w1.sh \
