@@ -33,6 +33,15 @@ def next_power_of_2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
+def env_flag(name: str) -> bool:
+    """An opt-in switch of the environment: unset, empty or 0 off, 1 on; anything else a ValueError
+    naming the variable."""
+    value = os.environ.get(name, "").strip() or "0"
+    if value not in ("0", "1"):
+        raise ValueError(f"{name}={value!r}: expected 0 or 1")
+    return value == "1"
+
+
 def fusion_enabled(option: str, default: bool = True) -> bool:
     """Whether a fused kernel path is on, read when a layer is built: PAGEDLLM_FUSED_<option>=0
     turns it off, =1 on, unset: `default`. ROPE_KV: q/k norm + rotary + store-KV in one kernel

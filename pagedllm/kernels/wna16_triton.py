@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedllm.kernels._triton import pdl
+from pagedllm.kernels._triton import env_flag, pdl
 from pagedllm.kernels.counters import counters
 from pagedllm.kernels.small_m import last_reduce
 from pagedllm.kernels.wna16 import pack_factor
@@ -211,10 +211,7 @@ def gemv_pdl() -> bool:
     W2 gptq 3.03 -> 2.93 ms/token at the old tiles, but 2.89 -> 2.97 with gemvp_config's, whose
     pipelined o projection then waited before its first load; since then the pipelined shapes launch
     without PDL (not yet timed)."""
-    value = os.environ.get("PAGEDLLM_WNA16_PDL", "0").strip() or "0"
-    if value not in ("0", "1"):
-        raise ValueError(f"PAGEDLLM_WNA16_PDL={value!r}: expected 0 or 1")
-    return value == "1"
+    return env_flag("PAGEDLLM_WNA16_PDL")
 
 
 def default_config(m: int, n: int, k: int, group_k: int, bits: int) -> tuple:

@@ -7,27 +7,27 @@ largest first so all graphs share one memory pool. The graphs read the runner's 
 there, so replaying copies nothing; padding rows get slot -1 (nothing stored) and seq_len 0
 (the decode kernel writes zeros).
 The attention grid depends only on the batch size and the `max_seq_len` bound, which is
-`max_model_len` at capture and at replay -- or, with PAGEDLLM_GRAPH_CONTEXT_BUCKETS=1 (opt-in until
-timed), also the smaller bounds of CONTEXT_BUCKETS for the batch sizes whose decode split count
-they change: a step replays the graph of the least bound at least its longest context. The
-decode kernel cuts each request's actual length into the grid's splits, so any bound is correct;
-a small one only spares short contexts the splits (and the reduce kernel) that a long
-max_model_len asks for at small batches (Qwen3-30B-A3B batch 1, max_model_len 4,096: 32 splits
-and a reduce kernel a layer for a few hundred tokens; at a bound of 1,024, 8 splits merged by the
-last one).
+`max_model_len` at capture and at replay -- or, with PAGEDLLM_GRAPH_CONTEXT_BUCKETS=1 (opt-in: the
+H100 timed Qwen3-30B-A3B batch 1 at x0.99, within its spread), also the smaller bounds of
+CONTEXT_BUCKETS for the batch sizes whose decode split count they change: a step replays the
+graph of the least bound at least its longest context. The decode kernel cuts each request's
+actual length into the grid's splits, so any bound is correct; a small one only spares short
+contexts the splits (and the reduce kernel) that a long max_model_len asks for at small batches
+(Qwen3-30B-A3B batch 1, max_model_len 4,096: 32 splits and a reduce kernel a layer for a few
+hundred tokens; at a bound of 1,024, 8 splits merged by the last one).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import os
 import time
 from typing import Any
 
 import torch
 
 from pagedllm.attention.backend import AttentionBackend, ForwardBatch
+from pagedllm.kernels._triton import env_flag
 from pagedllm.worker.input_batch import StepBuffers, aligned, int32_offsets
 
 logger = logging.getLogger(__name__)
@@ -48,10 +48,7 @@ CONTEXT_BUCKETS = (1024, 4096)
 @functools.cache
 def context_buckets() -> bool:
     """PAGEDLLM_GRAPH_CONTEXT_BUCKETS=1: decode graphs for CONTEXT_BUCKETS too (read once; off by default)."""
-    value = os.environ.get("PAGEDLLM_GRAPH_CONTEXT_BUCKETS", "0").strip() or "0"
-    if value not in ("0", "1"):
-        raise ValueError(f"PAGEDLLM_GRAPH_CONTEXT_BUCKETS={value!r}: expected 0 or 1")
-    return value == "1"
+    return env_flag("PAGEDLLM_GRAPH_CONTEXT_BUCKETS")
 
 
 def context_bounds(sizes: list[int], max_model_len: int, split_counts) -> dict[int, list[int]]:

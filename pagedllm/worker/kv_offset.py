@@ -24,10 +24,10 @@ Opt-in until a GPU has run it: PAGEDLLM_FP8_KV_OFFSET=1.
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 
+from pagedllm.kernels._triton import env_flag
 from pagedllm.model.layers.attention import Attention
 from pagedllm.worker.profiling import prefill_batch
 
@@ -39,10 +39,7 @@ CALIBRATION_SEED = 0
 
 def enabled() -> bool:
     """PAGEDLLM_FP8_KV_OFFSET=1 (read at each calibration): FP8 caches store K less its offset."""
-    value = os.environ.get("PAGEDLLM_FP8_KV_OFFSET", "0").strip() or "0"
-    if value not in ("0", "1"):
-        raise ValueError(f"PAGEDLLM_FP8_KV_OFFSET={value!r}: expected 0 or 1")
-    return value == "1"
+    return env_flag("PAGEDLLM_FP8_KV_OFFSET")
 
 
 def offset_layers(model: torch.nn.Module) -> list[Attention]:
