@@ -369,7 +369,7 @@ def main() -> None:
                 row["default"], row["default_cfg"] = timed[0]
             row["best"], row["best_cfg"] = min(timed, key=lambda tc: tc[0], default=(float("nan"), cfgs[0]))
             if args.bits == 4 and m > 16:  # the K-packed layout's tensor-core GEMM, its default first
-                kcfgs = [kpairs_default(m, n, k)] + ([] if args.no_sweep else kpairs_sweep(m, k))
+                kcfgs = [kpairs_default(m, n, k, 128)] + ([] if args.no_sweep else kpairs_sweep(m, k))
                 if time_default_and_best(
                     row, "kpairs", kcfgs, lambda c, x=x, qs=qs: wna16_kpairs_gemm(x, *qs[0], config=c),
                     lambda c, x=x, qs=qs: [wna16_kpairs_gemm(x, q, s, z, config=c) for q, s, z in qs], ref,

@@ -202,7 +202,7 @@ def kpairs_permutation(k_padded: int, block_k: int, device: torch.device) -> tor
     return (torch.arange(0, k_padded, block_k, device=device)[:, None] + step[None, :]).reshape(-1)
 
 
-def default_config(m: int, n: int, k: int) -> SwapConfig:
+def default_config(m: int, n: int, k: int, group_k: int = 0) -> SwapConfig:
     """64 or 128 activation rows a program (4 / 8 warps), 128-wide weight tiles, K steps of 128;
     split-K as the swap kernels' GEMM tiles, but the 8-warp 128-row tiles split only while the
     programs stay within one an SM. From the H100 sweep (`wna16_bench.py --rows 64 256`, RESULTS.md
@@ -211,9 +211,12 @@ def default_config(m: int, n: int, k: int) -> SwapConfig:
     32.5 against split 4's 39.0, and gate_up best with 256-row tiles, 142.4 against 161.3. So more
     than 128 rows of a projection whose 128-wide weight tiles alone fill the 132 SMs (gate_up's 224)
     take 256-row tiles: each weight tile dequantized once for all the rows, no split (the narrower
-    qkv and o lost with them: 48.8 / 35.5 against 44.3 / 32.5)."""
+    qkv and o lost with them: 48.8 / 35.5 against 44.3 / 32.5). Those tiles pipeline two K steps
+    where a step holds several groups (group_k 32 / 64: 256 KB of shared memory at three, past
+    sm_90's 227; tests/unit/test_wna16_kpairs_interpret.py compiles each)."""
     if m > 128 and -(-n // 128) >= 132:
-        return SwapConfig(128, 128, 1, num_warps=8, num_stages=3, block_m=256, pairs=True)
+        stages = 2 if 0 < group_k < 128 else 3
+        return SwapConfig(128, 128, 1, num_warps=8, num_stages=stages, block_m=256, pairs=True)
     block_m = 64 if m <= 64 else 128
     split_k = _split_k(m, n, k, block_m, 128, 128, 264 if block_m == 64 else 132)
     return SwapConfig(128, 128, split_k, num_warps=4 if block_m == 64 else 8, num_stages=3, block_m=block_m,
@@ -236,7 +239,7 @@ def wna16_kpairs_gemm(
     assert zeros is None or (zeros.shape == scales.shape and zeros.stride() == scales.stride())
     group_k = 0 if g == 1 else k // g
     assert group_k % 8 == 0 and group_k * g in (0, k)
-    cfg = config or default_config(m, n, k)
+    cfg = config or default_config(m, n, k, group_k)
     block_k = cfg.block_k
     assert block_k % 64 == 0 and cfg.reduce == "kernel", "dots of block_k / 4 >= 16 columns; the reduce kernel"
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
