@@ -201,11 +201,11 @@ def gemvn_sweep(n: int, k: int, group_k: int) -> list[tuple[int, int, int, int]]
 
 def kpairs_sweep(m: int, k: int) -> list:
     """kpairs configs around its default: 64 (4 warps) or 128 (8 warps) activation rows, 128-wide
-    weight tiles, K steps of 128, split-K 1-4; and 256 rows (8 warps) from 256 rows."""
+    weight tiles, K steps of 128, split-K 1-4; and 256 rows (8 warps) from 129 rows."""
     from pagedllm.kernels.swap_gemm_triton import SwapConfig
 
     return [SwapConfig(128, 128, split, warps, 3, block_m=bm, pairs=True)
-            for bm, warps in ((64, 4), (128, 8), (256, 8)) if bm <= max(64, m)
+            for bm, warps in ((64, 4), (128, 8), (256, 8)) if bm <= max(64, 2 * m - 2)
             for split in (1, 2, 4) if k >= 2 * 128 * split]
 
 

@@ -33,10 +33,10 @@ def next_power_of_2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
-def env_flag(name: str) -> bool:
-    """An opt-in switch of the environment: unset, empty or 0 off, 1 on; anything else a ValueError
-    naming the variable."""
-    value = os.environ.get(name, "").strip() or "0"
+def env_flag(name: str, default: bool = False) -> bool:
+    """A switch of the environment: 0 off, 1 on, unset or empty `default`; anything else a
+    ValueError naming the variable."""
+    value = os.environ.get(name, "").strip() or ("1" if default else "0")
     if value not in ("0", "1"):
         raise ValueError(f"{name}={value!r}: expected 0 or 1")
     return value == "1"

@@ -211,12 +211,16 @@ def default_config(m: int, n: int, k: int, group_k: int = 0) -> SwapConfig:
     32.5 against split 4's 39.0, and gate_up best with 256-row tiles, 142.4 against 161.3. So more
     than 128 rows of a projection whose 128-wide weight tiles alone fill the 132 SMs (gate_up's 224)
     take 256-row tiles: each weight tile dequantized once for all the rows, no split (the narrower
-    qkv and o lost with them: 48.8 / 35.5 against 44.3 / 32.5). Those tiles pipeline two K steps
-    where a step holds several groups (group_k 32 / 64: 256 KB of shared memory at three, past
-    sm_90's 227; tests/unit/test_wna16_kpairs_interpret.py compiles each)."""
-    if m > 128 and -(-n // 128) >= 132:
+    qkv and o lost with them: 48.8 / 35.5 against 44.3 / 32.5). So do the long-K projections
+    (down's 14,336 inputs), split while the programs stay within 132: at 256 rows split 4 82.5 against
+    the 128-row tiles' 90.4 (twentieth session; qkv and o lost there again, 48.9 / 35.3 against 44.0 /
+    32.5). Those tiles pipeline two K steps where a step holds several groups (group_k 32 / 64: 256 KB
+    of shared memory at three, past sm_90's 227; tests/unit/test_wna16_kpairs_interpret.py compiles
+    each)."""
+    if m > 128 and (-(-n // 128) >= 132 or k >= 8192):
         stages = 2 if 0 < group_k < 128 else 3
-        return SwapConfig(128, 128, 1, num_warps=8, num_stages=stages, block_m=256, pairs=True)
+        split_k = _split_k(m, n, k, 256, 128, 128, 132)
+        return SwapConfig(128, 128, split_k, num_warps=8, num_stages=stages, block_m=256, pairs=True)
     block_m = 64 if m <= 64 else 128
     split_k = _split_k(m, n, k, block_m, 128, 128, 264 if block_m == 64 else 132)
     return SwapConfig(128, 128, split_k, num_warps=4 if block_m == 64 else 8, num_stages=3, block_m=block_m,

@@ -67,8 +67,22 @@ def test_any_k_offset_leaves_the_attention_unchanged(plain):
         layer.k_offset = None
 
 
+def test_fp8_kv_offset_switch(monkeypatch):
+    """On unless PAGEDLLM_FP8_KV_OFFSET=0; anything but 0 or 1 a ValueError naming the variable."""
+    from pagedllm.worker import kv_offset
+
+    monkeypatch.delenv("PAGEDLLM_FP8_KV_OFFSET", raising=False)
+    assert kv_offset.enabled()
+    for value, on in (("0", False), ("1", True), (" ", True)):
+        monkeypatch.setenv("PAGEDLLM_FP8_KV_OFFSET", value)
+        assert kv_offset.enabled() is on
+    monkeypatch.setenv("PAGEDLLM_FP8_KV_OFFSET", "yes")
+    with pytest.raises(ValueError, match="PAGEDLLM_FP8_KV_OFFSET"):
+        kv_offset.enabled()
+
+
 def test_fp8_kv_offsets_calibrated_at_startup(plain, monkeypatch):
-    """PAGEDLLM_FP8_KV_OFFSET=1 with an FP8 cache: the startup sets each layer's offset to the mean
+    """PAGEDLLM_FP8_KV_OFFSET (on by default) with an FP8 cache: the startup sets each layer's offset to the mean
     post-rotary key of its calibration prefill, transformers' own keys for the same random tokens
     (the first layer's to float32 rounding; the later layers' within the FP8 cache's effect on the
     attention before them, which the calibration runs through); off, or with a 16-bit cache, none.
@@ -77,7 +91,7 @@ def test_fp8_kv_offsets_calibrated_at_startup(plain, monkeypatch):
 
     from pagedllm.worker import kv_offset
 
-    for env, dtype, calibrated in (("1", "fp8", True), ("0", "fp8", False), ("1", "auto", False)):
+    for env, dtype, calibrated in (("", "fp8", True), ("0", "fp8", False), ("1", "auto", False), ("1", "fp8", True)):
         monkeypatch.setenv("PAGEDLLM_FP8_KV_OFFSET", env)
         llm = LLM(plain, kv_cache_memory="4MiB", max_model_len=128, kv_cache_dtype=dtype)
         layers = [m for m in llm.llm_engine.executor.worker.model.modules() if isinstance(m, Attention)]
