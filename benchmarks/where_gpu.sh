@@ -23,7 +23,8 @@
 # A the tree at $A_PATH, B this one, C this one with PAGEDLLM_WNA16_PDL=1; $ROUNDS rounds alternated), w3act
 # (W3 at inf: bf16, FP8 + FP8 KV with PAGEDLLM_FUSED_ACT_FP8=0, FP8 + FP8 KV; W3ACT_ORDER may add fp8_norm:
 # PAGEDLLM_FUSED_NORM_FP8=1), moebuckets (Qwen3-30B-A3B batch 1: A default, B PAGEDLLM_GRAPH_CONTEXT_BUCKETS=1), w1kvoff (W1 with an FP8
-# cache: K as it is (A) against PAGEDLLM_FP8_KV_OFFSET=1 (B)).
+# cache: K as it is, PAGEDLLM_FP8_KV_OFFSET=0 (A), against K less its offset, the default (B)), w1int4accs (W1 gptq: A kpairs as it is, B
+# PAGEDLLM_KPAIRS_ACCS=4).
 # Logs in one archive in $OUT; a summary last.
 #     OUT=$OUT bash benchmarks/where_gpu.sh
 #     STEPS="moeprof w1order" bash benchmarks/where_gpu.sh   # any of moeprof w2int4prof w1fp8prof order w1order
@@ -100,7 +101,7 @@ if step w1kv $((ROUNDS * 2 * 75)); then
   echo "w1kv rc=$? at ${SECONDS} s"
 fi
 if step w1kvoff $((ROUNDS * 2 * 75)); then  # W1 with an FP8 cache: K as it is (A) against K less its offset (B)
-  A_ARGS="--kv-cache-dtype fp8" B_ARGS="--kv-cache-dtype fp8" B_ENV=PAGEDLLM_FP8_KV_OFFSET=1 ROUNDS=$ROUNDS \
+  A_ARGS="--kv-cache-dtype fp8" B_ARGS="--kv-cache-dtype fp8" A_ENV=PAGEDLLM_FP8_KV_OFFSET=0 ROUNDS=$ROUNDS \
     OUT="$OUT/w1kvoff" bash benchmarks/ab_w1.sh > "$OUT/w1kvoff.log" 2>&1
   echo "w1kvoff rc=$? at ${SECONDS} s"; grep -E "median" "$OUT/w1kvoff.log"
 fi
@@ -108,6 +109,12 @@ if step w1int4 $((ROUNDS * 2 * 200)); then  # issue 19's W1: Llama-3.1-8B, 256 r
   B_ARGS="--quantization gptq" ROUNDS=$ROUNDS OUT="$OUT/w1int4" bash benchmarks/ab_w1.sh \
     --model benchmarks/configs/llama-3.1-8b --skip-tokenizer-init > "$OUT/w1int4.log" 2>&1
   echo "w1int4 rc=$? at ${SECONDS} s"
+fi
+if step w1int4accs $((ROUNDS * 2 * 100)); then  # W1 gptq: kpairs' default tiles (A) against four accumulators (B)
+  A_ARGS="--quantization gptq" B_ARGS="--quantization gptq" B_ENV=PAGEDLLM_KPAIRS_ACCS=4 ROUNDS=$ROUNDS \
+    OUT="$OUT/w1int4accs" bash benchmarks/ab_w1.sh --model benchmarks/configs/llama-3.1-8b --skip-tokenizer-init \
+    > "$OUT/w1int4accs.log" 2>&1
+  echo "w1int4accs rc=$? at ${SECONDS} s"; grep -E "median" "$OUT/w1int4accs.log"
 fi
 if step int4tests 200; then  # the 4-bit GPU tests: the swap GEMM, gemvn, PTX == plain, dispatch, CUDA graphs
   timeout 200 $PY -m pytest -q tests/gpu/test_wna16_gpu.py tests/gpu/test_wna16_nk_gpu.py > "$OUT/int4tests.log" 2>&1

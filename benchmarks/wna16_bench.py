@@ -201,17 +201,23 @@ def gemvn_sweep(n: int, k: int, group_k: int) -> list[tuple[int, int, int, int]]
 
 def kpairs_sweep(m: int, k: int) -> list:
     """kpairs configs around its default: 64 (4 warps) or 128 (8 warps) activation rows, 128-wide
-    weight tiles, K steps of 128, split-K 1-4; and 256 rows (8 warps) from 129 rows."""
+    weight tiles, K steps of 128, split-K 1-4; and 256 rows (8 warps) from 129 rows; the same with four
+    accumulators."""
     from pagedllm.kernels.swap_gemm_triton import SwapConfig
 
-    return [SwapConfig(128, 128, split, warps, 3, block_m=bm, pairs=True)
-            for bm, warps in ((64, 4), (128, 8), (256, 8)) if bm <= max(64, 2 * m - 2)
+    one = [SwapConfig(128, 128, split, warps, 3, block_m=bm, pairs=True)
+           for bm, warps in ((64, 4), (128, 8), (256, 8)) if bm <= max(64, 2 * m - 2)
+           for split in (1, 2, 4) if k >= 2 * 128 * split]
+    # four accumulators (SwapConfig.accs): 64-wide weight tiles of 128 rows, 128-wide of 64 rows
+    four = [SwapConfig(bn, 128, split, 8, 3, block_m=bm, pairs=True, accs=4)
+            for bn, bm in ((64, 128), (128, 64)) if bm <= max(64, 2 * m - 2)
             for split in (1, 2, 4) if k >= 2 * 128 * split]
+    return one + four
 
 
 def _fields(cfg) -> tuple:
     return (cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_warps, cfg.num_stages, cfg.block_m) + (
-        ("pairs",) if cfg.pairs else ())
+        ("pairs",) if cfg.pairs else ()) + ((f"accs{cfg.accs}",) if cfg.accs > 1 else ())
 
 
 def swap_correctness(dev: str) -> None:

@@ -73,10 +73,13 @@ class SwapConfig:
     # 64 / 128 rows make it a GEMM for large batches; the 16-bit and FP8 kernels keep SWAP_BLOCK_M)
     pairs: bool = False  # (the 4-bit kernel) wna16_pairs_triton._swap_int4_pairs_kernel: its weight operand
     # built in the MMA's register layout, four dots a K step (BLOCK_K a multiple of 64)
+    accs: int = 1  # (the kpairs GEMM) 4: each of those dots its own accumulator (wna16_pairs_triton.py)
 
     def __post_init__(self) -> None:
         if self.reduce not in REDUCES:
             raise ValueError(f"SwapConfig.reduce must be one of {', '.join(REDUCES)}, got {self.reduce!r}")
+        if self.accs not in (1, 4):
+            raise ValueError(f"SwapConfig.accs must be 1 or 4, got {self.accs!r}")
 
 
 @triton.jit

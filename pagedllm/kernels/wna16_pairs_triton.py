@@ -17,6 +17,13 @@ Which inputs a dot's columns hold depends on the layout:
   contiguously: within each K step, x'[k0 + i * BLOCK_K / 4 + 2j + h] = x[k0 + 8j + i + 4h]; K is
   padded to whole steps (x' zero there).
 
+The four dots of a step add into one accumulator by default, and Triton (3.6, sm_90) then waits for
+each dot's wgmma before the next one starts (three `wgmma.wait_group 0` a step: the MMAs never
+overlap the next operand's construction); with `SwapConfig.accs = 4` each dot has its own
+accumulator, summed after the loop, and the loop keeps seven wgmma groups in flight (wait_group 7)
+at four accumulators' registers: 64-wide weight tiles of 128 rows or 128-wide ones of 64 rows under 8
+warps (182 / 208 registers, no spills; tests/unit/test_wna16_kpairs_interpret.py).
+
 Scales: a group per K step or per word go into the tile, rounded to x's type once with the weight
 (the swap kernels' GEMM tiles' numerics); per channel into the epilogue or the split-K reduce.
 """
@@ -24,6 +31,7 @@ Scales: a group per K step or per word go into the tile, rounded to x's type onc
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import triton
@@ -152,6 +160,17 @@ def _swap_int4_pairs_kernel(
 
 
 @triton.jit
+def _x_cols(x_cols, k0, I: tl.constexpr, rc, m_mask, W_DTYPE: tl.constexpr, BLOCK_C: tl.constexpr,
+            FP16_MAX_: tl.constexpr):  # fmt: skip
+    """x.T's rows of dot I of the K step at k0 (the permuted x's columns k0 + I * BLOCK_C + rc) as the
+    dot's 16-bit operand (float32 x: fp16, saturated)."""
+    xt = tl.load(x_cols + (k0 + I * BLOCK_C + rc)[:, None], mask=m_mask[None, :], other=0.0)
+    if xt.dtype != W_DTYPE:
+        xt = tl.clamp(xt.to(tl.float32), -FP16_MAX_, FP16_MAX_).to(tl.float16)
+    return xt
+
+
+@triton.jit
 def _kpairs_kernel(
     x_ptr,  # [M, KP] activations, permuted (kpairs_permutation), KP = K padded to whole K steps
     w_ptr,  # [K/8, N] int32, K-packed (wna16.py)
@@ -164,6 +183,7 @@ def _kpairs_kernel(
     GROUP_K: tl.constexpr, HAS_ZERO: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     W_BF16: tl.constexpr, ASM: tl.constexpr, FP16_MAX_: tl.constexpr,
+    ACCS: tl.constexpr = 1,  # 4: each of a step's four dots its own accumulator (summed at the end)
 ):  # fmt: skip
     BLOCK_C: tl.constexpr = BLOCK_K // 4  # a dot's columns: two a word
     W_DTYPE: tl.constexpr = tl.bfloat16 if W_BF16 else tl.float16
@@ -175,6 +195,10 @@ def _kpairs_kernel(
     zc = _channel_zeros(z_ptr, rn64, n_mask, 1, HAS_ZERO, GROUP_K, MAGIC, W_DTYPE, BLOCK_C)
     s = tl.full([BLOCK_N, BLOCK_C], 1.0, W_DTYPE)
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    if ACCS == 4:
+        acc1 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+        acc2 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+        acc3 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     k_start = pid_k * K_SPLIT
     for k0 in range(k_start, tl.minimum(k_start + K_SPLIT, KP), BLOCK_K):  # (the last split may end early)
         kw = k0 // 8 + rc // 2  # the word a column reads: columns 2p and 2p + 1 read word p
@@ -182,11 +206,21 @@ def _kpairs_kernel(
         w = tl.load(w_ptr + kw.to(tl.int64)[None, :] * stride_wk + rn[:, None], mask=w_mask, other=0)
         s, zc = _group_scales(s_ptr, z_ptr, rn64, n_mask, w_mask, k0, kw, s, zc, 1, stride_sg, GROUP_K, BLOCK_K,
                               HAS_ZERO, MAGIC, W_DTYPE)  # fmt: skip
-        for i in tl.static_range(4):
-            xt = tl.load(x_cols + (k0 + i * BLOCK_C + rc)[:, None], mask=m_mask[None, :], other=0.0)
-            if xt.dtype != W_DTYPE:  # float32 x: fp16 operands, saturated
-                xt = tl.clamp(xt.to(tl.float32), -FP16_MAX_, FP16_MAX_).to(tl.float16)
-            acc = tl.dot(_pairs_operand(w, zc, s, hi, i, W_BF16, ASM), xt, acc)
+        if ACCS == 4:  # dot i into its own accumulator: no dot waits for another (module docstring)
+            acc = tl.dot(_pairs_operand(w, zc, s, hi, 0, W_BF16, ASM), _x_cols(x_cols, k0, 0, rc, m_mask, W_DTYPE,
+                                                                              BLOCK_C, FP16_MAX_), acc)
+            acc1 = tl.dot(_pairs_operand(w, zc, s, hi, 1, W_BF16, ASM), _x_cols(x_cols, k0, 1, rc, m_mask, W_DTYPE,
+                                                                               BLOCK_C, FP16_MAX_), acc1)
+            acc2 = tl.dot(_pairs_operand(w, zc, s, hi, 2, W_BF16, ASM), _x_cols(x_cols, k0, 2, rc, m_mask, W_DTYPE,
+                                                                               BLOCK_C, FP16_MAX_), acc2)
+            acc3 = tl.dot(_pairs_operand(w, zc, s, hi, 3, W_BF16, ASM), _x_cols(x_cols, k0, 3, rc, m_mask, W_DTYPE,
+                                                                               BLOCK_C, FP16_MAX_), acc3)
+        else:
+            for i in tl.static_range(4):
+                xt = _x_cols(x_cols, k0, i, rc, m_mask, W_DTYPE, BLOCK_C, FP16_MAX_)
+                acc = tl.dot(_pairs_operand(w, zc, s, hi, i, W_BF16, ASM), xt, acc)
+    if ACCS == 4:
+        acc = (acc + acc1) + (acc2 + acc3)
     _int4_epilogue(acc, s_ptr + rn64, b_ptr, out_ptr, rm, rn, n_mask, m_mask, pid_k, M, N, stride_om, GROUP_K,
                    HAS_BIAS, SPLIT_K)  # fmt: skip
 
@@ -200,6 +234,17 @@ def kpairs_permutation(k_padded: int, block_k: int, device: torch.device) -> tor
                              torch.arange(2, device=device), indexing="ij")  # fmt: skip
     step = (8 * j + i + 4 * h).reshape(-1)  # position i * block_k / 4 + 2j + h, in that order
     return (torch.arange(0, k_padded, block_k, device=device)[:, None] + step[None, :]).reshape(-1)
+
+
+@functools.cache
+def four_accumulators() -> bool:
+    """PAGEDLLM_KPAIRS_ACCS=4 (read once; 1, unset, the default): default_config's 64- and 128-row
+    tiles take four accumulators (SwapConfig.accs), for a W1 A/B on a GPU before they become a
+    default; anything else a ValueError naming the variable."""
+    value = os.environ.get("PAGEDLLM_KPAIRS_ACCS", "").strip() or "1"
+    if value not in ("1", "4"):
+        raise ValueError(f"PAGEDLLM_KPAIRS_ACCS={value!r}: expected 1 or 4")
+    return value == "4"
 
 
 def default_config(m: int, n: int, k: int, group_k: int = 0) -> SwapConfig:
@@ -221,6 +266,11 @@ def default_config(m: int, n: int, k: int, group_k: int = 0) -> SwapConfig:
         stages = 2 if 0 < group_k < 128 else 3
         split_k = _split_k(m, n, k, 256, 128, 128, 132)
         return SwapConfig(128, 128, split_k, num_warps=8, num_stages=stages, block_m=256, pairs=True)
+    if four_accumulators():  # 64-wide weight tiles of 128 rows, 128-wide of 64 rows, 8 warps
+        block_m = 64 if m <= 64 else 128
+        block_n = 128 if block_m == 64 else 64
+        split_k = _split_k(m, n, k, block_m, block_n, 128, 132)
+        return SwapConfig(block_n, 128, split_k, num_warps=8, num_stages=3, block_m=block_m, pairs=True, accs=4)
     block_m = 64 if m <= 64 else 128
     split_k = _split_k(m, n, k, block_m, 128, 128, 264 if block_m == 64 else 132)
     return SwapConfig(128, 128, split_k, num_warps=4 if block_m == 64 else 8, num_stages=3, block_m=block_m,
@@ -261,7 +311,8 @@ def wna16_kpairs_gemm(
         xp.stride(0), qweight.stride(0), scales.stride(0), out.stride(0),
         GROUP_K=group_k, HAS_ZERO=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=split_k,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, W_BF16=x.dtype == torch.bfloat16,
-        ASM=x.is_cuda if asm is None else asm, FP16_MAX_=FP16_MAX, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        ASM=x.is_cuda if asm is None else asm, FP16_MAX_=FP16_MAX, ACCS=cfg.accs, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )  # fmt: skip
     _sum_splits(ws, scales, 1, bias, out, group_k)
     return out

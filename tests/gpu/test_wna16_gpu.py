@@ -238,3 +238,11 @@ def test_wna16_kpairs(m, n, k, group_k, symmetric, dtype):
     """The K-packed layout's kpairs GEMM (default_config) on Llama-3.1-8B's projections: a group a
     K step, a group a word, per channel; both 16-bit types (the PTX pairs of each)."""
     check_wna16_kpairs("cuda", dtype, m, n, k, group_k, symmetric, bias=m == 48)
+
+
+@pytest.mark.parametrize("config", [(64, 128, 1, 8, 3, "kernel", 128, True, 4), (128, 128, 2, 8, 3, "kernel", 64, True, 4)])
+@pytest.mark.parametrize("m, dtype", [(200, torch.bfloat16), (96, torch.float16)])
+@pytest.mark.parametrize("n,k,group_k,symmetric", [(6144, 4096, 128, True), (4096, 14336, 32, False)])
+def test_wna16_kpairs_four_accumulators(config, m, dtype, n, k, group_k, symmetric):
+    """SwapConfig.accs = 4 (each of a K step's dots its own accumulator, the wgmma groups in flight)."""
+    check_wna16_kpairs("cuda", dtype, m, n, k, group_k, symmetric, bias=True, config=config)
