@@ -24,7 +24,7 @@
 # (W3 at inf: bf16, FP8 + FP8 KV with PAGEDLLM_FUSED_ACT_FP8=0, FP8 + FP8 KV; W3ACT_ORDER may add fp8_norm:
 # PAGEDLLM_FUSED_NORM_FP8=1), moebuckets (Qwen3-30B-A3B batch 1: A default, B PAGEDLLM_GRAPH_CONTEXT_BUCKETS=1), w1kvoff (W1 with an FP8
 # cache: K as it is, PAGEDLLM_FP8_KV_OFFSET=0 (A), against K less its offset, the default (B)), w1int4accs (W1 gptq: A kpairs as it is, B
-# PAGEDLLM_KPAIRS_ACCS=4).
+# PAGEDLLM_KPAIRS_ACCS=4), w1int4prof (W1 gptq's decode steps profiled: what kpairs and x's permutation take).
 # Logs in one archive in $OUT; a summary last.
 #     OUT=$OUT bash benchmarks/where_gpu.sh
 #     STEPS="moeprof w1order" bash benchmarks/where_gpu.sh   # any of moeprof w2int4prof w1fp8prof order w1order
@@ -81,6 +81,10 @@ fi
 if step w1fp8prof 90; then
   timeout 110 $PY benchmarks/profile_gpu.py --load w1 --kv-cache-dtype fp8 --skip-steps 40 --steps 12 --top 16 \
     > "$OUT/w1fp8prof.log" 2>&1; echo "w1fp8prof rc=$? at ${SECONDS} s"
+fi
+if step w1int4prof 120; then  # W1 Llama-3.1-8B gptq's decode steps (256 running): kpairs, x's permutation, the rest
+  timeout 140 $PY benchmarks/profile_gpu.py --load w1 --model benchmarks/configs/llama-3.1-8b --quantization gptq \
+    --skip-steps 40 --steps 12 --top 20 > "$OUT/w1int4prof.log" 2>&1; echo "w1int4prof rc=$? at ${SECONDS} s"
 fi
 if step order 130; then
   timeout 140 $PY benchmarks/decode_sweep.py --order-ab > "$OUT/order.log" 2>&1; echo "order rc=$? at ${SECONDS} s"
