@@ -22,7 +22,7 @@ each dot's wgmma before the next one starts (three `wgmma.wait_group 0` a step: 
 overlap the next operand's construction); with `SwapConfig.accs = 4` each dot has its own
 accumulator, summed after the loop, and the loop keeps seven wgmma groups in flight (wait_group 7)
 at four accumulators' registers: 64-wide weight tiles of 128 rows or 128-wide ones of 64 rows under 8
-warps (182 / 208 registers, no spills; tests/unit/test_wna16_kpairs_interpret.py).
+warps (182 / 207 registers, no spills; tests/unit/test_wna16_kpairs_interpret.py).
 
 Scales: a group per K step or per word go into the tile, rounded to x's type once with the weight
 (the swap kernels' GEMM tiles' numerics); per channel into the epilogue or the split-K reduce.
@@ -160,14 +160,15 @@ def _swap_int4_pairs_kernel(
 
 
 @triton.jit
-def _x_cols(x_cols, k0, I: tl.constexpr, rc, m_mask, W_DTYPE: tl.constexpr, BLOCK_C: tl.constexpr,
-            FP16_MAX_: tl.constexpr):  # fmt: skip
-    """x.T's rows of dot I of the K step at k0 (the permuted x's columns k0 + I * BLOCK_C + rc) as the
-    dot's 16-bit operand (float32 x: fp16, saturated)."""
+def _pairs_dot(w, zc, s, hi, x_cols, k0, I: tl.constexpr, rc, m_mask, acc, W_BF16: tl.constexpr, ASM: tl.constexpr,
+               BLOCK_C: tl.constexpr, FP16_MAX_: tl.constexpr):  # fmt: skip
+    """acc + dot I of the K step at k0: the words' nibble pair I against x.T's rows of the permuted x's
+    columns k0 + I * BLOCK_C + rc (float32 x: fp16 operands, saturated)."""
+    W_DTYPE: tl.constexpr = tl.bfloat16 if W_BF16 else tl.float16
     xt = tl.load(x_cols + (k0 + I * BLOCK_C + rc)[:, None], mask=m_mask[None, :], other=0.0)
     if xt.dtype != W_DTYPE:
         xt = tl.clamp(xt.to(tl.float32), -FP16_MAX_, FP16_MAX_).to(tl.float16)
-    return xt
+    return tl.dot(_pairs_operand(w, zc, s, hi, I, W_BF16, ASM), xt, acc)
 
 
 @triton.jit
@@ -207,18 +208,13 @@ def _kpairs_kernel(
         s, zc = _group_scales(s_ptr, z_ptr, rn64, n_mask, w_mask, k0, kw, s, zc, 1, stride_sg, GROUP_K, BLOCK_K,
                               HAS_ZERO, MAGIC, W_DTYPE)  # fmt: skip
         if ACCS == 4:  # dot i into its own accumulator: no dot waits for another (module docstring)
-            acc = tl.dot(_pairs_operand(w, zc, s, hi, 0, W_BF16, ASM), _x_cols(x_cols, k0, 0, rc, m_mask, W_DTYPE,
-                                                                              BLOCK_C, FP16_MAX_), acc)
-            acc1 = tl.dot(_pairs_operand(w, zc, s, hi, 1, W_BF16, ASM), _x_cols(x_cols, k0, 1, rc, m_mask, W_DTYPE,
-                                                                               BLOCK_C, FP16_MAX_), acc1)
-            acc2 = tl.dot(_pairs_operand(w, zc, s, hi, 2, W_BF16, ASM), _x_cols(x_cols, k0, 2, rc, m_mask, W_DTYPE,
-                                                                               BLOCK_C, FP16_MAX_), acc2)
-            acc3 = tl.dot(_pairs_operand(w, zc, s, hi, 3, W_BF16, ASM), _x_cols(x_cols, k0, 3, rc, m_mask, W_DTYPE,
-                                                                               BLOCK_C, FP16_MAX_), acc3)
+            acc = _pairs_dot(w, zc, s, hi, x_cols, k0, 0, rc, m_mask, acc, W_BF16, ASM, BLOCK_C, FP16_MAX_)
+            acc1 = _pairs_dot(w, zc, s, hi, x_cols, k0, 1, rc, m_mask, acc1, W_BF16, ASM, BLOCK_C, FP16_MAX_)
+            acc2 = _pairs_dot(w, zc, s, hi, x_cols, k0, 2, rc, m_mask, acc2, W_BF16, ASM, BLOCK_C, FP16_MAX_)
+            acc3 = _pairs_dot(w, zc, s, hi, x_cols, k0, 3, rc, m_mask, acc3, W_BF16, ASM, BLOCK_C, FP16_MAX_)
         else:
             for i in tl.static_range(4):
-                xt = _x_cols(x_cols, k0, i, rc, m_mask, W_DTYPE, BLOCK_C, FP16_MAX_)
-                acc = tl.dot(_pairs_operand(w, zc, s, hi, i, W_BF16, ASM), xt, acc)
+                acc = _pairs_dot(w, zc, s, hi, x_cols, k0, i, rc, m_mask, acc, W_BF16, ASM, BLOCK_C, FP16_MAX_)
     if ACCS == 4:
         acc = (acc + acc1) + (acc2 + acc3)
     _int4_epilogue(acc, s_ptr + rn64, b_ptr, out_ptr, rm, rn, n_mask, m_mask, pid_k, M, N, stride_om, GROUP_K,
