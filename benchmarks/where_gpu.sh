@@ -23,8 +23,8 @@
 # A the tree at $A_PATH, B this one, C this one with PAGEDLLM_WNA16_PDL=1; $ROUNDS rounds alternated), w3act
 # (W3 at inf: bf16, FP8 + FP8 KV with PAGEDLLM_FUSED_ACT_FP8=0, FP8 + FP8 KV; W3ACT_ORDER may add fp8_norm:
 # PAGEDLLM_FUSED_NORM_FP8=1), moebuckets (Qwen3-30B-A3B batch 1: A default, B PAGEDLLM_GRAPH_CONTEXT_BUCKETS=1), w1kvoff (W1 with an FP8
-# cache: K as it is, PAGEDLLM_FP8_KV_OFFSET=0 (A), against K less its offset, the default (B)), w1int4accs (W1 gptq: A kpairs as it is, B
-# PAGEDLLM_KPAIRS_ACCS=4), w1int4prof (W1 gptq's decode steps profiled: what kpairs and x's permutation take).
+# cache: K as it is, PAGEDLLM_FP8_KV_OFFSET=0 (A), against K less its offset, the default (B)), w1int4dots (W1 gptq: A kpairs as it is, B
+# PAGEDLLM_KPAIRS_DOTS=$KPAIRS_DOTS, default accs), w1int4prof (W1 gptq's decode steps profiled: what kpairs and x's permutation take).
 # Logs in one archive in $OUT; a summary last.
 #     OUT=$OUT bash benchmarks/where_gpu.sh
 #     STEPS="moeprof w1order" bash benchmarks/where_gpu.sh   # any of moeprof w2int4prof w1fp8prof order w1order
@@ -114,11 +114,11 @@ if step w1int4 $((ROUNDS * 2 * 200)); then  # issue 19's W1: Llama-3.1-8B, 256 r
     --model benchmarks/configs/llama-3.1-8b --skip-tokenizer-init > "$OUT/w1int4.log" 2>&1
   echo "w1int4 rc=$? at ${SECONDS} s"
 fi
-if step w1int4accs $((ROUNDS * 2 * 100)); then  # W1 gptq: kpairs' default tiles (A) against four accumulators (B)
-  A_ARGS="--quantization gptq" B_ARGS="--quantization gptq" B_ENV=PAGEDLLM_KPAIRS_ACCS=4 ROUNDS=$ROUNDS \
-    OUT="$OUT/w1int4accs" bash benchmarks/ab_w1.sh --model benchmarks/configs/llama-3.1-8b --skip-tokenizer-init \
-    > "$OUT/w1int4accs.log" 2>&1
-  echo "w1int4accs rc=$? at ${SECONDS} s"; grep -E "median" "$OUT/w1int4accs.log"
+if step w1int4dots $((ROUNDS * 2 * 100)); then  # W1 gptq: kpairs' chained dots (A) against $KPAIRS_DOTS (B)
+  A_ARGS="--quantization gptq" B_ARGS="--quantization gptq" B_ENV=PAGEDLLM_KPAIRS_DOTS=${KPAIRS_DOTS:-accs} \
+    ROUNDS=$ROUNDS OUT="$OUT/w1int4dots" bash benchmarks/ab_w1.sh --model benchmarks/configs/llama-3.1-8b \
+    --skip-tokenizer-init > "$OUT/w1int4dots.log" 2>&1
+  echo "w1int4dots rc=$? at ${SECONDS} s"; grep -E "median" "$OUT/w1int4dots.log"
 fi
 if step int4tests 200; then  # the 4-bit GPU tests: the swap GEMM, gemvn, PTX == plain, dispatch, CUDA graphs
   timeout 200 $PY -m pytest -q tests/gpu/test_wna16_gpu.py tests/gpu/test_wna16_nk_gpu.py > "$OUT/int4tests.log" 2>&1

@@ -26,6 +26,7 @@ GEMM's tiles (64 / 128 activation rows a program, PAGEDLLM_WNA16_GEMM=swap):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -201,23 +202,25 @@ def gemvn_sweep(n: int, k: int, group_k: int) -> list[tuple[int, int, int, int]]
 
 def kpairs_sweep(m: int, k: int) -> list:
     """kpairs configs around its default: 64 (4 warps) or 128 (8 warps) activation rows, 128-wide
-    weight tiles, K steps of 128, split-K 1-4; and 256 rows (8 warps) from 129 rows; the same with four
-    accumulators."""
+    weight tiles, K steps of 128, split-K 1-4; and 256 rows (8 warps) from 129 rows; four accumulators
+    in the tiles that fit them; one dot an iteration in the 8-warp ones."""
     from pagedllm.kernels.swap_gemm_triton import SwapConfig
 
     one = [SwapConfig(128, 128, split, warps, 3, block_m=bm, pairs=True)
            for bm, warps in ((64, 4), (128, 8), (256, 8)) if bm <= max(64, 2 * m - 2)
            for split in (1, 2, 4) if k >= 2 * 128 * split]
-    # four accumulators (SwapConfig.accs): 64-wide weight tiles of 128 rows, 128-wide of 64 rows
-    four = [SwapConfig(bn, 128, split, 8, 3, block_m=bm, pairs=True, accs=4)
+    # four accumulators (SwapConfig.dots): 64-wide weight tiles of 128 rows, 128-wide of 64 rows
+    accs = [SwapConfig(bn, 128, split, 8, 3, block_m=bm, pairs=True, dots="accs")
             for bn, bm in ((64, 128), (128, 64)) if bm <= max(64, 2 * m - 2)
             for split in (1, 2, 4) if k >= 2 * 128 * split]
-    return one + four
+    # one dot an iteration, in the chained tiles of 8 warps
+    flat = [dataclasses.replace(c, dots="flat") for c in one if c.num_warps == 8]
+    return one + accs + flat
 
 
 def _fields(cfg) -> tuple:
     return (cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_warps, cfg.num_stages, cfg.block_m) + (
-        ("pairs",) if cfg.pairs else ()) + ((f"accs{cfg.accs}",) if cfg.accs > 1 else ())
+        ("pairs",) if cfg.pairs else ()) + ((cfg.dots,) if cfg.dots != "chain" else ())
 
 
 def swap_correctness(dev: str) -> None:

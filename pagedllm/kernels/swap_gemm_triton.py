@@ -57,6 +57,7 @@ from pagedllm.kernels.pdl_triton import pdl_release, pdl_wait, prefetch_rows_l2
 SWAP_BLOCK_M = 16
 FP16_MAX = 65504.0
 REDUCES = ("kernel", "last")
+DOTS_MODES = ("chain", "accs", "flat")  # the kpairs GEMM's K step: SwapConfig.dots
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,13 +74,13 @@ class SwapConfig:
     # 64 / 128 rows make it a GEMM for large batches; the 16-bit and FP8 kernels keep SWAP_BLOCK_M)
     pairs: bool = False  # (the 4-bit kernel) wna16_pairs_triton._swap_int4_pairs_kernel: its weight operand
     # built in the MMA's register layout, four dots a K step (BLOCK_K a multiple of 64)
-    accs: int = 1  # (the kpairs GEMM) 4: each of those dots its own accumulator (wna16_pairs_triton.py)
+    dots: str = "chain"  # (the kpairs GEMM) how a K step's four dots run: DOTS_MODES (wna16_pairs_triton.py)
 
     def __post_init__(self) -> None:
         if self.reduce not in REDUCES:
             raise ValueError(f"SwapConfig.reduce must be one of {', '.join(REDUCES)}, got {self.reduce!r}")
-        if self.accs not in (1, 4):
-            raise ValueError(f"SwapConfig.accs must be 1 or 4, got {self.accs!r}")
+        if self.dots not in DOTS_MODES:
+            raise ValueError(f"SwapConfig.dots must be one of {', '.join(DOTS_MODES)}, got {self.dots!r}")
 
 
 @triton.jit

@@ -17,12 +17,15 @@ Which inputs a dot's columns hold depends on the layout:
   contiguously: within each K step, x'[k0 + i * BLOCK_K / 4 + 2j + h] = x[k0 + 8j + i + 4h]; K is
   padded to whole steps (x' zero there).
 
-The four dots of a step add into one accumulator by default, and Triton (3.6, sm_90) then waits for
-each dot's wgmma before the next one starts (three `wgmma.wait_group 0` a step: the MMAs never
-overlap the next operand's construction); with `SwapConfig.accs = 4` each dot has its own
-accumulator, summed after the loop, and the loop keeps seven wgmma groups in flight (wait_group 7)
-at four accumulators' registers: 64-wide weight tiles of 128 rows or 128-wide ones of 64 rows under 8
-warps (182 / 207 registers, no spills; tests/unit/test_wna16_kpairs_interpret.py).
+How a step's four dots run (`SwapConfig.dots`): "chain", the default, adds them into one
+accumulator, and Triton (3.6, sm_90) then waits for each dot's wgmma before the next one starts
+(three `wgmma.wait_group 0` a step: the MMAs never overlap the next operand's construction).
+"accs" gives each dot its own accumulator, summed after the loop: the loop keeps seven wgmma groups
+in flight (wait_group 7), at four accumulators' registers (64-wide weight tiles of 128 rows or
+128-wide ones of 64 rows under 8 warps: 182 / 207 registers, no spills). "flat" runs one dot an
+iteration (the nibble pair a register shift, the step's words loaded again for each): one
+accumulator, so any tile, and Triton pipelines the loop's dot (wait_group 1). Each checked on sm_90
+by tests/unit/test_wna16_kpairs_interpret.py.
 
 Scales: a group per K step or per word go into the tile, rounded to x's type once with the weight
 (the swap kernels' GEMM tiles' numerics); per channel into the epilogue or the split-K reduce.
@@ -37,18 +40,19 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedllm.kernels.swap_gemm_triton import FP16_MAX, SwapConfig
+from pagedllm.kernels.swap_gemm_triton import DOTS_MODES, FP16_MAX, SwapConfig
 from pagedllm.kernels.wna16_swap_triton import _int4_epilogue, _k_splits, _split_k, _sum_splits, _tile
 
 
-def _pair_asm(nib: int, bf16: bool) -> tl.constexpr:
+def _pair_asm(nib: int | None, bf16: bool) -> tl.constexpr:
     # The pairs kernel's operand: two elements (the same word twice) -> one 16-bit pair, nibble nib
-    # low and nibble nib + 4 high, minus (magic + z) ($3), times the scale pair ($4)
+    # low and nibble nib + 4 high, minus (magic + z) ($3), times the scale pair ($4); nib None: the
+    # shift 4 nib is the operand $5 (a loop's nibble pair)
     magic, sub, mul = ("0x43004300", "sub.rn.bf16x2", "mul.rn.bf16x2") if bf16 else ("0x64006400", "sub.f16x2",
                                                                                      "mul.f16x2")
     return tl.constexpr(f"""{{
 .reg .b32 t;
-shr.u32 t, $1, {4 * nib};
+shr.u32 t, $1, {"$5" if nib is None else 4 * nib};
 lop3.b32 t, t, 0x000F000F, {magic}, 0xEA;
 {sub} t, t, $3;
 {mul} $0, t, $4;
@@ -56,6 +60,7 @@ lop3.b32 t, t, 0x000F000F, {magic}, 0xEA;
 
 
 _PAIR_ASM = tl.constexpr(tuple(_pair_asm(i, bf16).value for bf16 in (False, True) for i in range(4)))
+_PAIR_ASM_SHIFT = tl.constexpr(tuple(_pair_asm(None, bf16).value for bf16 in (False, True)))
 
 
 @triton.jit
@@ -68,11 +73,30 @@ def _pairs_operand(w, zc, s, hi, NIB: tl.constexpr, W_BF16: tl.constexpr, ASM: t
     if ASM:  # one shift, one lop3, sub and mul on the pair: the two columns of a word are one register
         v = tl.inline_asm_elementwise(_PAIR_ASM[4 * W_BF16 + NIB], "=r,r,r,r,r", [w, zc, s], dtype=zc.dtype,
                                       is_pure=True, pack=2)  # fmt: skip
-    else:  # float32 math rounded once: the pair ops' values (q - z exact, its product with s exact in float32)
-        magic = 128.0 if W_BF16 else 1024.0
-        q = ((w >> (4 * NIB + 16 * hi)) & 0xF).to(tl.float32)
-        v = ((q - (zc.to(tl.float32) - magic)) * s.to(tl.float32)).to(zc.dtype)
+    else:
+        v = _pairs_plain(w, zc, s, 4 * NIB + 16 * hi, W_BF16)
     return v
+
+
+@triton.jit
+def _pairs_operand_at(w, zc, s, hi, nib, W_BF16: tl.constexpr, ASM: tl.constexpr):
+    """_pairs_operand with the nibble pair a runtime value nib (a loop's): the shift a register."""
+    if ASM:
+        shift = tl.full(w.shape, 0, tl.int32) + 4 * nib
+        v = tl.inline_asm_elementwise(_PAIR_ASM_SHIFT[W_BF16 * 1], "=r,r,r,r,r,r,r", [w, zc, s, shift],
+                                      dtype=zc.dtype, is_pure=True, pack=2)  # fmt: skip
+    else:
+        v = _pairs_plain(w, zc, s, 4 * nib + 16 * hi, W_BF16)
+    return v
+
+
+@triton.jit
+def _pairs_plain(w, zc, s, shift, W_BF16: tl.constexpr):
+    """The pairs' values by plain ops (the interpreter's path): float32 math rounded once, the pair
+    ops' values (q - z exact, its product with s exact in float32); shift: each element's nibble."""
+    magic = 128.0 if W_BF16 else 1024.0
+    q = ((w >> shift) & 0xF).to(tl.float32)
+    return ((q - (zc.to(tl.float32) - magic)) * s.to(tl.float32)).to(zc.dtype)
 
 
 @triton.jit
@@ -160,14 +184,21 @@ def _swap_int4_pairs_kernel(
 
 
 @triton.jit
-def _pairs_dot(w, zc, s, hi, x_cols, k0, I: tl.constexpr, rc, m_mask, acc, W_BF16: tl.constexpr, ASM: tl.constexpr,
-               BLOCK_C: tl.constexpr, FP16_MAX_: tl.constexpr):  # fmt: skip
-    """acc + dot I of the K step at k0: the words' nibble pair I against x.T's rows of the permuted x's
-    columns k0 + I * BLOCK_C + rc (float32 x: fp16 operands, saturated)."""
-    W_DTYPE: tl.constexpr = tl.bfloat16 if W_BF16 else tl.float16
-    xt = tl.load(x_cols + (k0 + I * BLOCK_C + rc)[:, None], mask=m_mask[None, :], other=0.0)
+def _x_rows(x_cols, k0, i, rc, m_mask, W_DTYPE: tl.constexpr, BLOCK_C: tl.constexpr, FP16_MAX_: tl.constexpr):
+    """x.T's rows of dot i of the K step at k0 (the permuted x's columns k0 + i * BLOCK_C + rc), the
+    dot's 16-bit operand (float32 x: fp16, saturated)."""
+    xt = tl.load(x_cols + (k0 + i * BLOCK_C + rc)[:, None], mask=m_mask[None, :], other=0.0)
     if xt.dtype != W_DTYPE:
         xt = tl.clamp(xt.to(tl.float32), -FP16_MAX_, FP16_MAX_).to(tl.float16)
+    return xt
+
+
+@triton.jit
+def _pairs_dot(w, zc, s, hi, x_cols, k0, I: tl.constexpr, rc, m_mask, acc, W_BF16: tl.constexpr, ASM: tl.constexpr,
+               BLOCK_C: tl.constexpr, FP16_MAX_: tl.constexpr):  # fmt: skip
+    """acc + dot I of the K step at k0: the words' nibble pair I against x.T's rows (_x_rows)."""
+    W_DTYPE: tl.constexpr = tl.bfloat16 if W_BF16 else tl.float16
+    xt = _x_rows(x_cols, k0, I, rc, m_mask, W_DTYPE, BLOCK_C, FP16_MAX_)
     return tl.dot(_pairs_operand(w, zc, s, hi, I, W_BF16, ASM), xt, acc)
 
 
@@ -184,7 +215,7 @@ def _kpairs_kernel(
     GROUP_K: tl.constexpr, HAS_ZERO: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     W_BF16: tl.constexpr, ASM: tl.constexpr, FP16_MAX_: tl.constexpr,
-    ACCS: tl.constexpr = 1,  # 4: each of a step's four dots its own accumulator (summed at the end)
+    DOTS: tl.constexpr = "chain",  # a step's four dots: SwapConfig.dots (module docstring)
 ):  # fmt: skip
     BLOCK_C: tl.constexpr = BLOCK_K // 4  # a dot's columns: two a word
     W_DTYPE: tl.constexpr = tl.bfloat16 if W_BF16 else tl.float16
@@ -196,18 +227,30 @@ def _kpairs_kernel(
     zc = _channel_zeros(z_ptr, rn64, n_mask, 1, HAS_ZERO, GROUP_K, MAGIC, W_DTYPE, BLOCK_C)
     s = tl.full([BLOCK_N, BLOCK_C], 1.0, W_DTYPE)
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    if ACCS == 4:
+    if DOTS == "accs":
         acc1 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
         acc2 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
         acc3 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     k_start = pid_k * K_SPLIT
-    for k0 in range(k_start, tl.minimum(k_start + K_SPLIT, KP), BLOCK_K):  # (the last split may end early)
+    k_end = tl.minimum(k_start + K_SPLIT, KP)  # (the last split may end early)
+    if DOTS == "flat":  # one dot an iteration: iteration t is dot t % 4 of step t // 4 (its words loaded again)
+        for t in range(0, tl.maximum(k_end - k_start, 0) // BLOCK_K * 4):
+            k0 = k_start + (t // 4) * BLOCK_K
+            kw = k0 // 8 + rc // 2
+            w_mask = n_mask[:, None] & (kw < K // 8)[None, :]
+            w = tl.load(w_ptr + kw.to(tl.int64)[None, :] * stride_wk + rn[:, None], mask=w_mask, other=0)
+            s, zc = _group_scales(s_ptr, z_ptr, rn64, n_mask, w_mask, k0, kw, s, zc, 1, stride_sg, GROUP_K, BLOCK_K,
+                                  HAS_ZERO, MAGIC, W_DTYPE)  # fmt: skip
+            xt = _x_rows(x_cols, k0, t % 4, rc, m_mask, W_DTYPE, BLOCK_C, FP16_MAX_)
+            acc = tl.dot(_pairs_operand_at(w, zc, s, hi, t % 4, W_BF16, ASM), xt, acc)
+        k_end = k_start  # (the step loop below runs no step)
+    for k0 in range(k_start, k_end, BLOCK_K):
         kw = k0 // 8 + rc // 2  # the word a column reads: columns 2p and 2p + 1 read word p
         w_mask = n_mask[:, None] & (kw < K // 8)[None, :]
         w = tl.load(w_ptr + kw.to(tl.int64)[None, :] * stride_wk + rn[:, None], mask=w_mask, other=0)
         s, zc = _group_scales(s_ptr, z_ptr, rn64, n_mask, w_mask, k0, kw, s, zc, 1, stride_sg, GROUP_K, BLOCK_K,
                               HAS_ZERO, MAGIC, W_DTYPE)  # fmt: skip
-        if ACCS == 4:  # dot i into its own accumulator: no dot waits for another (module docstring)
+        if DOTS == "accs":  # dot i into its own accumulator: no dot waits for another (module docstring)
             acc = _pairs_dot(w, zc, s, hi, x_cols, k0, 0, rc, m_mask, acc, W_BF16, ASM, BLOCK_C, FP16_MAX_)
             acc1 = _pairs_dot(w, zc, s, hi, x_cols, k0, 1, rc, m_mask, acc1, W_BF16, ASM, BLOCK_C, FP16_MAX_)
             acc2 = _pairs_dot(w, zc, s, hi, x_cols, k0, 2, rc, m_mask, acc2, W_BF16, ASM, BLOCK_C, FP16_MAX_)
@@ -215,7 +258,7 @@ def _kpairs_kernel(
         else:
             for i in tl.static_range(4):
                 acc = _pairs_dot(w, zc, s, hi, x_cols, k0, i, rc, m_mask, acc, W_BF16, ASM, BLOCK_C, FP16_MAX_)
-    if ACCS == 4:
+    if DOTS == "accs":
         acc = (acc + acc1) + (acc2 + acc3)
     _int4_epilogue(acc, s_ptr + rn64, b_ptr, out_ptr, rm, rn, n_mask, m_mask, pid_k, M, N, stride_om, GROUP_K,
                    HAS_BIAS, SPLIT_K)  # fmt: skip
@@ -233,14 +276,15 @@ def kpairs_permutation(k_padded: int, block_k: int, device: torch.device) -> tor
 
 
 @functools.cache
-def four_accumulators() -> bool:
-    """PAGEDLLM_KPAIRS_ACCS=4 (read once; 1, unset, the default): default_config's 64- and 128-row
-    tiles take four accumulators (SwapConfig.accs), for a W1 A/B on a GPU before they become a
-    default; anything else a ValueError naming the variable."""
-    value = os.environ.get("PAGEDLLM_KPAIRS_ACCS", "").strip() or "1"
-    if value not in ("1", "4"):
-        raise ValueError(f"PAGEDLLM_KPAIRS_ACCS={value!r}: expected 1 or 4")
-    return value == "4"
+def dots_mode() -> str:
+    """PAGEDLLM_KPAIRS_DOTS (read once): how default_config's tiles run a step's four dots, "chain"
+    (unset: the measured default), "accs" (four accumulators, in 64- and 128-row tiles that fit them)
+    or "flat" (one dot an iteration), for a W1 A/B on a GPU before either becomes a default; anything
+    else a ValueError naming the variable."""
+    value = os.environ.get("PAGEDLLM_KPAIRS_DOTS", "").strip() or "chain"
+    if value not in DOTS_MODES:
+        raise ValueError(f"PAGEDLLM_KPAIRS_DOTS={value!r}: expected one of {', '.join(DOTS_MODES)}")
+    return value
 
 
 def default_config(m: int, n: int, k: int, group_k: int = 0) -> SwapConfig:
@@ -258,19 +302,21 @@ def default_config(m: int, n: int, k: int, group_k: int = 0) -> SwapConfig:
     32.5). Those tiles pipeline two K steps where a step holds several groups (group_k 32 / 64: 256 KB
     of shared memory at three, past sm_90's 227; tests/unit/test_wna16_kpairs_interpret.py compiles
     each)."""
+    mode = dots_mode()
     if m > 128 and (-(-n // 128) >= 132 or k >= 8192):
-        stages = 2 if 0 < group_k < 128 else 3
+        stages = 2 if 0 < group_k < 128 and mode != "flat" else 3
         split_k = _split_k(m, n, k, 256, 128, 128, 132)
-        return SwapConfig(128, 128, split_k, num_warps=8, num_stages=stages, block_m=256, pairs=True)
-    if four_accumulators():  # 64-wide weight tiles of 128 rows, 128-wide of 64 rows, 8 warps
+        return SwapConfig(128, 128, split_k, num_warps=8, num_stages=stages, block_m=256, pairs=True,
+                          dots="chain" if mode == "accs" else mode)  # (four accumulators of 256 rows: too many registers)
+    if mode == "accs":  # 64-wide weight tiles of 128 rows, 128-wide of 64 rows, 8 warps
         block_m = 64 if m <= 64 else 128
         block_n = 128 if block_m == 64 else 64
         split_k = _split_k(m, n, k, block_m, block_n, 128, 132)
-        return SwapConfig(block_n, 128, split_k, num_warps=8, num_stages=3, block_m=block_m, pairs=True, accs=4)
+        return SwapConfig(block_n, 128, split_k, num_warps=8, num_stages=3, block_m=block_m, pairs=True, dots="accs")
     block_m = 64 if m <= 64 else 128
     split_k = _split_k(m, n, k, block_m, 128, 128, 264 if block_m == 64 else 132)
     return SwapConfig(128, 128, split_k, num_warps=4 if block_m == 64 else 8, num_stages=3, block_m=block_m,
-                      pairs=True)
+                      pairs=True, dots=mode)
 
 
 def wna16_kpairs_gemm(
@@ -307,7 +353,7 @@ def wna16_kpairs_gemm(
         xp.stride(0), qweight.stride(0), scales.stride(0), out.stride(0),
         GROUP_K=group_k, HAS_ZERO=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=split_k,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, W_BF16=x.dtype == torch.bfloat16,
-        ASM=x.is_cuda if asm is None else asm, FP16_MAX_=FP16_MAX, ACCS=cfg.accs, num_warps=cfg.num_warps,
+        ASM=x.is_cuda if asm is None else asm, FP16_MAX_=FP16_MAX, DOTS=cfg.dots, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )  # fmt: skip
     _sum_splits(ws, scales, 1, bias, out, group_k)

@@ -240,9 +240,13 @@ def test_wna16_kpairs(m, n, k, group_k, symmetric, dtype):
     check_wna16_kpairs("cuda", dtype, m, n, k, group_k, symmetric, bias=m == 48)
 
 
-@pytest.mark.parametrize("config", [(64, 128, 1, 8, 3, "kernel", 128, True, 4), (128, 128, 2, 8, 3, "kernel", 64, True, 4)])
+@pytest.mark.parametrize("config", [(64, 128, 1, 8, 3, "kernel", 128, True, "accs"),
+                                    (128, 128, 2, 8, 3, "kernel", 64, True, "accs"),
+                                    (128, 128, 1, 8, 3, "kernel", 128, True, "flat"),
+                                    (128, 128, 2, 8, 3, "kernel", 256, True, "flat")])  # fmt: skip
 @pytest.mark.parametrize("m, dtype", [(200, torch.bfloat16), (96, torch.float16)])
 @pytest.mark.parametrize("n,k,group_k,symmetric", [(6144, 4096, 128, True), (4096, 14336, 32, False)])
-def test_wna16_kpairs_four_accumulators(config, m, dtype, n, k, group_k, symmetric):
-    """SwapConfig.accs = 4 (each of a K step's dots its own accumulator, the wgmma groups in flight)."""
+def test_wna16_kpairs_dots(config, m, dtype, n, k, group_k, symmetric):
+    """SwapConfig.dots "accs" (each of a K step's dots its own accumulator) and "flat" (one dot an
+    iteration): the wgmma groups in flight, the same products."""
     check_wna16_kpairs("cuda", dtype, m, n, k, group_k, symmetric, bias=True, config=config)

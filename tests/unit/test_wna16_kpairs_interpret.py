@@ -18,7 +18,7 @@ from test_kernels_interpret import run_under_interpreter
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 # (m, n, k, group_k, symmetric) + kwargs; config: SwapConfig fields (block_n, block_k, split_k, warps,
-# stages, reduce, block_m, pairs[, accs])
+# stages, reduce, block_m, pairs[, dots])
 _CASES = {
     "g128_step_bm64": ("check_wna16_kpairs", [40, 128, 256, 128, True], {"config": [64, 128, 1, 4, 1, "kernel", 64,
                                                                                      True]}),
@@ -34,11 +34,16 @@ _CASES = {
     # 256-row tiles (default_config's for wide outputs past 128 rows), 200 rows in one ragged tile
     "g64_asym_bm256_bias": ("check_wna16_kpairs", [200, 128, 256, 64, False],
                             {"bias": True, "config": [128, 128, 1, 8, 1, "kernel", 256, True]}),
-    # four accumulators (SwapConfig.accs): 64-wide weight tiles of 128 rows; 128-wide of 64, split, bias
-    "g128_asym_accs4_bn64": ("check_wna16_kpairs", [130, 128, 384, 128, False],
-                             {"config": [64, 128, 1, 8, 1, "kernel", 128, True, 4]}),
-    "g32_accs4_split2_bias": ("check_wna16_kpairs", [70, 96, 512, 32, True],
-                              {"bias": True, "config": [128, 128, 2, 8, 1, "kernel", 64, True, 4]}),
+    # four accumulators (SwapConfig.dots): 64-wide weight tiles of 128 rows; 128-wide of 64, split, bias
+    "g128_asym_accs_bn64": ("check_wna16_kpairs", [130, 128, 384, 128, False],
+                            {"config": [64, 128, 1, 8, 1, "kernel", 128, True, "accs"]}),
+    "g32_accs_split2_bias": ("check_wna16_kpairs", [70, 96, 512, 32, True],
+                             {"bias": True, "config": [128, 128, 2, 8, 1, "kernel", 64, True, "accs"]}),
+    # one dot an iteration: 256-row tiles, a group a word; three splits, the last one short
+    "g32_flat_bm256_bias": ("check_wna16_kpairs", [200, 128, 256, 32, False],
+                            {"bias": True, "config": [128, 128, 1, 8, 1, "kernel", 256, True, "flat"]}),
+    "channel_flat_split3": ("check_wna16_kpairs", [33, 64, 640, None, False],
+                            {"config": [64, 128, 3, 4, 1, "kernel", 64, True, "flat"]}),
     # two splits of 256 over 384 inputs: the last split's steps past x' read nothing (NaN there)
     "split_past_the_end": ("check_wna16_kpairs", [24, 64, 384, 128, False],
                            {"config": [64, 128, 2, 4, 1, "kernel", 32, True], "nan_past_end": True}),
@@ -102,12 +107,15 @@ def test_kpairs_kernel_builds_the_operand_in_registers(x, group_k, has_zero, blo
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
-@pytest.mark.parametrize("x, group_k, has_zero, block_n, block_m", [("bf16", 128, False, 64, 128), ("fp16", 32, True, 64, 128),
-                                                                   ("bf16", 0, True, 128, 64)])  # fmt: skip
-def test_kpairs_four_accumulators_keep_the_mmas_in_flight(x, group_k, has_zero, block_n, block_m):
-    """Compiled for the H200 with 8 warps: one accumulator a dot waits for every wgmma group before
-    the next dot (wait_group 0 three times a step); four keep seven groups in flight (wait_group 7),
-    the one full wait after the loop, nothing spilled, the weight still built in registers."""
+@pytest.mark.parametrize("x, group_k, has_zero, block_n, block_m, dots",
+                         [("bf16", 128, False, 64, 128, "accs"), ("fp16", 32, True, 64, 128, "accs"),
+                          ("bf16", 0, True, 128, 64, "accs"), ("bf16", 128, False, 128, 256, "flat"),
+                          ("fp16", 32, True, 128, 128, "flat")])  # fmt: skip
+def test_kpairs_dots_keep_the_mmas_in_flight(x, group_k, has_zero, block_n, block_m, dots):
+    """Compiled for the H200 with 8 warps: the chained dots wait for every wgmma group before the
+    next dot (wait_group 0 three times a step); four accumulators keep seven groups in flight
+    (wait_group 7), one dot an iteration one (wait_group 1); each with one full wait after the
+    loop, nothing spilled, the weight still built in registers."""
     from test_wna16_swap_interpret import pairs_main_loop
 
     from pagedllm.kernels import wna16_pairs_triton as kp
@@ -118,37 +126,43 @@ def test_kpairs_four_accumulators_keep_the_mmas_in_flight(x, group_k, has_zero, 
            "stride_sg": "i32", "stride_om": "i32"}  # fmt: skip
     aligned = ("N", "K", "KP", "K_SPLIT", "stride_xm", "stride_wk", "stride_sg", "stride_om")
     waits = {}
-    for accs in (1, 4):
+    for mode in ("chain", dots):
         constexprs = {"GROUP_K": group_k, "HAS_ZERO": has_zero, "HAS_BIAS": True, "SPLIT_K": 1, "BLOCK_M": block_m,
                       "BLOCK_N": block_n, "BLOCK_K": 128, "W_BF16": x == "bf16", "ASM": True, "FP16_MAX_": 65504.0,
-                      "ACCS": accs}  # fmt: skip
-        compiled = compile_sm90(kp._kpairs_kernel, sig, constexprs, num_warps=8, num_stages=3, aligned=aligned)
+                      "DOTS": mode}  # fmt: skip
+        compiled = compile_sm90(kp._kpairs_kernel, sig, constexprs, num_warps=8, num_stages=2 if block_m == 256 else 3,
+                                aligned=aligned)  # fmt: skip
         ptx = compiled.asm["ptx"]
-        waits[accs] = sorted(int(w) for w in re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+);", ptx))
-        if accs == 4:
+        waits[mode] = sorted(int(w) for w in re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+);", ptx))
+        if mode == dots:
             assert resources(compiled)["stack"] == 0 and resources(compiled)["shared"] <= 232448, resources(compiled)
             count = pairs_main_loop(compiled, x)
-            assert count["HGMMA"] > 0 and count["LDSM.16.M88."] == 0 and count["STS.128"] == 0, count
-    assert waits[1].count(0) >= 4, waits[1]  # three in the loop, one after it
-    assert waits[4].count(0) == 1 and set(waits[4]) == {0, 7}, waits[4]
+            # flat with a group a word converts the group tile it computes (two 128-bit stores a
+            # thread, read back by the transposing LDSM), not the weight operand
+            sts = 2 if dots == "flat" and 0 < group_k < 128 else 0
+            assert count["HGMMA"] > 0 and count["LDSM.16.M88."] == 0 and count["STS.128"] <= sts, count
+    assert waits["chain"].count(0) >= 4, waits["chain"]  # three in the loop, one after it
+    in_flight = {"accs": 7, "flat": 1}[dots]
+    assert waits[dots].count(0) == 1 and set(waits[dots]) == {0, in_flight}, waits[dots]
 
 
-def test_four_accumulators_switch(monkeypatch):
-    """PAGEDLLM_KPAIRS_ACCS: unset or 1 the measured tiles; 4 their four-accumulator versions below 129
-    rows (256-row tiles keep one: four would not fit their registers); anything else a ValueError."""
+def test_dots_switch(monkeypatch):
+    """PAGEDLLM_KPAIRS_DOTS: unset or chain the measured tiles; accs their four-accumulator versions
+    below 129 rows (256-row tiles stay chained: four would not fit their registers); flat the same
+    tiles one dot an iteration; anything else a ValueError naming the variable."""
     from pagedllm.kernels import wna16_pairs_triton as kp
 
     try:
-        for value, accs in (("", 1), ("1", 1), ("4", 4)):
-            monkeypatch.setenv("PAGEDLLM_KPAIRS_ACCS", value)
-            kp.four_accumulators.cache_clear()
+        for value, dots in (("", "chain"), ("chain", "chain"), ("accs", "accs"), ("flat", "flat")):
+            monkeypatch.setenv("PAGEDLLM_KPAIRS_DOTS", value)
+            kp.dots_mode.cache_clear()
             cfg = kp.default_config(100, 6144, 4096, 128)
-            assert cfg.accs == accs and (cfg.block_n, cfg.block_m) == ((64, 128) if accs == 4 else (128, 128))
-            assert kp.default_config(64, 6144, 4096, 128).accs == accs
-            assert kp.default_config(200, 28672, 4096, 128).accs == 1
-        monkeypatch.setenv("PAGEDLLM_KPAIRS_ACCS", "2")
-        kp.four_accumulators.cache_clear()
-        with pytest.raises(ValueError, match="PAGEDLLM_KPAIRS_ACCS"):
+            assert cfg.dots == dots and (cfg.block_n, cfg.block_m) == ((64, 128) if dots == "accs" else (128, 128))
+            assert kp.default_config(64, 6144, 4096, 128).dots == dots
+            assert kp.default_config(200, 28672, 4096, 128).dots == ("chain" if dots == "accs" else dots)
+        monkeypatch.setenv("PAGEDLLM_KPAIRS_DOTS", "4")
+        kp.dots_mode.cache_clear()
+        with pytest.raises(ValueError, match="PAGEDLLM_KPAIRS_DOTS"):
             kp.default_config(100, 6144, 4096, 128)
     finally:
-        kp.four_accumulators.cache_clear()
+        kp.dots_mode.cache_clear()
