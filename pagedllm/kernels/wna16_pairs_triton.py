@@ -185,6 +185,19 @@ def _swap_int4_pairs_kernel(
 
 
 @triton.jit
+def _step_words(w_ptr, s_ptr, z_ptr, k0, rc, rn, rn64, n_mask, s, zc, K, stride_wk, stride_sg, GROUP_K: tl.constexpr,
+                BLOCK_K: tl.constexpr, HAS_ZERO: tl.constexpr, MAGIC: tl.constexpr, W_DTYPE: tl.constexpr):  # fmt: skip
+    """The K step at k0's words [BLOCK_N, BLOCK_K / 4] (columns 2p and 2p + 1 read word p) and its
+    (scale, magic + zero) (_group_scales)."""
+    kw = k0 // 8 + rc // 2
+    w_mask = n_mask[:, None] & (kw < K // 8)[None, :]
+    w = tl.load(w_ptr + kw.to(tl.int64)[None, :] * stride_wk + rn[:, None], mask=w_mask, other=0)
+    s, zc = _group_scales(s_ptr, z_ptr, rn64, n_mask, w_mask, k0, kw, s, zc, 1, stride_sg, GROUP_K, BLOCK_K,
+                          HAS_ZERO, MAGIC, W_DTYPE)  # fmt: skip
+    return w, s, zc
+
+
+@triton.jit
 def _x_rows(x_cols, k0, i, rc, m_mask, W_DTYPE: tl.constexpr, BLOCK_C: tl.constexpr, FP16_MAX_: tl.constexpr):
     """x.T's rows of dot i of the K step at k0 (the permuted x's columns k0 + i * BLOCK_C + rc), the
     dot's 16-bit operand (float32 x: fp16, saturated)."""
@@ -237,28 +250,22 @@ def _kpairs_kernel(
     if DOTS == "flat":  # one dot an iteration: iteration t is dot t % 4 of step t // 4 (its words loaded again)
         for t in range(0, tl.maximum(k_end - k_start, 0) // BLOCK_K * 4):
             k0 = k_start + (t // 4) * BLOCK_K
-            kw = k0 // 8 + rc // 2
-            w_mask = n_mask[:, None] & (kw < K // 8)[None, :]
-            w = tl.load(w_ptr + kw.to(tl.int64)[None, :] * stride_wk + rn[:, None], mask=w_mask, other=0)
-            s, zc = _group_scales(s_ptr, z_ptr, rn64, n_mask, w_mask, k0, kw, s, zc, 1, stride_sg, GROUP_K, BLOCK_K,
-                                  HAS_ZERO, MAGIC, W_DTYPE)  # fmt: skip
+            w, s, zc = _step_words(w_ptr, s_ptr, z_ptr, k0, rc, rn, rn64, n_mask, s, zc, K, stride_wk, stride_sg,
+                                   GROUP_K, BLOCK_K, HAS_ZERO, MAGIC, W_DTYPE)  # fmt: skip
             xt = _x_rows(x_cols, k0, t % 4, rc, m_mask, W_DTYPE, BLOCK_C, FP16_MAX_)
             acc = tl.dot(_pairs_operand_at(w, zc, s, hi, t % 4, W_BF16, ASM), xt, acc)
-        k_end = k_start  # (the step loop below runs no step)
-    for k0 in range(k_start, k_end, BLOCK_K):
-        kw = k0 // 8 + rc // 2  # the word a column reads: columns 2p and 2p + 1 read word p
-        w_mask = n_mask[:, None] & (kw < K // 8)[None, :]
-        w = tl.load(w_ptr + kw.to(tl.int64)[None, :] * stride_wk + rn[:, None], mask=w_mask, other=0)
-        s, zc = _group_scales(s_ptr, z_ptr, rn64, n_mask, w_mask, k0, kw, s, zc, 1, stride_sg, GROUP_K, BLOCK_K,
-                              HAS_ZERO, MAGIC, W_DTYPE)  # fmt: skip
-        if DOTS == "accs":  # dot i into its own accumulator: no dot waits for another (module docstring)
-            acc = _pairs_dot(w, zc, s, hi, x_cols, k0, 0, rc, m_mask, acc, W_BF16, ASM, BLOCK_C, FP16_MAX_)
-            acc1 = _pairs_dot(w, zc, s, hi, x_cols, k0, 1, rc, m_mask, acc1, W_BF16, ASM, BLOCK_C, FP16_MAX_)
-            acc2 = _pairs_dot(w, zc, s, hi, x_cols, k0, 2, rc, m_mask, acc2, W_BF16, ASM, BLOCK_C, FP16_MAX_)
-            acc3 = _pairs_dot(w, zc, s, hi, x_cols, k0, 3, rc, m_mask, acc3, W_BF16, ASM, BLOCK_C, FP16_MAX_)
-        else:
-            for i in tl.static_range(4):
-                acc = _pairs_dot(w, zc, s, hi, x_cols, k0, i, rc, m_mask, acc, W_BF16, ASM, BLOCK_C, FP16_MAX_)
+    else:
+        for k0 in range(k_start, k_end, BLOCK_K):
+            w, s, zc = _step_words(w_ptr, s_ptr, z_ptr, k0, rc, rn, rn64, n_mask, s, zc, K, stride_wk, stride_sg,
+                                   GROUP_K, BLOCK_K, HAS_ZERO, MAGIC, W_DTYPE)  # fmt: skip
+            if DOTS == "accs":  # dot i into its own accumulator: no dot waits for another (module docstring)
+                acc = _pairs_dot(w, zc, s, hi, x_cols, k0, 0, rc, m_mask, acc, W_BF16, ASM, BLOCK_C, FP16_MAX_)
+                acc1 = _pairs_dot(w, zc, s, hi, x_cols, k0, 1, rc, m_mask, acc1, W_BF16, ASM, BLOCK_C, FP16_MAX_)
+                acc2 = _pairs_dot(w, zc, s, hi, x_cols, k0, 2, rc, m_mask, acc2, W_BF16, ASM, BLOCK_C, FP16_MAX_)
+                acc3 = _pairs_dot(w, zc, s, hi, x_cols, k0, 3, rc, m_mask, acc3, W_BF16, ASM, BLOCK_C, FP16_MAX_)
+            else:
+                for i in tl.static_range(4):
+                    acc = _pairs_dot(w, zc, s, hi, x_cols, k0, i, rc, m_mask, acc, W_BF16, ASM, BLOCK_C, FP16_MAX_)
     if DOTS == "accs":
         acc = (acc + acc1) + (acc2 + acc3)
     _int4_epilogue(acc, s_ptr + rn64, b_ptr, out_ptr, rm, rn, n_mask, m_mask, pid_k, M, N, stride_om, GROUP_K,
