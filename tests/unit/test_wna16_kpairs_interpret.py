@@ -75,6 +75,21 @@ def test_permutation_stays_within_each_step(k, block_k):
     assert torch.equal(p.sort(dim=1).values, steps + torch.arange(block_k)[None, :])
 
 
+def _compile_kpairs(x, group_k, has_zero, block_n, block_m, warps, stages, dots="chain"):
+    """_kpairs_kernel compiled for sm_90 (inspect_sm90) as a launch of those tiles would compile it."""
+    from pagedllm.kernels import wna16_pairs_triton as kp
+    from pagedllm.kernels.inspect_sm90 import compile_sm90
+
+    sig = {"x_ptr": f"*{x}", "w_ptr": "*i32", "s_ptr": f"*{x}", "z_ptr": f"*{x}", "b_ptr": f"*{x}", "out_ptr": f"*{x}",
+           "M": "i32", "N": "i32", "K": "i32", "KP": "i32", "K_SPLIT": "i32", "stride_xm": "i32", "stride_wk": "i32",
+           "stride_sg": "i32", "stride_om": "i32"}  # fmt: skip
+    constexprs = {"GROUP_K": group_k, "HAS_ZERO": has_zero, "HAS_BIAS": True, "SPLIT_K": 1, "BLOCK_M": block_m,
+                  "BLOCK_N": block_n, "BLOCK_K": 128, "W_BF16": x == "bf16", "ASM": True, "FP16_MAX_": 65504.0,
+                  "DOTS": dots}  # fmt: skip
+    return compile_sm90(kp._kpairs_kernel, sig, constexprs, num_warps=warps, num_stages=stages,
+                        aligned=("N", "K", "KP", "K_SPLIT", "stride_xm", "stride_wk", "stride_sg", "stride_om"))
+
+
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 @pytest.mark.parametrize("x, group_k, has_zero, block_m, warps", [("bf16", 128, False, 128, 8), ("fp16", 128, True, 64, 4),
                                                                  ("bf16", 0, True, 128, 8), ("bf16", 128, False, 256, 8),
@@ -87,17 +102,11 @@ def test_kpairs_kernel_builds_the_operand_in_registers(x, group_k, has_zero, blo
     from test_wna16_swap_interpret import pairs_main_loop
 
     from pagedllm.kernels import wna16_pairs_triton as kp
-    from pagedllm.kernels.inspect_sm90 import compile_sm90, resources
+    from pagedllm.kernels.inspect_sm90 import resources
 
     cfg = kp.default_config(block_m, 28672 if block_m == 256 else 6144, 4096, group_k)
-    assert (cfg.block_m, cfg.num_warps) == (block_m, warps)
-    sig = {"x_ptr": f"*{x}", "w_ptr": "*i32", "s_ptr": f"*{x}", "z_ptr": f"*{x}", "b_ptr": f"*{x}", "out_ptr": f"*{x}",
-           "M": "i32", "N": "i32", "K": "i32", "KP": "i32", "K_SPLIT": "i32", "stride_xm": "i32", "stride_wk": "i32",
-           "stride_sg": "i32", "stride_om": "i32"}  # fmt: skip
-    constexprs = {"GROUP_K": group_k, "HAS_ZERO": has_zero, "HAS_BIAS": True, "SPLIT_K": 1, "BLOCK_M": block_m,
-                  "BLOCK_N": 128, "BLOCK_K": 128, "W_BF16": x == "bf16", "ASM": True, "FP16_MAX_": 65504.0}
-    compiled = compile_sm90(kp._kpairs_kernel, sig, constexprs, num_warps=warps, num_stages=cfg.num_stages,
-                            aligned=("N", "K", "KP", "K_SPLIT", "stride_xm", "stride_wk", "stride_sg", "stride_om"))
+    assert (cfg.block_m, cfg.num_warps, cfg.dots) == (block_m, warps, "chain")
+    compiled = _compile_kpairs(x, group_k, has_zero, 128, block_m, warps, cfg.num_stages)
     assert resources(compiled)["shared"] <= 232448, resources(compiled)
     count = pairs_main_loop(compiled, x)
     # the plain swap kernel's round trip is STS.128 + LDSM.16.M88 of the whole tile; a group scale
@@ -118,20 +127,11 @@ def test_kpairs_dots_keep_the_mmas_in_flight(x, group_k, has_zero, block_n, bloc
     loop, nothing spilled, the weight still built in registers."""
     from test_wna16_swap_interpret import pairs_main_loop
 
-    from pagedllm.kernels import wna16_pairs_triton as kp
-    from pagedllm.kernels.inspect_sm90 import compile_sm90, resources
+    from pagedllm.kernels.inspect_sm90 import resources
 
-    sig = {"x_ptr": f"*{x}", "w_ptr": "*i32", "s_ptr": f"*{x}", "z_ptr": f"*{x}", "b_ptr": f"*{x}", "out_ptr": f"*{x}",
-           "M": "i32", "N": "i32", "K": "i32", "KP": "i32", "K_SPLIT": "i32", "stride_xm": "i32", "stride_wk": "i32",
-           "stride_sg": "i32", "stride_om": "i32"}  # fmt: skip
-    aligned = ("N", "K", "KP", "K_SPLIT", "stride_xm", "stride_wk", "stride_sg", "stride_om")
     waits = {}
     for mode in ("chain", dots):
-        constexprs = {"GROUP_K": group_k, "HAS_ZERO": has_zero, "HAS_BIAS": True, "SPLIT_K": 1, "BLOCK_M": block_m,
-                      "BLOCK_N": block_n, "BLOCK_K": 128, "W_BF16": x == "bf16", "ASM": True, "FP16_MAX_": 65504.0,
-                      "DOTS": mode}  # fmt: skip
-        compiled = compile_sm90(kp._kpairs_kernel, sig, constexprs, num_warps=8, num_stages=2 if block_m == 256 else 3,
-                                aligned=aligned)  # fmt: skip
+        compiled = _compile_kpairs(x, group_k, has_zero, block_n, block_m, 8, 2 if block_m == 256 else 3, mode)
         ptx = compiled.asm["ptx"]
         waits[mode] = sorted(int(w) for w in re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+);", ptx))
         if mode == dots:
