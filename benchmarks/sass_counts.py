@@ -17,7 +17,7 @@ decode: the paged decode kernel at its default tiles, bf16 and FP8 caches, V blo
 ("hd") and key-major ("vt", FP8's layout), Qwen3-0.6B's group 2 and Llama-3.1-8B's 4: instructions
 a warp issues per tile, per key, registers. gemv: the 4-bit GEMV (float32 arithmetic) and gemvp
 (packed 16-bit, inline PTX; plain, with the register prefetch "p1", with Triton's cp.async pipeline
-of 3 / 4 stages "s3" / "s4"), bf16 and fp16 activations, groups of 128, 32 x 1024 tiles and 8 warps
+of 3 / 4 stages "s3" / "s4"; "k" on the steps-permuted layout), bf16 and fp16 activations, groups of 128, 32 x 1024 tiles and 8 warps
 (the W2 default), and the N-major gemvn at its default tiles: instructions a thread issues per
 32-bit word of weights."""
 
@@ -57,9 +57,10 @@ def gemv_rows():
 
     block_n, block_kw, warps = 32, 128, 8
     # gemvp's loop modes (wna16_triton.gemv_prefetch): the next tile's words in registers (p1), Triton's
-    # cp.async pipeline of 3 / 4 stages (s3 / s4)
+    # cp.async pipeline of 3 / 4 stages (s3 / s4); "k": the steps-permuted layout (KPERM, wna16.kperm_inputs)
     modes = {"gemv": {}, "gemvp": {}, "gemvp p1": {"PREFETCH": True}, "gemvp s3": {"LOOP_STAGES": 3},
-             "gemvp s4": {"LOOP_STAGES": 4}}
+             "gemvp s4": {"LOOP_STAGES": 4}, "gemvp p1k": {"PREFETCH": True, "KPERM": True},
+             "gemvp s4k": {"LOOP_STAGES": 4, "KPERM": True}}
     for name, mode in modes.items():
         kind = name.split()[0]
         for dt in ("bf16", "fp16"):

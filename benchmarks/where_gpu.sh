@@ -24,7 +24,10 @@
 # (W3 at inf: bf16, FP8 + FP8 KV with PAGEDLLM_FUSED_ACT_FP8=0, FP8 + FP8 KV; W3ACT_ORDER may add fp8_norm:
 # PAGEDLLM_FUSED_NORM_FP8=1), moebuckets (Qwen3-30B-A3B batch 1: A default, B PAGEDLLM_GRAPH_CONTEXT_BUCKETS=1), w1kvoff (W1 with an FP8
 # cache: K as it is, PAGEDLLM_FP8_KV_OFFSET=0 (A), against K less its offset, the default (B)), w1int4dots (W1 gptq: A kpairs as it is, B
-# PAGEDLLM_KPAIRS_DOTS=$KPAIRS_DOTS, default accs), w1int4prof (W1 gptq's decode steps profiled: what kpairs and x's permutation take).
+# PAGEDLLM_KPAIRS_DOTS=$KPAIRS_DOTS, default accs), w1int4prof (W1 gptq's decode steps profiled: what kpairs and x's permutation take),
+# kpermtests (the steps-permuted K-packed layout's GPU tests), kpermbench (wna16_bench.py --kperm: wna16_linear on the
+# plain and the steps-permuted layout at 1-256 rows), w1kperm (W1 gptq: A the plain layout, B PAGEDLLM_WNA16_KPERM=1),
+# w2kperm (W2 gptq: the same A / B at one row).
 # Logs in one archive in $OUT; a summary last.
 #     OUT=$OUT bash benchmarks/where_gpu.sh
 #     STEPS="moeprof w1order" bash benchmarks/where_gpu.sh   # any of moeprof w2int4prof w1fp8prof order w1order
@@ -120,6 +123,21 @@ if step w1int4dots $((ROUNDS * 2 * 100)); then  # W1 gptq: kpairs' chained dots 
     --skip-tokenizer-init > "$OUT/w1int4dots.log" 2>&1
   echo "w1int4dots rc=$? at ${SECONDS} s"; grep -E "median" "$OUT/w1int4dots.log"
 fi
+if step kpermtests 200; then  # the steps-permuted layout on every kernel of the K-packed layout, CUDA graphs
+  timeout 200 $PY -m pytest -q tests/gpu/test_wna16_gpu.py -k "kperm" > "$OUT/kpermtests.log" 2>&1
+  echo "kpermtests rc=$? at ${SECONDS} s: $(tail -1 "$OUT/kpermtests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/kpermtests.log" | head
+fi
+if step kpermbench 150; then  # wna16_linear per projection and row count on each layout (gather included)
+  OUT="$OUT" timeout 150 $PY benchmarks/wna16_bench.py --kpairs-only --no-sweep --skip-check --kperm \
+    --rows 1 16 64 160 256 > "$OUT/kpermbench.log" 2>&1
+  echo "kpermbench rc=$? at ${SECONDS} s"; grep -A6 "^wna16_linear, ms" "$OUT/kpermbench.log"
+fi
+if step w1kperm $((ROUNDS * 2 * 100)); then  # W1 gptq: the plain K-packed layout (A) against the steps-permuted one (B)
+  A_ARGS="--quantization gptq" B_ARGS="--quantization gptq" B_ENV=PAGEDLLM_WNA16_KPERM=1 \
+    ROUNDS=$ROUNDS OUT="$OUT/w1kperm" bash benchmarks/ab_w1.sh --model benchmarks/configs/llama-3.1-8b \
+    --skip-tokenizer-init > "$OUT/w1kperm.log" 2>&1
+  echo "w1kperm rc=$? at ${SECONDS} s"; grep -E "median" "$OUT/w1kperm.log"
+fi
 if step int4tests 200; then  # the 4-bit GPU tests: the swap GEMM, gemvn, PTX == plain, dispatch, CUDA graphs
   timeout 200 $PY -m pytest -q tests/gpu/test_wna16_gpu.py tests/gpu/test_wna16_nk_gpu.py > "$OUT/int4tests.log" 2>&1
   echo "int4tests rc=$? at ${SECONDS} s: $(tail -1 "$OUT/int4tests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/int4tests.log" | head
@@ -161,6 +179,7 @@ w2ab() {  # name B's-environment latency.py-arguments: W2 with the defaults (A) 
 }
 w2ab w2int4swap PAGEDLLM_WNA16_SWAP=1 "--quantization gptq"  # W2 gptq: K-packed gemvp against the N-major gemvn
 w2ab w2prefetch PAGEDLLM_WNA16_PREFETCH=1 "--quantization gptq"  # W2 gptq: gemvp against its next-tile prefetch
+w2ab w2kperm PAGEDLLM_WNA16_KPERM=1 "--quantization gptq"  # W2 gptq: gemvp on the plain against the steps-permuted layout
 if step gemv1 170; then  # gemvp's one-row tiles, split-K and loop stages over the four projections (wna16_bench.py)
   OUT="$OUT" timeout 170 $PY benchmarks/wna16_bench.py --rows 1 --skip-check > "$OUT/gemv1.log" 2>&1
   echo "gemv1 rc=$? at ${SECONDS} s"; grep -E "us/layer|WRONG" "$OUT/gemv1.log" | cut -c1-150

@@ -21,6 +21,11 @@ GEMM's tiles (64 / 128 activation rows a program, PAGEDLLM_WNA16_GEMM=swap):
 
     PYTHONPATH=. python benchmarks/wna16_bench.py --swap [--rows 1 4 16] [--group 128] [--budget-s 90]
     PYTHONPATH=. python benchmarks/wna16_bench.py --swap --rows 64 256 --skip-check   # the W4A16 GEMM
+
+--kperm also times the engine's dispatch (`wna16_linear`) on the plain K-packed layout and on the
+steps-permuted one (PAGEDLLM_WNA16_KPERM: kpairs reads x as it is, no gather), per shape and row count:
+
+    PYTHONPATH=. python benchmarks/wna16_bench.py --kpairs-only --no-sweep --skip-check --kperm --rows 1 16 64 160 256
 """
 
 from __future__ import annotations
@@ -39,7 +44,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fp8_bench import LAYERS, SHAPES, graph_time  # noqa: E402
 
-from pagedllm.kernels.wna16 import DENSE_MIN_ROWS, quantize_wna16_torch, wna16_linear_torch  # noqa: E402
+from pagedllm.kernels.wna16 import (  # noqa: E402
+    DENSE_MIN_ROWS,
+    kperm_pack,
+    quantize_wna16_torch,
+    wna16_linear,
+    wna16_linear_torch,
+)
 from pagedllm.kernels.wna16_pairs_triton import default_config as kpairs_default  # noqa: E402
 from pagedllm.kernels.wna16_pairs_triton import wna16_kpairs_gemm  # noqa: E402
 from pagedllm.kernels.wna16_triton import default_config, dequantize_wna16_triton, wna16_gemm_triton  # noqa: E402
@@ -346,6 +357,9 @@ def main() -> None:
     ap.add_argument("--swap", action="store_true", help="time the 4-bit swap-AB kernel (rows default 1 4 16)")
     ap.add_argument("--group", type=int, default=128, help="--swap: the group size of the int4 weights")
     ap.add_argument("--budget-s", type=float, default=100.0, help="--swap: past this, shapes get the default only")
+    ap.add_argument("--kperm", action="store_true",
+                    help="4-bit: also time wna16_linear (the engine's dispatch) on the plain and the steps-permuted "
+                         "layout (PAGEDLLM_WNA16_KPERM: kpairs without x's gather), each checked first")
     args = ap.parse_args()
     if args.swap:
         if args.rows == ROWS:
@@ -386,6 +400,14 @@ def main() -> None:
                     print(f"{name:8s} m={m:4d} kpairs default {row['kpairs']:7.1f} best {row['kpairs_best']:7.1f} "
                           f"{_fields(row['kpairs_best_cfg'])}  bf16/kpairs {row['bf16'] / row['kpairs_best']:.2f}x",
                           flush=True)
+            if args.kperm and args.bits == 4:  # the engine's product on each layout, gather included
+                qks = [(kperm_pack(q), s, z) for q, s, z in qs]
+                check(wna16_linear(x, *qks[0], 4, kperm=True), ref, f"kperm {name} m={m}")
+                row["linear"] = graph_time(lambda: [wna16_linear(x, q, s, z, 4) for q, s, z in qs])
+                row["linear_kperm"] = graph_time(lambda: [wna16_linear(x, q, s, z, 4, kperm=True) for q, s, z in qks])
+                print(f"{name:8s} m={m:4d} wna16_linear us/layer: plain {row['linear']:7.1f}  steps-permuted "
+                      f"{row['linear_kperm']:7.1f}  ({row['linear'] / row['linear_kperm']:.3f}x)", flush=True)
+                qks = []
             gbs = nbytes / (row["best"] * 1e-6) / 1e9
             dense = f"  dense {row['dense']:7.1f}" if "dense" in row else ""
             print(f"{name:8s} m={m:4d} us/layer: bf16 {row['bf16']:7.1f}{dense}  default {row.get('default', 0):7.1f}  "
@@ -403,6 +425,11 @@ def main() -> None:
         print(f"{m:5d} {tot['bf16']:8.3f} {tot['default']:8.3f} {tot['best']:8.3f} {tot['bf16'] / tot['best']:9.2f}x "
               f"{tot['dense']:8.3f} {tot['kpairs']:8.3f} {tot['kpairs_best']:8.3f} "
               f"{tot['bf16'] / tot['kpairs_best']:7.2f}x")
+    if args.kperm and args.bits == 4:
+        print(f"\nwna16_linear, ms per step over the four projections x {LAYERS} layers: plain / steps-permuted")
+        for m in args.rows:
+            a, b = (LAYERS * sum(results[f"{nm}:{m}"][key] for nm in SHAPES) / 1000 for key in ("linear", "linear_kperm"))
+            print(f"{m:5d} {a:8.3f} {b:8.3f} {a / b:7.3f}x")
     out = os.environ.get("OUT")
     if out:
         with open(os.path.join(out, f"wna16_bench_int{args.bits}.json"), "w") as fh:

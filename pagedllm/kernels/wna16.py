@@ -13,6 +13,15 @@ load (model/layers/quantization/wna16.py) into this one layout:
 Act-order checkpoints (GPTQ desc_act) are brought to this layout by a permutation of K applied
 to the activations (the linear method's `perm`), never by a second weight layout.
 
+With PAGEDLLM_WNA16_KPERM=1 (`kperm_enabled`) 4-bit layers whose K is whole steps of 128 and whose
+groups are whole steps (or per channel) keep their words with K's slots permuted within each step
+(`kperm_inputs`): slot s = 8j + i + 4h of a step (word j, nibble i + 4h) holds input 32i + 2j + h.
+That is the order in which the kpairs GEMM's four dots read a step's nibble pairs, so it reads x
+as it is instead of a permuted copy of it (one gather a call otherwise); every other kernel of the
+layout reads x (or writes the dequantized weight) at the slot's input instead, and gemvp's
+nibble pairs (i, i + 4) then meet x's consecutive pairs directly. Groups are unchanged: a slot's
+input stays in its step.
+
 A second layout, for 4 bits only, feeds the swap-AB tensor-core kernel (wna16_swap_triton.py;
 on behind PAGEDLLM_WNA16_SWAP=1, see `swap_enabled`): the weight is N-major, as the MMA's wide
 operand wants it, and a word's nibbles are interleaved so that one mask puts two consecutive
@@ -41,7 +50,7 @@ import os
 
 import torch
 
-from pagedllm.kernels._triton import use_triton
+from pagedllm.kernels._triton import env_flag, use_triton
 
 # From this many rows the CUDA path dequantizes and calls cuBLAS. H200 sweep
 # (benchmarks/wna16_bench.py, Llama-3.1-8B's four projections, one layer each): the dequantizing
@@ -115,31 +124,36 @@ def quantize_wna16_torch(w: torch.Tensor, bits: int, group_k: int | None, symmet
 
 
 def dequantize_wna16_torch(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
-                           bits: int, dtype: torch.dtype) -> torch.Tensor:
-    """The real weight [N, K] in `dtype` (computed in float32)."""
+                           bits: int, dtype: torch.dtype, kperm: bool = False) -> torch.Tensor:
+    """The real weight [N, K] in `dtype` (computed in float32); kperm: qweight's slots permuted
+    within their steps (`kperm_inputs`)."""
     q = unpack_rows(qweight, bits).float()  # [K, N]
     k = q.shape[0]
     gk = k // scales.shape[0]
     s = scales.float().repeat_interleave(gk, dim=0)
     z = float(1 << (bits - 1)) if zeros is None else zeros.float().repeat_interleave(gk, dim=0)
-    return ((q - z) * s).t().to(dtype)
+    w = (q - z) * s  # [K slots, N]
+    if kperm:
+        w = torch.empty_like(w).index_copy_(0, kperm_inputs(k, w.device), w)
+    return w.t().to(dtype)
 
 
-def wna16_linear_torch(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-                       zeros: torch.Tensor | None, bits: int, bias: torch.Tensor | None = None) -> torch.Tensor:
+def wna16_linear_torch(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
+                       bits: int, bias: torch.Tensor | None = None, kperm: bool = False) -> torch.Tensor:
     """Reference: x [M, K] @ dequant(qweight).T -> [M, N] in x's dtype (float32 math)."""
-    y = x.float() @ dequantize_wna16_torch(qweight, scales, zeros, bits, torch.float32).t()
+    y = x.float() @ dequantize_wna16_torch(qweight, scales, zeros, bits, torch.float32, kperm).t()
     if bias is not None:
         y = y + bias.float()
     return y.to(x.dtype)
 
 
 def wna16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
-                 bits: int, bias: torch.Tensor | None = None) -> torch.Tensor:
+                 bits: int, bias: torch.Tensor | None = None, kperm: bool = False) -> torch.Tensor:
     """y = x @ w.T (+ bias) with an integer weight; x [M, K] -> [M, N]. CUDA: the Triton kernels
     below DENSE_MIN_ROWS rows; from there 4-bit weights up to SWAP_GEMM_MAX_ROWS rows the kpairs
     tensor-core GEMM (large_gemm: the default, or PAGEDLLM_WNA16_GEMM=pairs), else a dequantized
-    weight and cuBLAS. Elsewhere (the CPU) the weight is dequantized to x's dtype for its GEMM."""
+    weight and cuBLAS. Elsewhere (the CPU) the weight is dequantized to x's dtype for its GEMM.
+    kperm: qweight's slots permuted within their steps (`kperm_inputs`)."""
     if use_triton(x):
         from pagedllm.kernels.wna16_triton import dequantize_wna16_triton, wna16_gemm_triton
 
@@ -148,13 +162,47 @@ def wna16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
             if bits == 4 and (large_gemm() or LAYOUT_DEFAULT["k_packed"]) == "pairs" and m <= SWAP_GEMM_MAX_ROWS:
                 from pagedllm.kernels.wna16_pairs_triton import wna16_kpairs_gemm
 
-                return wna16_kpairs_gemm(x, qweight, scales, zeros, bias)
-            y = x @ dequantize_wna16_triton(qweight, scales, zeros, bits, x.dtype)
+                return wna16_kpairs_gemm(x, qweight, scales, zeros, bias, kperm=kperm)
+            y = x @ dequantize_wna16_triton(qweight, scales, zeros, bits, x.dtype, kperm)
             return y if bias is None else y + bias
-        return wna16_gemm_triton(x, qweight, scales, zeros, bits, bias)
+        return wna16_gemm_triton(x, qweight, scales, zeros, bits, bias, kperm=kperm)
     if x.device.type == "cpu":
-        return torch.nn.functional.linear(x, dequantize_wna16_torch(qweight, scales, zeros, bits, x.dtype), bias)
-    return wna16_linear_torch(x, qweight, scales, zeros, bits, bias)
+        w = dequantize_wna16_torch(qweight, scales, zeros, bits, x.dtype, kperm)
+        return torch.nn.functional.linear(x, w, bias)
+    return wna16_linear_torch(x, qweight, scales, zeros, bits, bias, kperm)
+
+
+# ---- the steps-permuted K-packed layout (module docstring) -----------------------------------
+KPERM_STEP = 128
+
+
+def kperm_inputs(k: int, device: torch.device | None = None) -> torch.Tensor:
+    """[K] int64: the input each slot of the steps-permuted layout holds. Within a step of
+    KPERM_STEP, slot s = 8j + i + 4h holds input 32i + 2j + h (i < 4, j < 16, h < 2): the inverse of
+    kpairs_permutation's gather at 128-input steps."""
+    s = torch.arange(k, device=device)
+    r = s % KPERM_STEP
+    return s - r + 32 * (r % 4) + 2 * (r // 8) + (r % 8) // 4
+
+
+def kperm_applies(k: int, group_k: int) -> bool:
+    """Whether a K-packed 4-bit weight of k inputs in groups of group_k (0: per channel) can take
+    the steps-permuted layout: whole steps, each within one group."""
+    return k > 0 and k % KPERM_STEP == 0 and group_k % KPERM_STEP == 0
+
+
+def kperm_pack(qweight: torch.Tensor) -> torch.Tensor:
+    """A K-packed 4-bit qweight [K / 8, N] -> the same weight in the steps-permuted layout."""
+    q = unpack_rows(qweight, 4)
+    return pack_rows(q.index_select(0, kperm_inputs(q.shape[0], q.device)), 4)
+
+
+@functools.cache
+def kperm_enabled() -> bool:
+    """PAGEDLLM_WNA16_KPERM=1 (read once, when layers' weights are processed; off by default until
+    a GPU has timed it): 4-bit K-packed layers that `kperm_applies` to store the steps-permuted
+    layout, so that the kpairs GEMM (48-256 rows) gathers no permuted copy of x."""
+    return env_flag("PAGEDLLM_WNA16_KPERM")
 
 
 # ---- the N-major interleaved int4 layout of the swap-AB kernel --------------------------------

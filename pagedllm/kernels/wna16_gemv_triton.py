@@ -34,6 +34,14 @@ _MAGIC_F = tl.constexpr(8388608.0)
 
 
 @triton.jit
+def kperm_input(s):
+    """The input slot s holds in the steps-permuted K-packed layout (kernels/wna16.py's
+    kperm_inputs): within a step of 128, slot 8j + i + 4h holds input 32i + 2j + h."""
+    r = s % 128
+    return s - r + 32 * (r % 4) + 2 * (r // 8) + (r % 8) // 4
+
+
+@triton.jit
 def _gemv_finish(acc, s_ptr, b_ptr, out_ptr, ws_ptr, count_ptr, m, rn, n_mask, pid_k, stride_om, M, N,
                  GROUP_K: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, LAST: tl.constexpr):  # fmt: skip
     """The GEMVs' end: the [BLOCK_KW, BLOCK_N] partial sums added over rows, the per-channel
@@ -91,6 +99,7 @@ def _wna16_gemv_kernel(
     BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr,
     PDL: tl.constexpr = False,  # kernels/pdl_triton.py
     LAST: tl.constexpr = False,  # (SPLIT_K > 1) the last split of a row's column block adds them (_gemv_store)
+    KPERM: tl.constexpr = False,  # the steps-permuted layout: slot k meets input kperm_input(k)
 ):  # fmt: skip
     pdl_release(PDL)
     pdl_wait(PDL)
@@ -119,10 +128,11 @@ def _wna16_gemv_kernel(
         part = tl.zeros([BLOCK_KW, BLOCK_N], dtype=tl.float32)
         xsum = tl.zeros([BLOCK_KW], dtype=tl.float32)
         for j in tl.static_range(P):
+            xk = kperm_input(rows * P + j) if KPERM else rows * P + j
             if EVEN:
-                xj = tl.load(x_row + rows * P + j).to(tl.float32)
+                xj = tl.load(x_row + xk).to(tl.float32)
             else:
-                xj = tl.load(x_row + rows * P + j, mask=r_mask, other=0.0).to(tl.float32)
+                xj = tl.load(x_row + xk, mask=r_mask, other=0.0).to(tl.float32)
             if j * BITS + BITS <= 23:
                 src = w
                 sh = j * BITS
@@ -290,6 +300,7 @@ def _wna16_gemv_packed_kernel(
     PREFETCH: tl.constexpr = False,  # each iteration loads the next tile's words before it uses its own
     LOOP_STAGES: tl.constexpr = 1,  # > 1: Triton's software pipeline of the loop's loads (cp.async
     # through shared memory, LOOP_STAGES - 1 tiles ahead); PREFETCH then off
+    KPERM: tl.constexpr = False,  # the steps-permuted layout: nibbles i, i + 4 of a word are x's pair
 ):  # fmt: skip
     """The 4-bit GEMV in packed 16-bit arithmetic (`gemvp`). The gemv kernel spends about 42
     instructions a word in float32 (sm_90 SASS), more than the SM issues at the memory's pace;
@@ -297,7 +308,9 @@ def _wna16_gemv_packed_kernel(
     16-bit floats MAGIC + q, one subtraction (or fma) gives q - zero exactly, and the products
     with the activation pairs add up two lanes at a time over the word's eight inputs (rounded
     as 16-bit products and sums are), then in float32. The activation pairs (x_j, x_j+4) are
-    assembled once per word row from the row read as int32 (x_2i, x_2i+1) pairs. Under PDL with
+    assembled once per word row from the row read as int32 (x_2i, x_2i+1) pairs; in the
+    steps-permuted layout (KPERM) those pairs are the activations of word j's nibbles (i, i + 4)
+    themselves, int32 (16i + j) of j's step. Under PDL with
     PREFETCH the first tile's words (weights, which no kernel writes) are loaded before the wait,
     through L2 (pdl_triton.py's rule 1), while the kernel before finishes."""
     pdl_release(PDL)
@@ -344,14 +357,21 @@ def _wna16_gemv_packed_kernel(
                 zero = tl.load(z_ptr + s_off, mask=s_mask, other=0.0).to(tl.float32)
             else:
                 zero = tl.full([BLOCK_KW, BLOCK_N], 8.0, tl.float32)
-        xw0 = tl.load(x_words + rows * 4, mask=r_mask, other=0)  # (x0, x1) of each word row
-        xw1 = tl.load(x_words + rows * 4 + 1, mask=r_mask, other=0)  # (x2, x3)
-        xw2 = tl.load(x_words + rows * 4 + 2, mask=r_mask, other=0)  # (x4, x5)
-        xw3 = tl.load(x_words + rows * 4 + 3, mask=r_mask, other=0)  # (x6, x7)
-        x04 = _pair_bits(xw0, xw2)[:, None]
-        x15 = _pair_bits(xw0 >> 16, xw2 >> 16)[:, None]
-        x26 = _pair_bits(xw1, xw3)[:, None]
-        x37 = _pair_bits(xw1 >> 16, xw3 >> 16)[:, None]
+        if KPERM:  # word j of a step: nibbles (i, i + 4) hold inputs 32i + 2j, 32i + 2j + 1
+            xp = x_words + (rows - rows % 16) * 4 + rows % 16
+            x04 = tl.load(xp, mask=r_mask, other=0)[:, None]
+            x15 = tl.load(xp + 16, mask=r_mask, other=0)[:, None]
+            x26 = tl.load(xp + 32, mask=r_mask, other=0)[:, None]
+            x37 = tl.load(xp + 48, mask=r_mask, other=0)[:, None]
+        else:
+            xw0 = tl.load(x_words + rows * 4, mask=r_mask, other=0)  # (x0, x1) of each word row
+            xw1 = tl.load(x_words + rows * 4 + 1, mask=r_mask, other=0)  # (x2, x3)
+            xw2 = tl.load(x_words + rows * 4 + 2, mask=r_mask, other=0)  # (x4, x5)
+            xw3 = tl.load(x_words + rows * 4 + 3, mask=r_mask, other=0)  # (x6, x7)
+            x04 = _pair_bits(xw0, xw2)[:, None]
+            x15 = _pair_bits(xw0 >> 16, xw2 >> 16)[:, None]
+            x26 = _pair_bits(xw1, xw3)[:, None]
+            x37 = _pair_bits(xw1 >> 16, xw3 >> 16)[:, None]
         wsum = gemvp_word_sums(w, x04, x15, x26, x37, zero, act, ASM)
         if GROUP_K > 0:
             acc += wsum * tl.load(s_ptr + s_off, mask=s_mask, other=0.0).to(tl.float32)

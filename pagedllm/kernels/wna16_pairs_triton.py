@@ -16,7 +16,9 @@ Which inputs a dot's columns hold depends on the layout:
   K-packed (`kpairs`): nibbles i and i + 4 of word j are inputs 8j + i and 8j + i + 4, so x is
   permuted once a call (`kpairs_permutation`, one gather) for each dot to read its rows
   contiguously: within each K step, x'[k0 + i * BLOCK_K / 4 + 2j + h] = x[k0 + 8j + i + 4h]; K is
-  padded to whole steps (x' zero there).
+  padded to whole steps (x' zero there). In the steps-permuted K-packed layout (`kperm`,
+  PAGEDLLM_WNA16_KPERM; kernels/wna16.py) the weight's slots are stored in that order instead, and
+  x is read as it is.
 
 How a step's four dots run (`SwapConfig.dots`): "chain", the default, adds them into one
 accumulator, and Triton (3.6, sm_90) then waits for each dot's wgmma before the next one starts
@@ -42,6 +44,7 @@ import triton
 import triton.language as tl
 
 from pagedllm.kernels.swap_gemm_triton import DOTS_MODES, FP16_MAX, SwapConfig
+from pagedllm.kernels.wna16 import KPERM_STEP, kperm_applies
 from pagedllm.kernels.wna16_swap_triton import _int4_epilogue, _k_splits, _split_k, _sum_splits, _tile
 
 
@@ -335,6 +338,7 @@ def wna16_kpairs_gemm(
     bias: torch.Tensor | None = None,  # [N]
     config: SwapConfig | None = None,
     asm: bool | None = None,  # None: the PTX pairs on a GPU, the plain ops under the interpreter
+    kperm: bool = False,  # qweight in the steps-permuted layout (wna16.kperm_inputs): x read as it is
 ) -> torch.Tensor:  # [M, N] in x's dtype
     m, k = x.shape
     kw, n = qweight.shape
@@ -350,8 +354,12 @@ def wna16_kpairs_gemm(
     if m == 0:
         return out
     k_padded = triton.cdiv(k, block_k) * block_k
-    xp = x if k_padded == k else torch.nn.functional.pad(x, (0, k_padded - k))
-    xp = xp.index_select(1, kpairs_permutation(k_padded, block_k, x.device))
+    if kperm:  # the weight's slots already in the order the dots read x
+        assert block_k == KPERM_STEP and kperm_applies(k, group_k), "the steps-permuted layout's steps are the K steps"
+        xp = x if x.stride(1) == 1 else x.contiguous()
+    else:
+        xp = x if k_padded == k else torch.nn.functional.pad(x, (0, k_padded - k))
+        xp = xp.index_select(1, kpairs_permutation(k_padded, block_k, x.device))
     k_split, split_k = _k_splits(k_padded, cfg.split_k, block_k)
     z = zeros if zeros is not None else scales  # an unused pointer when symmetric
     b = bias if bias is not None else scales  # likewise without a bias

@@ -26,7 +26,7 @@ import triton.language as tl
 from pagedllm.kernels._triton import env_flag, pdl
 from pagedllm.kernels.counters import counters
 from pagedllm.kernels.small_m import last_reduce
-from pagedllm.kernels.wna16 import pack_factor
+from pagedllm.kernels.wna16 import kperm_applies, pack_factor
 from pagedllm.kernels.wna16_gemv_triton import (  # noqa: F401 (the GEMVs' names, as before the split)
     _MAGIC,
     _MAGIC_F,
@@ -35,21 +35,31 @@ from pagedllm.kernels.wna16_gemv_triton import (  # noqa: F401 (the GEMVs' names
     _wna16_gemv_kernel,
     _wna16_gemv_packed_kernel,
     gemv_kind,
+    kperm_input,
 )
 
 
 @triton.jit
 def _dequant_tile(w_ptr, s_ptr, z_ptr, k0, kk, rn, k_mask, n_mask, stride_wk, stride_sg,
                   BITS: tl.constexpr, GROUP_K: tl.constexpr, HAS_ZERO: tl.constexpr,
-                  SCALE_ROWS: tl.constexpr):  # fmt: skip
+                  SCALE_ROWS: tl.constexpr, KPERM: tl.constexpr = False):  # fmt: skip
     """The weight tile [BLOCK_K, BLOCK_N] of inputs kk and outputs rn, as float32 (q - zero)
     times its scale (SCALE_ROWS: one scale row for the tile, read at k0; GROUP_K 0: no
-    scale, the caller applies the per-channel one)."""
+    scale, the caller applies the per-channel one). KPERM: the words in the steps-permuted
+    layout, input k read from its slot (kperm_slot; every element loads its own word either way),
+    for kk = k0 + arange with k0 a multiple of 32 and the tile within one step of 128."""
     P: tl.constexpr = 32 // BITS
     MASK: tl.constexpr = (1 << BITS) - 1
     mask = k_mask[:, None] & n_mask[None, :]
-    w = tl.load(w_ptr + (kk // P)[:, None] * stride_wk + rn[None, :], mask=mask, other=0)
-    q = ((w >> ((kk % P) * BITS)[:, None]) & MASK) | _MAGIC
+    if KPERM:  # input k0 + r: word 16 (k0 // 128) + (r % 32) // 2, nibble (k0 % 128) // 32 + r // 32 + 4 (r % 2)
+        rk = tl.arange(0, kk.shape[0])
+        word = (k0 // 128) * 16 + (rk % 32) // 2
+        shift = ((k0 % 128) // 32 + rk // 32 + 4 * (rk % 2)) * 4
+    else:
+        word = kk // P
+        shift = (kk % P) * BITS
+    w = tl.load(w_ptr + word[:, None] * stride_wk + rn[None, :], mask=mask, other=0)
+    q = ((w >> shift[:, None]) & MASK) | _MAGIC
     q = q.to(tl.float32, bitcast=True) - _MAGIC_F
     if GROUP_K == 0:
         if HAS_ZERO:
@@ -133,6 +143,8 @@ def _wna16_gemm_kernel(
     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     JOIN: tl.constexpr = False,  # "dotj": each word loaded once (_dequant_tile_joined); needs EVEN_K
+    KPERM: tl.constexpr = False,  # the steps-permuted layout: input k from its slot (dotj: slot k meets
+    # input kperm_input(k), x gathered)
 ):  # fmt: skip
     # with JOIN, one scale row per tile multiplies the tile's product, not its weights
     SCALE_AFTER: tl.constexpr = JOIN and (GROUP_K == 0 or GROUP_K % BLOCK_K == 0)
@@ -149,13 +161,14 @@ def _wna16_gemm_kernel(
             k_mask = rk < BLOCK_K
         else:
             k_mask = kk < K
-        x = tl.load(x_rows + kk[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        xk = kperm_input(kk) if KPERM and JOIN else kk
+        x = tl.load(x_rows + xk[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
         if JOIN:
             w = _dequant_tile_joined(w_ptr, s_ptr, z_ptr, k0, rn, n_mask, stride_wk, stride_sg,
                                      BITS, GROUP_K, HAS_ZERO, BLOCK_K, SCALE_AFTER)
         else:
             w = _dequant_tile(w_ptr, s_ptr, z_ptr, k0, kk, rn, k_mask, n_mask, stride_wk, stride_sg,
-                              BITS, GROUP_K, HAS_ZERO, GROUP_K > 0 and GROUP_K % BLOCK_K == 0)
+                              BITS, GROUP_K, HAS_ZERO, GROUP_K > 0 and GROUP_K % BLOCK_K == 0, KPERM)
         if SCALE_AFTER and GROUP_K > 0:  # q - zero is exact in 16 bits; the group's scale after
             s = tl.load(s_ptr + (k0 // GROUP_K) * stride_sg + rn, mask=n_mask, other=0.0).to(tl.float32)
             acc += tl.dot(x, w.to(x.dtype), input_precision=DOT_PRECISION) * s[None, :]
@@ -172,13 +185,14 @@ def _wna16_gemm_kernel(
 @triton.jit
 def _wna16_dequant_kernel(w_ptr, s_ptr, z_ptr, out_ptr, N, K, stride_wk, stride_sg, stride_ok,
                           BITS: tl.constexpr, GROUP_K: tl.constexpr, HAS_ZERO: tl.constexpr,
-                          BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+                          BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, KPERM: tl.constexpr = False):  # fmt: skip
+    # KPERM: the words in the steps-permuted layout, input k read from its slot
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     kk = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
     n_mask = rn < N
     k_mask = kk < K
-    w = _dequant_tile(w_ptr, s_ptr, z_ptr, 0, kk, rn, k_mask, n_mask, stride_wk, stride_sg,
-                      BITS, GROUP_K, HAS_ZERO, False)
+    w = _dequant_tile(w_ptr, s_ptr, z_ptr, tl.program_id(1) * BLOCK_K, kk, rn, k_mask, n_mask, stride_wk,
+                      stride_sg, BITS, GROUP_K, HAS_ZERO, False, KPERM)
     if GROUP_K == 0:
         w = w * tl.load(s_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     tl.store(out_ptr + kk.to(tl.int64)[:, None] * stride_ok + rn[None, :], w.to(out_ptr.dtype.element_ty),
@@ -261,6 +275,7 @@ def wna16_gemm_triton(
     bias: torch.Tensor | None = None,  # [N]
     config: tuple | None = None,  # see default_config
     reduce_last: bool | None = None,  # gemv split-K: the last split adds the splits (None: small_m.last_reduce)
+    kperm: bool = False,  # qweight in the steps-permuted layout (wna16.kperm_inputs)
 ) -> torch.Tensor:  # [M, N] in x's dtype
     p = pack_factor(bits)
     m, k = x.shape
@@ -272,6 +287,7 @@ def wna16_gemm_triton(
         x = x.contiguous()
     group_k = 0 if g == 1 else k // g
     assert group_k == 0 or group_k % p == 0
+    assert not kperm or (bits == 4 and kperm_applies(k, group_k))
     given = config is not None
     kind, block_m, block_n, block_k, num_warps, num_stages, split_k = config or engine_config(
         m, n, k, group_k, bits, x.dtype, _rows_as_int32_pairs(x))
@@ -296,7 +312,7 @@ def wna16_gemm_triton(
         count = counters(x.device, m * n_blocks) if last else qweight
         common = dict(GROUP_K=group_k, HAS_ZERO=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=split_k,
                       EVEN=kw_per_split * split_k == kw, BLOCK_N=block_n, BLOCK_KW=block_kw, LAST=last,
-                      num_warps=num_warps, num_stages=num_stages)  # no PDL by default: the H200 measured it
+                      KPERM=kperm, num_warps=num_warps, num_stages=num_stages)  # no PDL by default: the H200 measured it
         # a loss here with the wait first (W2 gptq, PAGEDLLM_PDL=1: gemv 3.24 -> 3.83, gemvp 2.96 -> 3.00
         # ms/token); PAGEDLLM_WNA16_PDL=1 launches gemvp with it, its first tile's words before the wait
         if packed:  # the interpreter runs no PTX: the same arithmetic in Triton ops
@@ -324,6 +340,9 @@ def wna16_gemm_triton(
         return out
     assert block_k % p == 0
     join = kind == "dotj"
+    if kperm and not join and (128 % block_k or block_k % 32):
+        raise ValueError(f"the dot GEMM reads the steps-permuted layout in tiles of 32-128 inputs within a step of "
+                         f"128, got BLOCK_K {block_k}")
     if join and (k % block_k or (group_k and group_k % block_k and block_k % group_k)):
         raise ValueError(f"the dotj kernel needs K ({k}) a multiple of BLOCK_K ({block_k}) and groups "
                          f"({group_k}) a multiple or a divisor of it")
@@ -332,15 +351,16 @@ def wna16_gemm_triton(
         x.stride(0), qweight.stride(0), scales.stride(0), out.stride(0),
         BITS=bits, GROUP_K=group_k, HAS_ZERO=zeros is not None, HAS_BIAS=bias is not None,
         EVEN_K=k % block_k == 0, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", JOIN=join,
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", JOIN=join, KPERM=kperm,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return out
 
 
 def dequantize_wna16_triton(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
-                            bits: int, dtype: torch.dtype) -> torch.Tensor:
-    """The real weight as [K, N] (the transpose of `dequantize_wna16_torch`'s [N, K])."""
+                            bits: int, dtype: torch.dtype, kperm: bool = False) -> torch.Tensor:
+    """The real weight as [K, N] (the transpose of `dequantize_wna16_torch`'s [N, K]); kperm:
+    qweight in the steps-permuted layout (each input read from its slot)."""
     p = pack_factor(bits)
     kw, n = qweight.shape
     k = kw * p
@@ -351,7 +371,7 @@ def dequantize_wna16_triton(qweight: torch.Tensor, scales: torch.Tensor, zeros: 
     _wna16_dequant_kernel[(triton.cdiv(n, block_n), triton.cdiv(k, block_k))](
         qweight, scales, zeros if zeros is not None else scales, out, n, k,
         qweight.stride(0), scales.stride(0), out.stride(0),
-        BITS=bits, GROUP_K=group_k, HAS_ZERO=zeros is not None, BLOCK_K=block_k, BLOCK_N=block_n,
+        BITS=bits, GROUP_K=group_k, HAS_ZERO=zeros is not None, BLOCK_K=block_k, BLOCK_N=block_n, KPERM=kperm,
         num_warps=4,
     )  # fmt: skip
     return out

@@ -23,6 +23,7 @@ from test_kernels import nan_past_the_end  # noqa: E402
 
 from pagedllm.kernels.wna16 import (  # noqa: E402
     dequantize_wna16_torch,
+    kperm_pack,
     quantize_wna16_torch,
     wna16_linear,
     wna16_linear_torch,
@@ -72,38 +73,41 @@ def _prefetch(on: bool):
 
 
 def check_wna16_gemm(device, dtype, m, n, k, bits=4, group_k=128, symmetric=True, bias=False, config=None, seed=0,
-                     reduce_last=None, calls=1, prefetch=False):
+                     reduce_last=None, calls=1, prefetch=False, kperm=False):
     """reduce_last: split-K summed by the last split (True) or by float32 atomics (False);
     calls: run again on new activations (the last split leaves its counters at zero); prefetch:
-    with PAGEDLLM_WNA16_PREFETCH=1 (gemvp loads the next tile's words first)."""
+    with PAGEDLLM_WNA16_PREFETCH=1 (gemvp loads the next tile's words first); kperm: the weight
+    in the steps-permuted layout (against the reference on the plain one)."""
     from pagedllm.kernels import wna16_triton
 
     g = torch.Generator().manual_seed(seed)
     qw, s, z = _weights(n, k, bits, group_k, symmetric, device, g)
+    qk = kperm_pack(qw) if kperm else qw
     b = (torch.randn(n, generator=g) * 0.1).to(device=device, dtype=dtype) if bias else None
     with _prefetch(prefetch):
         for _ in range(calls):
             x = torch.randn(m, k, generator=g).to(device=device, dtype=dtype)
-            out = wna16_triton.wna16_gemm_triton(x, qw, s, z, bits, b, config=tuple(config) if config else None,
-                                                 reduce_last=reduce_last)
+            out = wna16_triton.wna16_gemm_triton(x, qk, s, z, bits, b, config=tuple(config) if config else None,
+                                                 reduce_last=reduce_last, kperm=kperm)
             assert out.dtype == dtype and out.shape == (m, n)
             _close(out, wna16_linear_torch(x, qw, s, z, bits, b), dtype)
 
 
-def check_wna16_dequant(device, dtype, n, k, bits=4, group_k=128, symmetric=True, seed=0):
+def check_wna16_dequant(device, dtype, n, k, bits=4, group_k=128, symmetric=True, seed=0, kperm=False):
     from pagedllm.kernels.wna16_triton import dequantize_wna16_triton
 
     g = torch.Generator().manual_seed(seed)
     qw, s, z = _weights(n, k, bits, group_k, symmetric, device, g)
-    out = dequantize_wna16_triton(qw, s, z, bits, dtype)
+    out = dequantize_wna16_triton(kperm_pack(qw) if kperm else qw, s, z, bits, dtype, kperm)
     assert out.shape == (k, n)
     torch.testing.assert_close(out.t(), dequantize_wna16_torch(qw, s, z, bits, dtype), atol=0, rtol=0)
 
 
 def check_wna16_kpairs(device, dtype, m, n, k, group_k=128, symmetric=True, bias=False, config=None, seed=0,
-                       nan_past_end=False):
+                       nan_past_end=False, kperm=False):
     """The K-packed layout's kpairs GEMM (config: SwapConfig fields, pairs) against the float32
-    reference; nan_past_end: the scales and zeros followed by NaN."""
+    reference; nan_past_end: the scales and zeros followed by NaN; kperm: the weight in the
+    steps-permuted layout, x read as it is (a strided view of it here)."""
     from pagedllm.kernels.swap_gemm_triton import SwapConfig
     from pagedllm.kernels.wna16_pairs_triton import wna16_kpairs_gemm
 
@@ -111,9 +115,10 @@ def check_wna16_kpairs(device, dtype, m, n, k, group_k=128, symmetric=True, bias
     qw, s, z = _weights(n, k, 4, group_k, symmetric, device, g)
     if nan_past_end:
         s, z = nan_past_the_end(s, 0), None if z is None else nan_past_the_end(z, 0)
-    x = torch.randn(m, k, generator=g).to(device=device, dtype=dtype)
+    x = torch.randn(m, k + 8 * kperm, generator=g).to(device=device, dtype=dtype)[:, :k]
     b = (torch.randn(n, generator=g) * 0.1).to(device=device, dtype=dtype) if bias else None
-    out = wna16_kpairs_gemm(x, qw, s, z, b, config=SwapConfig(*config) if config else None)
+    out = wna16_kpairs_gemm(x, kperm_pack(qw) if kperm else qw, s, z, b, config=SwapConfig(*config) if config else None,
+                            kperm=kperm)
     assert out.dtype == dtype and out.shape == (m, n)
     _close(out, wna16_linear_torch(x, qw, s, z, 4, b), torch.float16 if dtype == torch.float32 else dtype)
 
@@ -210,22 +215,113 @@ def test_wna16_linear_dispatch(m):
     _close(wna16_linear(x, qw, s, z, 4), wna16_linear_torch(x, qw, s, z, 4), torch.bfloat16)
 
 
-def test_wna16_under_cuda_graph():
+@pytest.mark.parametrize("kperm", [False, True])
+def test_wna16_under_cuda_graph(kperm):
     """Replayed from a CUDA graph (decode steps are) with new inputs copied in: split-K's zeroed
-    buffer and the GEMM are recorded, so the replay equals an eager call on the new inputs."""
+    buffer and the GEMM are recorded, so the replay equals an eager call on the new inputs; in
+    the plain and the steps-permuted layouts."""
     g = torch.Generator().manual_seed(0)
     qw, s, z = _weights(4096, 4096, 4, 128, True, "cuda", g)
+    qk = kperm_pack(qw) if kperm else qw
     for m in (1, 16, 32, 128):
         x = torch.randn(m, 4096, generator=g).to("cuda", torch.bfloat16)
-        wna16_linear(x, qw, s, z, 4)  # compile outside the capture
+        wna16_linear(x, qk, s, z, 4, kperm=kperm)  # compile outside the capture
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            y = wna16_linear(x, qw, s, z, 4)
+            y = wna16_linear(x, qk, s, z, 4, kperm=kperm)
         x.copy_(torch.randn(m, 4096, generator=g).to("cuda", torch.bfloat16))
         graph.replay()
         torch.cuda.synchronize()
         _close(y, wna16_linear_torch(x, qw, s, z, 4), torch.bfloat16)
+
+
+# ---- the steps-permuted K-packed layout (PAGEDLLM_WNA16_KPERM) -----------------------------------
+
+
+@pytest.mark.parametrize("m", [1, 3, 16, 47, 48, 200, 256, 300])
+@pytest.mark.parametrize("n,k", [(6144, 4096), (4096, 14336), (28672, 4096)])
+@pytest.mark.parametrize("group_k,symmetric", [(128, False), (None, True)])
+def test_wna16_kperm_dispatch(m, n, k, group_k, symmetric):
+    """The steps-permuted layout through wna16_linear at every row-count class (gemvp's PTX at its
+    configs, the dot GEMM, kpairs reading x as it is at its 64- / 128- / 256-row tiles, the weight
+    dequantized to its inputs' rows), bf16, against the reference on the plain layout."""
+    g = torch.Generator().manual_seed(m)
+    qw, s, z = _weights(n, k, 4, group_k, symmetric, "cuda", g)
+    x = torch.randn(m, k, generator=g).to("cuda", torch.bfloat16)
+    b = (torch.randn(n, generator=g) * 0.1).to("cuda", torch.bfloat16)
+    _close(wna16_linear(x, kperm_pack(qw), s, z, 4, b, kperm=True), wna16_linear_torch(x, qw, s, z, 4, b),
+           torch.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("config", [("gemvp", 1, 32, 512, 8, 4, 1), ("gemvp", 1, 64, 1024, 4, 2, 3),
+                                    ("gemv", 1, 32, 512, 4, 2, 2), ("dot", 16, 32, 64, 4, 3, 1),
+                                    ("dotj", 64, 128, 128, 8, 3, 1)])
+def test_wna16_kperm_kernels(dtype, config):
+    """Each kernel of the layout on it: fp16 gemvp (pipelined, split-K by the last split), the
+    float32 gemv, the dot and dotj GEMMs."""
+    if config[0] == "gemvp" and dtype == torch.float32:
+        pytest.skip("gemvp takes 16-bit activations")
+    check_wna16_gemm("cuda", dtype, 1 if config[0].startswith("gemv") else 40, 6144, 4096, 4, 128, False,
+                     bias=True, config=config, kperm=True)
+
+
+@pytest.mark.parametrize("config", [None, (64, 128, 1, 8, 3, "kernel", 128, True, "accs"),
+                                    (128, 128, 2, 8, 3, "kernel", 256, True, "flat")])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_wna16_kpairs_kperm(config, dtype):
+    """kpairs on the steps-permuted layout, x a strided view read as it is: the default config and
+    the dots modes, split-K too."""
+    check_wna16_kpairs("cuda", dtype, 200, 4096, 14336, None, False, bias=True, config=config, kperm=True)
+    check_wna16_kpairs("cuda", dtype, 96, 6144, 4096, 128, True, config=config, kperm=True)
+
+
+def test_wna16_kperm_dequant():
+    check_wna16_dequant("cuda", torch.bfloat16, 1000, 4096, 4, 128, False, kperm=True)
+
+
+@pytest.mark.parametrize("m", [1, 3, 40, 100, 256, 300])
+def test_wna16_kperm_bit_for_bit(m):
+    """With 16-bit activations each kernel computes the same products in the same order on either
+    layout (the layout only moves where a weight and its activation are read from): the outputs
+    are equal bit for bit."""
+    g = torch.Generator().manual_seed(m)
+    qw, s, z = _weights(6144, 4096, 4, 128, False, "cuda", g)
+    x = torch.randn(m, 4096, generator=g).to("cuda", torch.bfloat16)
+    assert torch.equal(wna16_linear(x, kperm_pack(qw), s, z, 4, kperm=True), wna16_linear(x, qw, s, z, 4))
+
+
+def test_engine_steps_permuted_layout_decodes_the_same_tokens(tmp_path, tokenizer_dir, monkeypatch):
+    """A tiny act-order GPTQ checkpoint (groups of 128) on the GPU with PAGEDLLM_WNA16_KPERM=1 (its
+    layers in the steps-permuted layout, CUDA graphs) gives the plain layout's greedy tokens."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+    from conftest import save_tiny_model, tiny_config
+    from test_wna16 import FORMATS, GREEDY, PROMPTS, write_checkpoint
+
+    from pagedllm import LLM
+    from pagedllm.kernels import wna16
+
+    cfg = tiny_config("llama", hidden=256, heads=4, kv_heads=2, layers=2, initializer_range=0.05)
+    plain = save_tiny_model(cfg, str(tmp_path / "plain"), tokenizer_dir, seed=3)
+    path = write_checkpoint(plain, str(tmp_path / "ckpt"), FORMATS["gptq-g128-sym-descact"])
+    tokens = {}
+    try:
+        for on in ("0", "1"):
+            monkeypatch.setenv("PAGEDLLM_WNA16_KPERM", on)
+            wna16.kperm_enabled.cache_clear()
+            llm = LLM(path, kv_cache_memory="64MiB", max_model_len=256)
+            layer = llm.llm_engine.executor.worker.model.model.layers[0]
+            assert layer.mlp.down_proj.kperm == (on == "1")
+            tokens[on] = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
+            del llm
+            torch.cuda.empty_cache()
+    finally:
+        wna16.kperm_enabled.cache_clear()
+    assert tokens["1"] == tokens["0"]
 
 
 # ---- the 4-bit swap-AB kernel -------------------------------------------------------------------

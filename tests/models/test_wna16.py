@@ -261,6 +261,28 @@ def test_swap_layout_holds_the_same_weights(checkpoint, monkeypatch):
     test_groups_and_scales_shard_with_their_weights(checkpoint, 2)
 
 
+def test_steps_permuted_layout_holds_the_same_weights(checkpoint, monkeypatch):
+    """PAGEDLLM_WNA16_KPERM=1: 4-bit layers whose inputs and groups are whole steps of 128 (groups
+    of 128, per channel, act-order's sorted groups) store their words in the steps-permuted
+    layout after loading and sharding, and still compute with the reference weights, whole and on
+    each of 2 tensor-parallel ranks; other layers keep the plain K-packed layout."""
+    from pagedllm.kernels import wna16
+
+    monkeypatch.setenv("PAGEDLLM_WNA16_KPERM", "1")
+    wna16.kperm_enabled.cache_clear()
+    try:
+        _, _, spec = checkpoint
+        layer = build_model(_model_config(checkpoint[0]), "cpu").model.layers[1]
+        for name in ("self_attn.qkv_proj", "mlp.down_proj"):
+            mod = layer.get_submodule(name)
+            k = mod.qweight.shape[0] * (32 // spec[1])
+            assert mod.kperm == (spec[1] == 4 and spec[2] in (128, -1) and k % 128 == 0), (name, spec)
+        test_layers_compute_with_the_reference_dequantized_weights(checkpoint)
+        test_groups_and_scales_shard_with_their_weights(checkpoint, 2)
+    finally:
+        wna16.kperm_enabled.cache_clear()
+
+
 def test_split_inside_a_group_is_refused(checkpoint):
     path, _, spec = checkpoint
     if spec[2] != 128 or spec[4]:

@@ -53,6 +53,16 @@ _CASES = {
                                "calls": 2}),
     "gemv_split_atomics": ("check_wna16_gemm", [2, 40, 512, 4, 64, False],
                            {"config": ["gemv", 1, 16, 64, 4, 1, 3], "reduce_last": False}),
+    # the steps-permuted layout (PAGEDLLM_WNA16_KPERM): slot k meets input kperm_input(k)
+    "gemvp_kperm_g128_asym_split": ("check_wna16_gemm", [2, 40, 512, 4, 128, False],
+                                    {"bias": True, "config": ["gemvp", 1, 16, 128, 4, 1, 2], "kperm": True}),
+    "gemv_kperm_channel_split": ("check_wna16_gemm", [1, 32, 384, 4, None, False],
+                                 {"config": ["gemv", 1, 16, 128, 4, 1, 2], "kperm": True}),
+    "dot_kperm_g128_half_steps": ("check_wna16_gemm", [9, 40, 256, 4, 128, True],
+                                  {"config": ["dot", 16, 32, 64, 4, 1, 1], "kperm": True}),
+    "dotj_kperm_g128_asym_bias": ("check_wna16_gemm", [9, 40, 256, 4, 128, False],
+                                  {"bias": True, "config": ["dotj", 16, 32, 128, 4, 1, 1], "kperm": True}),
+    "dequant_kperm_channel_asym": ("check_wna16_dequant", [24, 256, 4, None, False], {"kperm": True}),
     "dequant_g32_asym": ("check_wna16_dequant", [40, 256, 4, 32, False], {}),
     "dequant_int8_channel": ("check_wna16_dequant", [24, 96, 8, None, True], {}),
 }
@@ -121,12 +131,12 @@ def test_gemvp_needs_rows_aligned_as_int32_pairs():
         wna16_triton.wna16_gemm_triton(x, qw, s, None, 4, config=("gemvp", 1, 16, 128, 4, 1, 1))
 
 
-@pytest.mark.parametrize("kind", ["gemv", "gemvp", "gemvp_prefetch"])
+@pytest.mark.parametrize("kind", ["gemv", "gemvp", "gemvp_prefetch", "gemvp_prefetch_kperm"])
 def test_gemv_last_split_reduces_for_sm90(kind):
     """The GEMVs' split-K summed by the last split compiles for the H200 with the counting
     protocol in its PTX (the partials' stores, a barrier, the acq_rel gpu-scope count, the
     partials read back from the L2), spilling nothing; gemvp too with PAGEDLLM_WNA16_PREFETCH's
-    loop (the next tile's words loaded first)."""
+    loop (the next tile's words loaded first), and on the steps-permuted layout."""
     from test_small_m_interpret import check_last_program_ptx
 
     from pagedllm.kernels import wna16_triton as w
@@ -136,7 +146,7 @@ def test_gemv_last_split_reduces_for_sm90(kind):
            "out_ptr": "*bf16", "ws_ptr": "*fp32", "count_ptr": "*i32", "M": "i32", "N": "i32", "KW": "i32",
            "KW_PER_SPLIT": "i32", "stride_xm": "i32", "stride_wk": "i32", "stride_sg": "i32", "stride_om": "i32"}
     const = dict(GROUP_K=128, HAS_ZERO=False, HAS_BIAS=True, SPLIT_K=4, EVEN=True, BLOCK_N=32, BLOCK_KW=64, LAST=True,
-                 **({"BITS": 4} if kind == "gemv" else {}), **({"PREFETCH": True} if kind == "gemvp_prefetch" else {}))
+                 **({"BITS": 4} if kind == "gemv" else {}), PREFETCH="prefetch" in kind, KPERM="kperm" in kind)
     kernel = w._wna16_gemv_kernel if kind == "gemv" else w._wna16_gemv_packed_kernel
     compiled = compile_sm90(kernel, sig, const, 4, 2, aligned=("N", "KW", "KW_PER_SPLIT", "stride_xm", "stride_wk",
                                                               "stride_sg", "stride_om"))

@@ -44,6 +44,12 @@ _CASES = {
                             {"bias": True, "config": [128, 128, 1, 8, 1, "kernel", 256, True, "flat"]}),
     "channel_flat_split3": ("check_wna16_kpairs", [33, 64, 640, None, False],
                             {"config": [64, 128, 3, 4, 1, "kernel", 64, True, "flat"]}),
+    # the steps-permuted layout: x (a strided view) read as it is; per channel split 3, a group a step
+    "kperm_channel_asym_split3_bias": ("check_wna16_kpairs", [33, 64, 384, None, False],
+                                       {"bias": True, "config": [64, 128, 3, 4, 1, "kernel", 32, True],
+                                        "kperm": True}),
+    "kperm_g128_flat_bm64": ("check_wna16_kpairs", [40, 128, 256, 128, True],
+                             {"config": [64, 128, 1, 4, 1, "kernel", 64, True, "flat"], "kperm": True}),
     # two splits of 256 over 384 inputs: the last split's steps past x' read nothing (NaN there)
     "split_past_the_end": ("check_wna16_kpairs", [24, 64, 384, 128, False],
                            {"config": [64, 128, 2, 4, 1, "kernel", 32, True], "nan_past_end": True}),
@@ -166,3 +172,33 @@ def test_dots_switch(monkeypatch):
             kp.default_config(100, 6144, 4096, 128)
     finally:
         kp.dots_mode.cache_clear()
+
+
+@pytest.mark.parametrize("group_k, symmetric", [(128, False), (None, True), (256, True)])
+def test_steps_permuted_layout_holds_the_same_weight(group_k, symmetric):
+    """The steps-permuted layout (PAGEDLLM_WNA16_KPERM): its slot -> input map inverts kpairs'
+    gather at 128-input steps (so kpairs reads x as it is), and its words dequantize (the torch
+    reference, the CPU's linear) to the plain layout's weight."""
+    from pagedllm.kernels.wna16 import (
+        dequantize_wna16_torch,
+        kperm_applies,
+        kperm_inputs,
+        kperm_pack,
+        quantize_wna16_torch,
+        wna16_linear,
+    )
+    from pagedllm.kernels.wna16_pairs_triton import kpairs_permutation
+
+    p = kperm_inputs(512)
+    assert torch.equal(p[kpairs_permutation(512, 128, torch.device("cpu"))], torch.arange(512))
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(24, 512, generator=g) * 0.05
+    qw, s, z = quantize_wna16_torch(w, 4, group_k, symmetric, torch.bfloat16)
+    assert kperm_applies(512, group_k or 0)
+    qk = kperm_pack(qw)
+    assert not torch.equal(qk, qw)
+    assert torch.equal(dequantize_wna16_torch(qk, s, z, 4, torch.float32, kperm=True),
+                       dequantize_wna16_torch(qw, s, z, 4, torch.float32))
+    x = torch.randn(3, 512, generator=g)
+    assert torch.equal(wna16_linear(x, qk, s, z, 4, kperm=True), wna16_linear(x, qw, s, z, 4))
+    assert not kperm_applies(512, 64) and not kperm_applies(320, 0)

@@ -39,6 +39,9 @@ import torch
 from torch import nn
 
 from pagedllm.kernels.wna16 import (
+    kperm_applies,
+    kperm_enabled,
+    kperm_pack,
     pack_factor,
     pack_rows,
     quantize_wna16_torch,
@@ -173,6 +176,7 @@ class WNA16LinearMethod(LinearMethod):
     # ---- parameters --------------------------------------------------------------------
     def create_weights(self, layer: nn.Module) -> None:
         cfg = self.config
+        layer.kperm = False  # the steps-permuted layout (decided after loading, `_set`)
         if cfg.fmt == "online":
             return  # the layer loads (or draws) its 16-bit weight; quantized after loading
         n, k = layer.weight.shape
@@ -292,8 +296,16 @@ class WNA16LinearMethod(LinearMethod):
 
     def _set(self, layer: nn.Module, qweight, scales, zeros, perm) -> None:
         self.int4_nk = self.config.bits == 4 and swap_enabled()
+        k = int(qweight.shape[0]) * pack_factor(self.config.bits)
+        groups = int(scales.shape[0])
+        group_k = 0 if groups == 1 else k // groups
+        # the steps-permuted layout, per layer: its K and groups must be whole steps
+        layer.kperm = (self.config.bits == 4 and not self.int4_nk and kperm_enabled() and group_k * groups in (0, k)
+                       and kperm_applies(k, group_k))
         if self.int4_nk:
             qweight, scales, zeros = to_int4_nk(qweight, scales, zeros)
+        elif layer.kperm:
+            qweight = kperm_pack(qweight)
         layer.qweight = nn.Parameter(qweight.contiguous(), requires_grad=False)
         layer.scales = nn.Parameter(scales.contiguous(), requires_grad=False)
         layer.zeros = None if zeros is None else nn.Parameter(zeros.contiguous(), requires_grad=False)
@@ -306,7 +318,7 @@ class WNA16LinearMethod(LinearMethod):
             x = x.index_select(1, layer.perm)
         if self.int4_nk:
             return wna16_int4_nk_linear(x, layer.qweight, layer.scales, layer.zeros, bias)
-        return wna16_linear(x, layer.qweight, layer.scales, layer.zeros, self.config.bits, bias)
+        return wna16_linear(x, layer.qweight, layer.scales, layer.zeros, self.config.bits, bias, layer.kperm)
 
     def describe(self) -> str:
         return self.config.describe()
