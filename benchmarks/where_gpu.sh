@@ -27,7 +27,9 @@
 # PAGEDLLM_KPAIRS_DOTS=$KPAIRS_DOTS, default accs), w1int4prof (W1 gptq's decode steps profiled: what kpairs and x's permutation take),
 # kpermtests (the steps-permuted K-packed layout's GPU tests), kpermbench (wna16_bench.py --kperm: wna16_linear on the
 # plain and the steps-permuted layout at 1-256 rows), w1kperm (W1 gptq: A the plain layout, B PAGEDLLM_WNA16_KPERM=1),
-# w2kperm (W2 gptq: the same A / B at one row).
+# w2kperm (W2 gptq: the same A / B at one row), kpfrom (wna16_bench.py at 2-47 rows: the few-row Triton kernels' default
+# against kpairs' 16- / 32- / 64-row tiles), w1kpfrom (W1 gptq: A kpairs from 48 rows, B PAGEDLLM_WNA16_KPAIRS_FROM=$KPFROM,
+# default 5).
 # Logs in one archive in $OUT; a summary last.
 #     OUT=$OUT bash benchmarks/where_gpu.sh
 #     STEPS="moeprof w1order" bash benchmarks/where_gpu.sh   # any of moeprof w2int4prof w1fp8prof order w1order
@@ -137,6 +139,17 @@ if step w1kperm $((ROUNDS * 2 * 100)); then  # W1 gptq: the plain K-packed layou
     ROUNDS=$ROUNDS OUT="$OUT/w1kperm" bash benchmarks/ab_w1.sh --model benchmarks/configs/llama-3.1-8b \
     --skip-tokenizer-init > "$OUT/w1kperm.log" 2>&1
   echo "w1kperm rc=$? at ${SECONDS} s"; grep -E "median" "$OUT/w1kperm.log"
+fi
+if step kpfrom 170; then  # 2-47 rows: gemvp / the dot GEMM (what runs there now) against kpairs' small tiles
+  OUT="$OUT" timeout 170 $PY benchmarks/wna16_bench.py --kpairs-only --skip-check --no-sweep \
+    --rows 2 4 8 16 24 32 47 > "$OUT/kpfrom.log" 2>&1
+  echo "kpfrom rc=$? at ${SECONDS} s"; grep -A9 "^sum over" "$OUT/kpfrom.log"
+fi
+if step w1kpfrom $((ROUNDS * 2 * 100)); then  # W1 gptq: kpairs from 48 rows (A) against from $KPFROM rows (B)
+  A_ARGS="--quantization gptq" B_ARGS="--quantization gptq" B_ENV=PAGEDLLM_WNA16_KPAIRS_FROM=${KPFROM:-5} \
+    ROUNDS=$ROUNDS OUT="$OUT/w1kpfrom" bash benchmarks/ab_w1.sh --model benchmarks/configs/llama-3.1-8b \
+    --skip-tokenizer-init > "$OUT/w1kpfrom.log" 2>&1
+  echo "w1kpfrom rc=$? at ${SECONDS} s"; grep -E "median" "$OUT/w1kpfrom.log"
 fi
 if step int4tests 200; then  # the 4-bit GPU tests: the swap GEMM, gemvn, PTX == plain, dispatch, CUDA graphs
   timeout 200 $PY -m pytest -q tests/gpu/test_wna16_gpu.py tests/gpu/test_wna16_nk_gpu.py > "$OUT/int4tests.log" 2>&1

@@ -213,13 +213,15 @@ def gemvn_sweep(n: int, k: int, group_k: int) -> list[tuple[int, int, int, int]]
 
 def kpairs_sweep(m: int, k: int) -> list:
     """kpairs configs around its default: 64 (4 warps) or 128 (8 warps) activation rows, 128-wide
-    weight tiles, K steps of 128, split-K 1-4; and 256 rows (8 warps) from 129 rows; four accumulators
-    in the tiles that fit them; one dot an iteration in the 8-warp ones."""
+    weight tiles, K steps of 128, split-K 1-4; and 256 rows (8 warps) from 129 rows; under 33 rows 16-
+    and 32-row tiles (4 warps, split-K to 8) too; four accumulators in the tiles that fit them; one
+    dot an iteration in the 8-warp ones."""
     from pagedllm.kernels.swap_gemm_triton import SwapConfig
 
+    small = [(bm, 4) for bm in (16, 32) if m <= bm]
     one = [SwapConfig(128, 128, split, warps, 3, block_m=bm, pairs=True)
-           for bm, warps in ((64, 4), (128, 8), (256, 8)) if bm <= max(64, 2 * m - 2)
-           for split in (1, 2, 4) if k >= 2 * 128 * split]
+           for bm, warps in (*small, (64, 4), (128, 8), (256, 8)) if bm <= max(64, 2 * m - 2)
+           for split in ((1, 2, 4, 8) if bm <= 32 else (1, 2, 4)) if k >= 2 * 128 * split]
     # four accumulators (SwapConfig.dots): 64-wide weight tiles of 128 rows, 128-wide of 64 rows
     accs = [SwapConfig(bn, 128, split, 8, 3, block_m=bm, pairs=True, dots="accs")
             for bn, bm in ((64, 128), (128, 64)) if bm <= max(64, 2 * m - 2)
@@ -348,7 +350,7 @@ def swap_main(args) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", type=int, nargs="*", default=ROWS, help="4-bit: from 17 rows the kpairs GEMM is timed too")
+    ap.add_argument("--rows", type=int, nargs="*", default=ROWS, help="4-bit: from 2 rows the kpairs GEMM is timed too")
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--skip-check", action="store_true")
     ap.add_argument("--kpairs-only", action="store_true",
@@ -391,7 +393,7 @@ def main() -> None:
             if timed and timed[0][1] == cfgs[0]:
                 row["default"], row["default_cfg"] = timed[0]
             row["best"], row["best_cfg"] = min(timed, key=lambda tc: tc[0], default=(float("nan"), cfgs[0]))
-            if args.bits == 4 and m > 16:  # the K-packed layout's tensor-core GEMM, its default first
+            if args.bits == 4 and m > 1:  # the K-packed layout's tensor-core GEMM, its default first
                 kcfgs = [kpairs_default(m, n, k, 128)] + ([] if args.no_sweep else kpairs_sweep(m, k))
                 if time_default_and_best(
                     row, "kpairs", kcfgs, lambda c, x=x, qs=qs: wna16_kpairs_gemm(x, *qs[0], config=c),

@@ -37,8 +37,9 @@ inputs into the two halves of a 32-bit register (each then read as fp16 1024 + q
     scales   [N, G] (transposed from the layout above), zeros [N, G] or None
 
 Products: few rows run the Triton kernels (the weights read once as integers, dequantized in
-registers); from DENSE_MIN_ROWS to SWAP_GEMM_MAX_ROWS rows 4-bit weights go to a tensor-core GEMM
-that dequantizes in registers (large_gemm: each layout's measured best, LAYOUT_DEFAULT), and beyond
+registers); from DENSE_MIN_ROWS (the K-packed layout: `kpairs_min_rows`) to SWAP_GEMM_MAX_ROWS rows
+4-bit weights go to a tensor-core GEMM that dequantizes in registers (large_gemm: each layout's
+measured best, LAYOUT_DEFAULT), and beyond
 (prefill chunks) or with PAGEDLLM_WNA16_GEMM=dense, or for 8-bit weights, the weight is dequantized
 into a scratch matrix and cuBLAS multiplies.
 """
@@ -150,19 +151,20 @@ def wna16_linear_torch(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Ten
 def wna16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
                  bits: int, bias: torch.Tensor | None = None, kperm: bool = False) -> torch.Tensor:
     """y = x @ w.T (+ bias) with an integer weight; x [M, K] -> [M, N]. CUDA: the Triton kernels
-    below DENSE_MIN_ROWS rows; from there 4-bit weights up to SWAP_GEMM_MAX_ROWS rows the kpairs
-    tensor-core GEMM (large_gemm: the default, or PAGEDLLM_WNA16_GEMM=pairs), else a dequantized
-    weight and cuBLAS. Elsewhere (the CPU) the weight is dequantized to x's dtype for its GEMM.
+    below DENSE_MIN_ROWS rows; 4-bit weights from kpairs_min_rows (DENSE_MIN_ROWS unless set) up to
+    SWAP_GEMM_MAX_ROWS rows the kpairs tensor-core GEMM (large_gemm: the default, or
+    PAGEDLLM_WNA16_GEMM=pairs), else from DENSE_MIN_ROWS a dequantized weight and cuBLAS. Elsewhere (the CPU) the weight is dequantized to x's dtype for its GEMM.
     kperm: qweight's slots permuted within their steps (`kperm_inputs`)."""
     if use_triton(x):
         from pagedllm.kernels.wna16_triton import dequantize_wna16_triton, wna16_gemm_triton
 
         m = x.shape[0]
-        if m >= DENSE_MIN_ROWS:
-            if bits == 4 and (large_gemm() or LAYOUT_DEFAULT["k_packed"]) == "pairs" and m <= SWAP_GEMM_MAX_ROWS:
-                from pagedllm.kernels.wna16_pairs_triton import wna16_kpairs_gemm
+        if (bits == 4 and (large_gemm() or LAYOUT_DEFAULT["k_packed"]) == "pairs"
+                and kpairs_min_rows() <= m <= SWAP_GEMM_MAX_ROWS):  # fmt: skip
+            from pagedllm.kernels.wna16_pairs_triton import wna16_kpairs_gemm
 
-                return wna16_kpairs_gemm(x, qweight, scales, zeros, bias, kperm=kperm)
+            return wna16_kpairs_gemm(x, qweight, scales, zeros, bias, kperm=kperm)
+        if m >= DENSE_MIN_ROWS:
             y = x @ dequantize_wna16_triton(qweight, scales, zeros, bits, x.dtype, kperm)
             return y if bias is None else y + bias
         return wna16_gemm_triton(x, qweight, scales, zeros, bits, bias, kperm=kperm)
@@ -203,6 +205,23 @@ def kperm_enabled() -> bool:
     a GPU has timed it): 4-bit K-packed layers that `kperm_applies` to store the steps-permuted
     layout, so that the kpairs GEMM (48-256 rows) gathers no permuted copy of x."""
     return env_flag("PAGEDLLM_WNA16_KPERM")
+
+
+@functools.cache
+def kpairs_min_rows() -> int:
+    """The fewest rows the K-packed layout's 4-bit linears give the kpairs GEMM (to
+    SWAP_GEMM_MAX_ROWS), from PAGEDLLM_WNA16_KPAIRS_FROM (read once; unset: DENSE_MIN_ROWS, where
+    it took over from dequantize + cuBLAS). Below it the few-row Triton kernels run: gemvp to
+    GEMV_MAX_ROWS rows, then the "dot" GEMM, which dequantizes in float32 (sm_90: about 13
+    instructions a weight at its 16-row tiles against kpairs' 4 at 16-row tiles, RESULTS.md
+    twenty-first session) -- so a lower bound is for a device to time before it is the default."""
+    value = os.environ.get("PAGEDLLM_WNA16_KPAIRS_FROM", "").strip()
+    if not value:
+        return DENSE_MIN_ROWS
+    if not value.isdigit() or not 2 <= int(value) <= SWAP_GEMM_MAX_ROWS + 1:
+        raise ValueError(f"PAGEDLLM_WNA16_KPAIRS_FROM={value!r}: expected a row count from 2 to "
+                         f"{SWAP_GEMM_MAX_ROWS + 1}")
+    return int(value)
 
 
 # ---- the N-major interleaved int4 layout of the swap-AB kernel --------------------------------

@@ -299,7 +299,8 @@ def dots_mode() -> str:
 
 
 def default_config(m: int, n: int, k: int, group_k: int = 0) -> SwapConfig:
-    """64 or 128 activation rows a program (4 / 8 warps), 128-wide weight tiles, K steps of 128;
+    """64 or 128 activation rows a program (4 / 8 warps; 16 or 32 under 33 rows, which the engine gives
+    kpairs only with PAGEDLLM_WNA16_KPAIRS_FROM, wna16.kpairs_min_rows), 128-wide weight tiles, K steps of 128;
     split-K as the swap kernels' GEMM tiles, but the 8-warp 128-row tiles split only while the
     programs stay within one an SM. From the H100 sweep (`wna16_bench.py --rows 64 256`, RESULTS.md
     eighteenth session, Llama-3.1-8B int4 g128, us a layer): at 64 rows this was the best of the
@@ -324,9 +325,9 @@ def default_config(m: int, n: int, k: int, group_k: int = 0) -> SwapConfig:
         block_n = 128 if block_m == 64 else 64
         split_k = _split_k(m, n, k, block_m, block_n, 128, 132)
         return SwapConfig(block_n, 128, split_k, num_warps=8, num_stages=3, block_m=block_m, pairs=True, dots="accs")
-    block_m = 64 if m <= 64 else 128
-    split_k = _split_k(m, n, k, block_m, 128, 128, 264 if block_m == 64 else 132)
-    return SwapConfig(128, 128, split_k, num_warps=4 if block_m == 64 else 8, num_stages=3, block_m=block_m,
+    block_m = max(16, triton.next_power_of_2(m)) if m <= 32 else 64 if m <= 64 else 128
+    split_k = _split_k(m, n, k, block_m, 128, 128, 264 if block_m <= 64 else 132)
+    return SwapConfig(128, 128, split_k, num_warps=4 if block_m <= 64 else 8, num_stages=3, block_m=block_m,
                       pairs=True, dots=mode)
 
 

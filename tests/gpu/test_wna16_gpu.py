@@ -215,6 +215,25 @@ def test_wna16_linear_dispatch(m):
     _close(wna16_linear(x, qw, s, z, 4), wna16_linear_torch(x, qw, s, z, 4), torch.bfloat16)
 
 
+@pytest.mark.parametrize("m", [2, 4, 5, 16, 33, 47])
+def test_wna16_linear_dispatch_kpairs_from(m, monkeypatch):
+    """PAGEDLLM_WNA16_KPAIRS_FROM=2: every row count from 2 to 256 through kpairs (16- / 32- / 64-row
+    tiles), on both layouts."""
+    from pagedllm.kernels import wna16
+
+    monkeypatch.setenv("PAGEDLLM_WNA16_KPAIRS_FROM", "2")
+    wna16.kpairs_min_rows.cache_clear()
+    try:
+        g = torch.Generator().manual_seed(m)
+        qw, s, z = _weights(6144, 4096, 4, 128, False, "cuda", g)
+        x = torch.randn(m, 4096, generator=g).to("cuda", torch.bfloat16)
+        ref = wna16_linear_torch(x, qw, s, z, 4)
+        _close(wna16_linear(x, qw, s, z, 4), ref, torch.bfloat16)
+        _close(wna16_linear(x, kperm_pack(qw), s, z, 4, kperm=True), ref, torch.bfloat16)
+    finally:
+        wna16.kpairs_min_rows.cache_clear()
+
+
 @pytest.mark.parametrize("kperm", [False, True])
 def test_wna16_under_cuda_graph(kperm):
     """Replayed from a CUDA graph (decode steps are) with new inputs copied in: split-K's zeroed
@@ -327,12 +346,14 @@ def test_engine_steps_permuted_layout_decodes_the_same_tokens(tmp_path, tokenize
 # ---- the 4-bit swap-AB kernel -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("m, dtype", [(48, torch.bfloat16), (256, torch.bfloat16), (200, torch.float16)])
+@pytest.mark.parametrize("m, dtype", [(5, torch.bfloat16), (24, torch.float16), (48, torch.bfloat16),
+                                      (256, torch.bfloat16), (200, torch.float16)])
 @pytest.mark.parametrize("n,k", [(6144, 4096), (28672, 4096), (4096, 14336)])
 @pytest.mark.parametrize("group_k,symmetric", [(128, True), (32, False), (None, True)])
 def test_wna16_kpairs(m, n, k, group_k, symmetric, dtype):
     """The K-packed layout's kpairs GEMM (default_config) on Llama-3.1-8B's projections: a group a
-    K step, a group a word, per channel; both 16-bit types (the PTX pairs of each)."""
+    K step, a group a word, per channel; both 16-bit types (the PTX pairs of each); its 16- and
+    32-row tiles too (PAGEDLLM_WNA16_KPAIRS_FROM)."""
     check_wna16_kpairs("cuda", dtype, m, n, k, group_k, symmetric, bias=m == 48)
 
 

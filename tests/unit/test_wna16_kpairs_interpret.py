@@ -50,6 +50,9 @@ _CASES = {
                                         "kperm": True}),
     "kperm_g128_flat_bm64": ("check_wna16_kpairs", [40, 128, 256, 128, True],
                              {"config": [64, 128, 1, 4, 1, "kernel", 64, True, "flat"], "kperm": True}),
+    # default_config's 16- and 32-row tiles (PAGEDLLM_WNA16_KPAIRS_FROM below 33 rows)
+    "default_config_m5": ("check_wna16_kpairs", [5, 64, 256, 128, True], {}),
+    "default_config_m24_channel_bias": ("check_wna16_kpairs", [24, 96, 384, None, False], {"bias": True}),
     # two splits of 256 over 384 inputs: the last split's steps past x' read nothing (NaN there)
     "split_past_the_end": ("check_wna16_kpairs", [24, 64, 384, 128, False],
                            {"config": [64, 128, 2, 4, 1, "kernel", 32, True], "nan_past_end": True}),
@@ -99,7 +102,8 @@ def _compile_kpairs(x, group_k, has_zero, block_n, block_m, warps, stages, dots=
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 @pytest.mark.parametrize("x, group_k, has_zero, block_m, warps", [("bf16", 128, False, 128, 8), ("fp16", 128, True, 64, 4),
                                                                  ("bf16", 0, True, 128, 8), ("bf16", 128, False, 256, 8),
-                                                                 ("fp16", 32, True, 256, 8)])  # fmt: skip
+                                                                 ("fp16", 32, True, 256, 8), ("bf16", 128, False, 16, 4),
+                                                                 ("fp16", 0, True, 32, 4)])  # fmt: skip
 def test_kpairs_kernel_builds_the_operand_in_registers(x, group_k, has_zero, block_m, warps):
     """Compiled for the H200: wgmma takes the weight from registers (its A operand four registers),
     the pairs made by one lop3 with the magic number, no spills, and the main loop without the
@@ -202,3 +206,27 @@ def test_steps_permuted_layout_holds_the_same_weight(group_k, symmetric):
     x = torch.randn(3, 512, generator=g)
     assert torch.equal(wna16_linear(x, qk, s, z, 4, kperm=True), wna16_linear(x, qw, s, z, 4))
     assert not kperm_applies(512, 64) and not kperm_applies(320, 0)
+
+
+def test_kpairs_from_switch(monkeypatch):
+    """PAGEDLLM_WNA16_KPAIRS_FROM: unset, kpairs from DENSE_MIN_ROWS rows; a row count from 2 to
+    SWAP_GEMM_MAX_ROWS + 1 (none) moves that bound, and default_config then takes 16- / 32-row tiles
+    of 4 warps; anything else a ValueError naming the variable."""
+    from pagedllm.kernels import wna16
+    from pagedllm.kernels import wna16_pairs_triton as kp
+
+    try:
+        for value, rows in (("", wna16.DENSE_MIN_ROWS), ("5", 5), ("257", 257)):
+            monkeypatch.setenv("PAGEDLLM_WNA16_KPAIRS_FROM", value)
+            wna16.kpairs_min_rows.cache_clear()
+            assert wna16.kpairs_min_rows() == rows
+        for value in ("1", "258", "16 rows", "-4"):
+            monkeypatch.setenv("PAGEDLLM_WNA16_KPAIRS_FROM", value)
+            wna16.kpairs_min_rows.cache_clear()
+            with pytest.raises(ValueError, match="PAGEDLLM_WNA16_KPAIRS_FROM"):
+                wna16.kpairs_min_rows()
+    finally:
+        wna16.kpairs_min_rows.cache_clear()
+    for m, block_m in ((5, 16), (16, 16), (17, 32), (32, 32), (33, 64)):
+        cfg = kp.default_config(m, 6144, 4096, 128)
+        assert (cfg.block_m, cfg.num_warps) == (block_m, 4), (m, cfg)
