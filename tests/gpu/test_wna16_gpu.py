@@ -314,32 +314,13 @@ def test_wna16_kperm_bit_for_bit(m):
 def test_engine_steps_permuted_layout_decodes_the_same_tokens(tmp_path, tokenizer_dir, monkeypatch):
     """A tiny act-order GPTQ checkpoint (groups of 128) on the GPU with PAGEDLLM_WNA16_KPERM=1 (its
     layers in the steps-permuted layout, CUDA graphs) gives the plain layout's greedy tokens."""
-    import sys
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
-    from conftest import save_tiny_model, tiny_config
-    from test_wna16 import FORMATS, GREEDY, PROMPTS, write_checkpoint
+    from test_wna16 import kperm_engine_tokens
 
-    from pagedllm import LLM
-    from pagedllm.kernels import wna16
-
-    cfg = tiny_config("llama", hidden=256, heads=4, kv_heads=2, layers=2, initializer_range=0.05)
-    plain = save_tiny_model(cfg, str(tmp_path / "plain"), tokenizer_dir, seed=3)
-    path = write_checkpoint(plain, str(tmp_path / "ckpt"), FORMATS["gptq-g128-sym-descact"])
-    tokens = {}
-    try:
-        for on in ("0", "1"):
-            monkeypatch.setenv("PAGEDLLM_WNA16_KPERM", on)
-            wna16.kperm_enabled.cache_clear()
-            llm = LLM(path, kv_cache_memory="64MiB", max_model_len=256)
-            layer = llm.llm_engine.executor.worker.model.model.layers[0]
-            assert layer.mlp.down_proj.kperm == (on == "1")
-            tokens[on] = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
-            del llm
-            torch.cuda.empty_cache()
-    finally:
-        wna16.kperm_enabled.cache_clear()
+    tokens = kperm_engine_tokens(tmp_path, tokenizer_dir, monkeypatch)
+    torch.cuda.empty_cache()
     assert tokens["1"] == tokens["0"]
 
 

@@ -283,6 +283,34 @@ def test_steps_permuted_layout_holds_the_same_weights(checkpoint, monkeypatch):
         wna16.kperm_enabled.cache_clear()
 
 
+def kperm_engine_tokens(tmp_path, tokenizer_dir, monkeypatch) -> dict[str, list[list[int]]]:
+    """Greedy tokens of a tiny act-order GPTQ checkpoint (groups of 128) with PAGEDLLM_WNA16_KPERM
+    "0" and "1", each engine's layers checked to have taken the layout it asks for."""
+    from pagedllm.kernels import wna16
+
+    cfg = tiny_config("llama", hidden=256, heads=4, kv_heads=2, layers=2, initializer_range=0.05)
+    plain = save_tiny_model(cfg, str(tmp_path / "plain"), tokenizer_dir, seed=3)
+    path = write_checkpoint(plain, str(tmp_path / "ckpt"), FORMATS["gptq-g128-sym-descact"])
+    tokens = {}
+    try:
+        for on in ("0", "1"):
+            monkeypatch.setenv("PAGEDLLM_WNA16_KPERM", on)
+            wna16.kperm_enabled.cache_clear()
+            llm = LLM(path, kv_cache_memory="64MiB", max_model_len=256)
+            assert llm.llm_engine.executor.worker.model.model.layers[0].mlp.down_proj.kperm == (on == "1")
+            tokens[on] = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
+            del llm
+    finally:
+        wna16.kperm_enabled.cache_clear()
+    return tokens
+
+
+def test_engine_tokens_on_the_steps_permuted_layout(tmp_path, tokenizer_dir, monkeypatch):
+    """The engine decodes the same greedy tokens with its 4-bit layers in the steps-permuted layout."""
+    tokens = kperm_engine_tokens(tmp_path, tokenizer_dir, monkeypatch)
+    assert tokens["1"] == tokens["0"]
+
+
 def test_split_inside_a_group_is_refused(checkpoint):
     path, _, spec = checkpoint
     if spec[2] != 128 or spec[4]:
