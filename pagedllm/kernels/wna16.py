@@ -153,8 +153,9 @@ def wna16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
     """y = x @ w.T (+ bias) with an integer weight; x [M, K] -> [M, N]. CUDA: the Triton kernels
     below DENSE_MIN_ROWS rows; 4-bit weights from kpairs_min_rows (DENSE_MIN_ROWS unless set) up to
     SWAP_GEMM_MAX_ROWS rows the kpairs tensor-core GEMM (large_gemm: the default, or
-    PAGEDLLM_WNA16_GEMM=pairs), else from DENSE_MIN_ROWS a dequantized weight and cuBLAS. Elsewhere (the CPU) the weight is dequantized to x's dtype for its GEMM.
-    kperm: qweight's slots permuted within their steps (`kperm_inputs`)."""
+    PAGEDLLM_WNA16_GEMM=pairs), else from DENSE_MIN_ROWS a dequantized weight and cuBLAS. Elsewhere
+    (the CPU) the weight is dequantized to x's dtype for its GEMM. kperm: qweight's slots permuted
+    within their steps (`kperm_inputs`)."""
     if use_triton(x):
         from pagedllm.kernels.wna16_triton import dequantize_wna16_triton, wna16_gemm_triton
 

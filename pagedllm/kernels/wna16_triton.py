@@ -46,7 +46,7 @@ def _dequant_tile(w_ptr, s_ptr, z_ptr, k0, kk, rn, k_mask, n_mask, stride_wk, st
     """The weight tile [BLOCK_K, BLOCK_N] of inputs kk and outputs rn, as float32 (q - zero)
     times its scale (SCALE_ROWS: one scale row for the tile, read at k0; GROUP_K 0: no
     scale, the caller applies the per-channel one). KPERM: the words in the steps-permuted
-    layout, input k read from its slot (kperm_slot; every element loads its own word either way),
+    layout, input k read from the slot holding it (every element loads its own word either way),
     for kk = k0 + arange with k0 a multiple of 32 and the tile within one step of 128."""
     P: tl.constexpr = 32 // BITS
     MASK: tl.constexpr = (1 << BITS) - 1
