@@ -17,9 +17,9 @@ decode: the paged decode kernel at its default tiles, bf16 and FP8 caches, V blo
 ("hd") and key-major ("vt", FP8's layout), Qwen3-0.6B's group 2 and Llama-3.1-8B's 4: instructions
 a warp issues per tile, per key, registers. gemv: the 4-bit GEMV (float32 arithmetic) and gemvp
 (packed 16-bit, inline PTX; plain, with the register prefetch "p1", with Triton's cp.async pipeline
-of 3 / 4 stages "s3" / "s4"; "k" on the steps-permuted layout), bf16 and fp16 activations, groups of 128, 32 x 1024 tiles and 8 warps
-(the W2 default), and the N-major gemvn at its default tiles: instructions a thread issues per
-32-bit word of weights."""
+of 3 / 4 stages "s3" / "s4"; "k" on the steps-permuted layout), bf16 and fp16 activations, groups
+of 128, 32 x 1024 tiles and 8 warps (the W2 default), and the N-major gemvn at its default tiles:
+instructions a thread issues per 32-bit word of weights."""
 
 from __future__ import annotations
 

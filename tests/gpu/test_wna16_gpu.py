@@ -217,9 +217,10 @@ def test_wna16_linear_dispatch(m):
 
 @pytest.mark.parametrize("m", [2, 4, 5, 16, 33, 47])
 def test_wna16_linear_dispatch_kpairs_from(m, monkeypatch):
-    """PAGEDLLM_WNA16_KPAIRS_FROM=2: every row count from 2 to 256 through kpairs (16- / 32- / 64-row
-    tiles), on both layouts."""
+    """PAGEDLLM_WNA16_KPAIRS_FROM=2: the few-row products go through kpairs (its 16- / 32- / 64-row
+    tiles; bit for bit a direct call of it), on both layouts, within tolerance of the reference."""
     from pagedllm.kernels import wna16
+    from pagedllm.kernels.wna16_pairs_triton import wna16_kpairs_gemm
 
     monkeypatch.setenv("PAGEDLLM_WNA16_KPAIRS_FROM", "2")
     wna16.kpairs_min_rows.cache_clear()
@@ -228,7 +229,9 @@ def test_wna16_linear_dispatch_kpairs_from(m, monkeypatch):
         qw, s, z = _weights(6144, 4096, 4, 128, False, "cuda", g)
         x = torch.randn(m, 4096, generator=g).to("cuda", torch.bfloat16)
         ref = wna16_linear_torch(x, qw, s, z, 4)
-        _close(wna16_linear(x, qw, s, z, 4), ref, torch.bfloat16)
+        out = wna16_linear(x, qw, s, z, 4)
+        assert torch.equal(out, wna16_kpairs_gemm(x, qw, s, z))
+        _close(out, ref, torch.bfloat16)
         _close(wna16_linear(x, kperm_pack(qw), s, z, 4, kperm=True), ref, torch.bfloat16)
     finally:
         wna16.kpairs_min_rows.cache_clear()
