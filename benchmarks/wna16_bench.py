@@ -214,21 +214,25 @@ def gemvn_sweep(n: int, k: int, group_k: int) -> list[tuple[int, int, int, int]]
 def kpairs_sweep(m: int, k: int) -> list:
     """kpairs configs around its default: 64 (4 warps) or 128 (8 warps) activation rows, 128-wide
     weight tiles, K steps of 128, split-K 1-4; and 256 rows (8 warps) from 129 rows; under 33 rows 16-
-    and 32-row tiles (4 warps, split-K to 8) too; four accumulators in the tiles that fit them; one
-    dot an iteration in the 8-warp ones."""
+    and 32-row tiles (4 warps, split-K to 8) too, over 64 rows 64-wide weight tiles of 128 rows; four
+    accumulators in the tiles that fit them; one dot an iteration in the 8-warp ones."""
     from pagedllm.kernels.swap_gemm_triton import SwapConfig
 
     small = [(bm, 4) for bm in (16, 32) if m <= bm]
     one = [SwapConfig(128, 128, split, warps, 3, block_m=bm, pairs=True)
            for bm, warps in (*small, (64, 4), (128, 8), (256, 8)) if bm <= max(64, 2 * m - 2)
            for split in ((1, 2, 4, 8) if bm <= 32 else (1, 2, 4)) if k >= 2 * 128 * split]
+    # 64-wide weight tiles of 128 rows, chained (8 warps; sm_90: 147 registers): twice the programs of
+    # the narrow projections' 128-wide ones (qkv: 96 of them at 65-128 rows fill 73% of 132 SMs)
+    narrow = [SwapConfig(64, 128, split, 8, 3, block_m=128, pairs=True) for split in (1, 2)
+              if m > 64 and k >= 2 * 128 * split]
     # four accumulators (SwapConfig.dots): 64-wide weight tiles of 128 rows, 128-wide of 64 rows
     accs = [SwapConfig(bn, 128, split, 8, 3, block_m=bm, pairs=True, dots="accs")
             for bn, bm in ((64, 128), (128, 64)) if bm <= max(64, 2 * m - 2)
             for split in (1, 2, 4) if k >= 2 * 128 * split]
     # one dot an iteration, in the chained tiles of 8 warps
     flat = [dataclasses.replace(c, dots="flat") for c in one if c.num_warps == 8]
-    return one + accs + flat
+    return one + narrow + accs + flat
 
 
 def _fields(cfg) -> tuple:

@@ -34,6 +34,9 @@ _CASES = {
     # 256-row tiles (default_config's for wide outputs past 128 rows), 200 rows in one ragged tile
     "g64_asym_bm256_bias": ("check_wna16_kpairs", [200, 128, 256, 64, False],
                             {"bias": True, "config": [128, 128, 1, 8, 1, "kernel", 256, True]}),
+    # 64-wide weight tiles of 128 rows, chained (wna16_bench's sweep over 64 rows)
+    "channel_asym_bn64_bm128": ("check_wna16_kpairs", [100, 96, 256, None, False],
+                                {"config": [64, 128, 1, 8, 1, "kernel", 128, True]}),
     # four accumulators (SwapConfig.dots): 64-wide weight tiles of 128 rows; 128-wide of 64, split, bias
     "g128_asym_accs_bn64": ("check_wna16_kpairs", [130, 128, 384, 128, False],
                             {"config": [64, 128, 1, 8, 1, "kernel", 128, True, "accs"]}),
