@@ -434,7 +434,8 @@ def main() -> None:
     if args.kperm and args.bits == 4:
         print(f"\nwna16_linear, ms per step over the four projections x {LAYERS} layers: plain / steps-permuted")
         for m in args.rows:
-            a, b = (LAYERS * sum(results[f"{nm}:{m}"][key] for nm in SHAPES) / 1000 for key in ("linear", "linear_kperm"))
+            a, b = (LAYERS * sum(results[f"{nm}:{m}"][key] for nm in SHAPES) / 1000
+                    for key in ("linear", "linear_kperm"))
             print(f"{m:5d} {a:8.3f} {b:8.3f} {a / b:7.3f}x")
     out = os.environ.get("OUT")
     if out:
