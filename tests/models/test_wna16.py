@@ -306,7 +306,8 @@ def kperm_engine_tokens(tmp_path, tokenizer_dir, monkeypatch) -> dict[str, list[
 
 
 def test_engine_tokens_on_the_steps_permuted_layout(tmp_path, tokenizer_dir, monkeypatch):
-    """The engine decodes the same greedy tokens with its 4-bit layers in the steps-permuted layout."""
+    """The engine decodes the same greedy tokens with its 4-bit layers in the steps-permuted layout
+    (on the CPU the weight is dequantized to the same matrix either way: exactly the same)."""
     tokens = kperm_engine_tokens(tmp_path, tokenizer_dir, monkeypatch)
     assert tokens["1"] == tokens["0"]
 
