@@ -123,6 +123,37 @@ def check_wna16_kpairs(device, dtype, m, n, k, group_k=128, symmetric=True, bias
     _close(out, wna16_linear_torch(x, qw, s, z, 4, b), torch.float16 if dtype == torch.float32 else dtype)
 
 
+def check_wna16_dispatch(device, dtype, n, k, rows, group_k=128, symmetric=False, kpairs_from=None):
+    """wna16_linear, the engine's dispatch (gemvp, the dot GEMM, kpairs from kpairs_from rows, the
+    dequantized weight), at each of `rows` on the plain and the steps-permuted K-packed layouts
+    against the reference on the plain one; on the CPU the CUDA dispatch, run by Triton's
+    interpreter. float32 rows: kpairs multiplies them as fp16 operands (fp16's tolerance)."""
+    from pagedllm.kernels import wna16
+
+    g = torch.Generator().manual_seed(0)
+    qw, s, z = _weights(n, k, 4, group_k, symmetric, device, g)
+    qk = kperm_pack(qw)
+    tol = torch.float16 if dtype == torch.float32 else dtype
+    old_from, old_use = os.environ.get("PAGEDLLM_WNA16_KPAIRS_FROM"), wna16.use_triton
+    os.environ["PAGEDLLM_WNA16_KPAIRS_FROM"] = "" if kpairs_from is None else str(kpairs_from)
+    wna16.kpairs_min_rows.cache_clear()
+    if device == "cpu":
+        wna16.use_triton = lambda x: True
+    try:
+        for m in rows:
+            x = torch.randn(m, k, generator=g).to(device=device, dtype=dtype)
+            ref = wna16_linear_torch(x, qw, s, z, 4)
+            _close(wna16_linear(x, qw, s, z, 4), ref, tol)
+            _close(wna16_linear(x, qk, s, z, 4, kperm=True), ref, tol)
+    finally:
+        wna16.use_triton = old_use
+        if old_from is None:
+            os.environ.pop("PAGEDLLM_WNA16_KPAIRS_FROM")
+        else:
+            os.environ["PAGEDLLM_WNA16_KPAIRS_FROM"] = old_from
+        wna16.kpairs_min_rows.cache_clear()
+
+
 _SHAPES = [(1, 4096, 4096), (3, 1000, 2048), (1, 4096, 14336), (2, 6144, 4096), (16, 4096, 14336), (200, 768, 1024)]
 
 

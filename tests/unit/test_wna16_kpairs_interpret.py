@@ -56,6 +56,9 @@ _CASES = {
     # default_config's 16- and 32-row tiles (PAGEDLLM_WNA16_KPAIRS_FROM below 33 rows)
     "default_config_m5": ("check_wna16_kpairs", [5, 64, 256, 128, True], {}),
     "default_config_m24_channel_bias": ("check_wna16_kpairs", [24, 96, 384, None, False], {"bias": True}),
+    # the engine's dispatch at every row class, both layouts (kpairs from 48 rows; from 2)
+    "dispatch_g128_asym": ("check_wna16_dispatch", [64, 256, [1, 3, 5, 20, 48, 100, 300], 128, False], {}),
+    "dispatch_channel_from2": ("check_wna16_dispatch", [64, 256, [2, 5, 20, 40], None, True], {"kpairs_from": 2}),
     # two splits of 256 over 384 inputs: the last split's steps past x' read nothing (NaN there)
     "split_past_the_end": ("check_wna16_kpairs", [24, 64, 384, 128, False],
                            {"config": [64, 128, 2, 4, 1, "kernel", 32, True], "nan_past_end": True}),
