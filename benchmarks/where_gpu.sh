@@ -25,7 +25,7 @@
 # PAGEDLLM_FUSED_NORM_FP8=1), moebuckets (Qwen3-30B-A3B batch 1: A default, B PAGEDLLM_GRAPH_CONTEXT_BUCKETS=1), w1kvoff (W1 with an FP8
 # cache: K as it is, PAGEDLLM_FP8_KV_OFFSET=0 (A), against K less its offset, the default (B)), w1int4dots (W1 gptq: A kpairs as it is, B
 # PAGEDLLM_KPAIRS_DOTS=$KPAIRS_DOTS, default accs), w1int4prof (W1 gptq's decode steps profiled: what kpairs and x's permutation take),
-# kpermtests (the GPU tests of the steps-permuted K-packed layout, kpairs' tiles and the dispatch), kpermbench (wna16_bench.py --kperm: wna16_linear on the
+# kpermtests (the GPU tests of the steps-permuted K-packed layout and of kpairs from 2 rows), kpermbench (wna16_bench.py --kperm: wna16_linear on the
 # plain and the steps-permuted layout at 1-256 rows), w1kperm (W1 gptq: A the plain layout, B PAGEDLLM_WNA16_KPERM=1),
 # w2kperm (W2 gptq: the same A / B at one row), kpfrom (wna16_bench.py at 2-47 rows: the few-row Triton kernels' default
 # against kpairs' 16- / 32- / 64-row tiles), w1kpfrom (W1 gptq: A kpairs from 48 rows, B PAGEDLLM_WNA16_KPAIRS_FROM=$KPFROM,
@@ -125,8 +125,8 @@ if step w1int4dots $((ROUNDS * 2 * 100)); then  # W1 gptq: kpairs' chained dots 
     --skip-tokenizer-init > "$OUT/w1int4dots.log" 2>&1
   echo "w1int4dots rc=$? at ${SECONDS} s"; grep -E "median" "$OUT/w1int4dots.log"
 fi
-if step kpermtests 240; then  # the steps-permuted layout on every kernel, CUDA graphs; kpairs' tiles (small, dots modes)
-  timeout 240 $PY -m pytest -q tests/gpu/test_wna16_gpu.py -k "kperm or kpairs or dispatch" > "$OUT/kpermtests.log" 2>&1
+if step kpermtests 240; then  # the steps-permuted layout on every kernel, CUDA graphs; kpairs from 2 rows
+  timeout 240 $PY -m pytest -q -x tests/gpu/test_wna16_gpu.py -k "kperm or kpairs_from" > "$OUT/kpermtests.log" 2>&1
   echo "kpermtests rc=$? at ${SECONDS} s: $(tail -1 "$OUT/kpermtests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/kpermtests.log" | head
 fi
 if step kpermbench 150; then  # wna16_linear per projection and row count on each layout (gather included)
