@@ -57,7 +57,7 @@ def gemv_rows():
 
     block_n, block_kw, warps = 32, 128, 8
     # gemvp's loop modes (wna16_triton.gemv_prefetch): the next tile's words in registers (p1), Triton's
-    # cp.async pipeline of 3 / 4 stages (s3 / s4); "k": the steps-permuted layout (KPERM, wna16.kperm_inputs)
+    # cp.async pipeline of 3 / 4 stages (s3 / s4); "k": the steps-permuted layout (KPERM, wna16.kperm_pack)
     modes = {"gemv": {}, "gemvp": {}, "gemvp p1": {"PREFETCH": True}, "gemvp s3": {"LOOP_STAGES": 3},
              "gemvp s4": {"LOOP_STAGES": 4}, "gemvp p1k": {"PREFETCH": True, "KPERM": True},
              "gemvp s4k": {"LOOP_STAGES": 4, "KPERM": True}}

@@ -15,12 +15,12 @@ to the activations (the linear method's `perm`), never by a second weight layout
 
 With PAGEDLLM_WNA16_KPERM=1 (`kperm_enabled`) 4-bit layers whose K is whole steps of 128 and whose
 groups are whole steps (or per channel) keep their words with K's slots permuted within each step
-(`kperm_inputs`): slot s = 8j + i + 4h of a step (word j, nibble i + 4h) holds input 32i + 2j + h.
+(`kperm_pack`): slot s = 8j + i + 4h of a step (word j, nibble i + 4h) holds input 32i + 2j + h.
 That is the order in which the kpairs GEMM's four dots read a step's nibble pairs, so it reads x
-as it is instead of a permuted copy of it (one gather a call otherwise); every other kernel of the
-layout reads x (or writes the dequantized weight) at the slot's input instead, and gemvp's
-nibble pairs (i, i + 4) then meet x's consecutive pairs directly. Groups are unchanged: a slot's
-input stays in its step.
+as it is instead of a permuted copy of it (one gather a call otherwise); gemvp's nibble pairs
+(i, i + 4) then meet x's consecutive pairs directly, the dot GEMM and the dequantization read each
+input from its slot (their outputs bit for bit the plain layout's), the float32 GEMV and dotj
+gather x. Groups are unchanged: a slot's input stays in its step.
 
 A second layout, for 4 bits only, feeds the swap-AB tensor-core kernel (wna16_swap_triton.py;
 on behind PAGEDLLM_WNA16_SWAP=1, see `swap_enabled`): the weight is N-major, as the MMA's wide
@@ -127,15 +127,15 @@ def quantize_wna16_torch(w: torch.Tensor, bits: int, group_k: int | None, symmet
 def dequantize_wna16_torch(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
                            bits: int, dtype: torch.dtype, kperm: bool = False) -> torch.Tensor:
     """The real weight [N, K] in `dtype` (computed in float32); kperm: qweight's slots permuted
-    within their steps (`kperm_inputs`)."""
+    within their steps (`kperm_pack`)."""
     q = unpack_rows(qweight, bits).float()  # [K, N]
     k = q.shape[0]
     gk = k // scales.shape[0]
     s = scales.float().repeat_interleave(gk, dim=0)
     z = float(1 << (bits - 1)) if zeros is None else zeros.float().repeat_interleave(gk, dim=0)
     w = (q - z) * s  # [K slots, N]
-    if kperm:
-        w = torch.empty_like(w).index_copy_(0, kperm_inputs(k, w.device), w)
+    if kperm:  # input c sits in slot p[c]
+        w = w.index_select(0, kpairs_permutation(k, KPERM_STEP, w.device))
     return w.t().to(dtype)
 
 
@@ -155,7 +155,7 @@ def wna16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
     SWAP_GEMM_MAX_ROWS rows the kpairs tensor-core GEMM (large_gemm: the default, or
     PAGEDLLM_WNA16_GEMM=pairs), else from DENSE_MIN_ROWS a dequantized weight and cuBLAS. Elsewhere
     (the CPU) the weight is dequantized to x's dtype for its GEMM. kperm: qweight's slots permuted
-    within their steps (`kperm_inputs`)."""
+    within their steps (`kperm_pack`)."""
     if use_triton(x):
         from pagedllm.kernels.wna16_triton import dequantize_wna16_triton, wna16_gemm_triton
 
@@ -179,13 +179,17 @@ def wna16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
 KPERM_STEP = 128
 
 
-def kperm_inputs(k: int, device: torch.device | None = None) -> torch.Tensor:
-    """[K] int64: the input each slot of the steps-permuted layout holds. Within a step of
-    KPERM_STEP, slot s = 8j + i + 4h holds input 32i + 2j + h (i < 4, j < 16, h < 2): the inverse of
-    kpairs_permutation's gather at 128-input steps."""
-    s = torch.arange(k, device=device)
-    r = s % KPERM_STEP
-    return s - r + 32 * (r % 4) + 2 * (r // 8) + (r % 8) // 4
+@functools.cache
+def kpairs_permutation(k_padded: int, block_k: int, device: torch.device) -> torch.Tensor:
+    """Indices p [k_padded] with x' = x[:, p], the order in which the kpairs GEMM's dots read x
+    (wna16_pairs_triton.py): within each K step of block_k inputs, position i * block_k / 4 + 2j + h
+    takes input 8j + i + 4h (i < 4, j < block_k / 8, h < 2). At KPERM_STEP it also defines the
+    steps-permuted layout, which stores input c in slot p[c]."""
+    # made on the device (no host copy: a first call may come inside a CUDA graph's capture)
+    i, j, h = torch.meshgrid(torch.arange(4, device=device), torch.arange(block_k // 8, device=device),
+                             torch.arange(2, device=device), indexing="ij")  # fmt: skip
+    step = (8 * j + i + 4 * h).reshape(-1)  # position i * block_k / 4 + 2j + h, in that order
+    return (torch.arange(0, k_padded, block_k, device=device)[:, None] + step[None, :]).reshape(-1)
 
 
 def kperm_applies(k: int, group_k: int) -> bool:
@@ -195,9 +199,10 @@ def kperm_applies(k: int, group_k: int) -> bool:
 
 
 def kperm_pack(qweight: torch.Tensor) -> torch.Tensor:
-    """A K-packed 4-bit qweight [K / 8, N] -> the same weight in the steps-permuted layout."""
+    """A K-packed 4-bit qweight [K / 8, N] -> the same weight in the steps-permuted layout: input c
+    in slot p[c], p the kpairs permutation at KPERM_STEP (the slot of x' column c's input)."""
     q = unpack_rows(qweight, 4)
-    return pack_rows(q.index_select(0, kperm_inputs(q.shape[0], q.device)), 4)
+    return pack_rows(torch.empty_like(q).index_copy_(0, kpairs_permutation(q.shape[0], KPERM_STEP, q.device), q), 4)
 
 
 @functools.cache

@@ -36,7 +36,7 @@ _MAGIC_F = tl.constexpr(8388608.0)
 @triton.jit
 def kperm_input(s):
     """The input slot s holds in the steps-permuted K-packed layout (kernels/wna16.py's
-    kperm_inputs): within a step of 128, slot 8j + i + 4h holds input 32i + 2j + h."""
+    kperm_pack): within a step of 128, slot 8j + i + 4h holds input 32i + 2j + h."""
     r = s % 128
     return s - r + 32 * (r % 4) + 2 * (r // 8) + (r % 8) // 4
 

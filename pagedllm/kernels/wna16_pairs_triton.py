@@ -44,7 +44,7 @@ import triton
 import triton.language as tl
 
 from pagedllm.kernels.swap_gemm_triton import DOTS_MODES, FP16_MAX, SwapConfig
-from pagedllm.kernels.wna16 import KPERM_STEP, kperm_applies
+from pagedllm.kernels.wna16 import KPERM_STEP, kpairs_permutation, kperm_applies
 from pagedllm.kernels.wna16_swap_triton import _int4_epilogue, _k_splits, _split_k, _sum_splits, _tile
 
 
@@ -276,17 +276,6 @@ def _kpairs_kernel(
 
 
 @functools.cache
-def kpairs_permutation(k_padded: int, block_k: int, device: torch.device) -> torch.Tensor:
-    """Indices p [k_padded] with x' = x[:, p]: within each K step of block_k inputs, position
-    i * block_k / 4 + 2j + h takes input 8j + i + 4h (i < 4, j < block_k / 8, h < 2)."""
-    # made on the device (no host copy: a first call may come inside a CUDA graph's capture)
-    i, j, h = torch.meshgrid(torch.arange(4, device=device), torch.arange(block_k // 8, device=device),
-                             torch.arange(2, device=device), indexing="ij")  # fmt: skip
-    step = (8 * j + i + 4 * h).reshape(-1)  # position i * block_k / 4 + 2j + h, in that order
-    return (torch.arange(0, k_padded, block_k, device=device)[:, None] + step[None, :]).reshape(-1)
-
-
-@functools.cache
 def dots_mode() -> str:
     """PAGEDLLM_KPAIRS_DOTS (read once): how default_config's tiles run a step's four dots, "chain"
     (unset: the measured default), "accs" (four accumulators, in 64- and 128-row tiles that fit them)
@@ -339,7 +328,7 @@ def wna16_kpairs_gemm(
     bias: torch.Tensor | None = None,  # [N]
     config: SwapConfig | None = None,
     asm: bool | None = None,  # None: the PTX pairs on a GPU, the plain ops under the interpreter
-    kperm: bool = False,  # qweight in the steps-permuted layout (wna16.kperm_inputs): x read as it is
+    kperm: bool = False,  # qweight in the steps-permuted layout (wna16.kperm_pack): x read as it is
 ) -> torch.Tensor:  # [M, N] in x's dtype
     m, k = x.shape
     kw, n = qweight.shape

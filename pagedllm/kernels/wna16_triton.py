@@ -275,7 +275,7 @@ def wna16_gemm_triton(
     bias: torch.Tensor | None = None,  # [N]
     config: tuple | None = None,  # see default_config
     reduce_last: bool | None = None,  # gemv split-K: the last split adds the splits (None: small_m.last_reduce)
-    kperm: bool = False,  # qweight in the steps-permuted layout (wna16.kperm_inputs)
+    kperm: bool = False,  # qweight in the steps-permuted layout (wna16.kperm_pack)
 ) -> torch.Tensor:  # [M, N] in x's dtype
     p = pack_factor(bits)
     m, k = x.shape

@@ -83,7 +83,7 @@ def test_wna16_kpairs_under_interpreter(interpreter_results, key):
 def test_permutation_stays_within_each_step(k, block_k):
     """x' = x[:, p] reorders inputs only within their K step (the split-K ranges and the padding
     are whole steps); which input goes where is checked by the kernels' results above."""
-    from pagedllm.kernels.wna16_pairs_triton import kpairs_permutation
+    from pagedllm.kernels.wna16 import kpairs_permutation
 
     p = kpairs_permutation(k, block_k, torch.device("cpu")).view(-1, block_k)
     steps = torch.arange(0, k, block_k)[:, None]
@@ -186,27 +186,30 @@ def test_dots_switch(monkeypatch):
 
 @pytest.mark.parametrize("group_k, symmetric", [(128, False), (None, True), (256, True)])
 def test_steps_permuted_layout_holds_the_same_weight(group_k, symmetric):
-    """The steps-permuted layout (PAGEDLLM_WNA16_KPERM): its slot -> input map inverts kpairs'
-    gather at 128-input steps (so kpairs reads x as it is), and its words dequantize (the torch
-    reference, the CPU's linear) to the plain layout's weight."""
+    """The steps-permuted layout (PAGEDLLM_WNA16_KPERM): nibble i + 4h of word j of each 128-input
+    step holds input 32i + 2j + h of it (the order kpairs' dots read x in), and its words dequantize
+    (the torch reference, the CPU's linear) to the plain layout's weight."""
     from pagedllm.kernels.wna16 import (
         dequantize_wna16_torch,
         kperm_applies,
-        kperm_inputs,
         kperm_pack,
         quantize_wna16_torch,
+        unpack_rows,
         wna16_linear,
     )
-    from pagedllm.kernels.wna16_pairs_triton import kpairs_permutation
 
-    p = kperm_inputs(512)
-    assert torch.equal(p[kpairs_permutation(512, 128, torch.device("cpu"))], torch.arange(512))
     g = torch.Generator().manual_seed(0)
     w = torch.randn(24, 512, generator=g) * 0.05
     qw, s, z = quantize_wna16_torch(w, 4, group_k, symmetric, torch.bfloat16)
     assert kperm_applies(512, group_k or 0)
     qk = kperm_pack(qw)
-    assert not torch.equal(qk, qw)
+    plain, slots = unpack_rows(qw, 4), unpack_rows(qk, 4)
+    for step in range(4):
+        for i in range(4):
+            for j in range(16):
+                for h in range(2):
+                    k0 = 128 * step
+                    assert torch.equal(slots[k0 + 8 * j + i + 4 * h], plain[k0 + 32 * i + 2 * j + h])
     assert torch.equal(dequantize_wna16_torch(qk, s, z, 4, torch.float32, kperm=True),
                        dequantize_wna16_torch(qw, s, z, 4, torch.float32))
     x = torch.randn(3, 512, generator=g)
