@@ -1,0 +1,155 @@
+"""How fast can a kernel merely read W2's 4-bit weights? Pure streaming kernels (no dequantization, no
+activations: each program sums the int32 words it reads) over Llama-3.1-8B's four int4 projections
+(words [K / 8, N]), inside a CUDA graph of 32 layers with distinct weights, as wna16_bench.py times
+gemvp. It separates what gemvp's time owes to its access pattern and launch from what it owes to its
+arithmetic (issue 19's W2: gemvp took 58% of the H100's bandwidth over a step, RESULTS.md):
+
+    strided  gemvp's pattern: a program owns BLOCK_N columns (and a K range with split-K) of the
+             row-major [K / 8, N] words, [BLOCK_KW, BLOCK_N] tiles, rows N * 4 bytes apart
+    tiled    the same programs, each column block's words stored contiguously ([N / BLOCK_N, K / 8,
+             BLOCK_N]): a program streams one contiguous range
+    flat     the words as one array split evenly over `programs` programs, each one contiguous
+             range in 16-byte vectors: no column blocks at all (the ceiling for the byte count)
+
+Prints us a layer and TB/s per projection and pattern, then the four projections chained as a
+decoder layer's are (qkv, o, gate_up, down) x 32 layers, ms a step: against gemvp's ~1.86 ms on the
+H100 (RESULTS.md eighteenth session) that is how much of the GEMVs' time the pattern sets.
+
+    PYTHONPATH=. python benchmarks/stream_bench.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fp8_bench import LAYERS, SHAPES, graph_time  # noqa: E402
+
+
+@triton.jit
+def _strided_kernel(w_ptr, out_ptr, KW, N, KW_PER_SPLIT, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr,
+                    STAGES: tl.constexpr, TILED: tl.constexpr):  # fmt: skip
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    ri = tl.arange(0, BLOCK_KW)
+    lo = tl.program_id(1) * KW_PER_SPLIT
+    acc = tl.zeros([BLOCK_KW, BLOCK_N], dtype=tl.int32)
+    if TILED:  # the column block's words contiguous: [N / BLOCK_N, KW, BLOCK_N]
+        base = w_ptr + tl.program_id(0).to(tl.int64) * KW * BLOCK_N
+    for kw0 in tl.range(lo, lo + KW_PER_SPLIT, BLOCK_KW, num_stages=STAGES):
+        rows = kw0 + ri
+        if TILED:
+            w = tl.load(base + rows[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :])
+        else:
+            w = tl.load(w_ptr + rows[:, None] * N + rn[None, :])
+        acc += w
+    tl.store(out_ptr + tl.program_id(1) * N + rn, tl.sum(acc, axis=0))
+
+
+@triton.jit
+def _flat_kernel(w_ptr, out_ptr, PER_PROGRAM, BLOCK: tl.constexpr, STAGES: tl.constexpr):
+    base = w_ptr + tl.program_id(0).to(tl.int64) * PER_PROGRAM
+    acc = tl.zeros([BLOCK], dtype=tl.int32)
+    for i in tl.range(0, PER_PROGRAM, BLOCK, num_stages=STAGES):
+        acc += tl.load(base + i + tl.arange(0, BLOCK))
+    tl.store(out_ptr + tl.program_id(0), tl.sum(acc, axis=0))
+
+
+def strided(w: torch.Tensor, out: torch.Tensor, cfg: tuple, tiled: bool) -> None:
+    block_n, block_kw, warps, stages, split = cfg
+    kw, n = (w.shape[1], w.shape[0] * w.shape[2]) if tiled else w.shape
+    per = kw // split
+    _strided_kernel[(n // block_n, split)](w, out, kw, n, per, BLOCK_N=block_n, BLOCK_KW=block_kw, STAGES=stages,
+                                           TILED=tiled, num_warps=warps)  # fmt: skip
+
+
+def flat(w: torch.Tensor, out: torch.Tensor, cfg: tuple) -> None:
+    programs, block, warps, stages = cfg
+    per = w.numel() // programs
+    _flat_kernel[(programs,)](w, out, per, BLOCK=block, STAGES=stages, num_warps=warps)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="fewer configs")
+    args = ap.parse_args()
+    dev = "cuda"
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    print(f"{torch.cuda.get_device_name(dev)}, {sms} SMs; us a layer (CUDA graph of {LAYERS}), TB/s of words")
+    # (BLOCK_N, BLOCK_KW, warps, stages, split); gemvp's configs first (gemvp_config: 1,024 inputs = 128 words)
+    strided_cfgs = {
+        "qkv": [(64, 128, 8, 1, 1), (32, 64, 8, 4, 2), (64, 64, 8, 3, 2), (128, 64, 8, 3, 1)],
+        "o": [(32, 64, 8, 4, 1), (32, 64, 8, 3, 2), (64, 64, 8, 3, 2), (128, 32, 8, 4, 2)],
+        "gate_up": [(32, 128, 8, 1, 1), (64, 128, 8, 3, 1), (128, 64, 8, 3, 1), (256, 32, 8, 3, 1)],
+        "down": [(32, 64, 8, 1, 4), (32, 64, 8, 3, 4), (64, 64, 8, 3, 4), (128, 64, 8, 3, 2)],
+    }
+    flat_cfgs = [(sms, 2048, 8, 3), (2 * sms, 2048, 8, 3), (4 * sms, 1024, 8, 3), (8 * sms, 1024, 4, 3)]
+    if args.quick:
+        strided_cfgs = {k: v[:2] for k, v in strided_cfgs.items()}
+        flat_cfgs = flat_cfgs[:2]
+    best: dict[str, dict[str, tuple[float, tuple]]] = {}
+    words: dict[str, list[torch.Tensor]] = {}
+    for name, (n, k) in SHAPES.items():
+        kw = k // 8
+        ws = [torch.randint(-2**31, 2**31 - 1, (kw, n), dtype=torch.int32, device=dev) for _ in range(LAYERS)]
+        words[name] = ws
+        nbytes = kw * n * 4
+        out = torch.empty(8 * n + 8 * sms, dtype=torch.int32, device=dev)
+        best[name] = {}
+        for pattern in ("strided", "tiled", "flat"):
+            cfgs = flat_cfgs if pattern == "flat" else strided_cfgs[name]
+            for cfg in cfgs:
+                if pattern == "flat":
+                    if (kw * n) % (cfg[0] * cfg[1]):
+                        continue
+                    fn = lambda cfg=cfg: [flat(w, out, cfg) for w in ws]  # noqa: E731
+                elif pattern == "tiled":
+                    tws = [w.view(kw, n // cfg[0], cfg[0]).transpose(0, 1).contiguous() for w in ws]
+                    # the same sums as strided's: check once
+                    ref = torch.empty_like(out)
+                    strided(ws[0], ref, cfg, False)
+                    strided(tws[0], out, cfg, True)
+                    assert torch.equal(ref[: cfg[4] * n], out[: cfg[4] * n]), "tiled sums differ"
+                    fn = lambda cfg=cfg, tws=tws: [strided(w, out, cfg, True) for w in tws]  # noqa: E731
+                else:
+                    fn = lambda cfg=cfg: [strided(w, out, cfg, False) for w in ws]  # noqa: E731
+                try:
+                    t = graph_time(fn)
+                except Exception as e:  # noqa: BLE001  (a config the compiler refuses)
+                    print(f"  {name} {pattern} {cfg}: {type(e).__name__}")
+                    continue
+                print(f"  {name:8s} {pattern:8s} {str(cfg):24s} {t:7.2f} us  {nbytes / t / 1e6:5.2f} TB/s")
+                if pattern not in best[name] or t < best[name][pattern][0]:
+                    best[name][pattern] = (t, cfg)
+                if pattern == "tiled":
+                    del tws
+    print("\nbest per projection (us a layer):")
+    for name, b in best.items():
+        print(f"  {name:8s} " + "  ".join(f"{p} {t:6.2f} {cfg}" for p, (t, cfg) in b.items()))
+    # the chain: qkv, o, gate_up, down per layer, each at its best strided / flat config
+    for pattern in ("strided", "flat"):
+        outs = {name: torch.empty(8 * SHAPES[name][0] + 8 * sms, dtype=torch.int32, device=dev) for name in SHAPES}
+
+        def chain(pattern=pattern, outs=outs):
+            for i in range(LAYERS):
+                for name in SHAPES:
+                    cfg = best[name][pattern][1]
+                    if pattern == "flat":
+                        flat(words[name][i], outs[name], cfg)
+                    else:
+                        strided(words[name][i], outs[name], cfg, False)
+        t = graph_time(lambda: chain()) * LAYERS / 1000
+        total = sum(k // 8 * n * 4 for n, k in SHAPES.values()) * LAYERS
+        print(f"chain of the four x {LAYERS} layers, {pattern} at its bests: {t:.3f} ms a step "
+              f"({total / t / 1e9:.2f} TB/s)")
+
+
+if __name__ == "__main__":
+    main()
