@@ -98,7 +98,7 @@ def main() -> None:
     words: dict[str, list[torch.Tensor]] = {}
     for name, (n, k) in SHAPES.items():
         kw = k // 8
-        ws = [torch.randint(-2**31, 2**31 - 1, (kw, n), dtype=torch.int32, device=dev) for _ in range(LAYERS)]
+        ws = [torch.randint(-(2**31), 2**31 - 1, (kw, n), dtype=torch.int32, device=dev) for _ in range(LAYERS)]
         words[name] = ws
         nbytes = kw * n * 4
         out = torch.empty(8 * n + 8 * sms, dtype=torch.int32, device=dev)
@@ -109,7 +109,7 @@ def main() -> None:
                 if pattern == "flat":
                     if (kw * n) % (cfg[0] * cfg[1]):
                         continue
-                    fn = lambda cfg=cfg: [flat(w, out, cfg) for w in ws]  # noqa: E731
+                    fn = lambda cfg=cfg, ws=ws, out=out: [flat(w, out, cfg) for w in ws]  # noqa: E731
                 elif pattern == "tiled":
                     tws = [w.view(kw, n // cfg[0], cfg[0]).transpose(0, 1).contiguous() for w in ws]
                     # the same sums as strided's: check once
@@ -117,9 +117,9 @@ def main() -> None:
                     strided(ws[0], ref, cfg, False)
                     strided(tws[0], out, cfg, True)
                     assert torch.equal(ref[: cfg[4] * n], out[: cfg[4] * n]), "tiled sums differ"
-                    fn = lambda cfg=cfg, tws=tws: [strided(w, out, cfg, True) for w in tws]  # noqa: E731
+                    fn = lambda cfg=cfg, tws=tws, out=out: [strided(w, out, cfg, True) for w in tws]  # noqa: E731
                 else:
-                    fn = lambda cfg=cfg: [strided(w, out, cfg, False) for w in ws]  # noqa: E731
+                    fn = lambda cfg=cfg, ws=ws, out=out: [strided(w, out, cfg, False) for w in ws]  # noqa: E731
                 try:
                     t = graph_time(fn)
                 except Exception as e:  # noqa: BLE001  (a config the compiler refuses)
@@ -145,10 +145,13 @@ def main() -> None:
                         flat(words[name][i], outs[name], cfg)
                     else:
                         strided(words[name][i], outs[name], cfg, False)
+
         t = graph_time(lambda: chain()) * LAYERS / 1000
         total = sum(k // 8 * n * 4 for n, k in SHAPES.values()) * LAYERS
-        print(f"chain of the four x {LAYERS} layers, {pattern} at its bests: {t:.3f} ms a step "
-              f"({total / t / 1e9:.2f} TB/s)")
+        print(
+            f"chain of the four x {LAYERS} layers, {pattern} at its bests: {t:.3f} ms a step "
+            f"({total / t / 1e9:.2f} TB/s)"
+        )
 
 
 if __name__ == "__main__":
