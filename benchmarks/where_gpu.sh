@@ -30,7 +30,7 @@
 # w2kperm (W2 gptq: the same A / B at one row), kpfrom (wna16_bench.py at 2-47 rows: the few-row Triton kernels' default
 # against kpairs' 16- / 32- / 64-row tiles), w1kpfrom (W1 gptq: A kpairs from 48 rows, B PAGEDLLM_WNA16_KPAIRS_FROM=$KPFROM,
 # default 5), w2actgemv (W2 gptq: A the activation kernel, B PAGEDLLM_FUSED_ACT_GEMV=1, act(gate) * up in down's gemvp),
-# w2pdl (W2 gptq: A default, B PAGEDLLM_WNA16_PDL=1), w2normgemv (B PAGEDLLM_FUSED_NORM_GEMV=1), w2fusedgemv (B both fusions), stream (benchmarks/stream_bench.py: streaming the int4 words alone).
+# fusedtests (the GPU tests of gemvp's fused inputs), w2gptqprof0 (W2 gptq's profile, PDL off), w2pdl (W2 gptq: A default, B PAGEDLLM_WNA16_PDL=1), w2normgemv (B PAGEDLLM_FUSED_NORM_GEMV=1), w2fusedgemv (B both fusions), stream (benchmarks/stream_bench.py: streaming the int4 words alone).
 # Logs in one archive in $OUT; a summary last.
 #     OUT=$OUT bash benchmarks/where_gpu.sh
 #     STEPS="moeprof w1order" bash benchmarks/where_gpu.sh   # any of moeprof w2int4prof w1fp8prof order w1order
@@ -129,6 +129,14 @@ fi
 if step kpermtests 240; then  # the steps-permuted layout on every kernel, CUDA graphs; kpairs from 2 rows
   timeout 240 $PY -m pytest -q -x tests/gpu/test_wna16_gpu.py -k "kperm or kpairs_from" > "$OUT/kpermtests.log" 2>&1
   echo "kpermtests rc=$? at ${SECONDS} s: $(tail -1 "$OUT/kpermtests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/kpermtests.log" | head
+fi
+if step fusedtests 200; then  # gemvp making its input (the gated activation, the RMSNorm), the engine's tokens with them
+  timeout 200 $PY -m pytest -q tests/gpu/test_wna16_gpu.py -k "gated or normed or fused_gemv" > "$OUT/fusedtests.log" 2>&1
+  echo "fusedtests rc=$? at ${SECONDS} s: $(tail -1 "$OUT/fusedtests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/fusedtests.log" | head
+fi
+if step w2gptqprof0 70; then  # W2 gptq's step by kernel with PDL off (each kernel's own time)
+  PAGEDLLM_PDL=0 timeout 70 $PY benchmarks/profile_gpu.py --load w2 --quantization gptq --steps 30 --top 16 \
+    > "$OUT/w2gptqprof0.log" 2>&1; echo "w2gptqprof0 rc=$? at ${SECONDS} s"
 fi
 if step kpermbench 150; then  # wna16_linear per projection and row count on each layout (gather included)
   OUT="$OUT" timeout 150 $PY benchmarks/wna16_bench.py --kpairs-only --no-sweep --skip-check --kperm \
@@ -263,7 +271,7 @@ if [[ " $STEPS " == *" w3act "* ]]; then  # W3 at inf: bf16, FP8 + FP8 KV with P
     echo "w3act $v rc=$? at ${SECONDS} s: $(grep -iE "total token|output token" "$OUT/w3act_$v.log" | tr -s ' ' | head -2 | tr '\n' ';')"
   done
 fi
-for f in moeprof moeprof0 w2int4prof w1fp8prof w2prof0 w3prof_bf16 w3prof_fp8; do
+for f in moeprof moeprof0 w2int4prof w1fp8prof w2prof0 w2gptqprof0 w3prof_bf16 w3prof_fp8; do
   [ -f "$OUT/$f.log" ] && { echo "=== $f ==="; grep -E "wall per step|device busy" "$OUT/$f.log";
     grep -A14 "calls/step" "$OUT/$f.log" | cut -c1-50,80-; }
 done
