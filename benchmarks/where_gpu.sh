@@ -30,7 +30,7 @@
 # w2kperm (W2 gptq: the same A / B at one row), kpfrom (wna16_bench.py at 2-47 rows: the few-row Triton kernels' default
 # against kpairs' 16- / 32- / 64-row tiles), w1kpfrom (W1 gptq: A kpairs from 48 rows, B PAGEDLLM_WNA16_KPAIRS_FROM=$KPFROM,
 # default 5), w2actgemv (W2 gptq: A the activation kernel, B PAGEDLLM_FUSED_ACT_GEMV=1, act(gate) * up in down's gemvp),
-# fusedtests (the GPU tests of gemvp's fused inputs), w2gptqprof0 (W2 gptq's profile, PDL off), w2pdl (W2 gptq: A default, B PAGEDLLM_WNA16_PDL=1), w2normgemv (B PAGEDLLM_FUSED_NORM_GEMV=1), w2fusedgemv (B both fusions), stream (benchmarks/stream_bench.py: streaming the int4 words alone).
+# w2greedy (W2 gptq: B PAGEDLLM_GREEDY_TRITON=1, the argmax through the fused sampler), fusedtests (the GPU tests of gemvp's fused inputs), w2gptqprof0 (W2 gptq's profile, PDL off), w2pdl (W2 gptq: A default, B PAGEDLLM_WNA16_PDL=1), w2normgemv (B PAGEDLLM_FUSED_NORM_GEMV=1), w2fusedgemv (B both fusions), stream (benchmarks/stream_bench.py: streaming the int4 words alone).
 # Logs in one archive in $OUT; a summary last.
 #     OUT=$OUT bash benchmarks/where_gpu.sh
 #     STEPS="moeprof w1order" bash benchmarks/where_gpu.sh   # any of moeprof w2int4prof w1fp8prof order w1order
@@ -204,6 +204,7 @@ w2ab w2prefetch PAGEDLLM_WNA16_PREFETCH=1 "--quantization gptq"  # W2 gptq: gemv
 w2ab w2kperm PAGEDLLM_WNA16_KPERM=1 "--quantization gptq"  # W2 gptq: gemvp on the plain against the steps-permuted layout
 w2ab w2actgemv PAGEDLLM_FUSED_ACT_GEMV=1 "--quantization gptq"  # W2 gptq: the activation kernel against it in down's gemvp
 w2ab w2pdl PAGEDLLM_WNA16_PDL=1 "--quantization gptq"  # W2 gptq: gemvp under PDL where it prefetches in registers
+w2ab w2greedy PAGEDLLM_GREEDY_TRITON=1 "--quantization gptq"  # W2 gptq: torch's argmax against the fused sampler's
 w2ab w2normgemv PAGEDLLM_FUSED_NORM_GEMV=1 "--quantization gptq"  # W2 gptq: the norm kernel against it in qkv's / gate_up's gemvp
 w2ab w2fusedgemv "PAGEDLLM_FUSED_NORM_GEMV=1 PAGEDLLM_FUSED_ACT_GEMV=1" "--quantization gptq"  # both fusions
 if step stream 100; then  # pure streaming of W2's int4 words: gemvp's pattern, contiguous column blocks, one flat range

@@ -188,7 +188,8 @@ def sample_triton(logits: torch.Tensor, temperature: torch.Tensor, greedy: torch
     else:
         part_val = part_idx = out  # not written
     _sample_kernel[(s, chunks)](logits, logits.stride(0), temperature.float().contiguous(),
-                                greedy.to(torch.int8), seed, out, part_val, part_idx, mask, mask.stride(0),
+                                greedy.view(torch.int8) if greedy.dtype == torch.bool else greedy.to(torch.int8),
+                                seed, out, part_val, part_idx, mask, mask.stride(0),
                                 mask_rows, v, chunks, chunk_len, BLOCK=block, SPLIT=chunks > 1,
                                 HAS_MASK=has_mask, FAST_LOG=os.environ.get("TRITON_INTERPRET") != "1",
                                 num_warps=8 if block >= 2048 else 4)

@@ -15,12 +15,13 @@ logits (so a constrained batch, greedy ones too, costs no extra pass over [S, V]
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 
 from pagedllm.kernels import cpu_kernels
-from pagedllm.kernels._triton import use_triton
+from pagedllm.kernels._triton import env_flag, use_triton
 from pagedllm.model.logits_processors import LogitsEdits, apply_logits_edits
 from pagedllm.outputs import TokenLogprobs
 
@@ -135,6 +136,21 @@ def compute_logprobs(logits: torch.Tensor, sampled: torch.Tensor, num: list[int 
     return logprob_lists(logprob_tensors(logits, sampled, num), len(num))
 
 
+@functools.cache
+def greedy_triton() -> bool:
+    """PAGEDLLM_GREEDY_TRITON=1 (read once; off until a device times it): an all-greedy batch on CUDA
+    takes its argmax through the fused sampler's kernels (each row split over ~1,024 programs, then
+    their bests) instead of torch's argmax, which took 29 us a step for one row of Llama-3's 128,256
+    logits on the H200 (W2's profile, RESULTS.md fourteenth session): one CTA reads the row."""
+    return env_flag("PAGEDLLM_GREEDY_TRITON")
+
+
+@functools.cache
+def _unused_seed(device: torch.device) -> torch.Tensor:
+    """The fused sampler's seed where every row is greedy (read, never used)."""
+    return torch.zeros(1, dtype=torch.int64, device=device)
+
+
 def sample(logits: torch.Tensor, sb: SamplingBatch, default_gen: torch.Generator | None) -> torch.Tensor:
     """logits: [S, V] (float32, or the LM head's 16-bit dtype) -> token ids [S] int64. The fused
     kernel and a greedy argmax read 16-bit logits as they are (the same values, one read of half
@@ -154,6 +170,10 @@ def sample(logits: torch.Tensor, sb: SamplingBatch, default_gen: torch.Generator
         logits = apply_logits_edits(logits, sb.edits, lambda v, dtype: host_to_device(v, dtype, raw.device),
                                     bitmask=not mask_in_kernel)
     if sb.all_greedy and not mask_in_kernel:
+        if fused and greedy_triton():
+            from pagedllm.kernels.sampling_triton import sample_triton
+
+            return sample_triton(logits, sb.temperature, sb.greedy, _unused_seed(logits.device))
         return cpu_kernels.argmax(logits)
     if fused:
         from pagedllm.kernels.sampling_triton import sample_triton

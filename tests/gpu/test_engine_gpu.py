@@ -50,6 +50,30 @@ def test_float32_greedy_equals_hf(tmp_path, tokenizer_dir, arch, eager):
     assert llm.llm_engine.get_stats().prefix_cache_hits > 0
 
 
+def test_float32_greedy_equals_hf_with_the_fused_argmax(tmp_path, tokenizer_dir, monkeypatch):
+    """PAGEDLLM_GREEDY_TRITON=1: all-greedy batches take their argmax through the fused sampler's
+    kernels (from one row to ten, CUDA graphs); the tokens are still transformers' exactly."""
+    from transformers import AutoModelForCausalLM
+
+    from pagedllm import LLM, SamplingParams
+    from pagedllm.model import sampler
+
+    monkeypatch.setenv("PAGEDLLM_GREEDY_TRITON", "1")
+    sampler.greedy_triton.cache_clear()
+    try:
+        assert sampler.greedy_triton()
+        path = save_tiny_model(tiny_config("llama", heads=4, kv_heads=2, hidden=128), str(tmp_path), tokenizer_dir, seed=3)
+        hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda().eval()
+        llm = LLM(path, dtype="float32", max_model_len=512, gpu_memory_utilization=0.3, max_num_seqs=16)
+        prompts = prompts_of([1, 7, 30, 64, 100, 130, 5, 17, 40, 3], seed=1)
+        sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+        for batch in (prompts[:1], prompts):
+            for p, o in zip(batch, llm.generate(batch, sp, use_tqdm=False), strict=True):
+                assert o.outputs[0].token_ids == hf_generate(hf, p, 24)[0]
+    finally:
+        sampler.greedy_triton.cache_clear()
+
+
 def _close_enough(ours, ours_lps, ref, ref_lps):
     for j, (a, b) in enumerate(zip(ours, ref)):
         if a != b:
