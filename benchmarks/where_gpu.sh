@@ -131,7 +131,8 @@ if step kpermtests 240; then  # the steps-permuted layout on every kernel, CUDA 
   echo "kpermtests rc=$? at ${SECONDS} s: $(tail -1 "$OUT/kpermtests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/kpermtests.log" | head
 fi
 if step fusedtests 200; then  # gemvp making its input (the gated activation, the RMSNorm), the engine's tokens with them
-  timeout 200 $PY -m pytest -q tests/gpu/test_wna16_gpu.py -k "gated or normed or fused_gemv" > "$OUT/fusedtests.log" 2>&1
+  timeout 200 $PY -m pytest -q tests/gpu/test_wna16_gpu.py tests/gpu/test_engine_gpu.py -k "gated or normed or fused_gemv or fused_argmax" \
+    > "$OUT/fusedtests.log" 2>&1
   echo "fusedtests rc=$? at ${SECONDS} s: $(tail -1 "$OUT/fusedtests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/fusedtests.log" | head
 fi
 if step w2gptqprof0 70; then  # W2 gptq's step by kernel with PDL off (each kernel's own time)
