@@ -260,7 +260,9 @@ def _gemvp_word_emulated(w, x04, x15, x26, x37, off, off_hi, FP16: tl.constexpr)
 @triton.jit
 def _unpair(words, act: tl.constexpr):
     """int32 registers of two 16-bit `act` floats -> [..., 2] float32 (exact), the low half first."""
-    return _halves(words, act == tl.float16).to(tl.float32)
+    if act == tl.float16:
+        return tl.join(words.to(tl.int16), (words >> 16).to(tl.int16)).to(tl.float16, bitcast=True).to(tl.float32)
+    return tl.join(words << 16, words & -65536).to(tl.float32, bitcast=True)
 
 
 @triton.jit
