@@ -5,24 +5,10 @@ kernel of cpu_kernels.py for float32 rows on the CPU."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 
 from pagedllm.kernels import cpu_kernels
 from pagedllm.kernels._triton import use_triton
-
-
-class NormRows(NamedTuple):
-    """What RMSNorm(x [+ residual]) * weight is made from, handed to a product that computes that
-    input itself (kernels/wna16.py's few-row 4-bit GEMV), no norm kernel nor normed tensor; the
-    product writes x + residual into res_out as the norm would (the caller's new residual)."""
-
-    x: torch.Tensor  # [T, H]
-    residual: torch.Tensor | None  # [T, H]
-    weight: torch.Tensor  # [H], x's dtype
-    eps: float
-    res_out: torch.Tensor | None  # [T, H], written with x + residual (None without a residual)
 
 
 def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

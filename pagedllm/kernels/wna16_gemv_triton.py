@@ -258,43 +258,26 @@ def _gemvp_word_emulated(w, x04, x15, x26, x37, off, off_hi, FP16: tl.constexpr)
 
 
 @triton.jit
-def _unpair(words, act: tl.constexpr):
-    """int32 registers of two 16-bit `act` floats -> [..., 2] float32 (exact), the low half first."""
-    if act == tl.float16:
-        return tl.join(words.to(tl.int16), (words >> 16).to(tl.int16)).to(tl.float16, bitcast=True).to(tl.float32)
-    return tl.join(words << 16, words & -65536).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _pair(values, act: tl.constexpr):
-    """[..., 2] float32 -> int32 registers of the two rounded to `act` (_unpair's inverse)."""
-    lo, hi = tl.split(values.to(act).to(tl.int16, bitcast=True).to(tl.int32))
-    return _pair_bits(lo, hi)
-
-
-@triton.jit
 def gated_pairs(gw, uw, act: tl.constexpr, GATED: tl.constexpr):
     """Two int32 registers of 16-bit `act` pairs, gates gw and ups uw -> the pairs of act(gate) * up,
     computed as kernels/activation_triton.py's `_act_and_mul_kernel` computes them (GATED 1: SiLU,
     2: tanh GELU; the activation rounded to `act`, then the product), so the GEMV's input is that
     kernel's output bit for bit."""
-    g = _unpair(gw, act)
+    FP16: tl.constexpr = act == tl.float16
+    if FP16:
+        g = tl.join(gw.to(tl.int16), (gw >> 16).to(tl.int16)).to(tl.float16, bitcast=True).to(tl.float32)
+        u = tl.join(uw.to(tl.int16), (uw >> 16).to(tl.int16)).to(tl.float16, bitcast=True).to(tl.float32)
+    else:
+        g = tl.join(gw << 16, gw & -65536).to(tl.float32, bitcast=True)
+        u = tl.join(uw << 16, uw & -65536).to(tl.float32, bitcast=True)
     if GATED == 2:
         t = 0.7978845608028654 * (g + 0.044715 * g * g * g)
         a = (0.5 * g * (2.0 - 2.0 / (tl.exp(2.0 * t) + 1.0))).to(act).to(tl.float32)
     else:
         a = (g / (1.0 + tl.exp(-g))).to(act).to(tl.float32)
-    return _pair(a * _unpair(uw, act), act)
-
-
-@triton.jit
-def normed_pairs(xw, rw, ww, inv, act: tl.constexpr, NORM: tl.constexpr):
-    """Pairs of x (NORM 2: rounded x + r) -> the pairs of RMSNorm's output, kernels/norm_triton.py's
-    arithmetic: (s * inv) rounded to `act`, times the norm's weight ww, rounded (inv = 1 / rms)."""
-    v = _unpair(xw, act)
-    if NORM == 2:
-        v = (v + _unpair(rw, act)).to(act).to(tl.float32)
-    return _pair(_unpair(ww, act) * (v * inv).to(act).to(tl.float32), act)
+    y = (a * u).to(act).to(tl.int16, bitcast=True).to(tl.int32)
+    lo, hi = tl.split(y)
+    return _pair_bits(lo, hi)
 
 
 @triton.jit
@@ -320,17 +303,12 @@ def gemvp_word_sums(w, xa, xb, xc, xd, zero, act: tl.constexpr, ASM: tl.constexp
 
 
 @triton.jit
-def _x_pairs(x_words, idx, mask, act: tl.constexpr, GATED: tl.constexpr, UP_WORDS, NORM: tl.constexpr, r_words,
-             nw_words, inv):  # fmt: skip
-    """The int32 pairs idx of the row's 16-bit inputs; GATED: act(gate) * up of the gates there and
-    the ups UP_WORDS further (gated_pairs); NORM: RMSNorm's output there (normed_pairs; r_words the
-    residual's row, nw_words the norm's weight, inv the row's 1 / rms)."""
-    pairs = tl.load(x_words + idx, mask=mask, other=0)
+def _x_pairs(ptr, mask, act: tl.constexpr, GATED: tl.constexpr, UP_WORDS):
+    """The int32 pairs of 16-bit inputs at `ptr`; GATED: act(gate) * up of the gates there and the
+    ups UP_WORDS further (gated_pairs)."""
+    pairs = tl.load(ptr, mask=mask, other=0)
     if GATED:
-        pairs = gated_pairs(pairs, tl.load(x_words + idx + UP_WORDS, mask=mask, other=0), act, GATED)
-    if NORM:
-        rw = tl.load(r_words + idx, mask=mask, other=0) if NORM == 2 else pairs
-        pairs = normed_pairs(pairs, rw, tl.load(nw_words + idx, mask=mask, other=0), inv, act, NORM)
+        pairs = gated_pairs(pairs, tl.load(ptr + UP_WORDS, mask=mask, other=0), act, GATED)
     return pairs
 
 
@@ -358,12 +336,6 @@ def _wna16_gemv_packed_kernel(
     KPERM: tl.constexpr = False,  # the steps-permuted layout: nibbles i, i + 4 of a word are x's pair
     GATED: tl.constexpr = 0,  # 1 / 2: x rows [gate | up] (UP_WORDS int32 apart), the input act(gate) * up
     UP_WORDS=0,  # (GATED) int32 words from a row's gates to its ups: K / 2
-    NORM: tl.constexpr = 0,  # 1: the input RMSNorm(x) * nw; 2: of x + residual, that sum written to res_out
-    r_ptr=None,  # (NORM 2) [M, K] the residual, rows stride_xm apart as x's
-    nw_ptr=None,  # (NORM) [K] the norm's weight, x's dtype
-    res_out_ptr=None,  # (NORM 2) [M, K] x + residual, written by each row's first program
-    eps=0.0,  # (NORM)
-    BLOCK_H: tl.constexpr = 1,  # (NORM) K rounded up to a power of two: the row's sum of squares in one tile
 ):  # fmt: skip
     """The 4-bit GEMV in packed 16-bit arithmetic (`gemvp`). The gemv kernel spends about 42
     instructions a word in float32 (sm_90 SASS), more than the SM issues at the memory's pace;
@@ -399,21 +371,6 @@ def _wna16_gemv_packed_kernel(
                          mask=((kw_lo + ri) < kw_hi)[:, None] & n_mask[None, :], other=0,
                          cache_modifier=".cg" if PDL else "")
     pdl_wait(PDL)
-    r_words = x_words
-    nw_words = x_words
-    inv = 0.0
-    if NORM:  # the row's 1 / rms, every program from the whole row (its first tile's words in flight)
-        hc = tl.arange(0, BLOCK_H)
-        h_mask = hc < KW * 8
-        v = tl.load(x_row + hc, mask=h_mask, other=0.0)
-        if NORM == 2:
-            v = (v.to(tl.float32) + tl.load(r_ptr + m * stride_xm + hc, mask=h_mask, other=0.0).to(tl.float32)).to(act)
-            if tl.program_id(1) == 0 and pid_k == 0:
-                tl.store(res_out_ptr + m * stride_xm + hc, v, mask=h_mask)
-            r_words = (r_ptr + m * stride_xm).to(tl.pointer_type(tl.int32))
-        vf = v.to(tl.float32)
-        inv = tl.rsqrt(tl.sum(vf * vf, axis=0) / (KW * 8) + eps)
-        nw_words = nw_ptr.to(tl.pointer_type(tl.int32))
     for kw0 in tl.range(kw_lo, kw_hi, BLOCK_KW, num_stages=LOOP_STAGES):
         rows = kw0 + ri
         if EVEN:
@@ -436,16 +393,16 @@ def _wna16_gemv_packed_kernel(
             else:
                 zero = tl.full([BLOCK_KW, BLOCK_N], 8.0, tl.float32)
         if KPERM:  # word j of a step: nibbles (i, i + 4) hold inputs 32i + 2j, 32i + 2j + 1
-            xi = (rows - rows % 16) * 4 + rows % 16
-            x04 = _x_pairs(x_words, xi, r_mask, act, GATED, UP_WORDS, NORM, r_words, nw_words, inv)[:, None]
-            x15 = _x_pairs(x_words, xi + 16, r_mask, act, GATED, UP_WORDS, NORM, r_words, nw_words, inv)[:, None]
-            x26 = _x_pairs(x_words, xi + 32, r_mask, act, GATED, UP_WORDS, NORM, r_words, nw_words, inv)[:, None]
-            x37 = _x_pairs(x_words, xi + 48, r_mask, act, GATED, UP_WORDS, NORM, r_words, nw_words, inv)[:, None]
-        else:  # (x0, x1), (x2, x3), (x4, x5), (x6, x7) of each word row
-            xw0 = _x_pairs(x_words, rows * 4, r_mask, act, GATED, UP_WORDS, NORM, r_words, nw_words, inv)
-            xw1 = _x_pairs(x_words, rows * 4 + 1, r_mask, act, GATED, UP_WORDS, NORM, r_words, nw_words, inv)
-            xw2 = _x_pairs(x_words, rows * 4 + 2, r_mask, act, GATED, UP_WORDS, NORM, r_words, nw_words, inv)
-            xw3 = _x_pairs(x_words, rows * 4 + 3, r_mask, act, GATED, UP_WORDS, NORM, r_words, nw_words, inv)
+            xp = x_words + (rows - rows % 16) * 4 + rows % 16
+            x04 = _x_pairs(xp, r_mask, act, GATED, UP_WORDS)[:, None]
+            x15 = _x_pairs(xp + 16, r_mask, act, GATED, UP_WORDS)[:, None]
+            x26 = _x_pairs(xp + 32, r_mask, act, GATED, UP_WORDS)[:, None]
+            x37 = _x_pairs(xp + 48, r_mask, act, GATED, UP_WORDS)[:, None]
+        else:
+            xw0 = _x_pairs(x_words + rows * 4, r_mask, act, GATED, UP_WORDS)  # (x0, x1) of each word row
+            xw1 = _x_pairs(x_words + rows * 4 + 1, r_mask, act, GATED, UP_WORDS)  # (x2, x3)
+            xw2 = _x_pairs(x_words + rows * 4 + 2, r_mask, act, GATED, UP_WORDS)  # (x4, x5)
+            xw3 = _x_pairs(x_words + rows * 4 + 3, r_mask, act, GATED, UP_WORDS)  # (x6, x7)
             x04 = _pair_bits(xw0, xw2)[:, None]
             x15 = _pair_bits(xw0 >> 16, xw2 >> 16)[:, None]
             x26 = _pair_bits(xw1, xw3)[:, None]

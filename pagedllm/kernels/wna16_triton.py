@@ -277,7 +277,6 @@ def wna16_gemm_triton(
     reduce_last: bool | None = None,  # gemv split-K: the last split adds the splits (None: small_m.last_reduce)
     kperm: bool = False,  # qweight in the steps-permuted layout (wna16.kperm_pack)
     gated: int = 0,  # 1 / 2: x is [M, 2K] = [gate | up], the product's input SiLU / tanh-GELU(gate) * up (gemvp only)
-    norm: tuple | None = None,  # (residual or None, weight, eps, res_out): the input RMSNorm(x [+ residual]) (gemvp only)
 ) -> torch.Tensor:  # [M, N] in x's dtype
     p = pack_factor(bits)
     m, k = x.shape
@@ -302,8 +301,8 @@ def wna16_gemm_triton(
         if packed and (bits != 4 or x.dtype not in (torch.float16, torch.bfloat16)):
             raise ValueError(f"the gemvp kernel takes 4-bit weights and 16-bit activations, got {bits} bits "
                              f"and {x.dtype}")
-        if (gated or norm) and not packed:
-            raise ValueError(f"gated or normed inputs are computed by the gemvp kernel only, got the {kind} kernel")
+        if gated and not packed:
+            raise ValueError(f"gated inputs are computed by the gemvp kernel only, got the {kind} kernel")
         block_kw = block_k // p
         kw_per_split = triton.cdiv(triton.cdiv(kw, split_k), block_kw) * block_kw
         split_k = triton.cdiv(kw, kw_per_split)
@@ -328,12 +327,6 @@ def wna16_gemm_triton(
             common["ASM"] = os.environ.get("TRITON_INTERPRET") != "1"
             if gated:
                 common.update(GATED=gated, UP_WORDS=k // 2)
-            if norm is not None:
-                residual, weight, eps, res_out = norm
-                assert not gated and x.stride(0) == k and weight.dtype == x.dtype and weight.is_contiguous()
-                assert residual is None or (residual.stride() == x.stride() and res_out.stride() == x.stride())
-                common.update(NORM=1 if residual is None else 2, r_ptr=residual, nw_ptr=weight, res_out_ptr=res_out,
-                              eps=eps, BLOCK_H=triton.next_power_of_2(k))
             # 3 or 4 stages: the loop's software pipeline (gemvp_config's only while gemv_prefetch
             # leaves the mode per shape); else gemv_prefetch's mode, the register prefetch per shape
             forced = gemv_prefetch()
@@ -349,8 +342,8 @@ def wna16_gemm_triton(
             x.stride(0), qweight.stride(0), scales.stride(0), out.stride(0), **common,
         )  # fmt: skip
         return out.to(x.dtype) if atomics else out
-    if gated or norm:
-        raise ValueError(f"gated or normed inputs are computed by the gemvp kernel only, got the {kind} kernel")
+    if gated:
+        raise ValueError(f"gated inputs are computed by the gemvp kernel only, got the {kind} kernel")
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return out

@@ -69,13 +69,6 @@ _CASES = {
                                         {"gated": 2, "config": ["gemvp", 1, 32, 128, 4, 1, 1]}),
     "gemvp_gated_kperm_prefetch": ("check_wna16_gated", [1, 24, 256, 128, True],
                                    {"config": ["gemvp", 1, 16, 128, 4, 3, 1], "kperm": True}),
-    # RMSNorm(x [+ residual]) computed in gemvp's loop (PAGEDLLM_FUSED_NORM_GEMV): the norm kernel's bits here
-    "gemvp_normed_residual_g32_asym_split": ("check_wna16_normed", [2, 40, 256, 32, False],
-                                             {"config": ["gemvp", 1, 16, 64, 4, 1, 2], "calls": 2, "exact": True}),
-    "gemvp_normed_channel_ragged": ("check_wna16_normed", [1, 32, 192, None, True],
-                                    {"residual": False, "config": ["gemvp", 1, 32, 128, 4, 1, 1], "exact": True}),
-    "gemvp_normed_kperm_stages": ("check_wna16_normed", [3, 24, 256, 128, True],
-                                  {"config": ["gemvp", 1, 16, 128, 4, 3, 1], "kperm": True, "exact": True}),
     "dequant_kperm_channel_asym": ("check_wna16_dequant", [24, 256, 4, None, False], {"kperm": True}),
     "dequant_g32_asym": ("check_wna16_dequant", [40, 256, 4, 32, False], {}),
     "dequant_int8_channel": ("check_wna16_dequant", [24, 96, 8, None, True], {}),

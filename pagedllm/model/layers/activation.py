@@ -40,9 +40,9 @@ class GeluTanhAndMul(SiluAndMul):
 def act_into(act: SiluAndMul, linear: nn.Module, h: torch.Tensor) -> torch.Tensor:
     """linear(act(h)) for h [T, 2 * d], the FP8 rows made by the activation's kernel where
     `linear.takes_fp8_rows(h)`; under PAGEDLLM_FUSED_ACT_GEMV=1 h itself where the product
-    computes act(gate) * up in its loop (`linear.computes_input(h)`: the 4-bit GEMV of 1-4 rows)."""
+    computes act(gate) * up in its loop (`linear.takes_gated_rows(h)`: the 4-bit GEMV of 1-4 rows)."""
     if act.fp8_rows and linear.takes_fp8_rows(h):
         return linear(act_and_mul_fp8(h, act.gelu_tanh))
-    if act.gated_rows and linear.computes_input(h):
+    if act.gated_rows and linear.takes_gated_rows(h):
         return linear(GatedRows(h, act.gelu_tanh))
     return linear(act(h))

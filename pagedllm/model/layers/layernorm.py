@@ -5,8 +5,7 @@ pagedllm.kernels.layernorm (torch references + Triton).
 consumer of the normed rows) multiplies per-token FP8 rows (an FP8 layer's W8A8 product): there
 an RMSNorm's kernel writes those rows itself (kernels/norm.rms_norm_fp8), no 16-bit norm and no
 quantization kernel. Opt-in until a device times it: PAGEDLLM_FUSED_NORM_FP8=1 (read when the norm
-is built); off, norm_into is the norm. Likewise PAGEDLLM_FUSED_NORM_GEMV=1: where `linear` is a 4-bit
-GEMV of 1-4 rows, it gets x (and the residual) and computes the norm in its loop, no norm kernel."""
+is built); off, norm_into is the norm."""
 
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ from torch import nn
 from pagedllm.kernels._triton import fusion_enabled
 from pagedllm.kernels.fp8 import Fp8Rows
 from pagedllm.kernels.layernorm import fused_add_layer_norm, layer_norm
-from pagedllm.kernels.norm import NormRows, fused_add_rms_norm, rms_norm, rms_norm_fp8
+from pagedllm.kernels.norm import fused_add_rms_norm, rms_norm, rms_norm_fp8
 
 
 class RMSNorm(nn.Module):
@@ -25,7 +24,6 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
         self.fp8_rows = fusion_enabled("NORM_FP8", default=False)  # norm_into may quantize in this kernel
-        self.gemv_rows = fusion_enabled("NORM_GEMV", default=False)  # norm_into may leave it to the product
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
@@ -55,19 +53,13 @@ class LayerNorm(nn.Module):
 
 def norm_into(
     norm: nn.Module, x: torch.Tensor, residual: torch.Tensor | None, linear: nn.Module | None
-) -> tuple[torch.Tensor | Fp8Rows | NormRows, torch.Tensor]:
+) -> tuple[torch.Tensor | Fp8Rows, torch.Tensor]:
     """(norm(x + residual), x + residual), or (norm(x), x) without a residual; the normed rows as
-    `Fp8Rows` from the norm's kernel where `linear` takes them (`linear.takes_fp8_rows`), or as
-    `NormRows` (no norm kernel: x + residual is written by the product) where `linear` computes
-    its input itself (`linear.computes_input`: the 4-bit GEMV of 1-4 rows, PAGEDLLM_FUSED_NORM_GEMV=1),
-    and the norm is a plain RMSNorm (a subclass, e.g. Gemma's 1 + w, keeps its own forward)."""
+    `Fp8Rows` from the norm's kernel where `linear` takes them (`linear.takes_fp8_rows`) and the norm
+    is a plain RMSNorm (a subclass, e.g. Gemma's 1 + w, keeps its own forward)."""
     if linear is not None and type(norm) is RMSNorm and norm.fp8_rows and linear.takes_fp8_rows(x):
         rows, res = rms_norm_fp8(x, residual, norm.weight, norm.eps)
         return rows, (x if res is None else res)
-    if (linear is not None and type(norm) is RMSNorm and norm.gemv_rows and norm.weight.dtype == x.dtype
-            and x.is_contiguous() and (residual is None or residual.is_contiguous()) and linear.computes_input(x)):  # fmt: skip
-        res_out = None if residual is None else torch.empty_like(x)
-        return NormRows(x, residual, norm.weight, norm.eps, res_out), (x if res_out is None else res_out)
     if residual is None:
         return norm(x), x
     return norm(x, residual)

@@ -42,10 +42,9 @@ class LinearMethod(ABC):
         them as kernels/fp8.Fp8Rows already quantized; no method but FP8's does."""
         return False
 
-    def computes_input(self, layer: nn.Module, rows: torch.Tensor) -> bool:
-        """Whether `apply`, for rows like `rows` (count, dtype, device), takes what makes its input
-        and computes the input itself: kernels/activation.GatedRows (act(gate) * up) or
-        kernels/norm.NormRows (RMSNorm(x [+ residual])); no method but the 4-bit one does."""
+    def takes_gated_rows(self, layer: nn.Module, h: torch.Tensor) -> bool:
+        """Whether `apply` takes kernels/activation.GatedRows of rows like h ([T, 2 * in] = [gate |
+        up]) and computes its input act(gate) * up itself; no method but the 4-bit one does."""
         return False
 
     def describe(self) -> str:
