@@ -7,17 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from typing import NamedTuple
-
 from pagedllm.kernels._triton import use_triton
-
-
-class GatedRows(NamedTuple):
-    """Rows h [T, 2d] = [gate | up] handed to a product that computes its input act(gate) * up
-    itself (kernels/wna16.py's few-row 4-bit GEMV): no activation kernel, no [T, d] tensor."""
-
-    h: torch.Tensor
-    gelu_tanh: bool  # False: SiLU
 
 
 def silu_and_mul_torch(x: torch.Tensor) -> torch.Tensor:

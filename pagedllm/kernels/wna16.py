@@ -175,18 +175,6 @@ def wna16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
     return wna16_linear_torch(x, qweight, scales, zeros, bits, bias, kperm)
 
 
-def takes_gated_rows(h: torch.Tensor, bits: int) -> bool:
-    """Whether wna16_linear(act(h)) for rows h [T, 2K] = [gate | up] would run gemvp (CUDA, 4 bits,
-    16-bit rows readable as int32 pairs, too few for kpairs), which then takes h itself and
-    computes act(gate) * up in its loop (kernels/activation.GatedRows; wna16_gemm_triton's gated)."""
-    m = h.shape[0]
-    if not (use_triton(h) and bits == 4 and m < min(kpairs_min_rows(), DENSE_MIN_ROWS)):
-        return False
-    from pagedllm.kernels.wna16_gemv_triton import GEMV_MAX_ROWS, _rows_as_int32_pairs, gemv_kind
-
-    return m <= GEMV_MAX_ROWS and gemv_kind(h.dtype) == "gemvp" and _rows_as_int32_pairs(h)
-
-
 # ---- the steps-permuted K-packed layout (module docstring) -----------------------------------
 KPERM_STEP = 128
 

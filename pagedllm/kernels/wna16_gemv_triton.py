@@ -258,29 +258,6 @@ def _gemvp_word_emulated(w, x04, x15, x26, x37, off, off_hi, FP16: tl.constexpr)
 
 
 @triton.jit
-def gated_pairs(gw, uw, act: tl.constexpr, GATED: tl.constexpr):
-    """Two int32 registers of 16-bit `act` pairs, gates gw and ups uw -> the pairs of act(gate) * up,
-    computed as kernels/activation_triton.py's `_act_and_mul_kernel` computes them (GATED 1: SiLU,
-    2: tanh GELU; the activation rounded to `act`, then the product), so the GEMV's input is that
-    kernel's output bit for bit."""
-    FP16: tl.constexpr = act == tl.float16
-    if FP16:
-        g = tl.join(gw.to(tl.int16), (gw >> 16).to(tl.int16)).to(tl.float16, bitcast=True).to(tl.float32)
-        u = tl.join(uw.to(tl.int16), (uw >> 16).to(tl.int16)).to(tl.float16, bitcast=True).to(tl.float32)
-    else:
-        g = tl.join(gw << 16, gw & -65536).to(tl.float32, bitcast=True)
-        u = tl.join(uw << 16, uw & -65536).to(tl.float32, bitcast=True)
-    if GATED == 2:
-        t = 0.7978845608028654 * (g + 0.044715 * g * g * g)
-        a = (0.5 * g * (2.0 - 2.0 / (tl.exp(2.0 * t) + 1.0))).to(act).to(tl.float32)
-    else:
-        a = (g / (1.0 + tl.exp(-g))).to(act).to(tl.float32)
-    y = (a * u).to(act).to(tl.int16, bitcast=True).to(tl.int32)
-    lo, hi = tl.split(y)
-    return _pair_bits(lo, hi)
-
-
-@triton.jit
 def gemvp_word_sums(w, xa, xb, xc, xd, zero, act: tl.constexpr, ASM: tl.constexpr):
     """Each 4-bit word's eight values minus `zero` times its activations, summed (float32): the
     word's nibble pairs (0, 4), (1, 5), (2, 6), (3, 7) meet the activation pairs xa .. xd (int32
@@ -300,16 +277,6 @@ def gemvp_word_sums(w, xa, xb, xc, xd, zero, act: tl.constexpr, ASM: tl.constexp
     else:
         wsum = _gemvp_word_emulated(w, xa, xb, xc, xd, off, off_hi, FP16)
     return wsum
-
-
-@triton.jit
-def _x_pairs(ptr, mask, act: tl.constexpr, GATED: tl.constexpr, UP_WORDS):
-    """The int32 pairs of 16-bit inputs at `ptr`; GATED: act(gate) * up of the gates there and the
-    ups UP_WORDS further (gated_pairs)."""
-    pairs = tl.load(ptr, mask=mask, other=0)
-    if GATED:
-        pairs = gated_pairs(pairs, tl.load(ptr + UP_WORDS, mask=mask, other=0), act, GATED)
-    return pairs
 
 
 @triton.jit
@@ -334,8 +301,6 @@ def _wna16_gemv_packed_kernel(
     LOOP_STAGES: tl.constexpr = 1,  # > 1: Triton's software pipeline of the loop's loads (cp.async
     # through shared memory, LOOP_STAGES - 1 tiles ahead); PREFETCH then off
     KPERM: tl.constexpr = False,  # the steps-permuted layout: nibbles i, i + 4 of a word are x's pair
-    GATED: tl.constexpr = 0,  # 1 / 2: x rows [gate | up] (UP_WORDS int32 apart), the input act(gate) * up
-    UP_WORDS=0,  # (GATED) int32 words from a row's gates to its ups: K / 2
 ):  # fmt: skip
     """The 4-bit GEMV in packed 16-bit arithmetic (`gemvp`). The gemv kernel spends about 42
     instructions a word in float32 (sm_90 SASS), more than the SM issues at the memory's pace;
@@ -394,15 +359,15 @@ def _wna16_gemv_packed_kernel(
                 zero = tl.full([BLOCK_KW, BLOCK_N], 8.0, tl.float32)
         if KPERM:  # word j of a step: nibbles (i, i + 4) hold inputs 32i + 2j, 32i + 2j + 1
             xp = x_words + (rows - rows % 16) * 4 + rows % 16
-            x04 = _x_pairs(xp, r_mask, act, GATED, UP_WORDS)[:, None]
-            x15 = _x_pairs(xp + 16, r_mask, act, GATED, UP_WORDS)[:, None]
-            x26 = _x_pairs(xp + 32, r_mask, act, GATED, UP_WORDS)[:, None]
-            x37 = _x_pairs(xp + 48, r_mask, act, GATED, UP_WORDS)[:, None]
+            x04 = tl.load(xp, mask=r_mask, other=0)[:, None]
+            x15 = tl.load(xp + 16, mask=r_mask, other=0)[:, None]
+            x26 = tl.load(xp + 32, mask=r_mask, other=0)[:, None]
+            x37 = tl.load(xp + 48, mask=r_mask, other=0)[:, None]
         else:
-            xw0 = _x_pairs(x_words + rows * 4, r_mask, act, GATED, UP_WORDS)  # (x0, x1) of each word row
-            xw1 = _x_pairs(x_words + rows * 4 + 1, r_mask, act, GATED, UP_WORDS)  # (x2, x3)
-            xw2 = _x_pairs(x_words + rows * 4 + 2, r_mask, act, GATED, UP_WORDS)  # (x4, x5)
-            xw3 = _x_pairs(x_words + rows * 4 + 3, r_mask, act, GATED, UP_WORDS)  # (x6, x7)
+            xw0 = tl.load(x_words + rows * 4, mask=r_mask, other=0)  # (x0, x1) of each word row
+            xw1 = tl.load(x_words + rows * 4 + 1, mask=r_mask, other=0)  # (x2, x3)
+            xw2 = tl.load(x_words + rows * 4 + 2, mask=r_mask, other=0)  # (x4, x5)
+            xw3 = tl.load(x_words + rows * 4 + 3, mask=r_mask, other=0)  # (x6, x7)
             x04 = _pair_bits(xw0, xw2)[:, None]
             x15 = _pair_bits(xw0 >> 16, xw2 >> 16)[:, None]
             x26 = _pair_bits(xw1, xw3)[:, None]

@@ -276,12 +276,9 @@ def wna16_gemm_triton(
     config: tuple | None = None,  # see default_config
     reduce_last: bool | None = None,  # gemv split-K: the last split adds the splits (None: small_m.last_reduce)
     kperm: bool = False,  # qweight in the steps-permuted layout (wna16.kperm_pack)
-    gated: int = 0,  # 1 / 2: x is [M, 2K] = [gate | up], the product's input SiLU / tanh-GELU(gate) * up (gemvp only)
 ) -> torch.Tensor:  # [M, N] in x's dtype
     p = pack_factor(bits)
     m, k = x.shape
-    if gated:
-        k //= 2
     kw, n = qweight.shape
     g = scales.shape[0]
     assert kw * p == k and qweight.stride(1) == 1 and scales.shape[1] == n and scales.stride(1) == 1
@@ -301,8 +298,6 @@ def wna16_gemm_triton(
         if packed and (bits != 4 or x.dtype not in (torch.float16, torch.bfloat16)):
             raise ValueError(f"the gemvp kernel takes 4-bit weights and 16-bit activations, got {bits} bits "
                              f"and {x.dtype}")
-        if gated and not packed:
-            raise ValueError(f"gated inputs are computed by the gemvp kernel only, got the {kind} kernel")
         block_kw = block_k // p
         kw_per_split = triton.cdiv(triton.cdiv(kw, split_k), block_kw) * block_kw
         split_k = triton.cdiv(kw, kw_per_split)
@@ -325,8 +320,6 @@ def wna16_gemm_triton(
                 raise ValueError("the gemvp kernel reads activation rows as int32 pairs: each must start "
                                  "4-byte aligned")
             common["ASM"] = os.environ.get("TRITON_INTERPRET") != "1"
-            if gated:
-                common.update(GATED=gated, UP_WORDS=k // 2)
             # 3 or 4 stages: the loop's software pipeline (gemvp_config's only while gemv_prefetch
             # leaves the mode per shape); else gemv_prefetch's mode, the register prefetch per shape
             forced = gemv_prefetch()
@@ -342,8 +335,6 @@ def wna16_gemm_triton(
             x.stride(0), qweight.stride(0), scales.stride(0), out.stride(0), **common,
         )  # fmt: skip
         return out.to(x.dtype) if atomics else out
-    if gated:
-        raise ValueError(f"gated inputs are computed by the gemvp kernel only, got the {kind} kernel")
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return out

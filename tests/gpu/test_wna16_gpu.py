@@ -93,28 +93,6 @@ def check_wna16_gemm(device, dtype, m, n, k, bits=4, group_k=128, symmetric=True
             _close(out, wna16_linear_torch(x, qw, s, z, bits, b), dtype)
 
 
-def check_wna16_gated(device, dtype, m, n, k, group_k=128, symmetric=True, gated=1, config=None, seed=0,
-                      kperm=False, calls=1):
-    """gemvp taking [gate | up] rows and computing its input act(gate) * up in its loop (gated 1:
-    SiLU, 2: tanh GELU): bit for bit gemvp on the activation kernel's output, and close to the
-    float32 reference."""
-    from pagedllm.kernels import wna16_triton
-    from pagedllm.kernels.activation_triton import gelu_tanh_and_mul_triton, silu_and_mul_triton
-
-    g = torch.Generator().manual_seed(seed)
-    qw, s, z = _weights(n, k, 4, group_k, symmetric, device, g)
-    qk = kperm_pack(qw) if kperm else qw
-    cfg = tuple(config) if config else None
-    for _ in range(calls):
-        h = (torch.randn(m, 2 * k, generator=g) * 2).to(device=device, dtype=dtype)
-        a = (gelu_tanh_and_mul_triton if gated == 2 else silu_and_mul_triton)(h)
-        out = wna16_triton.wna16_gemm_triton(h, qk, s, z, 4, config=cfg, kperm=kperm, gated=gated)
-        assert out.dtype == dtype and out.shape == (m, n)
-        torch.testing.assert_close(out, wna16_triton.wna16_gemm_triton(a, qk, s, z, 4, config=cfg, kperm=kperm),
-                                   atol=0, rtol=0)
-        _close(out, wna16_linear_torch(a, qw, s, z, 4), dtype)
-
-
 def check_wna16_dequant(device, dtype, n, k, bits=4, group_k=128, symmetric=True, seed=0, kperm=False):
     from pagedllm.kernels.wna16_triton import dequantize_wna16_triton
 
@@ -383,49 +361,6 @@ def test_engine_steps_permuted_layout_decodes_the_same_tokens(tmp_path, tokenize
     torch.cuda.empty_cache()
     for a, b in zip(tokens["1"], tokens["0"], strict=True):
         assert a[0] == b[0] and sum(x == y for x, y in zip(a, b, strict=True)) >= len(b) // 2, (a, b)
-
-
-# ---- the gated activation in gemvp's loop (PAGEDLLM_FUSED_ACT_GEMV) ------------------------------
-
-
-@pytest.mark.parametrize("gated", [1, 2])
-@pytest.mark.parametrize("m,n,k,group_k,symmetric,kperm", [(1, 4096, 14336, 128, True, False),
-                                                           (3, 2560, 6912, 32, False, False),
-                                                           (1, 4096, 14336, 128, False, True)])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_wna16_gated_gemvp(gated, m, n, k, group_k, symmetric, kperm, dtype):
-    """gemvp on [gate | up] rows: bit for bit gemvp on the activation kernel's output (the PTX
-    path; the default config: split-K, the last split adding), on a CUDA graph's replay too."""
-    check_wna16_gated("cuda", dtype, m, n, k, group_k, symmetric, gated, kperm=kperm, calls=2)
-
-
-def test_engine_gated_gemv_decodes_the_same_tokens(tmp_path, tokenizer_dir, monkeypatch):
-    """A tiny GPTQ checkpoint in bfloat16 on the GPU (CUDA graphs) with PAGEDLLM_FUSED_ACT_GEMV=1: the
-    down projection's decode GEMV takes [gate | up] rows (its layer says it does) and the engine
-    decodes exactly the greedy tokens it decodes with the activation kernel (the same bits)."""
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
-    from conftest import save_tiny_model, tiny_config
-    from test_wna16 import FORMATS, GREEDY, PROMPTS, write_checkpoint
-
-    from pagedllm import LLM
-
-    cfg = tiny_config("llama", hidden=256, heads=4, kv_heads=2, layers=2, intermediate_size=1024,
-                      initializer_range=0.05)
-    plain = save_tiny_model(cfg, str(tmp_path / "plain"), tokenizer_dir, seed=3)
-    path = write_checkpoint(plain, str(tmp_path / "ckpt"), FORMATS["gptq-g32-asym"])
-    tokens = {}
-    for on in ("0", "1"):
-        monkeypatch.setenv("PAGEDLLM_FUSED_ACT_GEMV", on)
-        llm = LLM(path, dtype="bfloat16", kv_cache_memory="64MiB", max_model_len=256)
-        mlp = llm.llm_engine.executor.worker.model.model.layers[0].mlp
-        h = torch.empty(1, 2048, dtype=torch.bfloat16, device="cuda")
-        assert mlp.act_fn.gated_rows == (on == "1") and mlp.down_proj.takes_gated_rows(h)
-        tokens[on] = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
-        del llm
-        torch.cuda.empty_cache()
-    assert tokens["1"] == tokens["0"]
 
 
 # ---- the 4-bit swap-AB kernel -------------------------------------------------------------------

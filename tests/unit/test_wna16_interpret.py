@@ -62,13 +62,6 @@ _CASES = {
                                   {"config": ["dot", 16, 32, 64, 4, 1, 1], "kperm": True}),
     "dotj_kperm_g128_asym_bias": ("check_wna16_gemm", [9, 40, 256, 4, 128, False],
                                   {"bias": True, "config": ["dotj", 16, 32, 128, 4, 1, 1], "kperm": True}),
-    # [gate | up] rows, act(gate) * up computed in gemvp's loop: the activation kernel's bits (PAGEDLLM_FUSED_ACT_GEMV)
-    "gemvp_gated_silu_g32_asym_split": ("check_wna16_gated", [2, 40, 256, 32, False],
-                                        {"config": ["gemvp", 1, 16, 64, 4, 1, 2], "calls": 2}),
-    "gemvp_gated_gelu_channel_ragged": ("check_wna16_gated", [1, 32, 192, None, True],
-                                        {"gated": 2, "config": ["gemvp", 1, 32, 128, 4, 1, 1]}),
-    "gemvp_gated_kperm_prefetch": ("check_wna16_gated", [1, 24, 256, 128, True],
-                                   {"config": ["gemvp", 1, 16, 128, 4, 3, 1], "kperm": True}),
     "dequant_kperm_channel_asym": ("check_wna16_dequant", [24, 256, 4, None, False], {"kperm": True}),
     "dequant_g32_asym": ("check_wna16_dequant", [40, 256, 4, 32, False], {}),
     "dequant_int8_channel": ("check_wna16_dequant", [24, 96, 8, None, True], {}),

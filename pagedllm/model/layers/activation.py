@@ -3,9 +3,7 @@
 `act_into(act, linear, h)` is `linear(act(h))`, except where the linear multiplies per-token FP8
 rows (an FP8 layer's W8A8 product): there the activation's kernel writes those rows itself
 (kernels/activation.act_and_mul_fp8), and no 16-bit product nor quantization kernel is made;
-PAGEDLLM_FUSED_ACT_FP8=0 (read when the module is built) keeps the two kernels. And where the
-down projection is a 4-bit GEMV of 1-4 rows, PAGEDLLM_FUSED_ACT_GEMV=1 (off by default) hands it
-h itself: its loop computes act(gate) * up, the activation kernel's bits, without that kernel."""
+PAGEDLLM_FUSED_ACT_FP8=0 (read when the module is built) keeps the two kernels."""
 
 from __future__ import annotations
 
@@ -13,7 +11,7 @@ import torch
 from torch import nn
 
 from pagedllm.kernels._triton import fusion_enabled
-from pagedllm.kernels.activation import GatedRows, act_and_mul_fp8, gelu_tanh_and_mul, silu_and_mul
+from pagedllm.kernels.activation import act_and_mul_fp8, gelu_tanh_and_mul, silu_and_mul
 
 
 class SiluAndMul(nn.Module):
@@ -22,7 +20,6 @@ class SiluAndMul(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.fp8_rows = fusion_enabled("ACT_FP8")  # act_into may quantize in this kernel
-        self.gated_rows = fusion_enabled("ACT_GEMV", default=False)  # act_into may leave it to the product
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return silu_and_mul(x)
@@ -39,10 +36,7 @@ class GeluTanhAndMul(SiluAndMul):
 
 def act_into(act: SiluAndMul, linear: nn.Module, h: torch.Tensor) -> torch.Tensor:
     """linear(act(h)) for h [T, 2 * d], the FP8 rows made by the activation's kernel where
-    `linear.takes_fp8_rows(h)`; under PAGEDLLM_FUSED_ACT_GEMV=1 h itself where the product
-    computes act(gate) * up in its loop (`linear.takes_gated_rows(h)`: the 4-bit GEMV of 1-4 rows)."""
+    `linear.takes_fp8_rows(h)`."""
     if act.fp8_rows and linear.takes_fp8_rows(h):
         return linear(act_and_mul_fp8(h, act.gelu_tanh))
-    if act.gated_rows and linear.takes_gated_rows(h):
-        return linear(GatedRows(h, act.gelu_tanh))
     return linear(act(h))

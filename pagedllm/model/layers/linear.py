@@ -78,11 +78,6 @@ class LinearBase(nn.Module):
         per token to FP8, and so takes them as kernels/fp8.Fp8Rows made by the kernel before."""
         return self.quant_method is not None and self.quant_method.takes_fp8_rows(self, x)
 
-    def takes_gated_rows(self, h: torch.Tensor) -> bool:
-        """Whether forward takes kernels/activation.GatedRows of rows like h ([T, 2 * in], gate
-        then up) and computes act(gate) * up itself, in its product's loop."""
-        return self.quant_method is not None and self.quant_method.takes_gated_rows(self, h)
-
 
 class ColumnParallelLinear(LinearBase):
     def __init__(self, in_features: int, out_features: int, bias: bool = False, ps: ParallelState = SINGLE,

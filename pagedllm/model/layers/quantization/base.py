@@ -42,11 +42,6 @@ class LinearMethod(ABC):
         them as kernels/fp8.Fp8Rows already quantized; no method but FP8's does."""
         return False
 
-    def takes_gated_rows(self, layer: nn.Module, h: torch.Tensor) -> bool:
-        """Whether `apply` takes kernels/activation.GatedRows of rows like h ([T, 2 * in] = [gate |
-        up]) and computes its input act(gate) * up itself; no method but the 4-bit one does."""
-        return False
-
     def describe(self) -> str:
         return type(self).__name__
 

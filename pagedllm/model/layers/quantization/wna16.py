@@ -38,7 +38,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from pagedllm.kernels.activation import GatedRows
 from pagedllm.kernels.wna16 import (
     kperm_applies,
     kperm_enabled,
@@ -47,7 +46,6 @@ from pagedllm.kernels.wna16 import (
     pack_rows,
     quantize_wna16_torch,
     swap_enabled,
-    takes_gated_rows,
     to_int4_nk,
     unpack_rows,
     wna16_int4_nk_linear,
@@ -313,15 +311,7 @@ class WNA16LinearMethod(LinearMethod):
         layer.zeros = None if zeros is None else nn.Parameter(zeros.contiguous(), requires_grad=False)
         layer.perm = None if perm is None else nn.Parameter(perm, requires_grad=False)
 
-    def takes_gated_rows(self, layer: nn.Module, h: torch.Tensor) -> bool:
-        return not self.int4_nk and layer.perm is None and takes_gated_rows(h, self.config.bits)
-
-    def apply(self, layer: nn.Module, x: torch.Tensor | GatedRows, bias: torch.Tensor | None) -> torch.Tensor:
-        if isinstance(x, GatedRows):  # (takes_gated_rows) gemvp computes act(gate) * up in its loop
-            from pagedllm.kernels.wna16_triton import wna16_gemm_triton
-
-            return wna16_gemm_triton(x.h, layer.qweight, layer.scales, layer.zeros, self.config.bits, bias,
-                                     kperm=layer.kperm, gated=2 if x.gelu_tanh else 1)
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if layer.perm is not None:
             if int(layer.perm.shape[0]) != x.shape[1]:  # padded groups read a zero column
                 x = torch.nn.functional.pad(x, (0, 1))
