@@ -54,11 +54,12 @@ def _strided_kernel(w_ptr, out_ptr, KW, N, KW_PER_SPLIT, BLOCK_N: tl.constexpr, 
 
 
 @triton.jit
-def _flat_kernel(w_ptr, out_ptr, PER_PROGRAM, BLOCK: tl.constexpr, STAGES: tl.constexpr):
-    base = w_ptr + tl.program_id(0).to(tl.int64) * PER_PROGRAM
+def _flat_kernel(w_ptr, out_ptr, TOTAL, PER_PROGRAM, BLOCK: tl.constexpr, STAGES: tl.constexpr):
+    lo = tl.program_id(0).to(tl.int64) * PER_PROGRAM
     acc = tl.zeros([BLOCK], dtype=tl.int32)
     for i in tl.range(0, PER_PROGRAM, BLOCK, num_stages=STAGES):
-        acc += tl.load(base + i + tl.arange(0, BLOCK))
+        offs = lo + i + tl.arange(0, BLOCK)
+        acc += tl.load(w_ptr + offs, mask=offs < TOTAL, other=0)
     tl.store(out_ptr + tl.program_id(0), tl.sum(acc, axis=0))
 
 
@@ -72,8 +73,8 @@ def strided(w: torch.Tensor, out: torch.Tensor, cfg: tuple, tiled: bool) -> None
 
 def flat(w: torch.Tensor, out: torch.Tensor, cfg: tuple) -> None:
     programs, block, warps, stages = cfg
-    per = w.numel() // programs
-    _flat_kernel[(programs,)](w, out, per, BLOCK=block, STAGES=stages, num_warps=warps)
+    per = triton.cdiv(triton.cdiv(w.numel(), programs), block) * block  # the last program's range ragged
+    _flat_kernel[(programs,)](w, out, w.numel(), per, BLOCK=block, STAGES=stages, num_warps=warps)
 
 
 def main() -> None:
@@ -107,8 +108,6 @@ def main() -> None:
             cfgs = flat_cfgs if pattern == "flat" else strided_cfgs[name]
             for cfg in cfgs:
                 if pattern == "flat":
-                    if (kw * n) % (cfg[0] * cfg[1]):
-                        continue
                     fn = lambda cfg=cfg, ws=ws, out=out: [flat(w, out, cfg) for w in ws]  # noqa: E731
                 elif pattern == "tiled":
                     tws = [w.view(kw, n // cfg[0], cfg[0]).transpose(0, 1).contiguous() for w in ws]

@@ -29,8 +29,9 @@
 # plain and the steps-permuted layout at 1-256 rows), w1kperm (W1 gptq: A the plain layout, B PAGEDLLM_WNA16_KPERM=1),
 # w2kperm (W2 gptq: the same A / B at one row), kpfrom (wna16_bench.py at 2-47 rows: the few-row Triton kernels' default
 # against kpairs' 16- / 32- / 64-row tiles), w1kpfrom (W1 gptq: A kpairs from 48 rows, B PAGEDLLM_WNA16_KPAIRS_FROM=$KPFROM,
-# default 5), w2actgemv (W2 gptq: A the activation kernel, B PAGEDLLM_FUSED_ACT_GEMV=1, act(gate) * up in down's gemvp),
-# w2greedy (W2 gptq: B PAGEDLLM_GREEDY_TRITON=1, the argmax through the fused sampler), fusedtests (the GPU tests of gemvp's fused inputs), w2gptqprof0 (W2 gptq's profile, PDL off), w2pdl (W2 gptq: A default, B PAGEDLLM_WNA16_PDL=1), w2normgemv (B PAGEDLLM_FUSED_NORM_GEMV=1), w2fusedgemv (B both fusions), stream (benchmarks/stream_bench.py: streaming the int4 words alone).
+# default 5), w2greedy (W2 gptq: A default, B PAGEDLLM_GREEDY_TRITON=0, torch's argmax), argmaxtests (the fused
+# argmax's engine test), w2gptqprof0 (W2 gptq's profile, PDL off), w2pdl (W2 gptq: A default, B PAGEDLLM_WNA16_PDL=0),
+# stream (benchmarks/stream_bench.py: streaming the int4 words alone).
 # Logs in one archive in $OUT; a summary last.
 #     OUT=$OUT bash benchmarks/where_gpu.sh
 #     STEPS="moeprof w1order" bash benchmarks/where_gpu.sh   # any of moeprof w2int4prof w1fp8prof order w1order
@@ -130,10 +131,9 @@ if step kpermtests 240; then  # the steps-permuted layout on every kernel, CUDA 
   timeout 240 $PY -m pytest -q -x tests/gpu/test_wna16_gpu.py -k "kperm or kpairs_from" > "$OUT/kpermtests.log" 2>&1
   echo "kpermtests rc=$? at ${SECONDS} s: $(tail -1 "$OUT/kpermtests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/kpermtests.log" | head
 fi
-if step fusedtests 200; then  # gemvp making its input (the gated activation, the RMSNorm), the engine's tokens with them
-  timeout 200 $PY -m pytest -q tests/gpu/test_wna16_gpu.py tests/gpu/test_engine_gpu.py -k "gated or normed or fused_gemv or fused_argmax" \
-    > "$OUT/fusedtests.log" 2>&1
-  echo "fusedtests rc=$? at ${SECONDS} s: $(tail -1 "$OUT/fusedtests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/fusedtests.log" | head
+if step argmaxtests 100; then  # greedy tokens equal transformers' with the fused argmax
+  timeout 100 $PY -m pytest -q tests/gpu/test_engine_gpu.py -k "fused_argmax" > "$OUT/argmaxtests.log" 2>&1
+  echo "argmaxtests rc=$? at ${SECONDS} s: $(tail -1 "$OUT/argmaxtests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/argmaxtests.log" | head
 fi
 if step w2gptqprof0 70; then  # W2 gptq's step by kernel with PDL off (each kernel's own time)
   PAGEDLLM_PDL=0 timeout 70 $PY benchmarks/profile_gpu.py --load w2 --quantization gptq --steps 30 --top 16 \
@@ -203,11 +203,8 @@ w2ab() {  # name B's-environment latency.py-arguments: W2 with the defaults (A) 
 w2ab w2int4swap PAGEDLLM_WNA16_SWAP=1 "--quantization gptq"  # W2 gptq: K-packed gemvp against the N-major gemvn
 w2ab w2prefetch PAGEDLLM_WNA16_PREFETCH=1 "--quantization gptq"  # W2 gptq: gemvp against its next-tile prefetch
 w2ab w2kperm PAGEDLLM_WNA16_KPERM=1 "--quantization gptq"  # W2 gptq: gemvp on the plain against the steps-permuted layout
-w2ab w2actgemv PAGEDLLM_FUSED_ACT_GEMV=1 "--quantization gptq"  # W2 gptq: the activation kernel against it in down's gemvp
-w2ab w2pdl PAGEDLLM_WNA16_PDL=1 "--quantization gptq"  # W2 gptq: gemvp under PDL where it prefetches in registers
-w2ab w2greedy PAGEDLLM_GREEDY_TRITON=1 "--quantization gptq"  # W2 gptq: torch's argmax against the fused sampler's
-w2ab w2normgemv PAGEDLLM_FUSED_NORM_GEMV=1 "--quantization gptq"  # W2 gptq: the norm kernel against it in qkv's / gate_up's gemvp
-w2ab w2fusedgemv "PAGEDLLM_FUSED_NORM_GEMV=1 PAGEDLLM_FUSED_ACT_GEMV=1" "--quantization gptq"  # both fusions
+w2ab w2pdl PAGEDLLM_WNA16_PDL=0 "--quantization gptq"  # W2 gptq: gemvp under PDL (the default) against without
+w2ab w2greedy PAGEDLLM_GREEDY_TRITON=0 "--quantization gptq"  # W2 gptq: the fused sampler's argmax against torch's
 if step stream 100; then  # pure streaming of W2's int4 words: gemvp's pattern, contiguous column blocks, one flat range
   timeout 100 $PY benchmarks/stream_bench.py > "$OUT/stream.log" 2>&1
   echo "stream rc=$? at ${SECONDS} s"; sed -n '/^best per/,$p' "$OUT/stream.log"

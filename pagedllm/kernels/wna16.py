@@ -13,7 +13,7 @@ load (model/layers/quantization/wna16.py) into this one layout:
 Act-order checkpoints (GPTQ desc_act) are brought to this layout by a permutation of K applied
 to the activations (the linear method's `perm`), never by a second weight layout.
 
-With PAGEDLLM_WNA16_KPERM=1 (`kperm_enabled`) 4-bit layers whose K is whole steps of 128 and whose
+By default (`kperm_enabled`; PAGEDLLM_WNA16_KPERM=0 off) 4-bit layers whose K is whole steps of 128 and whose
 groups are whole steps (or per channel) keep their words with K's slots permuted within each step
 (`kperm_pack`): slot s = 8j + i + 4h of a step (word j, nibble i + 4h) holds input 32i + 2j + h.
 That is the order in which the kpairs GEMM's four dots read a step's nibble pairs, so it reads x
@@ -151,7 +151,7 @@ def wna16_linear_torch(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Ten
 def wna16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
                  bits: int, bias: torch.Tensor | None = None, kperm: bool = False) -> torch.Tensor:
     """y = x @ w.T (+ bias) with an integer weight; x [M, K] -> [M, N]. CUDA: the Triton kernels
-    below DENSE_MIN_ROWS rows; 4-bit weights from kpairs_min_rows (DENSE_MIN_ROWS unless set) up to
+    below DENSE_MIN_ROWS rows; 4-bit weights from kpairs_min_rows (KPAIRS_MIN_ROWS unless set) up to
     SWAP_GEMM_MAX_ROWS rows the kpairs tensor-core GEMM (large_gemm: the default, or
     PAGEDLLM_WNA16_GEMM=pairs), else from DENSE_MIN_ROWS a dequantized weight and cuBLAS. Elsewhere
     (the CPU) the weight is dequantized to x's dtype for its GEMM. kperm: qweight's slots permuted
@@ -207,23 +207,29 @@ def kperm_pack(qweight: torch.Tensor) -> torch.Tensor:
 
 @functools.cache
 def kperm_enabled() -> bool:
-    """PAGEDLLM_WNA16_KPERM=1 (read once, when layers' weights are processed; off by default until
-    a GPU has timed it): 4-bit K-packed layers that `kperm_applies` to store the steps-permuted
-    layout, so that the kpairs GEMM (48-256 rows) gathers no permuted copy of x."""
-    return env_flag("PAGEDLLM_WNA16_KPERM")
+    """Whether 4-bit K-packed layers that `kperm_applies` to store the steps-permuted layout, so that
+    the kpairs GEMM gathers no permuted copy of x (read once, when layers' weights are processed): on
+    unless PAGEDLLM_WNA16_KPERM=0. With kpairs from 5 rows, W1 Llama-3.1-8B gptq 7,869 -> 8,574
+    tok/s on the H100 (0.957x bf16; RESULTS.md twenty-second session)."""
+    return env_flag("PAGEDLLM_WNA16_KPERM", default=True)
+
+
+# the fewest rows kpairs takes by default: gemvp's GEMV_MAX_ROWS + 1 (wna16_gemv_triton.py)
+KPAIRS_MIN_ROWS = 5
 
 
 @functools.cache
 def kpairs_min_rows() -> int:
     """The fewest rows the K-packed layout's 4-bit linears give the kpairs GEMM (to
-    SWAP_GEMM_MAX_ROWS), from PAGEDLLM_WNA16_KPAIRS_FROM (read once; unset: DENSE_MIN_ROWS, where
-    it took over from dequantize + cuBLAS). Below it the few-row Triton kernels run: gemvp to
-    GEMV_MAX_ROWS rows, then the "dot" GEMM, which dequantizes in float32 (sm_90: about 13
-    instructions a weight at its 16-row tiles against kpairs' 4 at 16-row tiles, RESULTS.md
-    twenty-first session) -- so a lower bound is for a device to time before it is the default."""
+    SWAP_GEMM_MAX_ROWS), from PAGEDLLM_WNA16_KPAIRS_FROM (read once; unset: KPAIRS_MIN_ROWS, the
+    row after gemvp's). Below it the few-row Triton kernels run: gemvp to GEMV_MAX_ROWS rows, then
+    the "dot" GEMM, which dequantizes in float32 (sm_90: about 13 instructions a weight at its
+    16-row tiles against kpairs' 4 at 16-row tiles, RESULTS.md twenty-first session); from 48 rows
+    before the twenty-second session, when W1 gptq on the H100 took 7,869 -> 8,574 tok/s from it
+    and the steps-permuted layout together."""
     value = os.environ.get("PAGEDLLM_WNA16_KPAIRS_FROM", "").strip()
     if not value:
-        return DENSE_MIN_ROWS
+        return KPAIRS_MIN_ROWS
     if not value.isdigit() or not 2 <= int(value) <= SWAP_GEMM_MAX_ROWS + 1:
         raise ValueError(f"PAGEDLLM_WNA16_KPAIRS_FROM={value!r}: expected a row count from 2 to "
                          f"{SWAP_GEMM_MAX_ROWS + 1}")

@@ -219,13 +219,13 @@ def gemv_prefetch() -> int | None:
 
 @functools.cache
 def gemv_pdl() -> bool:
-    """PAGEDLLM_WNA16_PDL=1 (read once; off by default): gemvp launched with programmatic dependent
-    launch (PAGEDLLM_PDL on too) where it runs gemv_prefetch's register prefetch, its first tile's
-    words loaded before it waits for the kernel before. The H100 (RESULTS.md eighteenth session):
-    W2 gptq 3.03 -> 2.93 ms/token at the old tiles, but 2.89 -> 2.97 with gemvp_config's, whose
-    pipelined o projection then waited before its first load; since then the pipelined shapes launch
-    without PDL (not yet timed)."""
-    return env_flag("PAGEDLLM_WNA16_PDL")
+    """gemvp launched with programmatic dependent launch (PAGEDLLM_PDL on too) where it runs
+    gemv_prefetch's register prefetch, its first tile's words loaded before it waits for the kernel
+    before (read once): on unless PAGEDLLM_WNA16_PDL=0. The H100 (RESULTS.md twenty-second session):
+    W2 gptq 2.89 -> 2.69 ms/token, two rounds alternated (at the eighteenth session's tiles it had
+    lost, 2.89 -> 2.97, while the pipelined o projection took PDL too and waited before its first load;
+    those shapes launch without it)."""
+    return env_flag("PAGEDLLM_WNA16_PDL", default=True)
 
 
 def default_config(m: int, n: int, k: int, group_k: int, bits: int) -> tuple:

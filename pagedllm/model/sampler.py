@@ -138,11 +138,12 @@ def compute_logprobs(logits: torch.Tensor, sampled: torch.Tensor, num: list[int 
 
 @functools.cache
 def greedy_triton() -> bool:
-    """PAGEDLLM_GREEDY_TRITON=1 (read once; off until a device times it): an all-greedy batch on CUDA
-    takes its argmax through the fused sampler's kernels (each row split over ~1,024 programs, then
-    their bests) instead of torch's argmax, which took 29 us a step for one row of Llama-3's 128,256
-    logits on the H200 (W2's profile, RESULTS.md fourteenth session): one CTA reads the row."""
-    return env_flag("PAGEDLLM_GREEDY_TRITON")
+    """Whether an all-greedy batch on CUDA takes its argmax through the fused sampler's kernels (each
+    row split over ~1,024 programs, then their bests) instead of torch's argmax, which took 29 us a
+    step for one row of Llama-3's 128,256 logits on the H200 (W2's profile, RESULTS.md fourteenth
+    session): on unless PAGEDLLM_GREEDY_TRITON=0 (read once). The H100, W2 gptq: 2.89 -> 2.86
+    ms/token, and 2.69 -> 2.67 with gemvp under PDL (RESULTS.md twenty-second session)."""
+    return env_flag("PAGEDLLM_GREEDY_TRITON", default=True)
 
 
 @functools.cache

@@ -157,11 +157,11 @@ def test_gemv_last_split_reduces_for_sm90(kind):
 
 @pytest.mark.parametrize("switch, values", [
     ("gemv_prefetch", ((None, None), ("0", 0), ("1", 1), ("3", 3), ("4", 4), ("2", "error"))),
-    ("gemv_pdl", ((None, False), ("0", False), ("1", True), ("yes", "error"))),
+    ("gemv_pdl", ((None, True), ("0", False), ("1", True), ("yes", "error"))),
 ])  # fmt: skip
 def test_gemv_switches(monkeypatch, switch, values):
     """PAGEDLLM_WNA16_PREFETCH: unset None (the mode per shape), 0, 1 (registers), or 3 / 4 pipeline
-    stages; PAGEDLLM_WNA16_PDL: off by default, 1 on; anything else a ValueError naming the variable."""
+    stages; PAGEDLLM_WNA16_PDL: on by default, 0 off; anything else a ValueError naming the variable."""
     from pagedllm.kernels import wna16_triton
 
     env = {"gemv_prefetch": "PAGEDLLM_WNA16_PREFETCH", "gemv_pdl": "PAGEDLLM_WNA16_PDL"}[switch]
