@@ -26,8 +26,8 @@
 # cache: K as it is, PAGEDLLM_FP8_KV_OFFSET=0 (A), against K less its offset, the default (B)), w1int4dots (W1 gptq: A kpairs as it is, B
 # PAGEDLLM_KPAIRS_DOTS=$KPAIRS_DOTS, default accs), w1int4prof (W1 gptq's decode steps profiled: what kpairs and x's permutation take),
 # kpermtests (the GPU tests of the steps-permuted K-packed layout and of kpairs from 2 rows), kpermbench (wna16_bench.py --kperm: wna16_linear on the
-# plain and the steps-permuted layout at 1-256 rows), w1kperm (W1 gptq: A the plain layout, B PAGEDLLM_WNA16_KPERM=1),
-# w2kperm (W2 gptq: the same A / B at one row), kpfrom (wna16_bench.py at 2-47 rows: the few-row Triton kernels' default
+# plain and the steps-permuted layout at 1-256 rows), w1kperm (W1 gptq: A the plain layout, PAGEDLLM_WNA16_KPERM=0, B the default),
+# w2kperm (W2 gptq at one row: A the steps-permuted layout, the default, B the plain one), kpfrom (wna16_bench.py at 2-47 rows: the few-row Triton kernels' default
 # against kpairs' 16- / 32- / 64-row tiles), w1kpfrom (W1 gptq: A kpairs from 48 rows, B PAGEDLLM_WNA16_KPAIRS_FROM=$KPFROM,
 # default 5), w2greedy (W2 gptq: A default, B PAGEDLLM_GREEDY_TRITON=0, torch's argmax), argmaxtests (the fused
 # argmax's engine test), w2gptqprof0 (W2 gptq's profile, PDL off), w2pdl (W2 gptq: A default, B PAGEDLLM_WNA16_PDL=0),
@@ -145,7 +145,7 @@ if step kpermbench 150; then  # wna16_linear per projection and row count on eac
   echo "kpermbench rc=$? at ${SECONDS} s"; grep -A6 "^wna16_linear, ms" "$OUT/kpermbench.log"
 fi
 if step w1kperm $((ROUNDS * 2 * 100)); then  # W1 gptq: the plain K-packed layout (A) against the steps-permuted one (B)
-  A_ARGS="--quantization gptq" B_ARGS="--quantization gptq" B_ENV=PAGEDLLM_WNA16_KPERM=1 \
+  A_ARGS="--quantization gptq" B_ARGS="--quantization gptq" A_ENV=PAGEDLLM_WNA16_KPERM=0 \
     ROUNDS=$ROUNDS OUT="$OUT/w1kperm" bash benchmarks/ab_w1.sh --model benchmarks/configs/llama-3.1-8b \
     --skip-tokenizer-init > "$OUT/w1kperm.log" 2>&1
   echo "w1kperm rc=$? at ${SECONDS} s"; grep -E "median" "$OUT/w1kperm.log"
@@ -156,7 +156,8 @@ if step kpfrom 170; then  # 2-47 rows: gemvp / the dot GEMM (what runs there now
   echo "kpfrom rc=$? at ${SECONDS} s"; grep -A9 "^sum over" "$OUT/kpfrom.log"
 fi
 if step w1kpfrom $((ROUNDS * 2 * 100)); then  # W1 gptq: kpairs from 48 rows (A) against from $KPFROM rows (B)
-  A_ARGS="--quantization gptq" B_ARGS="--quantization gptq" B_ENV=PAGEDLLM_WNA16_KPAIRS_FROM=${KPFROM:-5} \
+  A_ARGS="--quantization gptq" B_ARGS="--quantization gptq" A_ENV=PAGEDLLM_WNA16_KPAIRS_FROM=48 \
+    B_ENV=PAGEDLLM_WNA16_KPAIRS_FROM=${KPFROM:-5} \
     ROUNDS=$ROUNDS OUT="$OUT/w1kpfrom" bash benchmarks/ab_w1.sh --model benchmarks/configs/llama-3.1-8b \
     --skip-tokenizer-init > "$OUT/w1kpfrom.log" 2>&1
   echo "w1kpfrom rc=$? at ${SECONDS} s"; grep -E "median" "$OUT/w1kpfrom.log"
@@ -202,7 +203,7 @@ w2ab() {  # name B's-environment latency.py-arguments: W2 with the defaults (A) 
 }
 w2ab w2int4swap PAGEDLLM_WNA16_SWAP=1 "--quantization gptq"  # W2 gptq: K-packed gemvp against the N-major gemvn
 w2ab w2prefetch PAGEDLLM_WNA16_PREFETCH=1 "--quantization gptq"  # W2 gptq: gemvp against its next-tile prefetch
-w2ab w2kperm PAGEDLLM_WNA16_KPERM=1 "--quantization gptq"  # W2 gptq: gemvp on the plain against the steps-permuted layout
+w2ab w2kperm PAGEDLLM_WNA16_KPERM=0 "--quantization gptq"  # W2 gptq: gemvp on the steps-permuted (the default) against the plain layout
 w2ab w2pdl PAGEDLLM_WNA16_PDL=0 "--quantization gptq"  # W2 gptq: gemvp under PDL (the default) against without
 w2ab w2greedy PAGEDLLM_GREEDY_TRITON=0 "--quantization gptq"  # W2 gptq: the fused sampler's argmax against torch's
 if step stream 100; then  # pure streaming of W2's int4 words: gemvp's pattern, contiguous column blocks, one flat range

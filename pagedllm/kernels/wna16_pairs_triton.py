@@ -1,7 +1,8 @@
 """4-bit tensor-core GEMMs whose weight operand is built where the MMA reads it: the N-major
 layout's pairs kernel (`SwapConfig.pairs`, launched by wna16_swap_triton.wna16_swap_gemm) and the
 K-packed layout's kpairs GEMM (`wna16_kpairs_gemm`), that layout's default for 48-256 rows since the
-nineteenth session (wna16.LAYOUT_DEFAULT; the pairs kernel with PAGEDLLM_WNA16_GEMM=pairs); each
+nineteenth session, 5-256 since the twenty-second (wna16.LAYOUT_DEFAULT, wna16.kpairs_min_rows; the pairs
+kernel with PAGEDLLM_WNA16_GEMM=pairs); each
 must equal its layout's torch reference.
 
 The construction: a K step of BLOCK_K inputs is four dots, dot i over nibbles i and i + 4 of the

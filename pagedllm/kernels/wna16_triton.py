@@ -312,9 +312,9 @@ def wna16_gemm_triton(
         count = counters(x.device, m * n_blocks) if last else qweight
         common = dict(GROUP_K=group_k, HAS_ZERO=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=split_k,
                       EVEN=kw_per_split * split_k == kw, BLOCK_N=block_n, BLOCK_KW=block_kw, LAST=last,
-                      KPERM=kperm, num_warps=num_warps, num_stages=num_stages)  # no PDL by default: the H200 measured it
-        # a loss here with the wait first (W2 gptq, PAGEDLLM_PDL=1: gemv 3.24 -> 3.83, gemvp 2.96 -> 3.00
-        # ms/token); PAGEDLLM_WNA16_PDL=1 launches gemvp with it, its first tile's words before the wait
+                      KPERM=kperm, num_warps=num_warps, num_stages=num_stages)  # PDL only where the first
+        # tile's words load before the wait (gemv_pdl): with the wait first the H200 measured a loss (W2 gptq,
+        # PAGEDLLM_PDL=1: gemv 3.24 -> 3.83, gemvp 2.96 -> 3.00 ms/token)
         if packed:  # the interpreter runs no PTX: the same arithmetic in Triton ops
             if not _rows_as_int32_pairs(x):
                 raise ValueError("the gemvp kernel reads activation rows as int32 pairs: each must start "
