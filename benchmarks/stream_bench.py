@@ -12,7 +12,8 @@ arithmetic (issue 19's W2: gemvp took 58% of the H100's bandwidth over a step, R
              range in 16-byte vectors: no column blocks at all (the ceiling for the byte count)
 
 Prints us a layer and TB/s per projection and pattern, then the four projections chained as a
-decoder layer's are (qkv, o, gate_up, down) x 32 layers, ms a step: against gemvp's ~1.86 ms on the
+decoder layer's are (qkv, o, gate_up, down) x 32 layers, ms a step (gemvp's pattern also under PDL, its
+first tile's words loaded before the wait as gemvp's are): against gemvp's ~1.86 ms on the
 H100 (RESULTS.md eighteenth session) that is how much of the GEMVs' time the pattern sets.
 
     PYTHONPATH=. python benchmarks/stream_bench.py [--quick]
@@ -33,17 +34,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fp8_bench import LAYERS, SHAPES, graph_time  # noqa: E402
 
+from pagedllm.kernels._triton import pdl  # noqa: E402
+from pagedllm.kernels.pdl_triton import pdl_release, pdl_wait  # noqa: E402
+
 
 @triton.jit
 def _strided_kernel(w_ptr, out_ptr, KW, N, KW_PER_SPLIT, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr,
-                    STAGES: tl.constexpr, TILED: tl.constexpr):  # fmt: skip
+                    STAGES: tl.constexpr, TILED: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
+    pdl_release(PDL)
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     ri = tl.arange(0, BLOCK_KW)
     lo = tl.program_id(1) * KW_PER_SPLIT
     acc = tl.zeros([BLOCK_KW, BLOCK_N], dtype=tl.int32)
     if TILED:  # the column block's words contiguous: [N / BLOCK_N, KW, BLOCK_N]
         base = w_ptr + tl.program_id(0).to(tl.int64) * KW * BLOCK_N
-    for kw0 in tl.range(lo, lo + KW_PER_SPLIT, BLOCK_KW, num_stages=STAGES):
+    if PDL:  # as gemvp under PDL: the first tile's words (through L2) before the wait, the rest after
+        acc += tl.load(w_ptr + (lo + ri)[:, None] * N + rn[None, :], cache_modifier=".cg")
+        lo += BLOCK_KW
+    pdl_wait(PDL)
+    for kw0 in tl.range(lo, tl.program_id(1) * KW_PER_SPLIT + KW_PER_SPLIT, BLOCK_KW, num_stages=STAGES):
         rows = kw0 + ri
         if TILED:
             w = tl.load(base + rows[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :])
@@ -63,12 +72,13 @@ def _flat_kernel(w_ptr, out_ptr, TOTAL, PER_PROGRAM, BLOCK: tl.constexpr, STAGES
     tl.store(out_ptr + tl.program_id(0), tl.sum(acc, axis=0))
 
 
-def strided(w: torch.Tensor, out: torch.Tensor, cfg: tuple, tiled: bool) -> None:
+def strided(w: torch.Tensor, out: torch.Tensor, cfg: tuple, tiled: bool, under_pdl: bool = False) -> None:
     block_n, block_kw, warps, stages, split = cfg
     kw, n = (w.shape[1], w.shape[0] * w.shape[2]) if tiled else w.shape
     per = kw // split
+    opts = pdl(w) if under_pdl and not tiled else {}
     _strided_kernel[(n // block_n, split)](w, out, kw, n, per, BLOCK_N=block_n, BLOCK_KW=block_kw, STAGES=stages,
-                                           TILED=tiled, num_warps=warps)  # fmt: skip
+                                           TILED=tiled, num_warps=warps, **opts)  # fmt: skip
 
 
 def flat(w: torch.Tensor, out: torch.Tensor, cfg: tuple) -> None:
@@ -133,17 +143,16 @@ def main() -> None:
     for name, b in best.items():
         print(f"  {name:8s} " + "  ".join(f"{p} {t:6.2f} {cfg}" for p, (t, cfg) in b.items()))
     # the chain: qkv, o, gate_up, down per layer, each at its best strided / flat config
-    for pattern in ("strided", "flat"):
+    for pattern in ("strided", "strided under PDL", "flat"):  # (PDL: the first tile before the wait, as gemvp)
         outs = {name: torch.empty(8 * SHAPES[name][0] + 8 * sms, dtype=torch.int32, device=dev) for name in SHAPES}
 
         def chain(pattern=pattern, outs=outs):
             for i in range(LAYERS):
                 for name in SHAPES:
-                    cfg = best[name][pattern][1]
                     if pattern == "flat":
-                        flat(words[name][i], outs[name], cfg)
+                        flat(words[name][i], outs[name], best[name]["flat"][1])
                     else:
-                        strided(words[name][i], outs[name], cfg, False)
+                        strided(words[name][i], outs[name], best[name]["strided"][1], False, pattern != "strided")
 
         t = graph_time(lambda: chain()) * LAYERS / 1000
         total = sum(k // 8 * n * 4 for n, k in SHAPES.values()) * LAYERS
