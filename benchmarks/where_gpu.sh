@@ -19,7 +19,7 @@
 # the N-major layout, PAGEDLLM_WNA16_SWAP=1, its one-row gemvn (B)), w2prefetch (W2 gptq: gemvp (A) against
 # PAGEDLLM_WNA16_PREFETCH=1, the next tile's words loaded first (B)), gemv1 (wna16_bench.py --rows 1: gemvp's
 # tiles, split-K and loop stages), w2gemv (W2 gptq: PAGEDLLM_WNA16_PREFETCH=1 (the register prefetch), =3 (the
-# cp.async pipeline), PAGEDLLM_WNA16_PDL=1 (gemvp's first tile before the PDL wait)), w2tiles (W2 gptq:
+# cp.async pipeline), PAGEDLLM_WNA16_PDL=0 (gemvp without PDL, on by default)), w2tiles (W2 gptq:
 # A the tree at $A_PATH, B this one, C this one with PAGEDLLM_WNA16_PDL=1; $ROUNDS rounds alternated), w3act
 # (W3 at inf: bf16, FP8 + FP8 KV with PAGEDLLM_FUSED_ACT_FP8=0, FP8 + FP8 KV; W3ACT_ORDER may add fp8_norm:
 # PAGEDLLM_FUSED_NORM_FP8=1), moebuckets (Qwen3-30B-A3B batch 1: A default, B PAGEDLLM_GRAPH_CONTEXT_BUCKETS=1), w1kvoff (W1 with an FP8
@@ -214,8 +214,8 @@ if step gemv1 170; then  # gemvp's one-row tiles, split-K and loop stages over t
   OUT="$OUT" timeout 170 $PY benchmarks/wna16_bench.py --rows 1 --skip-check > "$OUT/gemv1.log" 2>&1
   echo "gemv1 rc=$? at ${SECONDS} s"; grep -E "us/layer|WRONG" "$OUT/gemv1.log" | cut -c1-150
 fi
-if [[ " $STEPS " == *" w2gemv "* ]]; then  # W2 gptq: the register prefetch or the cp.async pipeline on every shape, gemvp under PDL
-  for v in PAGEDLLM_WNA16_PREFETCH=1 PAGEDLLM_WNA16_PREFETCH=3 PAGEDLLM_WNA16_PDL=1; do
+if [[ " $STEPS " == *" w2gemv "* ]]; then  # W2 gptq: the register prefetch (so PDL) or the cp.async pipeline on every shape, gemvp without PDL
+  for v in PAGEDLLM_WNA16_PREFETCH=1 PAGEDLLM_WNA16_PREFETCH=3 PAGEDLLM_WNA16_PDL=0; do
     fits 45 "w2gemv $v" || continue
     n=${v#PAGEDLLM_WNA16_}; n=${n/=/}
     env "$v" timeout 45 $PY benchmarks/latency.py --peer none --iters 2 --quantization gptq \

@@ -53,6 +53,8 @@ import torch
 
 from pagedllm.kernels._triton import env_flag, use_triton
 
+# The CUDA path's GEMVs (wna16_gemv_triton.py) take at most this many rows.
+GEMV_MAX_ROWS = 4
 # From this many rows the CUDA path dequantizes and calls cuBLAS. H200 sweep
 # (benchmarks/wna16_bench.py, Llama-3.1-8B's four projections, one layer each): the dequantizing
 # GEMM takes 187 us at 16 rows and 363 us at 64, dequantize + cuBLAS about 310 us at 64 rows and
@@ -151,7 +153,7 @@ def wna16_linear_torch(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Ten
 def wna16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
                  bits: int, bias: torch.Tensor | None = None, kperm: bool = False) -> torch.Tensor:
     """y = x @ w.T (+ bias) with an integer weight; x [M, K] -> [M, N]. CUDA: the Triton kernels
-    below DENSE_MIN_ROWS rows; 4-bit weights from kpairs_min_rows (KPAIRS_MIN_ROWS unless set) up to
+    below DENSE_MIN_ROWS rows; 4-bit weights from kpairs_min_rows (GEMV_MAX_ROWS + 1 unless set) up to
     SWAP_GEMM_MAX_ROWS rows the kpairs tensor-core GEMM (large_gemm: the default, or
     PAGEDLLM_WNA16_GEMM=pairs), else from DENSE_MIN_ROWS a dequantized weight and cuBLAS. Elsewhere
     (the CPU) the weight is dequantized to x's dtype for its GEMM. kperm: qweight's slots permuted
@@ -214,22 +216,18 @@ def kperm_enabled() -> bool:
     return env_flag("PAGEDLLM_WNA16_KPERM", default=True)
 
 
-# the fewest rows kpairs takes by default: gemvp's GEMV_MAX_ROWS + 1 (wna16_gemv_triton.py)
-KPAIRS_MIN_ROWS = 5
-
-
 @functools.cache
 def kpairs_min_rows() -> int:
     """The fewest rows the K-packed layout's 4-bit linears give the kpairs GEMM (to
-    SWAP_GEMM_MAX_ROWS), from PAGEDLLM_WNA16_KPAIRS_FROM (read once; unset: KPAIRS_MIN_ROWS, the
-    row after gemvp's). Below it the few-row Triton kernels run: gemvp to GEMV_MAX_ROWS rows, then
+    SWAP_GEMM_MAX_ROWS), from PAGEDLLM_WNA16_KPAIRS_FROM (read once; unset: the row after gemvp's
+    last, GEMV_MAX_ROWS + 1). Below it the few-row Triton kernels run: gemvp to GEMV_MAX_ROWS rows, then
     the "dot" GEMM, which dequantizes in float32 (sm_90: about 13 instructions a weight at its
     16-row tiles against kpairs' 4 at 16-row tiles, RESULTS.md twenty-first session); from 48 rows
     before the twenty-second session, when W1 gptq on the H100 took 7,869 -> 8,574 tok/s from it
     and the steps-permuted layout together."""
     value = os.environ.get("PAGEDLLM_WNA16_KPAIRS_FROM", "").strip()
     if not value:
-        return KPAIRS_MIN_ROWS
+        return GEMV_MAX_ROWS + 1
     if not value.isdigit() or not 2 <= int(value) <= SWAP_GEMM_MAX_ROWS + 1:
         raise ValueError(f"PAGEDLLM_WNA16_KPAIRS_FROM={value!r}: expected a row count from 2 to "
                          f"{SWAP_GEMM_MAX_ROWS + 1}")

@@ -27,7 +27,6 @@ import triton.language as tl
 
 from pagedllm.kernels.pdl_triton import pdl_release, pdl_wait
 
-GEMV_MAX_ROWS = 4
 
 _MAGIC = tl.constexpr(0x4B000000)  # the bits of float32 2**23
 _MAGIC_F = tl.constexpr(8388608.0)

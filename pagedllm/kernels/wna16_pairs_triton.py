@@ -282,8 +282,8 @@ def dots_mode() -> str:
     (unset: the measured default), "accs" (four accumulators, in 64- and 128-row tiles that fit them)
     or "flat" (one dot an iteration), for a W1 A/B on a GPU before either becomes a default; anything
     else a ValueError naming the variable. "flat" is refused for now: on the H100 its output was not
-    close to the reference (`test_wna16_kpairs_kperm`, 256-row tiles split 2, 3 stages; the
-    interpreter agrees at those tiles), so the engine does not take it until that is understood."""
+    close to the reference (`test_wna16_kpairs_kperm`, 256-row tiles split 2, 3 stages), while the
+    interpreter's result at those tiles is right, so the engine does not take it until that is understood."""
     value = os.environ.get("PAGEDLLM_KPAIRS_DOTS", "").strip() or "chain"
     if value not in DOTS_MODES:
         raise ValueError(f"PAGEDLLM_KPAIRS_DOTS={value!r}: expected one of {', '.join(DOTS_MODES)}")

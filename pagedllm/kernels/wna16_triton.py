@@ -26,11 +26,10 @@ import triton.language as tl
 from pagedllm.kernels._triton import env_flag, pdl
 from pagedllm.kernels.counters import counters
 from pagedllm.kernels.small_m import last_reduce
-from pagedllm.kernels.wna16 import kperm_applies, pack_factor
+from pagedllm.kernels.wna16 import GEMV_MAX_ROWS, kperm_applies, pack_factor
 from pagedllm.kernels.wna16_gemv_triton import (  # noqa: F401 (the GEMVs' names, as before the split)
     _MAGIC,
     _MAGIC_F,
-    GEMV_MAX_ROWS,
     _rows_as_int32_pairs,
     _wna16_gemv_kernel,
     _wna16_gemv_packed_kernel,

@@ -50,18 +50,19 @@ def test_float32_greedy_equals_hf(tmp_path, tokenizer_dir, arch, eager):
     assert llm.llm_engine.get_stats().prefix_cache_hits > 0
 
 
-def test_float32_greedy_equals_hf_with_the_fused_argmax(tmp_path, tokenizer_dir, monkeypatch):
-    """PAGEDLLM_GREEDY_TRITON=1: all-greedy batches take their argmax through the fused sampler's
-    kernels (from one row to ten, CUDA graphs); the tokens are still transformers' exactly."""
+@pytest.mark.parametrize("fused", ["1", "0"])
+def test_float32_greedy_equals_hf_with_the_fused_argmax(tmp_path, tokenizer_dir, monkeypatch, fused):
+    """All-greedy batches of one row and of ten (CUDA graphs) take their argmax through the fused
+    sampler's kernels (the default) or, PAGEDLLM_GREEDY_TRITON=0, torch's: transformers' tokens either way."""
     from transformers import AutoModelForCausalLM
 
     from pagedllm import LLM, SamplingParams
     from pagedllm.model import sampler
 
-    monkeypatch.setenv("PAGEDLLM_GREEDY_TRITON", "1")
+    monkeypatch.setenv("PAGEDLLM_GREEDY_TRITON", fused)
     sampler.greedy_triton.cache_clear()
     try:
-        assert sampler.greedy_triton()
+        assert sampler.greedy_triton() == (fused == "1")
         path = save_tiny_model(tiny_config("llama", heads=4, kv_heads=2, hidden=128), str(tmp_path), tokenizer_dir, seed=3)
         hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda().eval()
         llm = LLM(path, dtype="float32", max_model_len=512, gpu_memory_utilization=0.3, max_num_seqs=16)

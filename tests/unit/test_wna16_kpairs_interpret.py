@@ -219,15 +219,15 @@ def test_steps_permuted_layout_holds_the_same_weight(group_k, symmetric):
 
 
 def test_kpairs_from_switch(monkeypatch):
-    """PAGEDLLM_WNA16_KPAIRS_FROM: unset, kpairs from the row after gemvp's; a row count from 2 to
+    """PAGEDLLM_WNA16_KPAIRS_FROM: unset, kpairs from 5 rows, the one after gemvp's last (the bound W1
+    was measured with); a row count from 2 to
     SWAP_GEMM_MAX_ROWS + 1 (none) moves that bound, and default_config then takes 16- / 32-row tiles
     of 4 warps; anything else a ValueError naming the variable."""
     from pagedllm.kernels import wna16
     from pagedllm.kernels import wna16_pairs_triton as kp
-    from pagedllm.kernels.wna16_gemv_triton import GEMV_MAX_ROWS
 
     try:
-        for value, rows in (("", GEMV_MAX_ROWS + 1), ("48", 48), ("257", 257)):
+        for value, rows in (("", 5), ("48", 48), ("257", 257)):
             monkeypatch.setenv("PAGEDLLM_WNA16_KPAIRS_FROM", value)
             wna16.kpairs_min_rows.cache_clear()
             assert wna16.kpairs_min_rows() == rows
