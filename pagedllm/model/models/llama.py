@@ -154,6 +154,9 @@ class LlamaDecoderLayer(nn.Module):
     attention_cls = LlamaAttention
     mlp_cls: type[nn.Module] = LlamaMLP
     norm_cls: type[nn.Module] = RMSNorm  # built as norm_cls(hidden_size, eps)
+    # (class defaults: a subclass with an __init__ of its own, e.g. the MoE layer, never fuses)
+    fuse_decode_requested = False
+    _next_layer: tuple[nn.Module, ...] = ()  # (the next layer of this stage,), set by the model
 
     def __init__(self, cfg: Any, ps: ParallelState):
         super().__init__()
@@ -162,7 +165,6 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = self.norm_cls(cfg.hidden_size, norm_eps(cfg))
         self.post_attention_layernorm = self.norm_cls(cfg.hidden_size, norm_eps(cfg))
         self.fuse_decode_requested = fusion_enabled("GEMV_EPILOGUE", default=False) and ps.tp_size == 1
-        self._next_layer: tuple[nn.Module, ...] = ()  # (the next layer of this stage,), set by the model
 
     @property
     def next_layer(self) -> nn.Module | None:
