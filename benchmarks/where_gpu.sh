@@ -31,8 +31,7 @@
 # against kpairs' 16- / 32- / 64-row tiles), w1kpfrom (W1 gptq: A kpairs from 48 rows, B PAGEDLLM_WNA16_KPAIRS_FROM=$KPFROM,
 # default 5), w2greedy (W2 gptq: A default, B PAGEDLLM_GREEDY_TRITON=0, torch's argmax), argmaxtests (the fused
 # argmax's engine test), w2gptqprof0 (W2 gptq's profile, PDL off), w2pdl (W2 gptq: A default, B PAGEDLLM_WNA16_PDL=0),
-# stream (benchmarks/stream_bench.py: streaming the int4 words alone), w2epi (W2 gptq: A default, B
-# PAGEDLLM_FUSED_GEMV_EPILOGUE=1), epitests (the epilogue's GPU tests), w2epiprof0 (W2 gptq's profile through it, PDL off).
+# stream (benchmarks/stream_bench.py: streaming the int4 words alone).
 # Logs in one archive in $OUT; a summary last.
 #     OUT=$OUT bash benchmarks/where_gpu.sh
 #     STEPS="moeprof w1order" bash benchmarks/where_gpu.sh   # any of moeprof w2int4prof w1fp8prof order w1order
@@ -132,14 +131,6 @@ if step kpermtests 240; then  # the steps-permuted layout on every kernel, CUDA 
   timeout 240 $PY -m pytest -q -x tests/gpu/test_wna16_gpu.py -k "kperm or kpairs_from" > "$OUT/kpermtests.log" 2>&1
   echo "kpermtests rc=$? at ${SECONDS} s: $(tail -1 "$OUT/kpermtests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/kpermtests.log" | head
 fi
-if step epitests 200; then  # gemvp's decode epilogue: the kernel at Llama-3.1-8B's shapes, the engine's tokens
-  timeout 200 $PY -m pytest -q tests/gpu/test_wna16_gpu.py -k "epilogue" > "$OUT/epitests.log" 2>&1
-  echo "epitests rc=$? at ${SECONDS} s: $(tail -1 "$OUT/epitests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/epitests.log" | head
-fi
-if step w2epiprof0 70; then  # W2 gptq's step by kernel through gemvp's epilogues, PDL off
-  PAGEDLLM_FUSED_GEMV_EPILOGUE=1 PAGEDLLM_PDL=0 timeout 70 $PY benchmarks/profile_gpu.py --load w2 --quantization gptq \
-    --steps 30 --top 16 > "$OUT/w2epiprof0.log" 2>&1; echo "w2epiprof0 rc=$? at ${SECONDS} s"
-fi
 if step argmaxtests 100; then  # greedy tokens equal transformers' with the fused argmax
   timeout 100 $PY -m pytest -q tests/gpu/test_engine_gpu.py -k "fused_argmax" > "$OUT/argmaxtests.log" 2>&1
   echo "argmaxtests rc=$? at ${SECONDS} s: $(tail -1 "$OUT/argmaxtests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/argmaxtests.log" | head
@@ -215,7 +206,6 @@ w2ab w2prefetch PAGEDLLM_WNA16_PREFETCH=1 "--quantization gptq"  # W2 gptq: gemv
 w2ab w2kperm PAGEDLLM_WNA16_KPERM=0 "--quantization gptq"  # W2 gptq: gemvp on the steps-permuted (the default) against the plain layout
 w2ab w2pdl PAGEDLLM_WNA16_PDL=0 "--quantization gptq"  # W2 gptq: gemvp under PDL (the default) against without
 w2ab w2greedy PAGEDLLM_GREEDY_TRITON=0 "--quantization gptq"  # W2 gptq: the fused sampler's argmax against torch's
-w2ab w2epi PAGEDLLM_FUSED_GEMV_EPILOGUE=1 "--quantization gptq"  # W2 gptq: decode layers through gemvp's epilogues (no norm / act kernels)
 if step stream 100; then  # pure streaming of W2's int4 words: gemvp's pattern, contiguous column blocks, one flat range
   timeout 100 $PY benchmarks/stream_bench.py > "$OUT/stream.log" 2>&1
   echo "stream rc=$? at ${SECONDS} s"; sed -n '/^best per/,$p' "$OUT/stream.log"
@@ -281,7 +271,7 @@ if [[ " $STEPS " == *" w3act "* ]]; then  # W3 at inf: bf16, FP8 + FP8 KV with P
     echo "w3act $v rc=$? at ${SECONDS} s: $(grep -iE "total token|output token" "$OUT/w3act_$v.log" | tr -s ' ' | head -2 | tr '\n' ';')"
   done
 fi
-for f in moeprof moeprof0 w2int4prof w1fp8prof w2prof0 w2gptqprof0 w2epiprof0 w3prof_bf16 w3prof_fp8; do
+for f in moeprof moeprof0 w2int4prof w1fp8prof w2prof0 w2gptqprof0 w3prof_bf16 w3prof_fp8; do
   [ -f "$OUT/$f.log" ] && { echo "=== $f ==="; grep -E "wall per step|device busy" "$OUT/$f.log";
     grep -A14 "calls/step" "$OUT/$f.log" | cut -c1-50,80-; }
 done

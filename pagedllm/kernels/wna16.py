@@ -46,7 +46,6 @@ into a scratch matrix and cuBLAS multiplies.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 
@@ -176,56 +175,6 @@ def wna16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
         w = dequantize_wna16_torch(qweight, scales, zeros, bits, x.dtype, kperm)
         return torch.nn.functional.linear(x, w, bias)
     return wna16_linear_torch(x, qweight, scales, zeros, bits, bias, kperm)
-
-
-# ---- the decode epilogue: the norm and activation kernels between the GEMVs folded into them ---------
-@dataclasses.dataclass(frozen=True)
-class GemvEpilogue:
-    """What gemvp (one to GEMV_MAX_ROWS rows) does with its finished outputs y instead of storing
-    them (wna16_gemv_triton._gemvp_epilogue; `gemv_epilogue_torch` defines it), so that a decode
-    layer of 4-bit projections runs no RMSNorm and no SiLU-and-mul kernel (model/layers/
-    fused_decode.py):
-
-    in_parts: x was h * gamma (a norm's input times its weight, written by the kernel before): y is
-      scaled by rsqrt(sum(in_parts[m]) / norm_k + eps), RMSNorm's factor, which is linear in y.
-    act: the output is silu(gate) * up of y's halves [gate | up], N / 2 wide.
-    residual, gamma: h = y + residual is the new residual stream (returned), the output is h * gamma
-      (the next norm's input, unscaled) and the sums of h's squares over each column block of the
-      kernel are returned as the next projection's in_parts."""
-
-    in_parts: torch.Tensor | None = None  # [M, P] float32
-    eps: float = 0.0
-    norm_k: int = 0
-    act: bool = False
-    residual: torch.Tensor | None = None  # [M, N], contiguous
-    gamma: torch.Tensor | None = None  # [N]
-
-    def __post_init__(self) -> None:
-        if self.act and self.residual is not None:
-            raise ValueError("GemvEpilogue: act and residual do not go together")
-        if (self.residual is None) != (self.gamma is None):
-            raise ValueError("GemvEpilogue: residual and gamma go together")
-
-
-def gemv_epilogue_torch(y: torch.Tensor, epi: GemvEpilogue, dtype: torch.dtype, block_n: int,
-                        bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """Reference of the epilogue on the float32 product y [M, N] (no bias): (out, h, parts), h and
-    parts (sums of h's squares over columns [j * block_n, (j + 1) * block_n)) where epi.residual."""
-    if epi.in_parts is not None:
-        y = y * torch.rsqrt(epi.in_parts.sum(1, keepdim=True) / epi.norm_k + epi.eps)
-    if bias is not None:
-        y = y + bias.float()
-    if epi.act:
-        gate, up = y.to(dtype).float().chunk(2, dim=-1)
-        act = torch.nn.functional.silu(gate).to(dtype).float()
-        return (act * up).to(dtype), None, None
-    if epi.residual is None:
-        return y.to(dtype), None, None
-    h = (y.to(dtype).float() + epi.residual.float()).to(dtype)
-    hf = h.float()
-    m, n = hf.shape
-    parts = torch.nn.functional.pad(hf * hf, (0, -n % block_n)).view(m, -1, block_n).sum(-1)
-    return (hf * epi.gamma.float()).to(dtype), h, parts
 
 
 # ---- the steps-permuted K-packed layout (module docstring) -----------------------------------

@@ -25,7 +25,6 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedllm.kernels.activation_triton import act_mul
 from pagedllm.kernels.pdl_triton import pdl_release, pdl_wait
 
 
@@ -42,24 +41,16 @@ def kperm_input(s):
 
 
 @triton.jit
-def _gemv_partial(acc, s_ptr, b_ptr, rn, n_mask, pid_k, GROUP_K: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """A program's [BLOCK_KW, BLOCK_N] partial sums added over rows, times the per-channel scale,
-    plus the bias (split 0): its part [BLOCK_N] of the outputs rn."""
+def _gemv_finish(acc, s_ptr, b_ptr, out_ptr, ws_ptr, count_ptr, m, rn, n_mask, pid_k, stride_om, M, N,
+                 GROUP_K: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, LAST: tl.constexpr):  # fmt: skip
+    """The GEMVs' end: the [BLOCK_KW, BLOCK_N] partial sums added over rows, the per-channel
+    scale, the bias (split 0), stored (_gemv_store)."""
     y = tl.sum(acc, axis=0)
     if GROUP_K == 0:
         y = y * tl.load(s_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
     if HAS_BIAS:
         if pid_k == 0:
             y = y + tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
-    return y
-
-
-@triton.jit
-def _gemv_finish(acc, s_ptr, b_ptr, out_ptr, ws_ptr, count_ptr, m, rn, n_mask, pid_k, stride_om, M, N,
-                 GROUP_K: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, LAST: tl.constexpr):  # fmt: skip
-    """The GEMVs' end: the [BLOCK_KW, BLOCK_N] partial sums added over rows, the per-channel
-    scale, the bias (split 0), stored (_gemv_store)."""
-    y = _gemv_partial(acc, s_ptr, b_ptr, rn, n_mask, pid_k, GROUP_K, HAS_BIAS)
     _gemv_store(y, out_ptr, ws_ptr, count_ptr, m, rn, n_mask, stride_om, M, N, SPLIT_K, LAST)
 
 
@@ -74,81 +65,20 @@ def _gemv_store(y, out_ptr, ws_ptr, count_ptr, m, rn, n_mask, stride_om, M, N, S
     if SPLIT_K == 1:
         tl.store(out, y.to(out_ptr.dtype.element_ty), mask=n_mask)
     elif LAST:
-        total, last = _gemv_last_split(y, ws_ptr, count_ptr, m, rn, n_mask, M, N, SPLIT_K)
-        if last:
-            tl.store(out, total.to(out_ptr.dtype.element_ty), mask=n_mask)
+        tl.store(ws_ptr + (tl.program_id(2) * M + m) * N + rn, y, mask=n_mask)
+        # every thread's stores before the barrier, the barrier before the count, whose release
+        # publishes them at gpu scope (and whose acquire orders the last split's loads after it)
+        tl.debug_barrier()
+        counter = count_ptr + m * tl.num_programs(1) + tl.program_id(1)
+        done = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+        if done == SPLIT_K - 1:
+            acc = tl.zeros(rn.shape, dtype=tl.float32)
+            for i in tl.static_range(SPLIT_K):
+                acc += tl.load(ws_ptr + (i * M + m) * N + rn, mask=n_mask, other=0.0, cache_modifier=".cg")
+            tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
+            tl.store(counter, 0)  # zero again for the next call (or graph replay)
     else:
         tl.atomic_add(out, y, mask=n_mask)
-
-
-@triton.jit
-def _gemv_last_split(y, ws_ptr, count_ptr, m, rn, n_mask, M, N, SPLIT_K: tl.constexpr):
-    """y stored to the workspace; (the splits' sum in split order, True) in the split that counts
-    itself last on its (row, column block) counter (zeroed again there), (zeros, False) in the others."""
-    tl.store(ws_ptr + (tl.program_id(2) * M + m) * N + rn, y, mask=n_mask)
-    # every thread's stores before the barrier, the barrier before the count, whose release
-    # publishes them at gpu scope (and whose acquire orders the last split's loads after it)
-    tl.debug_barrier()
-    counter = count_ptr + m * tl.num_programs(1) + tl.program_id(1)
-    done = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-    last = done == SPLIT_K - 1
-    total = tl.zeros(rn.shape, dtype=tl.float32)
-    if last:
-        for i in tl.static_range(SPLIT_K):
-            total += tl.load(ws_ptr + (i * M + m) * N + rn, mask=n_mask, other=0.0, cache_modifier=".cg")
-        tl.store(counter, 0)  # zero again for the next call (or graph replay)
-    return total, last
-
-
-@triton.jit
-def _gemvp_epilogue(y, out_ptr, b_ptr, m, rn, n_mask, stride_om, N, e_parts_in, e_res, e_h, e_gamma, e_parts_out,
-                    e_eps, e_inv_k, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, IN_PARTS: tl.constexpr, IN_BLOCK: tl.constexpr,
-                    ACT: tl.constexpr, RES: tl.constexpr):  # fmt: skip
-    """Row m's finished outputs y [BLOCK_N] (float32, no bias yet) stored through the fused decode epilogue
-    (kernels/wna16.GemvEpilogue):
-    IN_PARTS > 0: x was h * gamma, not yet scaled by the RMS of h: y *= rsqrt(sum of h's squares / K + eps),
-      the sum read as the IN_PARTS partial sums (IN_BLOCK: the power of two at or above) the kernel
-      before stored for row m, in order. Then the bias.
-    ACT: the columns are [gate block | up block] (rn as _epilogue_cols maps them): the stored output is
-      silu(gate) * up [BLOCK_N / 2] at column block program_id(1) of out (N / 2 wide), gate and up
-      first rounded to out's dtype as the unfused gate/up projection's output is.
-    RES: h = y (rounded) + residual[m] is stored to e_h, h * gamma to out, and the sum of h's squares over
-      these columns to e_parts_out[m, program_id(1)]: the next norm's input without its kernel."""
-    dt: tl.constexpr = out_ptr.dtype.element_ty
-    if IN_PARTS > 0:
-        pi = tl.arange(0, IN_BLOCK)
-        parts = tl.load(e_parts_in + m * IN_PARTS + pi, mask=pi < IN_PARTS, other=0.0)
-        y = y * tl.rsqrt(tl.sum(parts, axis=0) * e_inv_k + e_eps)
-    if HAS_BIAS:
-        y = y + tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
-    if ACT:
-        HALF: tl.constexpr = BLOCK_N // 2
-        y2 = tl.reshape(y.to(dt).to(tl.float32), [2, HALF])
-        first = (tl.arange(0, 2) == 0)[:, None]
-        gate = tl.sum(tl.where(first, y2, 0.0), axis=0)
-        up = tl.sum(tl.where(first, 0.0, y2), axis=0)
-        cols = tl.program_id(1) * HALF + tl.arange(0, HALF)
-        tl.store(out_ptr + m * stride_om + cols, act_mul(gate, up, dt, False), mask=cols < N // 2)
-    elif RES:
-        h = (y.to(dt).to(tl.float32) + tl.load(e_res + m * N + rn, mask=n_mask, other=0.0).to(tl.float32)).to(dt)
-        tl.store(e_h + m * N + rn, h, mask=n_mask)
-        hf = h.to(tl.float32)
-        tl.store(e_parts_out + m * tl.num_programs(1) + tl.program_id(1), tl.sum(hf * hf, axis=0))
-        gamma = tl.load(e_gamma + rn, mask=n_mask, other=0.0).to(tl.float32)
-        tl.store(out_ptr + m * stride_om + rn, (hf * gamma).to(dt), mask=n_mask)
-    else:
-        tl.store(out_ptr + m * stride_om + rn, y.to(dt), mask=n_mask)
-
-
-@triton.jit
-def _epilogue_cols(pid_n, BLOCK_N: tl.constexpr, N, ACT: tl.constexpr):
-    """The output columns of column block pid_n: BLOCK_N consecutive ones, or (ACT) BLOCK_N / 2 of
-    the gate half of [gate | up] (N wide) followed by the same columns of the up half."""
-    i = tl.arange(0, BLOCK_N)
-    if ACT:
-        HALF: tl.constexpr = BLOCK_N // 2
-        return (i // HALF) * (N // 2) + pid_n * HALF + i % HALF
-    return pid_n * BLOCK_N + i
 
 
 @triton.jit
@@ -370,10 +300,6 @@ def _wna16_gemv_packed_kernel(
     LOOP_STAGES: tl.constexpr = 1,  # > 1: Triton's software pipeline of the loop's loads (cp.async
     # through shared memory, LOOP_STAGES - 1 tiles ahead); PREFETCH then off
     KPERM: tl.constexpr = False,  # the steps-permuted layout: nibbles i, i + 4 of a word are x's pair
-    e_parts_in=None, e_res=None, e_h=None, e_gamma=None, e_parts_out=None, e_eps=0.0, e_inv_k=0.0,  # EPI's
-    EPI: tl.constexpr = False,  # the outputs stored through _gemvp_epilogue (one split, or LAST)
-    IN_PARTS: tl.constexpr = 0, IN_BLOCK: tl.constexpr = 1, ACT: tl.constexpr = False,  # _gemvp_epilogue's
-    RES: tl.constexpr = False,
 ):  # fmt: skip
     """The 4-bit GEMV in packed 16-bit arithmetic (`gemvp`). The gemv kernel spends about 42
     instructions a word in float32 (sm_90 SASS), more than the SM issues at the memory's pace;
@@ -389,7 +315,7 @@ def _wna16_gemv_packed_kernel(
     pdl_release(PDL)
     act: tl.constexpr = x_ptr.dtype.element_ty
     m = tl.program_id(0).to(tl.int64)
-    rn = _epilogue_cols(tl.program_id(1), BLOCK_N, N, ACT)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     pid_k = tl.program_id(2)
     n_mask = rn < N
     ri = tl.arange(0, BLOCK_KW)
@@ -450,19 +376,8 @@ def _wna16_gemv_packed_kernel(
             acc += wsum * tl.load(s_ptr + s_off, mask=s_mask, other=0.0).to(tl.float32)
         else:
             acc += wsum
-    if EPI:  # (the bias after the epilogue's scale)
-        y = _gemv_partial(acc, s_ptr, b_ptr, rn, n_mask, pid_k, GROUP_K, False)
-        if SPLIT_K == 1:
-            _gemvp_epilogue(y, out_ptr, b_ptr, m, rn, n_mask, stride_om, N, e_parts_in, e_res, e_h, e_gamma, e_parts_out,
-                            e_eps, e_inv_k, HAS_BIAS, BLOCK_N, IN_PARTS, IN_BLOCK, ACT, RES)  # fmt: skip
-        else:
-            total, last = _gemv_last_split(y, ws_ptr, count_ptr, m, rn, n_mask, M, N, SPLIT_K)
-            if last:
-                _gemvp_epilogue(total, out_ptr, b_ptr, m, rn, n_mask, stride_om, N, e_parts_in, e_res, e_h, e_gamma,
-                                e_parts_out, e_eps, e_inv_k, HAS_BIAS, BLOCK_N, IN_PARTS, IN_BLOCK, ACT, RES)  # fmt: skip
-    else:
-        _gemv_finish(acc, s_ptr, b_ptr, out_ptr, ws_ptr, count_ptr, m, rn, n_mask, pid_k, stride_om, M, N, GROUP_K,
-                     HAS_BIAS, SPLIT_K, LAST)  # fmt: skip
+    _gemv_finish(acc, s_ptr, b_ptr, out_ptr, ws_ptr, count_ptr, m, rn, n_mask, pid_k, stride_om, M, N, GROUP_K,
+                 HAS_BIAS, SPLIT_K, LAST)  # fmt: skip
 
 
 def _rows_as_int32_pairs(x: torch.Tensor) -> bool:

@@ -26,7 +26,7 @@ import triton.language as tl
 from pagedllm.kernels._triton import env_flag, pdl
 from pagedllm.kernels.counters import counters
 from pagedllm.kernels.small_m import last_reduce
-from pagedllm.kernels.wna16 import GEMV_MAX_ROWS, GemvEpilogue, kperm_applies, pack_factor
+from pagedllm.kernels.wna16 import GEMV_MAX_ROWS, kperm_applies, pack_factor
 from pagedllm.kernels.wna16_gemv_triton import (  # noqa: F401 (the GEMVs' names, as before the split)
     _MAGIC,
     _MAGIC_F,
@@ -275,7 +275,6 @@ def wna16_gemm_triton(
     config: tuple | None = None,  # see default_config
     reduce_last: bool | None = None,  # gemv split-K: the last split adds the splits (None: small_m.last_reduce)
     kperm: bool = False,  # qweight in the steps-permuted layout (wna16.kperm_pack)
-    epilogue: GemvEpilogue | None = None,  # gemvp only: -> (out, h, parts) (wna16.gemv_epilogue_torch)
 ) -> torch.Tensor:  # [M, N] in x's dtype
     p = pack_factor(bits)
     m, k = x.shape
@@ -293,8 +292,6 @@ def wna16_gemm_triton(
         m, n, k, group_k, bits, x.dtype, _rows_as_int32_pairs(x))
     z = zeros if zeros is not None else scales  # unused pointer when HAS_ZERO is False
     b = bias if bias is not None else scales
-    if epilogue is not None and kind != "gemvp":
-        raise ValueError(f"a GemvEpilogue needs the gemvp kernel, the config runs {kind!r}")
     if kind in ("gemv", "gemvp"):
         packed = kind == "gemvp"
         if packed and (bits != 4 or x.dtype not in (torch.float16, torch.bfloat16)):
@@ -304,11 +301,8 @@ def wna16_gemm_triton(
         kw_per_split = triton.cdiv(triton.cdiv(kw, split_k), block_kw) * block_kw
         split_k = triton.cdiv(kw, kw_per_split)
         n_blocks = triton.cdiv(n, block_n)
-        last = split_k > 1 and (epilogue is not None or (last_reduce() if reduce_last is None else reduce_last))
+        last = split_k > 1 and (last_reduce() if reduce_last is None else reduce_last)
         atomics = split_k > 1 and not last
-        if epilogue is not None:
-            return _gemvp_with_epilogue(x, qweight, scales, zeros, bias, epilogue, kperm, given, group_k,
-                                        (block_n, block_kw, num_warps, num_stages, split_k, kw_per_split, n_blocks))
         out = (torch.zeros((m, n), dtype=torch.float32, device=x.device) if atomics
                else torch.empty((m, n), dtype=x.dtype, device=x.device))
         if m == 0:
@@ -320,8 +314,19 @@ def wna16_gemm_triton(
                       KPERM=kperm, num_warps=num_warps, num_stages=num_stages)  # PDL only where the first
         # tile's words load before the wait (gemv_pdl): with the wait first the H200 measured a loss (W2 gptq,
         # PAGEDLLM_PDL=1: gemv 3.24 -> 3.83, gemvp 2.96 -> 3.00 ms/token)
-        if packed:
-            common.update(_gemvp_modes(x, num_stages, given))
+        if packed:  # the interpreter runs no PTX: the same arithmetic in Triton ops
+            if not _rows_as_int32_pairs(x):
+                raise ValueError("the gemvp kernel reads activation rows as int32 pairs: each must start "
+                                 "4-byte aligned")
+            common["ASM"] = os.environ.get("TRITON_INTERPRET") != "1"
+            # 3 or 4 stages: the loop's software pipeline (gemvp_config's only while gemv_prefetch
+            # leaves the mode per shape); else gemv_prefetch's mode, the register prefetch per shape
+            forced = gemv_prefetch()
+            mode = num_stages if num_stages >= 3 and (given or forced is None) else (1 if forced is None else forced)
+            common["PREFETCH"] = mode == 1
+            common["LOOP_STAGES"] = mode if mode >= 3 else 1
+            if gemv_pdl() and mode == 1:  # (the pipelined or plain loops would wait first: no overlap)
+                common.update(pdl(x))
         else:
             common["BITS"] = bits
         (_wna16_gemv_packed_kernel if packed else _wna16_gemv_kernel)[(m, n_blocks, split_k)](
@@ -349,63 +354,6 @@ def wna16_gemm_triton(
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return out
-
-
-def _gemvp_modes(x: torch.Tensor, num_stages: int, given: bool) -> dict:
-    """gemvp's ASM / PREFETCH / LOOP_STAGES / PDL launch options for a config's num_stages."""
-    if not _rows_as_int32_pairs(x):
-        raise ValueError("the gemvp kernel reads activation rows as int32 pairs: each must start 4-byte aligned")
-    # the interpreter runs no PTX: the same arithmetic in Triton ops
-    modes = {"ASM": os.environ.get("TRITON_INTERPRET") != "1"}
-    # 3 or 4 stages: the loop's software pipeline (gemvp_config's only while gemv_prefetch
-    # leaves the mode per shape); else gemv_prefetch's mode, the register prefetch per shape
-    forced = gemv_prefetch()
-    mode = num_stages if num_stages >= 3 and (given or forced is None) else (1 if forced is None else forced)
-    modes["PREFETCH"] = mode == 1
-    modes["LOOP_STAGES"] = mode if mode >= 3 else 1
-    if gemv_pdl() and mode == 1:  # (the pipelined or plain loops would wait first: no overlap)
-        modes.update(pdl(x))
-    return modes
-
-
-def _gemvp_with_epilogue(x, qweight, scales, zeros, bias, epi: GemvEpilogue, kperm: bool, given: bool,
-                         group_k: int, tiles: tuple):
-    """wna16_gemm_triton's gemvp launch with a GemvEpilogue: (out, h, parts) as gemv_epilogue_torch
-    returns them (split-K: the last split runs the epilogue)."""
-    block_n, block_kw, num_warps, num_stages, split_k, kw_per_split, n_blocks = tiles
-    m, k = x.shape
-    n = qweight.shape[1]
-    dev = x.device
-    if epi.act:
-        half = block_n // 2
-        if n % 2 or (n // 2) % half:
-            raise ValueError(f"the act epilogue needs each half of the {n} outputs whole blocks of {half}")
-        n_blocks = n // 2 // half
-        out = torch.empty((m, n // 2), dtype=x.dtype, device=dev)
-    else:
-        out = torch.empty((m, n), dtype=x.dtype, device=dev)
-    h = parts = None
-    if epi.residual is not None:
-        if tuple(epi.residual.shape) != (m, n) or not epi.residual.is_contiguous():
-            raise ValueError(f"the epilogue's residual must be contiguous [{m}, {n}]")
-        h = torch.empty((m, n), dtype=x.dtype, device=dev)
-        parts = torch.empty((m, n_blocks), dtype=torch.float32, device=dev)
-    if m == 0:
-        return out, h, parts
-    n_in = 0 if epi.in_parts is None else int(epi.in_parts.shape[1])
-    ws = torch.empty((split_k, m, n), dtype=torch.float32, device=dev) if split_k > 1 else out
-    count = counters(dev, m * n_blocks) if split_k > 1 else qweight
-    _wna16_gemv_packed_kernel[(m, n_blocks, split_k)](
-        x, qweight, scales, zeros if zeros is not None else scales, bias if bias is not None else scales, out, ws,
-        count, m, n, qweight.shape[0], kw_per_split, x.stride(0), qweight.stride(0), scales.stride(0), out.stride(0),
-        GROUP_K=group_k, HAS_ZERO=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=split_k,
-        EVEN=kw_per_split * split_k == qweight.shape[0], BLOCK_N=block_n, BLOCK_KW=block_kw, LAST=split_k > 1,
-        KPERM=kperm, num_warps=num_warps, num_stages=num_stages, **_gemvp_modes(x, num_stages, given),
-        e_parts_in=epi.in_parts, e_res=epi.residual, e_h=h, e_gamma=epi.gamma, e_parts_out=parts, e_eps=epi.eps,
-        e_inv_k=1.0 / epi.norm_k if n_in else 0.0, EPI=True, IN_PARTS=n_in,
-        IN_BLOCK=triton.next_power_of_2(max(n_in, 1)), ACT=epi.act, RES=epi.residual is not None,
-    )  # fmt: skip
-    return out, h, parts
 
 
 def dequantize_wna16_triton(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,

@@ -93,54 +93,6 @@ def check_wna16_gemm(device, dtype, m, n, k, bits=4, group_k=128, symmetric=True
             _close(out, wna16_linear_torch(x, qw, s, z, bits, b), dtype)
 
 
-def check_gemvp_epilogue(device, dtype, m, n, k, group_k=128, symmetric=True, config=None, kperm=False, seed=0,
-                         calls=2):
-    """gemvp's decode epilogue (wna16.GemvEpilogue) against gemv_epilogue_torch on the float32
-    product, for each of its modes, `calls` times (split-K's counters zeroed again): (1) residual +
-    gamma: h, h * gamma and the column blocks' sums of squares; (2) those sums scaling a [gate | up]
-    projection of h * gamma with the SiLU-and-mul (n outputs, n / 2 written); (3) the scaling alone.
-    Then the chain (2) against the unfused one: RMSNorm(h) through the plain GEMV and silu_and_mul."""
-    from pagedllm.kernels import wna16_triton
-    from pagedllm.kernels.activation import silu_and_mul_torch
-    from pagedllm.kernels.norm import rms_norm_torch
-    from pagedllm.kernels.wna16 import GemvEpilogue, gemv_epilogue_torch
-
-    g = torch.Generator().manual_seed(seed)
-    qw, s, z = _weights(n, k, 4, group_k, symmetric, device, g)
-    qw2, s2, z2 = _weights(n, n, 4, group_k, symmetric, device, g)  # the consumer of the producer's n outputs
-    qk, qk2 = (kperm_pack(qw), kperm_pack(qw2)) if kperm else (qw, qw2)
-    cfg = tuple(config) if config else None
-    gemm = wna16_triton.wna16_gemm_triton
-    eps = 1e-5
-    for _ in range(calls):
-        x = torch.randn(m, k, generator=g).to(device=device, dtype=dtype)
-        residual = (torch.randn(m, n, generator=g) * 4).to(device=device, dtype=dtype)
-        gamma = (torch.rand(n, generator=g) + 0.5).to(device=device, dtype=dtype)
-        y = x.float() @ dequantize_wna16_torch(qw, s, z, 4, torch.float32).t()
-        epi = GemvEpilogue(residual=residual, gamma=gamma)
-        out, h, parts = gemm(x, qk, s, z, 4, config=cfg, kperm=kperm, epilogue=epi)
-        block_n = n // parts.shape[1]
-        r_out, r_h, r_parts = gemv_epilogue_torch(y, epi, dtype, block_n)
-        _close(h, r_h, dtype)
-        _close(out, r_out, dtype)
-        torch.testing.assert_close(parts, r_parts, rtol=2e-2, atol=1e-3 * float(r_parts.abs().max()))
-        # (2) the consumer: x2 = h * gamma scaled by the parts, [gate | up] -> silu(gate) * up
-        x2 = out
-        y2 = x2.float() @ dequantize_wna16_torch(qw2, s2, z2, 4, torch.float32).t()
-        b2 = (torch.randn(n, generator=g) * 0.1).to(device=device, dtype=dtype)
-        for act, bias in ((True, None), (False, None), (False, b2)):
-            epi2 = GemvEpilogue(in_parts=parts, eps=eps, norm_k=n, act=act)
-            out2, h2, p2 = gemm(x2, qk2, s2, z2, 4, bias, config=cfg, kperm=kperm, epilogue=epi2)
-            assert h2 is None and p2 is None and out2.shape == (m, n // 2 if act else n)
-            _close(out2, gemv_epilogue_torch(y2, epi2, dtype, block_n, bias)[0], dtype)
-        # the unfused chain: RMSNorm of h, the plain product, SiLU-and-mul
-        normed = rms_norm_torch(h, gamma, eps)
-        plain = silu_and_mul_torch(wna16_linear_torch(normed, qw2, s2, z2, 4))
-        fused = gemm(x2, qk2, s2, z2, 4, config=cfg, kperm=kperm,
-                     epilogue=GemvEpilogue(in_parts=parts, eps=eps, norm_k=n, act=True))[0]
-        _close(fused, plain, dtype)
-
-
 def check_wna16_dequant(device, dtype, n, k, bits=4, group_k=128, symmetric=True, seed=0, kperm=False):
     from pagedllm.kernels.wna16_triton import dequantize_wna16_triton
 
@@ -392,51 +344,6 @@ def test_wna16_kperm_bit_for_bit(m):
     qw, s, z = _weights(6144, 4096, 4, 128, False, "cuda", g)
     x = torch.randn(m, 4096, generator=g).to("cuda", torch.bfloat16)
     assert torch.equal(wna16_linear(x, kperm_pack(qw), s, z, 4, kperm=True), wna16_linear(x, qw, s, z, 4))
-
-
-@pytest.mark.parametrize("m", [1, 3])
-@pytest.mark.parametrize("n,k,group_k,symmetric", [(4096, 4096, 128, True), (4096, 14336, 128, False),
-                                                   (1024, 4096, 32, False), (4096, 4096, None, True)])
-@pytest.mark.parametrize("kperm", [False, True])
-def test_gemvp_epilogue(m, n, k, group_k, symmetric, kperm):
-    """gemvp's decode epilogue at Llama-3.1-8B's shapes and the engine's configs (the 14,336-input
-    producer split 4 ways, its last split running it), bf16 as the engine runs it and fp16."""
-    if kperm and group_k not in (None, 128):
-        pytest.skip("the steps-permuted layout takes whole steps of 128")
-    for dtype in (torch.bfloat16, torch.float16):
-        check_gemvp_epilogue("cuda", dtype, m, n, k, group_k, symmetric, kperm=kperm)
-
-
-def test_engine_gemv_epilogue_decodes_the_same_tokens(tmp_path, tokenizer_dir, monkeypatch):
-    """A tiny GPTQ checkpoint in bfloat16 on the GPU (CUDA graphs) with PAGEDLLM_FUSED_GEMV_EPILOGUE=1
-    (decode layers through the GEMVs' epilogues, model/layers/fused_decode.py; counted) decodes as
-    without: the same first token of each prompt (prefill takes the plain path) and nearly all later
-    ones (the norm's factor meets the product after its rounding instead of before)."""
-    from pathlib import Path
-
-    from pagedllm import LLM
-    from pagedllm.model.layers import fused_decode
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
-    from test_wna16 import FORMATS, GREEDY, PROMPTS, save_tiny_model, tiny_config, write_checkpoint
-
-    cfg = tiny_config("llama", hidden=256, heads=4, kv_heads=2, layers=3, initializer_range=0.05)
-    plain = save_tiny_model(cfg, str(tmp_path / "plain"), tokenizer_dir, seed=3)
-    path = write_checkpoint(plain, str(tmp_path / "ckpt"), FORMATS["gptq-g128-sym-descact"])
-    calls = []
-    real = fused_decode.layer_forward
-    monkeypatch.setattr(fused_decode, "layer_forward", lambda *a: calls.append(type(a[2]).__name__) or real(*a))
-    tokens = {}
-    for on in ("0", "1"):
-        monkeypatch.setenv("PAGEDLLM_FUSED_GEMV_EPILOGUE", on)
-        llm = LLM(path, dtype="bfloat16", kv_cache_memory="64MiB", max_model_len=256)
-        tokens[on] = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
-        del llm
-        torch.cuda.empty_cache()
-        # off: never; on: every layer of the decode steps (graph captures), the later ones on ScaledRows
-        assert (len(calls) > 0) == (on == "1") and (on == "0" or "ScaledRows" in calls)
-    for a, b in zip(tokens["1"], tokens["0"], strict=True):
-        assert a[0] == b[0] and sum(x == y for x, y in zip(a, b, strict=True)) >= len(b) // 2, (a, b)
 
 
 def test_engine_steps_permuted_layout_decodes_the_same_tokens(tmp_path, tokenizer_dir, monkeypatch):

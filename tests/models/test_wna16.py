@@ -312,39 +312,6 @@ def test_engine_tokens_on_the_steps_permuted_layout(tmp_path, tokenizer_dir, mon
     assert tokens["1"] == tokens["0"]
 
 
-@pytest.mark.parametrize("flag", ["1", "0"])
-def test_which_layers_decode_through_the_gemv_epilogues(plain, tmp_path, monkeypatch, flag):
-    """model/layers/fused_decode.py's eligibility: with PAGEDLLM_FUSED_GEMV_EPILOGUE=1 a 4-bit Llama's
-    layers qualify and each knows the next (the last none), the same model unquantized or with the
-    flag off does not; CPU rows never take the path (gemvp is CUDA's): the CPU engine is unchanged."""
-    from pagedllm.model.layers.fused_decode import ScaledRows, takes_rows
-
-    monkeypatch.setenv("PAGEDLLM_FUSED_GEMV_EPILOGUE", flag)
-    path = write_checkpoint(plain, str(tmp_path / "ckpt"), FORMATS["gptq-g128-sym-descact"])
-    layers = build_model(_model_config(path), "cpu").model.layers
-    assert [layer.decode_fusable for layer in layers] == [flag == "1"] * len(layers)
-    assert layers[0].next_layer is layers[1] and layers[-1].next_layer is None
-    assert not any(layer.decode_fusable for layer in build_model(_model_config(plain), "cpu").model.layers)
-    rows = torch.randn(1, 256, dtype=torch.bfloat16)
-    assert not takes_rows(layers[0], rows)
-    assert not takes_rows(layers[0], ScaledRows(rows, torch.ones(1, 8), 1e-6))
-
-
-def test_scaled_rows_are_the_norm():
-    """ScaledRows(h * gamma, sums of h^2 by column block, eps).normed() is RMSNorm(h) with weight gamma."""
-    from pagedllm.kernels.norm import rms_norm_torch
-    from pagedllm.model.layers.fused_decode import ScaledRows
-
-    g = torch.Generator().manual_seed(0)
-    h = (torch.randn(3, 256, generator=g) * 3).to(torch.bfloat16)
-    gamma = (torch.rand(256, generator=g) + 0.5).to(torch.bfloat16)
-    parts = (h.float() ** 2).view(3, 8, 32).sum(-1)
-    rows = (h.float() * gamma.float()).to(torch.bfloat16)
-    ref = rms_norm_torch(h, gamma, 1e-5)
-    torch.testing.assert_close(ScaledRows(rows, parts, 1e-5).normed(), ref, rtol=1.6e-2, atol=1e-2)
-    assert not torch.allclose(ScaledRows(rows, parts * 4, 1e-5).normed().float(), ref.float(), rtol=0.1)
-
-
 def test_split_inside_a_group_is_refused(checkpoint):
     path, _, spec = checkpoint
     if spec[2] != 128 or spec[4]:

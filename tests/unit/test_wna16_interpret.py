@@ -62,14 +62,6 @@ _CASES = {
                                   {"config": ["dot", 16, 32, 64, 4, 1, 1], "kperm": True}),
     "dotj_kperm_g128_asym_bias": ("check_wna16_gemm", [9, 40, 256, 4, 128, False],
                                   {"bias": True, "config": ["dotj", 16, 32, 128, 4, 1, 1], "kperm": True}),
-    # gemvp's decode epilogue (residual + the next norm's input; its factor, SiLU-and-mul): one split,
-    # split-K twice (the last split runs it), the steps-permuted layout
-    "gemvp_epilogue_g32_asym": ("check_gemvp_epilogue", [2, 64, 256, 32, False],
-                                {"config": ["gemvp", 1, 16, 128, 4, 1, 1], "calls": 1}),
-    "gemvp_epilogue_split_twice": ("check_gemvp_epilogue", [1, 128, 256, 128, True],
-                                   {"config": ["gemvp", 1, 16, 64, 4, 1, 2]}),
-    "gemvp_epilogue_kperm_split": ("check_gemvp_epilogue", [1, 128, 256, 128, False],
-                                   {"config": ["gemvp", 1, 32, 128, 4, 1, 2], "kperm": True, "calls": 1}),
     "dequant_kperm_channel_asym": ("check_wna16_dequant", [24, 256, 4, None, False], {"kperm": True}),
     "dequant_g32_asym": ("check_wna16_dequant", [40, 256, 4, 32, False], {}),
     "dequant_int8_channel": ("check_wna16_dequant", [24, 96, 8, None, True], {}),
@@ -159,39 +151,6 @@ def test_gemv_last_split_reduces_for_sm90(kind):
     compiled = compile_sm90(kernel, sig, const, 4, 2, aligned=("N", "KW", "KW_PER_SPLIT", "stride_xm", "stride_wk",
                                                               "stride_sg", "stride_om"))
     check_last_program_ptx(compiled.asm["ptx"])
-    r = resources(compiled)
-    assert r is None or r["stack"] == 0, r
-
-
-@pytest.mark.parametrize("mode", ["res_split", "res", "in_act", "in_bias_pipelined"])
-def test_gemvp_epilogue_compiles_for_sm90(mode):
-    """gemvp's decode epilogue (wna16.GemvEpilogue) compiles for the H200 at the engine's tiles for
-    Llama-3.1-8B: the residual / next-norm producer (o; down split 4 ways, its last split running it), the
-    gate/up consumer with its factor and SiLU-and-mul, the qkv consumer with a bias in the pipelined
-    loop; spilling nothing, and the split producer keeping the last split's counting protocol."""
-    from test_small_m_interpret import check_last_program_ptx
-
-    from pagedllm.kernels import wna16_triton as w
-    from pagedllm.kernels.inspect_sm90 import compile_sm90, resources
-
-    sig = {"x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*bf16", "b_ptr": "*bf16",
-           "out_ptr": "*bf16", "ws_ptr": "*fp32", "count_ptr": "*i32", "M": "i32", "N": "i32", "KW": "i32",
-           "KW_PER_SPLIT": "i32", "stride_xm": "i32", "stride_wk": "i32", "stride_sg": "i32", "stride_om": "i32"}
-    split = 4 if mode == "res_split" else 1
-    const = dict(GROUP_K=128, HAS_ZERO=False, HAS_BIAS=mode == "in_bias_pipelined", SPLIT_K=split, EVEN=True,
-                 BLOCK_N=32, BLOCK_KW=64 if split > 1 else 128, LAST=split > 1, KPERM=True, EPI=True,
-                 PREFETCH=mode != "in_bias_pipelined", LOOP_STAGES=4 if mode == "in_bias_pipelined" else 1)
-    if mode.startswith("res"):
-        sig.update(e_res="*bf16", e_h="*bf16", e_gamma="*bf16", e_parts_out="*fp32")
-        const.update(RES=True)
-    else:
-        sig.update(e_parts_in="*fp32", e_eps="fp32", e_inv_k="fp32")
-        const.update(IN_PARTS=128, IN_BLOCK=128, ACT=mode == "in_act")
-    aligned = ("N", "KW", "KW_PER_SPLIT", "stride_xm", "stride_wk", "stride_sg", "stride_om")
-    compiled = compile_sm90(w._wna16_gemv_packed_kernel, sig, const, 8, 4 if "pipelined" in mode else 2,
-                            aligned=aligned)
-    if split > 1:
-        check_last_program_ptx(compiled.asm["ptx"])
     r = resources(compiled)
     assert r is None or r["stack"] == 0, r
 

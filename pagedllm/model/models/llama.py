@@ -14,7 +14,6 @@ them, un-normed, before the last."""
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable, Iterable
 
 import torch
@@ -26,8 +25,6 @@ from pagedllm.kernels._triton import fusion_enabled
 from pagedllm.model.layers.activation import SiluAndMul, act_into
 from pagedllm.model.layers.attention import Attention, layer_sliding_window
 from pagedllm.model.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from pagedllm.model.layers import fused_decode
-from pagedllm.model.layers.fused_decode import ScaledRows
 from pagedllm.model.layers.layernorm import RMSNorm, norm_into
 from pagedllm.model.layers.pipeline import belongs_elsewhere, make_layers, owned_layers
 from pagedllm.model.layers.linear import (
@@ -103,12 +100,9 @@ class LlamaAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         # x: [T, H]
-        return self.o_proj(self.attend(positions, self.qkv_proj(x), batch))
-
-    def attend(self, positions: torch.Tensor, qkv: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        """The attention between the projections: qkv [T, (Hq + 2 Hkv) * D] -> [T, Hq * D]."""
+        qkv = self.qkv_proj(x)
         if self.fuse_rope_kv and self.attn.can_store_qkv(qkv):
-            return self.fused_attention(positions, qkv, batch)
+            return self.o_proj(self.fused_attention(positions, qkv, batch))
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(-1, self.num_heads, self.head_dim)  # [T, Hq, D]
         k = k.reshape(-1, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
@@ -118,7 +112,7 @@ class LlamaAttention(nn.Module):
             k = self.k_norm(k)
         if self.rotary_emb is not None:
             q, k = self.rotary_emb(positions, q, k)
-        return self.attn(q, k, v, batch)
+        return self.o_proj(self.attn(q, k, v, batch))
 
     def fused_attention(self, positions: torch.Tensor, qkv: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         # qkv: [T, (Hq + 2 Hkv) * D] -> [T, Hq * D]
@@ -154,9 +148,6 @@ class LlamaDecoderLayer(nn.Module):
     attention_cls = LlamaAttention
     mlp_cls: type[nn.Module] = LlamaMLP
     norm_cls: type[nn.Module] = RMSNorm  # built as norm_cls(hidden_size, eps)
-    # (class defaults: a subclass with an __init__ of its own, e.g. the MoE layer, never fuses)
-    fuse_decode_requested = False
-    _next_layer: tuple[nn.Module, ...] = ()  # (the next layer of this stage,), set by the model
 
     def __init__(self, cfg: Any, ps: ParallelState):
         super().__init__()
@@ -164,26 +155,6 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = self.mlp_cls(cfg, ps)
         self.input_layernorm = self.norm_cls(cfg.hidden_size, norm_eps(cfg))
         self.post_attention_layernorm = self.norm_cls(cfg.hidden_size, norm_eps(cfg))
-        self.fuse_decode_requested = fusion_enabled("GEMV_EPILOGUE", default=False) and ps.tp_size == 1
-
-    @property
-    def next_layer(self) -> nn.Module | None:
-        return self._next_layer[0] if self._next_layer else None
-
-    @functools.cached_property
-    def decode_fusable(self) -> bool:
-        """Whether decode steps may run this layer through the GEMVs' epilogues (model/layers/
-        fused_decode.py): this class's forward, attention and MLP as they are, plain RMSNorms, SiLU, and
-        4-bit weights in all four projections (known once loaded: read at the first forward)."""
-        attn, mlp = self.self_attn, self.mlp
-        linears = (getattr(attn, "qkv_proj", None), getattr(attn, "o_proj", None),
-                   getattr(mlp, "gate_up_proj", None), getattr(mlp, "down_proj", None))
-        return (self.fuse_decode_requested and type(self).forward is LlamaDecoderLayer.forward
-                and type(self).run_mlp is LlamaDecoderLayer.run_mlp
-                and type(attn).forward is LlamaAttention.forward and type(mlp).forward is LlamaMLP.forward
-                and type(mlp.act_fn) is SiluAndMul
-                and type(self.input_layernorm) is type(self.post_attention_layernorm) is RMSNorm
-                and all(hasattr(getattr(lin, "quant_method", None), "takes_gemv_epilogue") for lin in linears))
 
     def norm_input(self, x: torch.Tensor, residual: torch.Tensor | None,
                    linear: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -193,8 +164,6 @@ class LlamaDecoderLayer(nn.Module):
         return norm_into(self.input_layernorm, x, residual, linear)
 
     def forward(self, positions, x, residual, batch):
-        if isinstance(x, ScaledRows) or (self.fuse_decode_requested and fused_decode.takes_rows(self, x)):
-            return fused_decode.layer_forward(self, positions, x, residual, batch)
         x, residual = self.norm_input(x, residual, getattr(self.self_attn, "input_linear", None))
         x = self.self_attn(positions, x, batch)
         plain_mlp = type(self).run_mlp is LlamaDecoderLayer.run_mlp  # (MoE layers route first)
@@ -216,9 +185,6 @@ class LlamaModel(nn.Module):
             self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, ps)
         self.layers = make_layers(cfg.num_hidden_layers, ps, make_layer or (lambda i: self.layer_cls(cfg, ps)))
         self.own_layers = owned_layers(self.layers, ps)  # not a ModuleList: no second registration
-        for layer, nxt in zip(self.own_layers, self.own_layers[1:]):
-            if isinstance(layer, LlamaDecoderLayer):
-                layer._next_layer = (nxt,)  # a tuple: no registration either
         if ps.is_last_stage:
             self.norm = self.layer_cls.norm_cls(cfg.hidden_size, norm_eps(cfg))
         # Mistral / Qwen2 / Phi-3 sliding windows, per layer as the config says

@@ -38,10 +38,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from pagedllm.kernels._triton import use_triton
 from pagedllm.kernels.wna16 import (
-    GEMV_MAX_ROWS,
-    GemvEpilogue,
     kperm_applies,
     kperm_enabled,
     kperm_pack,
@@ -315,37 +312,13 @@ class WNA16LinearMethod(LinearMethod):
         layer.perm = None if perm is None else nn.Parameter(perm, requires_grad=False)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        x = self._gathered(layer, x)
+        if layer.perm is not None:
+            if int(layer.perm.shape[0]) != x.shape[1]:  # padded groups read a zero column
+                x = torch.nn.functional.pad(x, (0, 1))
+            x = x.index_select(1, layer.perm)
         if self.int4_nk:
             return wna16_int4_nk_linear(x, layer.qweight, layer.scales, layer.zeros, bias)
         return wna16_linear(x, layer.qweight, layer.scales, layer.zeros, self.config.bits, bias, layer.kperm)
-
-    def takes_gemv_epilogue(self, layer: nn.Module, x: torch.Tensor) -> bool:
-        """Whether `apply_epilogue` runs for rows like x: gemvp's rows (4-bit K-packed weights,
-        bfloat16 rows on CUDA, 1 to GEMV_MAX_ROWS of them). bfloat16 only: the epilogue's inputs
-        are a norm's input times its weight, unscaled, which float16 could overflow."""
-        if not (self.config.bits == 4 and not self.int4_nk and x.dtype == torch.bfloat16 and use_triton(x)
-                and 0 < x.shape[0] <= GEMV_MAX_ROWS):
-            return False
-        from pagedllm.kernels.wna16_gemv_triton import gemv_kind
-
-        return gemv_kind(x.dtype) == "gemvp"
-
-    def apply_epilogue(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None, epi: GemvEpilogue):
-        """apply through gemvp's decode epilogue (kernels/wna16.GemvEpilogue): (out, h, parts)."""
-        from pagedllm.kernels.wna16_triton import wna16_gemm_triton
-
-        return wna16_gemm_triton(self._gathered(layer, x), layer.qweight, layer.scales, layer.zeros, 4, bias,
-                                 kperm=layer.kperm, epilogue=epi)
-
-    @staticmethod
-    def _gathered(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """x's inputs in the act-order layout's sorted order (`perm`), or x."""
-        if layer.perm is None:
-            return x
-        if int(layer.perm.shape[0]) != x.shape[1]:  # padded groups read a zero column
-            x = torch.nn.functional.pad(x, (0, 1))
-        return x.index_select(1, layer.perm)
 
     def describe(self) -> str:
         return self.config.describe()
