@@ -31,7 +31,8 @@
 # against kpairs' 16- / 32- / 64-row tiles), w1kpfrom (W1 gptq: A kpairs from 48 rows, B PAGEDLLM_WNA16_KPAIRS_FROM=$KPFROM,
 # default 5), w2greedy (W2 gptq: A default, B PAGEDLLM_GREEDY_TRITON=0, torch's argmax), argmaxtests (the fused
 # argmax's engine test), w2gptqprof0 (W2 gptq's profile, PDL off), w2pdl (W2 gptq: A default, B PAGEDLLM_WNA16_PDL=0),
-# stream (benchmarks/stream_bench.py: streaming the int4 words alone).
+# stream (benchmarks/stream_bench.py: streaming the int4 words alone), w2dtype (W2 gptq: A bf16, B fp16 -- gemvp's
+# fp16 path issues ~9% fewer instructions a word: whether that shows in time).
 # Logs in one archive in $OUT; a summary last.
 #     OUT=$OUT bash benchmarks/where_gpu.sh
 #     STEPS="moeprof w1order" bash benchmarks/where_gpu.sh   # any of moeprof w2int4prof w1fp8prof order w1order
@@ -189,14 +190,14 @@ if step w1int4pairs $((ROUNDS * 2 * 200)); then  # W1 Llama-3.1-8B: bf16 (A) aga
     bash benchmarks/ab_w1.sh --model benchmarks/configs/llama-3.1-8b --skip-tokenizer-init > "$OUT/w1int4pairs.log" 2>&1
   echo "w1int4pairs rc=$? at ${SECONDS} s"; grep -E "round|median" "$OUT/w1int4pairs.log"
 fi
-w2ab() {  # name B's-environment latency.py-arguments: W2 with the defaults (A) against B, alternated by round
-  [[ " $STEPS " == *" $1 "* ]] || return
+w2ab() {  # name B's-environment latency.py-arguments [A's-extra-arguments]: W2 with the defaults (A) against B,
+  [[ " $STEPS " == *" $1 "* ]] || return  # alternated by round (B's arguments: $3 alone; A's: $3 $4, or $3)
   for r in $(seq "$ROUNDS"); do
-    for v in A B; do
+    for v in $([ $((r % 2)) = 1 ] && echo "A B" || echo "B A"); do
       fits 45 "$1 $v $r" || continue
       # shellcheck disable=SC2046,SC2086  # the assignments and the arguments are meant to split
       env $([ $v = B ] && echo "$2") timeout 45 $PY benchmarks/latency.py --peer none --iters 2 $3 \
-        --output-json "$OUT/$1_${v}_$r.json" > "$OUT/$1_${v}_$r.log" 2>&1
+        $([ $v = A ] && echo "${4:-}") --output-json "$OUT/$1_${v}_$r.json" > "$OUT/$1_${v}_$r.log" 2>&1
       echo "$1 $v round $r rc=$?: $(grep -E '^pagedllm:' "$OUT/$1_${v}_$r.log")"
     done
   done
@@ -206,6 +207,7 @@ w2ab w2prefetch PAGEDLLM_WNA16_PREFETCH=1 "--quantization gptq"  # W2 gptq: gemv
 w2ab w2kperm PAGEDLLM_WNA16_KPERM=0 "--quantization gptq"  # W2 gptq: gemvp on the steps-permuted (the default) against the plain layout
 w2ab w2pdl PAGEDLLM_WNA16_PDL=0 "--quantization gptq"  # W2 gptq: gemvp under PDL (the default) against without
 w2ab w2greedy PAGEDLLM_GREEDY_TRITON=0 "--quantization gptq"  # W2 gptq: the fused sampler's argmax against torch's
+w2ab w2dtype "" "--quantization gptq --dtype float16" "--dtype bfloat16"  # W2 gptq: bf16 (A) against fp16 (B): is gemvp issue-bound?
 if step stream 100; then  # pure streaming of W2's int4 words: gemvp's pattern, contiguous column blocks, one flat range
   timeout 100 $PY benchmarks/stream_bench.py > "$OUT/stream.log" 2>&1
   echo "stream rc=$? at ${SECONDS} s"; sed -n '/^best per/,$p' "$OUT/stream.log"
