@@ -32,7 +32,8 @@
 # default 5), w2greedy (W2 gptq: A default, B PAGEDLLM_GREEDY_TRITON=0, torch's argmax), argmaxtests (the fused
 # argmax's engine test), w2gptqprof0 (W2 gptq's profile, PDL off), w2pdl (W2 gptq: A default, B PAGEDLLM_WNA16_PDL=0),
 # stream (benchmarks/stream_bench.py: streaming the int4 words alone), w2dtype (W2 gptq: A bf16, B fp16 -- gemvp's
-# fp16 path issues ~9% fewer instructions a word: whether that shows in time).
+# fp16 path issues ~9% fewer instructions a word: whether that shows in time), w2tree (W2 gptq: A the tree at $A_PATH,
+# B this one, alternated by round), gemvptests (gemvp's GPU tests).
 # Logs in one archive in $OUT; a summary last.
 #     OUT=$OUT bash benchmarks/where_gpu.sh
 #     STEPS="moeprof w1order" bash benchmarks/where_gpu.sh   # any of moeprof w2int4prof w1fp8prof order w1order
@@ -132,6 +133,11 @@ if step kpermtests 240; then  # the steps-permuted layout on every kernel, CUDA 
   timeout 240 $PY -m pytest -q -x tests/gpu/test_wna16_gpu.py -k "kperm or kpairs_from" > "$OUT/kpermtests.log" 2>&1
   echo "kpermtests rc=$? at ${SECONDS} s: $(tail -1 "$OUT/kpermtests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/kpermtests.log" | head
 fi
+if step gemvptests 150; then  # gemvp against its reference (groups, split-K, ragged K, both layouts, prefetch bit for bit)
+  timeout 150 $PY -m pytest -q tests/gpu/test_wna16_gpu.py -k "gemvp or kperm_kernels or split_k or under_cuda_graph" \
+    > "$OUT/gemvptests.log" 2>&1
+  echo "gemvptests rc=$? at ${SECONDS} s: $(tail -1 "$OUT/gemvptests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/gemvptests.log" | head
+fi
 if step argmaxtests 100; then  # greedy tokens equal transformers' with the fused argmax
   timeout 100 $PY -m pytest -q tests/gpu/test_engine_gpu.py -k "fused_argmax" > "$OUT/argmaxtests.log" 2>&1
   echo "argmaxtests rc=$? at ${SECONDS} s: $(tail -1 "$OUT/argmaxtests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/argmaxtests.log" | head
@@ -207,6 +213,16 @@ w2ab w2prefetch PAGEDLLM_WNA16_PREFETCH=1 "--quantization gptq"  # W2 gptq: gemv
 w2ab w2kperm PAGEDLLM_WNA16_KPERM=0 "--quantization gptq"  # W2 gptq: gemvp on the steps-permuted (the default) against the plain layout
 w2ab w2pdl PAGEDLLM_WNA16_PDL=0 "--quantization gptq"  # W2 gptq: gemvp under PDL (the default) against without
 w2ab w2greedy PAGEDLLM_GREEDY_TRITON=0 "--quantization gptq"  # W2 gptq: the fused sampler's argmax against torch's
+if [[ " $STEPS " == *" w2tree "* ]] && [ -d "${A_PATH:-}" ]; then  # W2 gptq: A the tree at $A_PATH, B this one, alternated
+  for r in $(seq "$ROUNDS"); do
+    for v in $([ $((r % 2)) = 1 ] && echo "A B" || echo "B A"); do
+      fits 45 "w2tree $v $r" || continue
+      env $([ $v = A ] && echo "PYTHONPATH=$(cd "$A_PATH" && pwd):$PWD") timeout 45 $PY benchmarks/latency.py --peer none \
+        --iters 2 --quantization gptq --output-json "$OUT/w2tree_${v}_$r.json" > "$OUT/w2tree_${v}_$r.log" 2>&1
+      echo "w2tree $v round $r rc=$?: $(grep -E '^pagedllm:' "$OUT/w2tree_${v}_$r.log")"
+    done
+  done
+fi
 w2ab w2dtype "" "--quantization gptq --dtype float16" "--dtype bfloat16"  # W2 gptq: bf16 (A) against fp16 (B): is gemvp issue-bound?
 if step stream 100; then  # pure streaming of W2's int4 words: gemvp's pattern, contiguous column blocks, one flat range
   timeout 100 $PY benchmarks/stream_bench.py > "$OUT/stream.log" 2>&1

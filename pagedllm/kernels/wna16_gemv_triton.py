@@ -279,6 +279,16 @@ def gemvp_word_sums(w, xa, xb, xc, xd, zero, act: tl.constexpr, ASM: tl.constexp
 
 
 @triton.jit
+def _gemvp_x_offsets(rows, KPERM: tl.constexpr):
+    """The int32 offset in x's row of each word row's first activation pair: (x0, x1) of its eight
+    inputs, or (KPERM: word j of a step, int32 16i + j holding the inputs of nibbles i, i + 4) of its
+    first nibble pair; the others 1-3 (16-48 on the steps-permuted layout) past it."""
+    if KPERM:
+        return (rows - rows % 16) * 4 + rows % 16
+    return rows * 4
+
+
+@triton.jit
 def _wna16_gemv_packed_kernel(
     x_ptr,  # [M, K] activations, float16 or bfloat16 (rows 4-byte aligned: read as int32 pairs)
     w_ptr,  # [K/8, N] int32, 4-bit values
@@ -330,10 +340,18 @@ def _wna16_gemv_packed_kernel(
         else:
             zero = tl.full([1, BLOCK_N], 8.0, tl.float32)
     acc = tl.zeros([BLOCK_KW, BLOCK_N], dtype=tl.float32)
+    # PREFETCH: the addresses at the split's first tile, moved one tile on each iteration (no per-element
+    # address arithmetic in the loop: sm_90 bf16 26.1 -> 23.8 instructions a word on the steps-permuted
+    # layout, benchmarks/sass_counts.py; Triton's pipelined loops issue more that way: they keep theirs).
+    # A tile's scale rows are kw0 * 8 // GROUP_K + ri * 8 // GROUP_K where tiles and groups nest.
+    NEST: tl.constexpr = PREFETCH and GROUP_K > 0 and ((BLOCK_KW * 8) % GROUP_K == 0 or GROUP_K % (BLOCK_KW * 8) == 0)
     if PREFETCH:  # the first tile's words, before the loop (and before the wait)
-        w_next = tl.load(w_ptr + (kw_lo + ri)[:, None] * stride_wk + rn[None, :],
-                         mask=((kw_lo + ri) < kw_hi)[:, None] & n_mask[None, :], other=0,
+        w_ptrs = w_ptr + (kw_lo + ri)[:, None] * stride_wk + rn[None, :]
+        w_next = tl.load(w_ptrs, mask=((kw_lo + ri) < kw_hi)[:, None] & n_mask[None, :], other=0,
                          cache_modifier=".cg" if PDL else "")
+        x_next = _gemvp_x_offsets(kw_lo + ri, KPERM)
+    if NEST:
+        s_next = (kw_lo * 8 // GROUP_K + ri * 8 // GROUP_K)[:, None] * stride_sg + rn[None, :]
     pdl_wait(PDL)
     for kw0 in tl.range(kw_lo, kw_hi, BLOCK_KW, num_stages=LOOP_STAGES):
         rows = kw0 + ri
@@ -343,30 +361,38 @@ def _wna16_gemv_packed_kernel(
             r_mask = rows < kw_hi
         if PREFETCH:  # this tile's words came with the last iteration; the next tile's go out now
             w = w_next
-            nxt = rows + BLOCK_KW
-            w_next = tl.load(w_ptr + nxt[:, None] * stride_wk + rn[None, :],
-                             mask=(nxt < kw_hi)[:, None] & n_mask[None, :], other=0)
+            w_ptrs += BLOCK_KW * stride_wk
+            if EVEN:  # (a uniform predicate: the last iteration loads nothing)
+                w_next = tl.load(w_ptrs, mask=(kw0 + BLOCK_KW < kw_hi) & n_mask[None, :], other=0)
+            else:
+                w_next = tl.load(w_ptrs, mask=((rows + BLOCK_KW) < kw_hi)[:, None] & n_mask[None, :], other=0)
+            x_ptrs = x_words + x_next
+            x_next += BLOCK_KW * 4
         else:
             w = tl.load(w_ptr + rows[:, None] * stride_wk + rn[None, :], mask=r_mask[:, None] & n_mask[None, :],
                         other=0)
+            x_ptrs = x_words + _gemvp_x_offsets(rows, KPERM)
         if GROUP_K > 0:
-            s_off = (rows * 8 // GROUP_K)[:, None] * stride_sg + rn[None, :]
+            if NEST:
+                s_off = s_next
+                s_next += (BLOCK_KW * 8 // GROUP_K) * stride_sg
+            else:
+                s_off = (rows * 8 // GROUP_K)[:, None] * stride_sg + rn[None, :]
             s_mask = r_mask[:, None] & n_mask[None, :]
             if HAS_ZERO:
                 zero = tl.load(z_ptr + s_off, mask=s_mask, other=0.0).to(tl.float32)
             else:
                 zero = tl.full([BLOCK_KW, BLOCK_N], 8.0, tl.float32)
-        if KPERM:  # word j of a step: nibbles (i, i + 4) hold inputs 32i + 2j, 32i + 2j + 1
-            xp = x_words + (rows - rows % 16) * 4 + rows % 16
-            x04 = tl.load(xp, mask=r_mask, other=0)[:, None]
-            x15 = tl.load(xp + 16, mask=r_mask, other=0)[:, None]
-            x26 = tl.load(xp + 32, mask=r_mask, other=0)[:, None]
-            x37 = tl.load(xp + 48, mask=r_mask, other=0)[:, None]
+        if KPERM:
+            x04 = tl.load(x_ptrs, mask=r_mask, other=0)[:, None]
+            x15 = tl.load(x_ptrs + 16, mask=r_mask, other=0)[:, None]
+            x26 = tl.load(x_ptrs + 32, mask=r_mask, other=0)[:, None]
+            x37 = tl.load(x_ptrs + 48, mask=r_mask, other=0)[:, None]
         else:
-            xw0 = tl.load(x_words + rows * 4, mask=r_mask, other=0)  # (x0, x1) of each word row
-            xw1 = tl.load(x_words + rows * 4 + 1, mask=r_mask, other=0)  # (x2, x3)
-            xw2 = tl.load(x_words + rows * 4 + 2, mask=r_mask, other=0)  # (x4, x5)
-            xw3 = tl.load(x_words + rows * 4 + 3, mask=r_mask, other=0)  # (x6, x7)
+            xw0 = tl.load(x_ptrs, mask=r_mask, other=0)  # (x0, x1) of each word row
+            xw1 = tl.load(x_ptrs + 1, mask=r_mask, other=0)  # (x2, x3)
+            xw2 = tl.load(x_ptrs + 2, mask=r_mask, other=0)  # (x4, x5)
+            xw3 = tl.load(x_ptrs + 3, mask=r_mask, other=0)  # (x6, x7)
             x04 = _pair_bits(xw0, xw2)[:, None]
             x15 = _pair_bits(xw0 >> 16, xw2 >> 16)[:, None]
             x26 = _pair_bits(xw1, xw3)[:, None]
