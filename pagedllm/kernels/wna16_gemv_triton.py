@@ -343,8 +343,10 @@ def _wna16_gemv_packed_kernel(
     # PREFETCH: the addresses at the split's first tile, moved one tile on each iteration (no per-element
     # address arithmetic in the loop: sm_90 bf16 26.1 -> 23.8 instructions a word on the steps-permuted
     # layout, benchmarks/sass_counts.py; Triton's pipelined loops issue more that way: they keep theirs).
-    # A tile's scale rows are kw0 * 8 // GROUP_K + ri * 8 // GROUP_K where tiles and groups nest.
-    NEST: tl.constexpr = PREFETCH and GROUP_K > 0 and ((BLOCK_KW * 8) % GROUP_K == 0 or GROUP_K % (BLOCK_KW * 8) == 0)
+    # A tile's scale rows: one, kw0 * 8 // GROUP_K, where a group holds whole tiles (SCALE_ROW); else
+    # kw0 * 8 // GROUP_K + ri * 8 // GROUP_K where a tile holds whole groups (NEST), moved with the tile.
+    SCALE_ROW: tl.constexpr = PREFETCH and GROUP_K > 0 and GROUP_K % (BLOCK_KW * 8) == 0
+    NEST: tl.constexpr = PREFETCH and GROUP_K > 0 and not SCALE_ROW and (BLOCK_KW * 8) % GROUP_K == 0
     if PREFETCH:  # the first tile's words, before the loop (and before the wait)
         w_ptrs = w_ptr + (kw_lo + ri)[:, None] * stride_wk + rn[None, :]
         w_next = tl.load(w_ptrs, mask=((kw_lo + ri) < kw_hi)[:, None] & n_mask[None, :], other=0,
@@ -362,8 +364,9 @@ def _wna16_gemv_packed_kernel(
         if PREFETCH:  # this tile's words came with the last iteration; the next tile's go out now
             w = w_next
             w_ptrs += BLOCK_KW * stride_wk
-            if EVEN:  # (a uniform predicate: the last iteration loads nothing)
-                w_next = tl.load(w_ptrs, mask=(kw0 + BLOCK_KW < kw_hi) & n_mask[None, :], other=0)
+            if EVEN:  # (a splat of one predicate: the last iteration loads nothing)
+                more = tl.full([BLOCK_KW, 1], kw0 + BLOCK_KW, tl.int32) < kw_hi
+                w_next = tl.load(w_ptrs, mask=more & n_mask[None, :], other=0)
             else:
                 w_next = tl.load(w_ptrs, mask=((rows + BLOCK_KW) < kw_hi)[:, None] & n_mask[None, :], other=0)
             x_ptrs = x_words + x_next
@@ -373,12 +376,16 @@ def _wna16_gemv_packed_kernel(
                         other=0)
             x_ptrs = x_words + _gemvp_x_offsets(rows, KPERM)
         if GROUP_K > 0:
-            if NEST:
-                s_off = s_next
-                s_next += (BLOCK_KW * 8 // GROUP_K) * stride_sg
+            if SCALE_ROW:  # (rows past the range: their words and x are 0, whatever the scale)
+                s_off = (kw0 * 8 // GROUP_K) * stride_sg + rn[None, :]
+                s_mask = n_mask[None, :]
             else:
-                s_off = (rows * 8 // GROUP_K)[:, None] * stride_sg + rn[None, :]
-            s_mask = r_mask[:, None] & n_mask[None, :]
+                if NEST:
+                    s_off = s_next
+                    s_next += (BLOCK_KW * 8 // GROUP_K) * stride_sg
+                else:
+                    s_off = (rows * 8 // GROUP_K)[:, None] * stride_sg + rn[None, :]
+                s_mask = r_mask[:, None] & n_mask[None, :]
             if HAS_ZERO:
                 zero = tl.load(z_ptr + s_off, mask=s_mask, other=0.0).to(tl.float32)
             else:

@@ -20,12 +20,15 @@ _CASES = {
     # PAGEDLLM_WNA16_PREFETCH=1: the next tile's words loaded first (ragged K range, split-K)
     "gemvp_prefetch_g32_asym_split": ("check_wna16_gemm", [2, 40, 320, 4, 32, False],
                                       {"config": ["gemvp", 1, 16, 128, 4, 1, 2], "prefetch": True, "bias": True}),
-    # the register prefetch's addresses moved a tile an iteration: groups wider than the tile (their scale
-    # row fixed across it), and groups nesting neither way (48 against 64-input tiles: rows from each input)
-    "gemvp_prefetch_g128_tile64_split": ("check_wna16_gemm", [1, 48, 512, 4, 128, False],
-                                         {"config": ["gemvp", 1, 16, 64, 4, 2, 2]}),
+    # the register prefetch's addresses moved a tile an iteration: groups twice the tile (one scale row a
+    # tile, a new one every other tile) and the tile's width, groups nesting neither way (48 against
+    # 64-input tiles: a scale row per input)
+    "gemvp_prefetch_g128_tile64_split": ("check_wna16_gemm", [1, 48, 1024, 4, 128, False],
+                                         {"config": ["gemvp", 1, 16, 64, 4, 2, 2], "prefetch": True}),
+    "gemvp_prefetch_g64_tile64_ragged": ("check_wna16_gemm", [2, 32, 448, 4, 64, True],
+                                         {"config": ["gemvp", 1, 16, 64, 4, 2, 2], "prefetch": True}),
     "gemvp_prefetch_g48_unnested": ("check_wna16_gemm", [2, 32, 384, 4, 48, False],
-                                    {"config": ["gemvp", 1, 16, 64, 4, 2, 1]}),
+                                    {"config": ["gemvp", 1, 16, 64, 4, 2, 1], "prefetch": True}),
     # a config's 3 stages: Triton's software pipeline of the loop's loads (ragged K range, split-K)
     "gemvp_stages3_g32_asym_split": ("check_wna16_gemm", [2, 40, 320, 4, 32, False],
                                      {"config": ["gemvp", 1, 16, 128, 4, 3, 2], "bias": True}),
