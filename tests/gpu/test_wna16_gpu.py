@@ -184,6 +184,15 @@ def test_gemvp_prefetch_equals_plain(m, split):
         assert torch.equal(outs[0], out)
 
 
+@pytest.mark.parametrize("group_k,tile_k", [(1024, 256), (512, 512), (128, 1024), (96, 512)])
+def test_gemvp_prefetch_scale_rows(group_k, tile_k):
+    """The register prefetch's scale rows as its tiles move: groups four times and once the tile (one row a
+    tile), a tile of eight groups (rows moved with it), groups nesting neither way (a row per input);
+    split-K and asymmetric zeros."""
+    check_wna16_gemm("cuda", torch.bfloat16, 2, 4096, 6144, 4, group_k, False, bias=True,
+                     config=("gemvp", 1, 32, tile_k, 8, 2, 2), prefetch=True)
+
+
 @pytest.mark.parametrize("config", [("gemv", 1, 32, 512, 4, 2, 1), ("gemv", 1, 64, 1024, 8, 2, 4),
                                     ("gemv", 1, 128, 256, 4, 2, 2), ("dot", 16, 64, 64, 4, 3, 1),
                                     ("dot", 64, 128, 128, 8, 3, 1), ("dot", 128, 256, 64, 8, 3, 1),
