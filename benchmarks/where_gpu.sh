@@ -33,7 +33,7 @@
 # argmax's engine test), w2gptqprof0 (W2 gptq's profile, PDL off), w2pdl (W2 gptq: A default, B PAGEDLLM_WNA16_PDL=0),
 # stream (benchmarks/stream_bench.py: streaming the int4 words alone), w2dtype (W2 gptq: A bf16, B fp16 -- gemvp's
 # fp16 path issues ~9% fewer instructions a word: whether that shows in time), w2tree (W2 gptq: A the tree at $A_PATH,
-# B this one, alternated by round), gemvptests (gemvp's GPU tests).
+# B this one, alternated by round), gemvptests (gemvp's GPU tests), w2fp16prof0 (W2 gptq fp16's profile, PDL off).
 # Logs in one archive in $OUT; a summary last.
 #     OUT=$OUT bash benchmarks/where_gpu.sh
 #     STEPS="moeprof w1order" bash benchmarks/where_gpu.sh   # any of moeprof w2int4prof w1fp8prof order w1order
@@ -141,6 +141,10 @@ fi
 if step argmaxtests 100; then  # greedy tokens equal transformers' with the fused argmax
   timeout 100 $PY -m pytest -q tests/gpu/test_engine_gpu.py -k "fused_argmax" > "$OUT/argmaxtests.log" 2>&1
   echo "argmaxtests rc=$? at ${SECONDS} s: $(tail -1 "$OUT/argmaxtests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/argmaxtests.log" | head
+fi
+if step w2fp16prof0 70; then  # W2 gptq with fp16 activations by kernel, PDL off (against w2gptqprof0: why fp16 loses)
+  PAGEDLLM_PDL=0 timeout 70 $PY benchmarks/profile_gpu.py --load w2 --quantization gptq --dtype float16 --steps 30 \
+    --top 16 > "$OUT/w2fp16prof0.log" 2>&1; echo "w2fp16prof0 rc=$? at ${SECONDS} s"
 fi
 if step w2gptqprof0 70; then  # W2 gptq's step by kernel with PDL off (each kernel's own time)
   PAGEDLLM_PDL=0 timeout 70 $PY benchmarks/profile_gpu.py --load w2 --quantization gptq --steps 30 --top 16 \
@@ -289,7 +293,7 @@ if [[ " $STEPS " == *" w3act "* ]]; then  # W3 at inf: bf16, FP8 + FP8 KV with P
     echo "w3act $v rc=$? at ${SECONDS} s: $(grep -iE "total token|output token" "$OUT/w3act_$v.log" | tr -s ' ' | head -2 | tr '\n' ';')"
   done
 fi
-for f in moeprof moeprof0 w2int4prof w1fp8prof w2prof0 w2gptqprof0 w3prof_bf16 w3prof_fp8; do
+for f in moeprof moeprof0 w2int4prof w1fp8prof w2prof0 w2gptqprof0 w2fp16prof0 w3prof_bf16 w3prof_fp8; do
   [ -f "$OUT/$f.log" ] && { echo "=== $f ==="; grep -E "wall per step|device busy" "$OUT/$f.log";
     grep -A14 "calls/step" "$OUT/$f.log" | cut -c1-50,80-; }
 done
