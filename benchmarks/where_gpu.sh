@@ -32,8 +32,8 @@
 # default 5), w2greedy (W2 gptq: A default, B PAGEDLLM_GREEDY_TRITON=0, torch's argmax), argmaxtests (the fused
 # argmax's engine test), w2gptqprof0 (W2 gptq's profile, PDL off), w2pdl (W2 gptq: A default, B PAGEDLLM_WNA16_PDL=0),
 # stream (benchmarks/stream_bench.py: streaming the int4 words alone), w2dtype (W2 gptq: A bf16, B fp16 -- gemvp's
-# fp16 path issues ~9% fewer instructions a word: whether that shows in time), w2tree (W2 gptq: A the tree at $A_PATH,
-# B this one, alternated by round), gemvptests (gemvp's GPU tests), w2fp16prof0 (W2 gptq fp16's profile, PDL off).
+# fp16 path issues ~9% fewer instructions a word: whether that shows in time), w2tree (W2 gptq: A this tree, B the
+# tree at $A_PATH, alternated by round), gemvptests (gemvp's GPU tests), w2fp16prof0 (W2 gptq fp16's profile, PDL off).
 # Logs in one archive in $OUT; a summary last.
 #     OUT=$OUT bash benchmarks/where_gpu.sh
 #     STEPS="moeprof w1order" bash benchmarks/where_gpu.sh   # any of moeprof w2int4prof w1fp8prof order w1order
@@ -200,14 +200,14 @@ if step w1int4pairs $((ROUNDS * 2 * 200)); then  # W1 Llama-3.1-8B: bf16 (A) aga
     bash benchmarks/ab_w1.sh --model benchmarks/configs/llama-3.1-8b --skip-tokenizer-init > "$OUT/w1int4pairs.log" 2>&1
   echo "w1int4pairs rc=$? at ${SECONDS} s"; grep -E "round|median" "$OUT/w1int4pairs.log"
 fi
-w2ab() {  # name B's-environment latency.py-arguments [A's-extra-arguments]: W2 with the defaults (A) against B,
-  [[ " $STEPS " == *" $1 "* ]] || return  # alternated by round (B's arguments: $3 alone; A's: $3 $4, or $3)
+w2ab() {  # name B's-environment latency.py-arguments [B's-extra-arguments]: W2 with the defaults (A) against B,
+  [[ " $STEPS " == *" $1 "* ]] || return  # alternated by round (A B, then B A)
   for r in $(seq "$ROUNDS"); do
     for v in $([ $((r % 2)) = 1 ] && echo "A B" || echo "B A"); do
       fits 45 "$1 $v $r" || continue
       # shellcheck disable=SC2046,SC2086  # the assignments and the arguments are meant to split
       env $([ $v = B ] && echo "$2") timeout 45 $PY benchmarks/latency.py --peer none --iters 2 $3 \
-        $([ $v = A ] && echo "${4:-}") --output-json "$OUT/$1_${v}_$r.json" > "$OUT/$1_${v}_$r.log" 2>&1
+        $([ $v = B ] && echo "${4:-}") --output-json "$OUT/$1_${v}_$r.json" > "$OUT/$1_${v}_$r.log" 2>&1
       echo "$1 $v round $r rc=$?: $(grep -E '^pagedllm:' "$OUT/$1_${v}_$r.log")"
     done
   done
@@ -217,17 +217,8 @@ w2ab w2prefetch PAGEDLLM_WNA16_PREFETCH=1 "--quantization gptq"  # W2 gptq: gemv
 w2ab w2kperm PAGEDLLM_WNA16_KPERM=0 "--quantization gptq"  # W2 gptq: gemvp on the steps-permuted (the default) against the plain layout
 w2ab w2pdl PAGEDLLM_WNA16_PDL=0 "--quantization gptq"  # W2 gptq: gemvp under PDL (the default) against without
 w2ab w2greedy PAGEDLLM_GREEDY_TRITON=0 "--quantization gptq"  # W2 gptq: the fused sampler's argmax against torch's
-if [[ " $STEPS " == *" w2tree "* ]] && [ -d "${A_PATH:-}" ]; then  # W2 gptq: A the tree at $A_PATH, B this one, alternated
-  for r in $(seq "$ROUNDS"); do
-    for v in $([ $((r % 2)) = 1 ] && echo "A B" || echo "B A"); do
-      fits 45 "w2tree $v $r" || continue
-      env $([ $v = A ] && echo "PYTHONPATH=$(cd "$A_PATH" && pwd):$PWD") timeout 45 $PY benchmarks/latency.py --peer none \
-        --iters 2 --quantization gptq --output-json "$OUT/w2tree_${v}_$r.json" > "$OUT/w2tree_${v}_$r.log" 2>&1
-      echo "w2tree $v round $r rc=$?: $(grep -E '^pagedllm:' "$OUT/w2tree_${v}_$r.log")"
-    done
-  done
-fi
-w2ab w2dtype "" "--quantization gptq --dtype float16" "--dtype bfloat16"  # W2 gptq: bf16 (A) against fp16 (B): is gemvp issue-bound?
+[ -d "${A_PATH:-}" ] && w2ab w2tree "PYTHONPATH=$(cd "$A_PATH" && pwd):$PWD" "--quantization gptq"  # W2 gptq: this tree (A) against $A_PATH's (B)
+w2ab w2dtype "" "--quantization gptq" "--dtype float16"  # W2 gptq: bf16 (A) against fp16 (B): is gemvp issue-bound?
 if step stream 100; then  # pure streaming of W2's int4 words: gemvp's pattern, contiguous column blocks, one flat range
   timeout 100 $PY benchmarks/stream_bench.py > "$OUT/stream.log" 2>&1
   echo "stream rc=$? at ${SECONDS} s"; sed -n '/^best per/,$p' "$OUT/stream.log"
