@@ -133,8 +133,8 @@ if step kpermtests 240; then  # the steps-permuted layout on every kernel, CUDA 
   timeout 240 $PY -m pytest -q -x tests/gpu/test_wna16_gpu.py -k "kperm or kpairs_from" > "$OUT/kpermtests.log" 2>&1
   echo "kpermtests rc=$? at ${SECONDS} s: $(tail -1 "$OUT/kpermtests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/kpermtests.log" | head
 fi
-if step gemvptests 150; then  # gemvp against its reference (groups, split-K, ragged K, both layouts, prefetch bit for bit)
-  timeout 150 $PY -m pytest -q tests/gpu/test_wna16_gpu.py -k "gemvp or kperm_kernels or split_k or under_cuda_graph" \
+if step gemvptests "${GEMVPTESTS_S:=240}"; then  # gemvp against its reference (groups, split-K, ragged K, both layouts, prefetch bit for bit)
+  timeout "$GEMVPTESTS_S" $PY -m pytest -q tests/gpu/test_wna16_gpu.py -k "gemvp or kperm_kernels or split_k or under_cuda_graph" \
     > "$OUT/gemvptests.log" 2>&1
   echo "gemvptests rc=$? at ${SECONDS} s: $(tail -1 "$OUT/gemvptests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/gemvptests.log" | head
 fi
