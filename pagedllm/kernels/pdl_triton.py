@@ -48,16 +48,9 @@ def pdl_wait(PDL: tl.constexpr):
 
 
 @triton.jit
-def prefetch_rows_l2(rows_ptr, row_mask, k_start, k_end, PREFETCH_K: tl.constexpr):
-    """Asks L2 for columns [k_start, min(k_end, k_start + PREFETCH_K)) of each weight row
-    (rows_ptr: [R] pointers to the rows' first elements; one sm_90 bulk prefetch a row, whole
-    16-byte units, fire-and-forget). For a kernel launched with PDL to issue before its
-    pdl_wait: the first tiles of its weights stream in while the kernel before it finishes.
-    The rows' addresses at k_start must be 16-byte aligned (the caller checks)."""
-    elem = rows_ptr.dtype.element_ty.primitive_bitwidth // 8
-    cols = tl.minimum(k_end - k_start, PREFETCH_K)
-    nbytes = tl.where(row_mask, (cols * elem) // 16 * 16, 0).to(tl.int32)
-    addr = (rows_ptr + k_start).to(tl.int64)
+def _bulk_prefetch_l2(addr, nbytes):
+    """One sm_90 bulk L2 prefetch per element: `nbytes` (int32, a multiple of 16; none where <= 0)
+    from the 16-byte aligned address `addr` (int64), fire-and-forget."""
     tl.inline_asm_elementwise(
         asm="""{
         .reg .pred p;
@@ -71,3 +64,34 @@ def prefetch_rows_l2(rows_ptr, row_mask, k_start, k_end, PREFETCH_K: tl.constexp
         is_pure=False,
         pack=1,
     )
+
+
+@triton.jit
+def prefetch_rows_l2(rows_ptr, row_mask, k_start, k_end, PREFETCH_K: tl.constexpr):
+    """Asks L2 for columns [k_start, min(k_end, k_start + PREFETCH_K)) of each weight row
+    (rows_ptr: [R] pointers to the rows' first elements; one sm_90 bulk prefetch a row, whole
+    16-byte units, fire-and-forget). For a kernel launched with PDL to issue before its
+    pdl_wait: the first tiles of its weights stream in while the kernel before it finishes.
+    The rows' addresses at k_start must be 16-byte aligned (the caller checks)."""
+    elem = rows_ptr.dtype.element_ty.primitive_bitwidth // 8
+    cols = tl.minimum(k_end - k_start, PREFETCH_K)
+    nbytes = tl.where(row_mask, (cols * elem) // 16 * 16, 0).to(tl.int32)
+    addr = (rows_ptr + k_start).to(tl.int64)
+    _bulk_prefetch_l2(addr, nbytes)
+
+
+@triton.jit
+def prefetch_share_l2(base_ptr, nbytes, pid, num_programs, CHUNKS: tl.constexpr):
+    """Asks L2 for this program's share of the bytes [base_ptr, base_ptr + nbytes) (base_ptr a
+    uint8 pointer, 16-byte aligned): `num_programs` programs split the range into equal parts, each
+    part issued as CHUNKS sm_90 bulk prefetches (fire-and-forget, whole 16-byte units; a ragged
+    tail under 16 bytes is left out). For a kernel that runs while the memory is idle to stream
+    in the weight a later kernel reads (attention_decode's PREFETCH: the o projection's)."""
+    unit = 16 * CHUNKS
+    per = tl.cdiv(tl.cdiv(nbytes, num_programs), unit) * unit
+    chunk = per // CHUNKS
+    starts = pid.to(tl.int64) * per + tl.arange(0, CHUNKS).to(tl.int64) * chunk
+    left = tl.maximum(nbytes - starts, 0)
+    nbytes_i = (tl.minimum(left, chunk) // 16 * 16).to(tl.int32)
+    addr = (base_ptr + starts).to(tl.int64)
+    _bulk_prefetch_l2(addr, nbytes_i)

@@ -2,7 +2,7 @@
 (sm_90+; skipped elsewhere): a batch-1 decode layer's chain of our kernels -- residual add + norm,
 the swap-AB GEMM (split-K reduced by its last split and by the reduce kernel), decode attention
 over splits and its reduce, the fused MoE router and the small-batch experts, the FP8 GEMVs,
-SiLU-and-mul -- captured in a CUDA graph with PDL and replayed on new inputs gives what the
+SiLU-and-mul; the decode kernel asking L2 for the o projection's weight -- captured in a CUDA graph with PDL and replayed on new inputs gives what the
 same chain gives without PDL, bit for bit; and an engine's greedy tokens are the same with and
 without it. A kernel that read or wrote before its wait would race and differ."""
 
@@ -59,7 +59,7 @@ def _chain(x: torch.Tensor, res: torch.Tensor, p: dict) -> torch.Tensor:
     # the reduce kernel here, the last split (the default) for wo
     q = small_m_linear(h, p["wq"], config=SwapConfig(64, 128, 4, 4, 3, reduce="kernel")).view(1, 32, 128)
     att = decode_attention_triton(q, p["k"], p["v"], p["bt"], p["lens"], torch.empty_like(q), 0.088,
-                                  max_seq_len=p["ctx"], last_reduce=False)
+                                  max_seq_len=p["ctx"], last_reduce=False, l2_prefetch=p["wo"])
     o = small_m_linear(att.view(1, -1), p["wo"])
     h2, r2 = fused_add_rms_norm_triton(o, r, p["norm"], 1e-6)
     _, weights, ids = route_small(h2, p["router"], 4, True)
@@ -86,8 +86,17 @@ def _replays_equal(chain, inputs: list, refs: list) -> None:
         assert torch.equal(out, ref)
 
 
-@pytest.mark.parametrize("mode", ["1", "prefetch"])
-def test_decode_layer_chain_in_a_cuda_graph(monkeypatch, mode):
+def _set_prefetch_o(monkeypatch, mode: str) -> None:
+    from pagedllm.kernels import _triton
+
+    monkeypatch.setenv("PAGEDLLM_PREFETCH_O", mode)
+    _triton.o_prefetch_mode.cache_clear()
+
+
+@pytest.mark.parametrize("mode,prefetch_o", [("1", "0"), ("prefetch", "0"), ("1", "early"), ("1", "late")])
+def test_decode_layer_chain_in_a_cuda_graph(monkeypatch, mode, prefetch_o):
+    """prefetch_o: the decode kernel asking L2 for the o projection's weight (PAGEDLLM_PREFETCH_O)."""
+    _set_prefetch_o(monkeypatch, prefetch_o)
     p = _params()
     gen = torch.Generator().manual_seed(1)
     inputs = [(torch.randn(1, 2048, generator=gen).to("cuda", torch.bfloat16),
@@ -101,6 +110,7 @@ def test_decode_layer_chain_in_a_cuda_graph(monkeypatch, mode):
         pytest.skip("this triton has no programmatic dependent launch (tl.extra.cuda.gdc_wait, launch_pdl)")
     _replays_equal(lambda x, res: _chain(x, res, p), inputs, refs)
     _set_mode(monkeypatch, "0")
+    _set_prefetch_o(monkeypatch, "0")
 
 
 def test_engine_greedy_tokens_equal_with_pdl(tmp_path, tokenizer_dir, monkeypatch):

@@ -21,7 +21,7 @@ from torch import nn
 
 from pagedllm.attention.backend import ForwardBatch
 from pagedllm.distributed import SINGLE, ParallelState
-from pagedllm.kernels._triton import fusion_enabled
+from pagedllm.kernels._triton import O_PREFETCH_MAX_ROWS, fusion_enabled, o_prefetch_mode, streamed_weight
 from pagedllm.model.layers.activation import SiluAndMul, act_into
 from pagedllm.model.layers.attention import Attention, layer_sliding_window
 from pagedllm.model.layers.embedding import ParallelLMHead, VocabParallelEmbedding
@@ -123,7 +123,15 @@ class LlamaAttention(nn.Module):
         else:
             qw = kw = None
             eps = 0.0
-        return self.attn.forward_qkv(qkv, positions, rope.cos_cache, rope.sin_cache, qw, kw, eps, batch)
+        return self.attn.forward_qkv(qkv, positions, rope.cos_cache, rope.sin_cache, qw, kw, eps, batch,
+                                     self.o_prefetch(batch))
+
+    def o_prefetch(self, batch: ForwardBatch) -> torch.Tensor | None:
+        """The o projection's weight, for the decode kernel of a small pure-decode batch to ask
+        of L2 while the memory is otherwise idle (PAGEDLLM_PREFETCH_O); None otherwise."""
+        if not o_prefetch_mode() or batch.num_reqs != batch.num_decodes or batch.num_decodes > O_PREFETCH_MAX_ROWS:
+            return None
+        return streamed_weight(self.o_proj)
 
 
 class LlamaMLP(nn.Module):
