@@ -1,0 +1,92 @@
+"""Does a few-row linear run faster when its weight already sits in L2? The question behind asking
+L2 for the next projection's weight while the memory is idle (PAGEDLLM_PREFETCH_O, which made W2 and
+Qwen3-30B-A3B batch 1 slower on the H100, RESULTS.md twenty-fourth session). In CUDA graphs of
+LAYERS distinct weights (so nothing stays in L2 from one layer to the next), us a layer:
+
+    cold       sleep, then the linear                                    (less "sleep")
+    warm       the linear twice on the same weight: the second's time    ("twice" less "cold")
+    prefetched a bulk L2 prefetch of the weight (P programs), sleep, then the linear
+                                                                         (less "prefetch + sleep")
+
+`sleep` (torch.cuda._sleep) stands for the attention the prefetch would hide behind, long enough for
+the prefetch to land. Shapes: Qwen3-30B-A3B's o projection (2048 x 4096) and q/k/v (5120 x 2048),
+Llama-3.1-8B's o (4096 x 4096), bf16, 1 row, through small_m_linear (the swap-AB kernel) or
+F.linear where that answers cuBLAS.
+
+    PYTHONPATH=. python benchmarks/l2_bench.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common  # noqa: E402
+
+from pagedllm.kernels import small_m  # noqa: E402
+from pagedllm.kernels.pdl_triton import prefetch_share_l2  # noqa: E402
+
+LAYERS = 32
+SHAPES = {"moe_o": (2048, 4096), "moe_qkv": (5120, 2048), "llama_o": (4096, 4096)}
+
+
+@triton.jit
+def _prefetch_kernel(w_ptr, nbytes, CHUNKS: tl.constexpr):
+    prefetch_share_l2(w_ptr.to(tl.pointer_type(tl.uint8)), nbytes, tl.program_id(0), tl.num_programs(0), CHUNKS)
+
+
+def prefetch(w: torch.Tensor, programs: int) -> None:
+    _prefetch_kernel[(programs,)](w, w.numel() * w.element_size(), CHUNKS=128, num_warps=4)
+
+
+def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    cfg = small_m.pick(x, w)
+    return torch.nn.functional.linear(x, w) if cfg is None else small_m.small_m_linear(x, w, config=cfg)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sleep-us", type=float, default=12.0)
+    ap.add_argument("--programs", type=int, nargs="*", default=[132, 32])
+    args = ap.parse_args()
+    clock_khz = (
+        torch.cuda.get_device_properties(0).clock_rate
+        if hasattr(torch.cuda.get_device_properties(0), "clock_rate")
+        else 1_980_000
+    )
+    cycles = int(args.sleep_us * clock_khz / 1e3)
+    print(f"{torch.cuda.get_device_name()}; sleep {args.sleep_us} us = {cycles} cycles; {LAYERS} layers a graph")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for name, (n, k) in SHAPES.items():
+        ws = [torch.randn(n, k, device="cuda", generator=g, dtype=torch.bfloat16) * 0.02 for _ in range(LAYERS)]
+        x = torch.randn(1, k, device="cuda", generator=g, dtype=torch.bfloat16)
+        print(f"{name} {n}x{k} ({n * k * 2 / 1e6:.1f} MB): " + measure(ws, x, cycles, args.programs) + "  us a layer")
+
+
+def measure(ws: list[torch.Tensor], x: torch.Tensor, cycles: int, programs: list[int]) -> str:
+    def t(fn) -> float:
+        return common.graph_time(fn, LAYERS, 20, 5)
+
+    sleep = t(lambda: [torch.cuda._sleep(cycles) for _ in ws])
+    once = t(lambda: [linear(x, w) for w in ws])
+    cold = t(lambda: [(torch.cuda._sleep(cycles), linear(x, w)) for w in ws]) - sleep
+    twice = t(lambda: [(linear(x, w), linear(x, w)) for w in ws])
+    row = [f"alone {once:.2f}, cold {cold:.2f}, warm {twice - once:.2f}"]
+    for p in programs:
+        base = t(lambda p=p: [(prefetch(w, p), torch.cuda._sleep(cycles)) for w in ws])
+        pre = t(lambda p=p: [(prefetch(w, p), torch.cuda._sleep(cycles), linear(x, w)) for w in ws]) - base
+        alone = t(lambda p=p: [prefetch(w, p) for w in ws])
+        row.append(f"prefetched by {p} programs {pre:.2f} (the prefetch kernel alone {alone:.2f})")
+    return "; ".join(row)
+
+
+if __name__ == "__main__":
+    main()
