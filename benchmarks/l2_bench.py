@@ -7,6 +7,8 @@ LAYERS distinct weights (so nothing stays in L2 from one layer to the next), us 
     warm       the linear twice on the same weight: the second's time    ("twice" less "cold")
     prefetched a bulk L2 prefetch of the weight (P programs), sleep, then the linear
                                                                          (less "prefetch + sleep")
+    side       the engine's way (kernels/l2_prefetch.py): the prefetch on a side stream, the sleep
+               and the linear on the main one                            (less "sleep")
 
 `sleep` (torch.cuda._sleep) stands for the attention the prefetch would hide behind, long enough for
 the prefetch to land. Shapes: Qwen3-30B-A3B's o projection (2048 x 4096) and q/k/v (5120 x 2048),
@@ -19,32 +21,36 @@ F.linear where that answers cuBLAS.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 import torch
-import triton
-import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402
 
-from pagedllm.kernels import small_m  # noqa: E402
-from pagedllm.kernels.pdl_triton import prefetch_share_l2  # noqa: E402
+from pagedllm.kernels import l2_prefetch, small_m  # noqa: E402
+from pagedllm.kernels.pdl_triton import prefetch_weight_kernel  # noqa: E402
 
 LAYERS = 32
 SHAPES = {"moe_o": (2048, 4096), "moe_qkv": (5120, 2048), "llama_o": (4096, 4096)}
 
 
-@triton.jit
-def _prefetch_kernel(w_ptr, nbytes, CHUNKS: tl.constexpr):
-    prefetch_share_l2(w_ptr.to(tl.pointer_type(tl.uint8)), nbytes, tl.program_id(0), tl.num_programs(0), CHUNKS)
-
-
 def prefetch(w: torch.Tensor, programs: int) -> None:
-    _prefetch_kernel[(programs,)](w, w.numel() * w.element_size(), CHUNKS=128, num_warps=4)
+    prefetch_weight_kernel[(programs,)](w, w.numel() * w.element_size(), CHUNKS=128, num_warps=4)
+
+
+def side_prefetch(ws: list[torch.Tensor], x: torch.Tensor, cycles: int) -> None:
+    """As the engine does it (kernels/l2_prefetch.py): each weight asked of L2 from the side
+    stream, the main stream sleeping then running the linear; one join at the end."""
+    for w in ws:
+        l2_prefetch.prefetch_weight_async(w)
+        torch.cuda._sleep(cycles)
+        linear(x, w)
+    l2_prefetch.join(x.device)
 
 
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -57,6 +63,7 @@ def main() -> None:
     ap.add_argument("--sleep-us", type=float, default=12.0)
     ap.add_argument("--programs", type=int, nargs="*", default=[132, 32])
     args = ap.parse_args()
+    os.environ["PAGEDLLM_PREFETCH_O"] = "1"
     clock_khz = (
         torch.cuda.get_device_properties(0).clock_rate
         if hasattr(torch.cuda.get_device_properties(0), "clock_rate")
@@ -85,6 +92,8 @@ def measure(ws: list[torch.Tensor], x: torch.Tensor, cycles: int, programs: list
         pre = t(lambda p=p: [(prefetch(w, p), torch.cuda._sleep(cycles), linear(x, w)) for w in ws]) - base
         alone = t(lambda p=p: [prefetch(w, p) for w in ws])
         row.append(f"prefetched by {p} programs {pre:.2f} (the prefetch kernel alone {alone:.2f})")
+    side = t(lambda: side_prefetch(ws, x, cycles)) - sleep
+    row.append(f"prefetched from the side stream ({l2_prefetch.PREFETCH_PROGRAMS} programs) {side:.2f}")
     return "; ".join(row)
 
 

@@ -33,10 +33,10 @@
 # argmax's engine test), w2gptqprof0 (W2 gptq's profile, PDL off), w2pdl (W2 gptq: A default, B PAGEDLLM_WNA16_PDL=0),
 # stream (benchmarks/stream_bench.py: streaming the int4 words alone), w2dtype (W2 gptq: A bf16, B fp16 -- gemvp's
 # fp16 path issues ~9% fewer instructions a word: whether that shows in time), w2tree (W2 gptq: A this tree, B the
-# tree at $A_PATH, alternated by round), gemvptests (gemvp's GPU tests), w2fp16prof0 (W2 gptq fp16's profile, PDL off), moepfo / moepfoe
-# (Qwen3-30B-A3B batch 1: A default, B the decode kernel asking L2 for the o projection's weight after / before its
-# PDL wait, PAGEDLLM_PREFETCH_O=late / early), w2pfo / w2pfobf16 / w2pfofp8 (W2 gptq / bf16 / FP8: A default, B
-# PAGEDLLM_PREFETCH_O=late).
+# tree at $A_PATH, alternated by round), gemvptests (gemvp's GPU tests), w2fp16prof0 (W2 gptq fp16's profile, PDL off), moepfo
+# (Qwen3-30B-A3B batch 1: A default, B the o projection's weight asked of L2 from a side stream while attention runs,
+# PAGEDLLM_PREFETCH_O=1), w2pfo / w2pfobf16 / w2pfofp8 (W2 gptq / bf16 / FP8: A default, B PAGEDLLM_PREFETCH_O=1),
+# l2bench (benchmarks/l2_bench.py: a few-row linear's weight cold, warm in L2, prefetched).
 # Logs in one archive in $OUT; a summary last.
 #     OUT=$OUT bash benchmarks/where_gpu.sh
 #     STEPS="moeprof w1order" bash benchmarks/where_gpu.sh   # any of moeprof w2int4prof w1fp8prof order w1order
@@ -82,8 +82,7 @@ if [[ " $STEPS " == *" moetree "* ]] && [ -d "${A_PATH:-}" ]; then
 fi
 moeab moemerge PAGEDLLM_DECODE_LAST_REDUCE=1
 moeab moebuckets PAGEDLLM_GRAPH_CONTEXT_BUCKETS=1  # decode graphs for a 1,024-token bound too (8 splits, no reduce kernel)
-moeab moepfo PAGEDLLM_PREFETCH_O=late  # the decode kernel asking L2 for the o projection's weight after its wait
-moeab moepfoe PAGEDLLM_PREFETCH_O=early  # ... before its wait
+moeab moepfo PAGEDLLM_PREFETCH_O=1  # the o projection's weight asked of L2 from a side stream while attention runs
 if step moesweep 200; then  # the small MoE kernels' tiles (the gate/up kernel's split-K among them)
   timeout 200 $PY benchmarks/moe_bench.py --skip-latency --skip-w1 --skip-peer --small-sweep \
     --output-json "$OUT/moesweep.json" > "$OUT/moesweep.log" 2>&1; echo "moesweep rc=$? at ${SECONDS} s"
@@ -224,9 +223,12 @@ w2ab w2pdl PAGEDLLM_WNA16_PDL=0 "--quantization gptq"  # W2 gptq: gemvp under PD
 w2ab w2greedy PAGEDLLM_GREEDY_TRITON=0 "--quantization gptq"  # W2 gptq: the fused sampler's argmax against torch's
 [ -d "${A_PATH:-}" ] && w2ab w2tree "PYTHONPATH=$(cd "$A_PATH" && pwd):$PWD" "--quantization gptq"  # W2 gptq: this tree (A) against $A_PATH's (B)
 w2ab w2dtype "" "--quantization gptq" "--dtype float16"  # W2 gptq: bf16 (A) against fp16 (B): is gemvp issue-bound?
-w2ab w2pfo PAGEDLLM_PREFETCH_O=late "--quantization gptq"  # W2 gptq: the o projection's weight asked of L2 by the decode kernel
-w2ab w2pfobf16 PAGEDLLM_PREFETCH_O=late ""  # the same, W2 bf16
-w2ab w2pfofp8 PAGEDLLM_PREFETCH_O=late "--quantization fp8"  # the same, W2 FP8
+w2ab w2pfo PAGEDLLM_PREFETCH_O=1 "--quantization gptq"  # W2 gptq: the o projection's weight asked of L2 from a side stream
+w2ab w2pfobf16 PAGEDLLM_PREFETCH_O=1 ""  # the same, W2 bf16
+w2ab w2pfofp8 PAGEDLLM_PREFETCH_O=1 "--quantization fp8"  # the same, W2 FP8
+if step l2bench 60; then  # whether a few-row linear gains from its weight in L2, and the side stream's prefetch
+  timeout 60 $PY benchmarks/l2_bench.py > "$OUT/l2bench.log" 2>&1; echo "l2bench rc=$? at ${SECONDS} s"; cat "$OUT/l2bench.log"
+fi
 if step stream 100; then  # pure streaming of W2's int4 words: gemvp's pattern, contiguous column blocks, one flat range
   timeout 100 $PY benchmarks/stream_bench.py > "$OUT/stream.log" 2>&1
   echo "stream rc=$? at ${SECONDS} s"; sed -n '/^best per/,$p' "$OUT/stream.log"

@@ -131,7 +131,6 @@ class AttentionBackend(ABC):
         v_scale: float = 1.0,
         sliding_window: int | None = None,
         logits_soft_cap: float | None = None,
-        l2_prefetch: torch.Tensor | None = None,  # a weight the next kernel reads (a hint: triton_backend's)
     ) -> torch.Tensor:  # [T, Hq, D]
         """`forward` without its store (only where `attends_stored_kv`)."""
         raise NotImplementedError(f"the {self.name} attention backend stores K/V itself: call forward")

@@ -77,7 +77,6 @@ class TritonAttentionBackend(AttentionBackend):
         v_scale: float = 1.0,
         sliding_window: int | None = None,
         logits_soft_cap: float | None = None,
-        l2_prefetch: torch.Tensor | None = None,  # a weight read next: the decode kernel asks L2 for it
     ) -> torch.Tensor:  # [T, Hq, D]
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         nd = batch.num_decodes
@@ -88,7 +87,6 @@ class TritonAttentionBackend(AttentionBackend):
                 max_seq_len=batch.max_seq_len, k_scale=k_scale, v_scale=v_scale,
                 sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
                 order=meta.decode_order if isinstance(meta := batch.attn_metadata, TritonMetadata) else None,
-                l2_prefetch=l2_prefetch,
             )  # fmt: skip
         if num_reqs > nd:
             max_query_len = max(batch.query_lens_cpu[nd:])

@@ -111,20 +111,13 @@ def _pdl_mode() -> str:
 
 # decode batches of up to this many requests ask L2 for the o projection's weight (o_prefetch_mode)
 O_PREFETCH_MAX_ROWS = 16
-_O_PREFETCH_MODES = {"0": 0, "": 0, "off": 0, "1": 1, "early": 1, "late": 2}
 
 
 @functools.cache
-def o_prefetch_mode() -> int:
-    """PAGEDLLM_PREFETCH_O (read once): whether the decode kernel of a small batch asks L2 for
-    the o projection's weight while the memory is otherwise idle, so that the projection then
-    streams it from L2: 0 off, "early" (1) before the kernel's PDL wait (while the q/k/v
-    projection may still stream), "late" (2) after it (while attention reads its few keys).
-    Only with PDL (its sm_90 hardware has the bulk prefetch)."""
-    value = os.environ.get("PAGEDLLM_PREFETCH_O", "0").strip().lower()
-    if value not in _O_PREFETCH_MODES:
-        raise ValueError(f"PAGEDLLM_PREFETCH_O={value!r}: expected 0, early (1) or late")
-    return _O_PREFETCH_MODES[value]
+def o_prefetch_mode() -> bool:
+    """PAGEDLLM_PREFETCH_O (read once): whether a small decode batch asks L2 for each layer's o
+    projection weight from a side stream while attention runs (kernels/l2_prefetch.py)."""
+    return env_flag("PAGEDLLM_PREFETCH_O")
 
 
 def streamed_weight(module: torch.nn.Module) -> torch.Tensor:

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedllm.kernels._triton import O_PREFETCH_MAX_ROWS, next_power_of_2, o_prefetch_mode, pdl
+from pagedllm.kernels._triton import next_power_of_2, pdl
 from pagedllm.kernels.attention import (
     _LOG2E,
     _attend_keys,
@@ -40,7 +40,7 @@ from pagedllm.kernels.attention import (
     window_cap_args,
 )
 from pagedllm.kernels.counters import counters
-from pagedllm.kernels.pdl_triton import pdl_release, pdl_wait, prefetch_share_l2
+from pagedllm.kernels.pdl_triton import pdl_release, pdl_wait
 
 
 @triton.jit
@@ -84,15 +84,6 @@ def _partition(seq_lens_ptr, order_ptr, window, BLOCK_N: tl.constexpr, SLIDING: 
 
 
 @triton.jit
-def _prefetch_share(pf_ptr, pf_bytes, CHUNKS: tl.constexpr):
-    """This program's share (of the whole grid's) of the pf_bytes bytes at pf_ptr, asked of L2."""
-    base = pf_ptr.to(tl.pointer_type(tl.uint8))
-    pid = (tl.program_id(2) * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(0) + tl.program_id(0)
-    nprog = tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2)
-    prefetch_share_l2(base, pf_bytes, pid, nprog, CHUNKS)
-
-
-@triton.jit
 def _decode_kernel(
     q_ptr,  # [B, Hq, D], one query token per request
     k_cache_ptr,  # [N, bs, Hkv, D]
@@ -121,14 +112,8 @@ def _decode_kernel(
     MERGE_UNROLL: tl.constexpr = 8,  # (LAST_REDUCE) splits merged a round
     PDL: tl.constexpr = False,  # kernels/pdl_triton.py
     V_T: tl.constexpr = False,  # V blocks stored [Hkv, D, bs] (attention.v_transposed); stride_vs is then 1
-    pf_ptr=None,  # (PF_MODE) a tensor a later kernel reads, asked of L2 (o_prefetch_mode)
-    pf_bytes=0,
-    PF_MODE: tl.constexpr = 0,  # 0 none, 1 before the PDL wait, 2 after it
-    PF_CHUNKS: tl.constexpr = 128,  # (PF_MODE) bulk prefetches a program (one a thread at 4 warps)
 ):  # fmt: skip
     pdl_release(PDL)
-    if PF_MODE == 1:  # a weight: no kernel writes it, so it may come before the wait (rule 1)
-        _prefetch_share(pf_ptr, pf_bytes, PF_CHUNKS)
     # The split count is the grid's third dimension, a runtime value: a new count (it follows
     # the batch size and the longest context) needs no new compile, which would stall serving
     # for a second or more. SPLIT (count > 1) picks partial outputs over the final one.
@@ -137,8 +122,6 @@ def _decode_kernel(
     req, kv_head, num_kv_heads, split, num_splits, start, end = _partition(
         seq_lens_ptr, order_ptr, window, BLOCK_N, SLIDING, ORDERED, BLOCK_SIZE if V_T else 1)
     pdl_wait(PDL)
-    if PF_MODE == 2:
-        _prefetch_share(pf_ptr, pf_bytes, PF_CHUNKS)
 
     g = tl.arange(0, BLOCK_G)  # rows: the query heads of this kv head's group (padded to >= 16)
     g_mask = g < GROUP
@@ -400,7 +383,6 @@ def decode_attention_triton(
     order: torch.Tensor | None = None,  # [>= B] int32: the requests in the order programs take them
     last_reduce: bool | None = None,  # with splits: the last split merges them (None: decode_last_reduce)
     merge_unroll: int | None = None,  # (last_reduce) splits merged a round (None: MERGE_UNROLL)
-    l2_prefetch: torch.Tensor | None = None,  # a weight read next, asked of L2 (o_prefetch_mode)
 ) -> torch.Tensor:
     b, hq, d = q.shape
     _, bs, hkv, _ = k_cache.shape
@@ -445,15 +427,10 @@ def decode_attention_triton(
         common["maxnreg"] = maxnreg
     if last:
         common.update(BLOCK_S=MERGE_BLOCK_S, MERGE_UNROLL=merge_unroll or MERGE_UNROLL)
-    launch = pdl(q)
-    if l2_prefetch is not None and launch["PDL"] and b <= O_PREFETCH_MAX_ROWS and o_prefetch_mode():
-        assert l2_prefetch.is_contiguous() and l2_prefetch.data_ptr() % 16 == 0
-        launch.update(pf_ptr=l2_prefetch, pf_bytes=l2_prefetch.numel() * l2_prefetch.element_size(),
-                      PF_MODE=o_prefetch_mode())
     grid = (b, hkv, num_splits) if order is None else (hkv, b, num_splits)
     _decode_kernel[grid](
         *args, BLOCK_G=max(16, next_power_of_2(group)), DOT_PRECISION=_dot_precision(q.dtype),
-        Q_AS_FP16=dot_dtype_fp16(q.dtype, k_cache.dtype), **common, **launch,
+        Q_AS_FP16=dot_dtype_fp16(q.dtype, k_cache.dtype), **common, **pdl(q),
     )  # fmt: skip
     if num_splits > 1 and not last:
         _decode_reduce_kernel[(b, hq)](

@@ -86,7 +86,7 @@ def prefetch_share_l2(base_ptr, nbytes, pid, num_programs, CHUNKS: tl.constexpr)
     uint8 pointer, 16-byte aligned): `num_programs` programs split the range into equal parts, each
     part issued as CHUNKS sm_90 bulk prefetches (fire-and-forget, whole 16-byte units; a ragged
     tail under 16 bytes is left out). For a kernel that runs while the memory is idle to stream
-    in the weight a later kernel reads (attention_decode's PREFETCH: the o projection's)."""
+    in the weight a later kernel reads (l2_prefetch.py)."""
     unit = 16 * CHUNKS
     per = tl.cdiv(tl.cdiv(nbytes, num_programs), unit) * unit
     chunk = per // CHUNKS
@@ -95,3 +95,9 @@ def prefetch_share_l2(base_ptr, nbytes, pid, num_programs, CHUNKS: tl.constexpr)
     nbytes_i = (tl.minimum(left, chunk) // 16 * 16).to(tl.int32)
     addr = (base_ptr + starts).to(tl.int64)
     _bulk_prefetch_l2(addr, nbytes_i)
+
+
+@triton.jit
+def prefetch_weight_kernel(w_ptr, nbytes, CHUNKS: tl.constexpr):
+    """The grid's programs ask L2 for the nbytes bytes at w_ptr (any element type), evenly shared."""
+    prefetch_share_l2(w_ptr.to(tl.pointer_type(tl.uint8)), nbytes, tl.program_id(0), tl.num_programs(0), CHUNKS)

@@ -2,7 +2,7 @@
 (sm_90+; skipped elsewhere): a batch-1 decode layer's chain of our kernels -- residual add + norm,
 the swap-AB GEMM (split-K reduced by its last split and by the reduce kernel), decode attention
 over splits and its reduce, the fused MoE router and the small-batch experts, the FP8 GEMVs,
-SiLU-and-mul; the decode kernel asking L2 for the o projection's weight -- captured in a CUDA graph with PDL and replayed on new inputs gives what the
+SiLU-and-mul -- captured in a CUDA graph with PDL and replayed on new inputs gives what the
 same chain gives without PDL, bit for bit; and an engine's greedy tokens are the same with and
 without it. A kernel that read or wrote before its wait would race and differ."""
 
@@ -59,7 +59,7 @@ def _chain(x: torch.Tensor, res: torch.Tensor, p: dict) -> torch.Tensor:
     # the reduce kernel here, the last split (the default) for wo
     q = small_m_linear(h, p["wq"], config=SwapConfig(64, 128, 4, 4, 3, reduce="kernel")).view(1, 32, 128)
     att = decode_attention_triton(q, p["k"], p["v"], p["bt"], p["lens"], torch.empty_like(q), 0.088,
-                                  max_seq_len=p["ctx"], last_reduce=False, l2_prefetch=p["wo"])
+                                  max_seq_len=p["ctx"], last_reduce=False)
     o = small_m_linear(att.view(1, -1), p["wo"])
     h2, r2 = fused_add_rms_norm_triton(o, r, p["norm"], 1e-6)
     _, weights, ids = route_small(h2, p["router"], 4, True)
@@ -86,17 +86,8 @@ def _replays_equal(chain, inputs: list, refs: list) -> None:
         assert torch.equal(out, ref)
 
 
-def _set_prefetch_o(monkeypatch, mode: str) -> None:
-    from pagedllm.kernels import _triton
-
-    monkeypatch.setenv("PAGEDLLM_PREFETCH_O", mode)
-    _triton.o_prefetch_mode.cache_clear()
-
-
-@pytest.mark.parametrize("mode,prefetch_o", [("1", "0"), ("prefetch", "0"), ("1", "early"), ("1", "late")])
-def test_decode_layer_chain_in_a_cuda_graph(monkeypatch, mode, prefetch_o):
-    """prefetch_o: the decode kernel asking L2 for the o projection's weight (PAGEDLLM_PREFETCH_O)."""
-    _set_prefetch_o(monkeypatch, prefetch_o)
+@pytest.mark.parametrize("mode", ["1", "prefetch"])
+def test_decode_layer_chain_in_a_cuda_graph(monkeypatch, mode):
     p = _params()
     gen = torch.Generator().manual_seed(1)
     inputs = [(torch.randn(1, 2048, generator=gen).to("cuda", torch.bfloat16),
@@ -110,12 +101,19 @@ def test_decode_layer_chain_in_a_cuda_graph(monkeypatch, mode, prefetch_o):
         pytest.skip("this triton has no programmatic dependent launch (tl.extra.cuda.gdc_wait, launch_pdl)")
     _replays_equal(lambda x, res: _chain(x, res, p), inputs, refs)
     _set_mode(monkeypatch, "0")
-    _set_prefetch_o(monkeypatch, "0")
+
+
+def _set_prefetch_o(monkeypatch, value: str) -> None:
+    from pagedllm.kernels import _triton
+
+    monkeypatch.setenv("PAGEDLLM_PREFETCH_O", value)
+    _triton.o_prefetch_mode.cache_clear()
 
 
 def test_engine_greedy_tokens_equal_with_pdl(tmp_path, tokenizer_dir, monkeypatch):
     """A tiny Qwen3-MoE in bf16 (CUDA graphs, decode batches of 1-4): the same greedy tokens with
-    PAGEDLLM_PDL=prefetch as without."""
+    PAGEDLLM_PDL=prefetch, and with PDL and PAGEDLLM_PREFETCH_O=1 (a side stream forked and joined
+    in every decode graph), as without."""
     from moe_utils import save_moe_model, tiny_moe_config
     from test_engine_gpu import prompts_of
 
@@ -126,14 +124,17 @@ def test_engine_greedy_tokens_equal_with_pdl(tmp_path, tokenizer_dir, monkeypatc
     prompts = prompts_of([9, 50, 120, 3], seed=5)
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     tokens = {}
-    for mode in ("0", "prefetch"):
+    for mode, prefetch_o in (("0", "0"), ("prefetch", "0"), ("1", "1")):
         _set_mode(monkeypatch, mode)
+        _set_prefetch_o(monkeypatch, prefetch_o)
         llm = LLM(path, dtype="bfloat16", max_model_len=512, gpu_memory_utilization=0.2, max_num_seqs=8)
         tokens[mode] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         del llm
         torch.cuda.empty_cache()
     _set_mode(monkeypatch, "0")
+    _set_prefetch_o(monkeypatch, "0")
     assert tokens["prefetch"] == tokens["0"]
+    assert tokens["1"] == tokens["0"]  # with the o projection's weight asked of L2 from a side stream
 
 
 def _set_wna16(monkeypatch, pdl: str, prefetch: str) -> None:

@@ -50,9 +50,6 @@ def _cases():
 
     def wna16_sig(kernel):
         return _signature(kernel, w_ptr="*i32", out_ptr="*fp32", ws_ptr="*fp32", count_ptr="*i32")
-    decode_sig = _signature(attention_decode._decode_kernel, block_tables_ptr="*i32", seq_lens_ptr="*i32",
-                            order_ptr="*i32", part_out_ptr="*fp32", part_max_ptr="*fp32", part_sum_ptr="*fp32",
-                            count_ptr="*i32")
     decode = {"GROUP": 4, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "BLOCK_G": 16, "BLOCK_N": 64, "BLOCK_D": 128,
               "SPLIT": True, "DOT_PRECISION": "tf32", "Q_AS_FP16": False}
     return [
@@ -124,19 +121,13 @@ def _cases():
                     block_tables_ptr="*i32", seq_lens_ptr="*i32", order_ptr="*i32", part_out_ptr="*fp32",
                     part_max_ptr="*fp32", part_sum_ptr="*fp32", count_ptr="*i32"),
          {**decode, "BLOCK_N": 128, "Q_AS_FP16": True, "V_T": True}, 4, "inputs"),
-        # PAGEDLLM_PREFETCH_O: the o projection's weight asked of L2 before / after the wait
-        ("decode_prefetch_o_early", attention_decode._decode_kernel, decode_sig, {**decode, "PF_MODE": 1}, 4,
-         "inputs"),
-        ("decode_prefetch_o_late", attention_decode._decode_kernel, decode_sig,
-         {**decode, "LAST_REDUCE": True, "BLOCK_S": attention_decode.MERGE_BLOCK_S,
-          "MERGE_UNROLL": attention_decode.MERGE_UNROLL, "PF_MODE": 2}, 4, "inputs"),
     ]
 
 
 CASES = ["rms_norm", "act_and_mul", "qkv_rope", "decode", "decode_last_ordered", "decode_reduce", "swap",
          "swap_last", "swap_router_prefetch", "swap_fp8_prefetch", "splitk_reduce", "fp8_gemv", "fp8_gemv_unrolled",
          "fp8_gemv_blocks", "moe_gate_up", "moe_down", "wna16_gemv", "wna16_gemvp_split_last", "wna16_gemvp_prefetch",
-         "decode_fp8_key_major", "decode_prefetch_o_early", "decode_prefetch_o_late"]
+         "decode_fp8_key_major"]
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -159,10 +150,8 @@ def test_pdl_kernel_waits_before_it_touches_data(name):
     elif not reads_first:
         assert not loads_before, f"{len(loads_before)} loads before the wait"
     prefetch = ptx.find("cp.async.bulk.prefetch.L2")
-    if constexprs.get("PREFETCH_K", 0) > 0 or constexprs.get("PF_MODE") == 1:
+    if constexprs.get("PREFETCH_K", 0) > 0:
         assert 0 <= prefetch < wait, "the weight prefetch is not issued before the wait"
-    elif constexprs.get("PF_MODE") == 2:
-        assert prefetch > wait, "the late prefetch is not issued after the wait"
     else:
         assert prefetch < 0
 
@@ -198,17 +187,21 @@ def test_pdl_switch(monkeypatch):
 
 
 def test_prefetch_o_switch(monkeypatch):
-    """PAGEDLLM_PREFETCH_O: off by default, early (1) or late (2); anything else a ValueError naming
-    it. Which weight: the linear's largest parameter (a 4-bit layer's packed words, not its scales)."""
+    """PAGEDLLM_PREFETCH_O: off by default, 0 or 1, anything else a ValueError naming it; on a CPU
+    tensor nothing is queued (no side stream to join). The weight it asks for is the linear's
+    largest parameter (a 4-bit layer's packed words, not its scales)."""
     import torch
 
-    from pagedllm.kernels import _triton
+    from pagedllm.kernels import _triton, l2_prefetch
 
-    for value, mode in (("", 0), ("0", 0), ("1", 1), ("early", 1), ("late", 2)):
+    for value, on in (("", False), ("0", False), ("1", True)):
         monkeypatch.setenv("PAGEDLLM_PREFETCH_O", value)
         _triton.o_prefetch_mode.cache_clear()
-        assert _triton.o_prefetch_mode() == mode
-    monkeypatch.setenv("PAGEDLLM_PREFETCH_O", "2")
+        assert _triton.o_prefetch_mode() is on
+    l2_prefetch.prefetch_weight_async(torch.zeros(64, 64))
+    assert not l2_prefetch._pending
+    l2_prefetch.join(torch.device("cpu"))
+    monkeypatch.setenv("PAGEDLLM_PREFETCH_O", "late")
     _triton.o_prefetch_mode.cache_clear()
     with pytest.raises(ValueError, match="PAGEDLLM_PREFETCH_O"):
         _triton.o_prefetch_mode()
@@ -217,3 +210,15 @@ def test_prefetch_o_switch(monkeypatch):
     layer.qweight = torch.nn.Parameter(torch.zeros(64, 512, dtype=torch.int32), requires_grad=False)
     layer.scales = torch.nn.Parameter(torch.zeros(4, 4096, dtype=torch.bfloat16), requires_grad=False)
     assert _triton.streamed_weight(layer) is layer.qweight
+
+
+def test_prefetch_weight_kernel_is_bulk_prefetches():
+    """The side stream's kernel (kernels/l2_prefetch.py), compiled for sm_90: bulk L2 prefetches
+    of the program's share, and nothing loaded or stored."""
+    from pagedllm.kernels.inspect_sm90 import compile_sm90
+    from pagedllm.kernels.pdl_triton import prefetch_weight_kernel
+
+    ptx = compile_sm90(prefetch_weight_kernel, {"w_ptr": "*bf16", "nbytes": "i32"}, {"CHUNKS": 128},
+                       num_warps=4, num_stages=1).asm["ptx"]
+    assert "cp.async.bulk.prefetch.L2.global" in ptx
+    assert not re.search(r"\b(ld\.global|st\.global|atom\.)", ptx)

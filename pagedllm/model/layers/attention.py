@@ -77,16 +77,16 @@ class Attention(nn.Module):
 
     def forward_qkv(self, qkv: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
                     sin_cache: torch.Tensor, q_norm_weight: torch.Tensor | None, k_norm_weight: torch.Tensor | None,
-                    eps: float, batch: ForwardBatch, l2_prefetch: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+                    eps: float, batch: ForwardBatch) -> torch.Tensor:  # fmt: skip
         """`forward` from the qkv projection's output [T, (Hq + 2 Hkv) * D]: one kernel norms
         (optionally) and rotates q and k and stores k and v; the backend then attends from the
-        cache (asking L2 for `l2_prefetch`, the weight read next, where it can). -> [T, Hq * D]"""
+        cache. -> [T, Hq * D]"""
         assert self.backend is not None and self.k_cache is not None and self.v_cache is not None
         q = qkv_norm_rope_store(qkv, positions, cos_cache, sin_cache, self.k_cache, self.v_cache, batch.slot_mapping,
                                 self.num_heads, self.num_kv_heads, self.head_dim, q_norm_weight, k_norm_weight,
                                 eps, self.k_scale, self.v_scale, self.k_offset)  # fmt: skip
         o = self.backend.attend(q, self.k_cache, self.v_cache, batch, self.scale, self.k_scale, self.v_scale,
-                                self.sliding_window, self.logits_soft_cap, l2_prefetch)  # fmt: skip
+                                self.sliding_window, self.logits_soft_cap)  # fmt: skip
         return o.reshape(o.shape[0], self.num_heads * self.head_dim)
 
 

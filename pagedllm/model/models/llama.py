@@ -21,12 +21,13 @@ from torch import nn
 
 from pagedllm.attention.backend import ForwardBatch
 from pagedllm.distributed import SINGLE, ParallelState
+from pagedllm.kernels import l2_prefetch
 from pagedllm.kernels._triton import O_PREFETCH_MAX_ROWS, fusion_enabled, o_prefetch_mode, streamed_weight
+from pagedllm.kernels.l2_prefetch import prefetch_weight_async
 from pagedllm.model.layers.activation import SiluAndMul, act_into
 from pagedllm.model.layers.attention import Attention, layer_sliding_window
 from pagedllm.model.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from pagedllm.model.layers.layernorm import RMSNorm, norm_into
-from pagedllm.model.layers.pipeline import belongs_elsewhere, make_layers, owned_layers
 from pagedllm.model.layers.linear import (
     MergedColumnParallelLinear,
     QKVParallelLinear,
@@ -34,6 +35,7 @@ from pagedllm.model.layers.linear import (
     default_weight_loader,
 )
 from pagedllm.model.layers.partial_rotary import partial_rotary_permutation, permuted_head_rows
+from pagedllm.model.layers.pipeline import belongs_elsewhere, make_layers, owned_layers
 from pagedllm.model.layers.rotary import RotaryEmbedding, get_rotary_embedding, rope_parameters, rotary_dim_of
 
 
@@ -101,6 +103,7 @@ class LlamaAttention(nn.Module):
     def forward(self, positions: torch.Tensor, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         # x: [T, H]
         qkv = self.qkv_proj(x)
+        self.prefetch_o(batch)
         if self.fuse_rope_kv and self.attn.can_store_qkv(qkv):
             return self.o_proj(self.fused_attention(positions, qkv, batch))
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -123,15 +126,13 @@ class LlamaAttention(nn.Module):
         else:
             qw = kw = None
             eps = 0.0
-        return self.attn.forward_qkv(qkv, positions, rope.cos_cache, rope.sin_cache, qw, kw, eps, batch,
-                                     self.o_prefetch(batch))
+        return self.attn.forward_qkv(qkv, positions, rope.cos_cache, rope.sin_cache, qw, kw, eps, batch)
 
-    def o_prefetch(self, batch: ForwardBatch) -> torch.Tensor | None:
-        """The o projection's weight, for the decode kernel of a small pure-decode batch to ask
-        of L2 while the memory is otherwise idle (PAGEDLLM_PREFETCH_O); None otherwise."""
-        if not o_prefetch_mode() or batch.num_reqs != batch.num_decodes or batch.num_decodes > O_PREFETCH_MAX_ROWS:
-            return None
-        return streamed_weight(self.o_proj)
+    def prefetch_o(self, batch: ForwardBatch) -> None:
+        """A small pure-decode batch asks L2 for the o projection's weight from a side stream while
+        attention runs (PAGEDLLM_PREFETCH_O, kernels/l2_prefetch.py; LlamaModel.forward joins it)."""
+        if o_prefetch_mode() and batch.num_reqs == batch.num_decodes <= O_PREFETCH_MAX_ROWS:
+            prefetch_weight_async(streamed_weight(self.o_proj))
 
 
 class LlamaMLP(nn.Module):
@@ -213,6 +214,7 @@ class LlamaModel(nn.Module):
             x, residual = intermediate
         for layer in self.own_layers:
             x, residual = layer(positions, x, residual, batch)
+        l2_prefetch.join(x.device)  # the side stream of LlamaAttention.prefetch_o
         if not self.ps.is_last_stage:
             return x, residual
         x, _ = self.norm(x, residual)
