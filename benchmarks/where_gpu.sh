@@ -36,6 +36,7 @@
 # tree at $A_PATH, alternated by round), gemvptests (gemvp's GPU tests), w2fp16prof0 (W2 gptq fp16's profile, PDL off), moepfo
 # (Qwen3-30B-A3B batch 1: A default, B the o projection's weight asked of L2 from a side stream while attention runs,
 # PAGEDLLM_PREFETCH_O=1), w2pfo / w2pfobf16 / w2pfofp8 (W2 gptq / bf16 / FP8: A default, B PAGEDLLM_PREFETCH_O=1),
+# moepf (Qwen3-30B-A3B batch 1: A default, B PAGEDLLM_MOE_PREFETCH=1, the down kernel's evict-last L2 prefetch),
 # l2bench (benchmarks/l2_bench.py: a few-row linear's weight cold, warm in L2, prefetched).
 # Logs in one archive in $OUT; a summary last.
 #     OUT=$OUT bash benchmarks/where_gpu.sh
@@ -83,6 +84,7 @@ fi
 moeab moemerge PAGEDLLM_DECODE_LAST_REDUCE=1
 moeab moebuckets PAGEDLLM_GRAPH_CONTEXT_BUCKETS=1  # decode graphs for a 1,024-token bound too (8 splits, no reduce kernel)
 moeab moepfo PAGEDLLM_PREFETCH_O=1  # the o projection's weight asked of L2 from a side stream while attention runs
+moeab moepf PAGEDLLM_MOE_PREFETCH=1  # the down kernel asking L2 (evict-last) for its weights while gate/up runs
 if step moesweep 200; then  # the small MoE kernels' tiles (the gate/up kernel's split-K among them)
   timeout 200 $PY benchmarks/moe_bench.py --skip-latency --skip-w1 --skip-peer --small-sweep \
     --output-json "$OUT/moesweep.json" > "$OUT/moesweep.log" 2>&1; echo "moesweep rc=$? at ${SECONDS} s"

@@ -67,7 +67,28 @@ def _bulk_prefetch_l2(addr, nbytes):
 
 
 @triton.jit
-def prefetch_rows_l2(rows_ptr, row_mask, k_start, k_end, PREFETCH_K: tl.constexpr):
+def _bulk_prefetch_l2_last(addr, nbytes):
+    """_bulk_prefetch_l2 with an evict-last L2 policy: the lines outlive normal ones (a stream of
+    weights read once, say) until the kernel that asked for them reads them."""
+    tl.inline_asm_elementwise(
+        asm="""{
+        .reg .pred p;
+        .reg .b64 pol;
+        setp.gt.s32 p, $2, 0;
+        createpolicy.fractional.L2::evict_last.b64 pol, 1.0;
+        @p cp.async.bulk.prefetch.L2.global.L2::cache_hint [$1], $2, pol;
+        mov.u32 $0, 0;
+        }""",
+        constraints="=r,l,r",
+        args=[addr, nbytes],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
+
+
+@triton.jit
+def prefetch_rows_l2(rows_ptr, row_mask, k_start, k_end, PREFETCH_K: tl.constexpr, EVICT_LAST: tl.constexpr = False):
     """Asks L2 for columns [k_start, min(k_end, k_start + PREFETCH_K)) of each weight row
     (rows_ptr: [R] pointers to the rows' first elements; one sm_90 bulk prefetch a row, whole
     16-byte units, fire-and-forget). For a kernel launched with PDL to issue before its
@@ -77,7 +98,10 @@ def prefetch_rows_l2(rows_ptr, row_mask, k_start, k_end, PREFETCH_K: tl.constexp
     cols = tl.minimum(k_end - k_start, PREFETCH_K)
     nbytes = tl.where(row_mask, (cols * elem) // 16 * 16, 0).to(tl.int32)
     addr = (rows_ptr + k_start).to(tl.int64)
-    _bulk_prefetch_l2(addr, nbytes)
+    if EVICT_LAST:
+        _bulk_prefetch_l2_last(addr, nbytes)
+    else:
+        _bulk_prefetch_l2(addr, nbytes)
 
 
 @triton.jit

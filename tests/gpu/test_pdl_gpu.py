@@ -86,9 +86,13 @@ def _replays_equal(chain, inputs: list, refs: list) -> None:
         assert torch.equal(out, ref)
 
 
-@pytest.mark.parametrize("mode", ["1", "prefetch"])
+@pytest.mark.parametrize("mode", ["1", "prefetch", "1+moe_prefetch"])
 def test_decode_layer_chain_in_a_cuda_graph(monkeypatch, mode):
+    """1+moe_prefetch: PAGEDLLM_MOE_PREFETCH=1, the down kernel reading the routing and asking L2
+    for its weights (evict-last) before its wait (fused_moe_small_triton.down_prefetch)."""
     p = _params()
+    mode, _, moe_prefetch = mode.partition("+")
+    monkeypatch.setenv("PAGEDLLM_MOE_PREFETCH", "1" if moe_prefetch else "0")
     gen = torch.Generator().manual_seed(1)
     inputs = [(torch.randn(1, 2048, generator=gen).to("cuda", torch.bfloat16),
                torch.randn(1, 2048, generator=gen).to("cuda", torch.bfloat16)) for _ in range(3)]
@@ -99,6 +103,9 @@ def test_decode_layer_chain_in_a_cuda_graph(monkeypatch, mode):
 
     if not _triton.pdl(p["norm"])["PDL"]:
         pytest.skip("this triton has no programmatic dependent launch (tl.extra.cuda.gdc_wait, launch_pdl)")
+    from pagedllm.kernels.fused_moe_small_triton import down_prefetch
+
+    assert down_prefetch(p["norm"][None, :], p["w2"]) == bool(moe_prefetch)
     _replays_equal(lambda x, res: _chain(x, res, p), inputs, refs)
     _set_mode(monkeypatch, "0")
 
