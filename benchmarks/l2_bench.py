@@ -1,14 +1,15 @@
-"""Does a few-row linear run faster when its weight already sits in L2? The question behind asking
-L2 for the next projection's weight while the memory is idle (PAGEDLLM_PREFETCH_O, which made W2 and
-Qwen3-30B-A3B batch 1 slower on the H100, RESULTS.md twenty-fourth session). In CUDA graphs of
+"""Does a few-row linear run faster when its weight already sits in L2, and can a decode step get it
+there while the memory is otherwise idle? The question behind asking L2 for the o projection's weight
+during attention (tried in the twenty-fourth session from inside the decode kernel and from a side
+stream, and the MoE down kernel's evict-last prefetch: none kept, RESULTS.md). In CUDA graphs of
 LAYERS distinct weights (so nothing stays in L2 from one layer to the next), us a layer:
 
     cold       sleep, then the linear                                    (less "sleep")
     warm       the linear twice on the same weight: the second's time    ("twice" less "cold")
     prefetched a bulk L2 prefetch of the weight (P programs), sleep, then the linear
                                                                          (less "prefetch + sleep")
-    side       the engine's way (kernels/l2_prefetch.py): the prefetch on a side stream, the sleep
-               and the linear on the main one                            (less "sleep")
+    side       the prefetch on a side stream forked before the sleep, joined after the last layer;
+               the sleep and the linear on the main stream               (less "sleep")
 
 `sleep` (torch.cuda._sleep) stands for the attention the prefetch would hide behind, long enough for
 the prefetch to land. Shapes: Qwen3-30B-A3B's o projection (2048 x 4096) and q/k/v (5120 x 2048),
@@ -21,36 +22,54 @@ F.linear where that answers cuBLAS.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 import torch
+import triton
+import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402
 
-from pagedllm.kernels import l2_prefetch, small_m  # noqa: E402
-from pagedllm.kernels.pdl_triton import prefetch_weight_kernel  # noqa: E402
+from pagedllm.kernels import small_m  # noqa: E402
+from pagedllm.kernels.pdl_triton import prefetch_rows_l2  # noqa: E402
 
 LAYERS = 32
 SHAPES = {"moe_o": (2048, 4096), "moe_qkv": (5120, 2048), "llama_o": (4096, 4096)}
+SIDE_PROGRAMS = 64
+CHUNKS = 128  # bulk prefetches a program (one a thread at 4 warps)
+
+
+@triton.jit
+def _prefetch_kernel(w_ptr, nbytes, CHUNKS: tl.constexpr):
+    """The grid's programs ask L2 for the nbytes bytes at w_ptr, evenly shared: CHUNKS bulk
+    prefetches a program (prefetch_rows_l2 with each chunk a "row" of bytes)."""
+    unit = 16 * CHUNKS
+    per = tl.cdiv(tl.cdiv(nbytes, tl.num_programs(0)), unit) * unit
+    chunk = per // CHUNKS
+    starts = tl.program_id(0).to(tl.int64) * per + tl.arange(0, CHUNKS).to(tl.int64) * chunk
+    sizes = tl.minimum(tl.maximum(nbytes - starts, 0), chunk)
+    prefetch_rows_l2(w_ptr.to(tl.pointer_type(tl.uint8)) + starts, sizes > 0, 0, sizes, 1 << 30)
 
 
 def prefetch(w: torch.Tensor, programs: int) -> None:
-    prefetch_weight_kernel[(programs,)](w, w.numel() * w.element_size(), CHUNKS=128, num_warps=4)
+    _prefetch_kernel[(programs,)](w, w.numel() * w.element_size(), CHUNKS=CHUNKS, num_warps=4)
 
 
-def side_prefetch(ws: list[torch.Tensor], x: torch.Tensor, cycles: int) -> None:
-    """As the engine does it (kernels/l2_prefetch.py): each weight asked of L2 from the side
-    stream, the main stream sleeping then running the linear; one join at the end."""
+def side_prefetch(ws: list[torch.Tensor], x: torch.Tensor, cycles: int, side: torch.cuda.Stream) -> None:
+    """Each weight asked of L2 from the side stream, forked after the linear before it; the main
+    stream sleeping then running the linear; one join at the end."""
+    main = torch.cuda.current_stream()
     for w in ws:
-        l2_prefetch.prefetch_weight_async(w)
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            prefetch(w, SIDE_PROGRAMS)
         torch.cuda._sleep(cycles)
         linear(x, w)
-    l2_prefetch.join(x.device)
+    main.wait_stream(side)
 
 
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -63,7 +82,6 @@ def main() -> None:
     ap.add_argument("--sleep-us", type=float, default=12.0)
     ap.add_argument("--programs", type=int, nargs="*", default=[132, 32])
     args = ap.parse_args()
-    os.environ["PAGEDLLM_PREFETCH_O"] = "1"
     clock_khz = (
         torch.cuda.get_device_properties(0).clock_rate
         if hasattr(torch.cuda.get_device_properties(0), "clock_rate")
@@ -92,8 +110,9 @@ def measure(ws: list[torch.Tensor], x: torch.Tensor, cycles: int, programs: list
         pre = t(lambda p=p: [(prefetch(w, p), torch.cuda._sleep(cycles), linear(x, w)) for w in ws]) - base
         alone = t(lambda p=p: [prefetch(w, p) for w in ws])
         row.append(f"prefetched by {p} programs {pre:.2f} (the prefetch kernel alone {alone:.2f})")
-    side = t(lambda: side_prefetch(ws, x, cycles)) - sleep
-    row.append(f"prefetched from the side stream ({l2_prefetch.PREFETCH_PROGRAMS} programs) {side:.2f}")
+    stream = torch.cuda.Stream()
+    side = t(lambda: side_prefetch(ws, x, cycles, stream)) - sleep
+    row.append(f"prefetched from the side stream ({SIDE_PROGRAMS} programs) {side:.2f}")
     return "; ".join(row)
 
 

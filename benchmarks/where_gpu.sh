@@ -33,11 +33,8 @@
 # argmax's engine test), w2gptqprof0 (W2 gptq's profile, PDL off), w2pdl (W2 gptq: A default, B PAGEDLLM_WNA16_PDL=0),
 # stream (benchmarks/stream_bench.py: streaming the int4 words alone), w2dtype (W2 gptq: A bf16, B fp16 -- gemvp's
 # fp16 path issues ~9% fewer instructions a word: whether that shows in time), w2tree (W2 gptq: A this tree, B the
-# tree at $A_PATH, alternated by round), gemvptests (gemvp's GPU tests), w2fp16prof0 (W2 gptq fp16's profile, PDL off), moepfo
-# (Qwen3-30B-A3B batch 1: A default, B the o projection's weight asked of L2 from a side stream while attention runs,
-# PAGEDLLM_PREFETCH_O=1), w2pfo / w2pfobf16 / w2pfofp8 (W2 gptq / bf16 / FP8: A default, B PAGEDLLM_PREFETCH_O=1),
-# moepf (Qwen3-30B-A3B batch 1: A default, B PAGEDLLM_MOE_PREFETCH=1, the down kernel's evict-last L2 prefetch),
-# l2bench (benchmarks/l2_bench.py: a few-row linear's weight cold, warm in L2, prefetched).
+# tree at $A_PATH, alternated by round), gemvptests (gemvp's GPU tests), w2fp16prof0 (W2 gptq fp16's profile, PDL off), l2bench
+# (benchmarks/l2_bench.py: a few-row linear's weight cold, warm in L2, prefetched).
 # Logs in one archive in $OUT; a summary last.
 #     OUT=$OUT bash benchmarks/where_gpu.sh
 #     STEPS="moeprof w1order" bash benchmarks/where_gpu.sh   # any of moeprof w2int4prof w1fp8prof order w1order
@@ -83,8 +80,6 @@ if [[ " $STEPS " == *" moetree "* ]] && [ -d "${A_PATH:-}" ]; then
 fi
 moeab moemerge PAGEDLLM_DECODE_LAST_REDUCE=1
 moeab moebuckets PAGEDLLM_GRAPH_CONTEXT_BUCKETS=1  # decode graphs for a 1,024-token bound too (8 splits, no reduce kernel)
-moeab moepfo PAGEDLLM_PREFETCH_O=1  # the o projection's weight asked of L2 from a side stream while attention runs
-moeab moepf PAGEDLLM_MOE_PREFETCH=1  # the down kernel asking L2 (evict-last) for its weights while gate/up runs
 if step moesweep 200; then  # the small MoE kernels' tiles (the gate/up kernel's split-K among them)
   timeout 200 $PY benchmarks/moe_bench.py --skip-latency --skip-w1 --skip-peer --small-sweep \
     --output-json "$OUT/moesweep.json" > "$OUT/moesweep.log" 2>&1; echo "moesweep rc=$? at ${SECONDS} s"
@@ -225,9 +220,6 @@ w2ab w2pdl PAGEDLLM_WNA16_PDL=0 "--quantization gptq"  # W2 gptq: gemvp under PD
 w2ab w2greedy PAGEDLLM_GREEDY_TRITON=0 "--quantization gptq"  # W2 gptq: the fused sampler's argmax against torch's
 [ -d "${A_PATH:-}" ] && w2ab w2tree "PYTHONPATH=$(cd "$A_PATH" && pwd):$PWD" "--quantization gptq"  # W2 gptq: this tree (A) against $A_PATH's (B)
 w2ab w2dtype "" "--quantization gptq" "--dtype float16"  # W2 gptq: bf16 (A) against fp16 (B): is gemvp issue-bound?
-w2ab w2pfo PAGEDLLM_PREFETCH_O=1 "--quantization gptq"  # W2 gptq: the o projection's weight asked of L2 from a side stream
-w2ab w2pfobf16 PAGEDLLM_PREFETCH_O=1 ""  # the same, W2 bf16
-w2ab w2pfofp8 PAGEDLLM_PREFETCH_O=1 "--quantization fp8"  # the same, W2 FP8
 if step l2bench 60; then  # whether a few-row linear gains from its weight in L2, and the side stream's prefetch
   timeout 60 $PY benchmarks/l2_bench.py > "$OUT/l2bench.log" 2>&1; echo "l2bench rc=$? at ${SECONDS} s"; cat "$OUT/l2bench.log"
 fi

@@ -109,23 +109,6 @@ def _pdl_mode() -> str:
     return value
 
 
-# decode batches of up to this many requests ask L2 for the o projection's weight (o_prefetch_mode)
-O_PREFETCH_MAX_ROWS = 16
-
-
-@functools.cache
-def o_prefetch_mode() -> bool:
-    """PAGEDLLM_PREFETCH_O (read once): whether a small decode batch asks L2 for each layer's o
-    projection weight from a side stream while attention runs (kernels/l2_prefetch.py)."""
-    return env_flag("PAGEDLLM_PREFETCH_O")
-
-
-def streamed_weight(module: torch.nn.Module) -> torch.Tensor:
-    """The largest of a linear's own parameters: the weight a small batch streams (bf16 / FP8
-    `weight`, a 4-bit layer's packed `qweight`), whatever its quantization."""
-    return max(module.parameters(recurse=False), key=lambda p: p.numel() * p.element_size())
-
-
 def pdl(x: torch.Tensor) -> dict:
     """The launch options and switch of a kernel that keeps the PDL rules (kernels/pdl_triton.py)
     for work on x's device: {"PDL": True, "launch_pdl": True} when PAGEDLLM_PDL is on and the

@@ -40,8 +40,6 @@ call, are best allocated before a capture, as a warm-up call does).
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -49,7 +47,7 @@ import triton.language as tl
 from pagedllm.kernels._triton import next_power_of_2, pdl
 from pagedllm.kernels.attention import _dot_precision
 from pagedllm.kernels.counters import counters
-from pagedllm.kernels.pdl_triton import pdl_release, pdl_wait, prefetch_rows_l2
+from pagedllm.kernels.pdl_triton import pdl_release, pdl_wait
 
 # (token, expert) pairs up to which fused_experts_triton takes this path: 4 tokens of
 # Qwen3-30B-A3B's top-8. H200 sweep (RESULTS.md, eleventh session, call 5), us per layer, this
@@ -95,14 +93,9 @@ def _small_gate_up_kernel(
     HAS_MAP: tl.constexpr, HAS_LOAD: tl.constexpr, HAS_SLOTS: tl.constexpr, EVEN_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PAD_COLS: tl.constexpr,
     PDL: tl.constexpr = False,  # kernels/pdl_triton.py (the weights' addresses need the routing)
-    RELEASE_LATE: tl.constexpr = False,  # lets the down kernel start only once the routing is written
 ):  # fmt: skip
-    if RELEASE_LATE:
-        pdl_wait(PDL)
-        pdl_release(PDL)
-    else:
-        pdl_release(PDL)
-        pdl_wait(PDL)
+    pdl_release(PDL)
+    pdl_wait(PDL)
     pair = tl.program_id(0)
     pid_n = tl.program_id(1)
     token = pair // top_k
@@ -166,13 +159,10 @@ def _small_down_kernel(
     HAS_MAP: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
     EXPERTS_PER_PROGRAM: tl.constexpr, BLOCK_EXPERTS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PAD_COLS: tl.constexpr,
-    PREFETCH_K: tl.constexpr = 0,  # (PREFETCH) a bound on the columns asked for: the whole row
     PDL: tl.constexpr = False,  # kernels/pdl_triton.py
-    PREFETCH: tl.constexpr = False,  # (PDL, after a RELEASE_LATE gate/up) the weights asked of L2 before the wait
 ):  # fmt: skip
     pdl_release(PDL)
-    if not PREFETCH:
-        pdl_wait(PDL)
+    pdl_wait(PDL)
     token = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -195,21 +185,11 @@ def _small_down_kernel(
     group_size = tl.minimum(top_k - first, EXPERTS_PER_PROGRAM)  # the last group may be short
     ko = tl.arange(0, BLOCK_EXPERTS)
     k_valid = ko < group_size
-    # (PREFETCH: read before the wait, from the L2 (.cg), where the router's finished stores are)
-    ids = tl.load(topk_ids_ptr + token * top_k + first + ko, mask=k_valid, other=0, cache_modifier=".cg")
+    ids = tl.load(topk_ids_ptr + token * top_k + first + ko, mask=k_valid, other=0)
     if HAS_MAP:
         ids = tl.load(expert_map_ptr + ids, mask=k_valid, other=-1)
     experts = tl.where(k_valid, ids, -1).to(tl.int64)
-    weights = tl.load(topk_weights_ptr + token * top_k + first + ko, mask=k_valid, other=0.0, cache_modifier=".cg")
-    if PREFETCH:
-        # this program's weight rows of each of its experts stream into the L2 while the gate/up
-        # kernel still runs (it reads its own weights below the H200's bandwidth); no register
-        # or shared memory is held for them
-        for j in tl.static_range(BLOCK_EXPERTS):
-            e_j = tl.sum(tl.where(ko == j, experts, 0), axis=0)
-            rows = w2_ptr + tl.maximum(e_j, 0) * stride_we + rn.to(tl.int64) * stride_wn  # [BLOCK_N]
-            prefetch_rows_l2(rows, n_mask & ((tl.zeros_like(rn) + e_j) >= 0), 0, inter, PREFETCH_K, EVICT_LAST=True)
-        pdl_wait(PDL)
+    weights = tl.load(topk_weights_ptr + token * top_k + first + ko, mask=k_valid, other=0.0)
     num_k = tl.cdiv(inter, BLOCK_K)
     for it in range(0, group_size * num_k):
         k = it // num_k
@@ -268,10 +248,8 @@ def small_gate_up(
     expert_load: torch.Tensor | None,
     slot_mapping: torch.Tensor | None,
     tiles: tuple | None = None,
-    release_late: bool = False,
 ) -> torch.Tensor:
-    # x: [T, H]; w13: [E, 2I, H]; topk_ids: [T, K] -> h [T * K, I] (rows of other ranks' pairs unset).
-    # release_late: (PDL) the next kernel starts only after this one's wait (see down_prefetch)
+    # x: [T, H]; w13: [E, 2I, H]; topk_ids: [T, K] -> h [T * K, I] (rows of other ranks' pairs unset)
     num_tokens, top_k = topk_ids.shape
     inter = w13.shape[1] // 2
     hidden = x.shape[1]
@@ -285,7 +263,7 @@ def small_gate_up(
         inter, hidden, top_k, x.stride(0), w13.stride(0), w13.stride(1), h.stride(0),
         HAS_MAP=expert_map is not None, HAS_LOAD=expert_load is not None, HAS_SLOTS=slot_mapping is not None,
         EVEN_K=hidden % block_k == 0, DOT_PRECISION=_dot_precision(x.dtype), BLOCK_N=block_n, BLOCK_K=block_k,
-        PAD_COLS=_PAD_COLS, num_warps=num_warps, num_stages=num_stages, RELEASE_LATE=release_late, **pdl(x),
+        PAD_COLS=_PAD_COLS, num_warps=num_warps, num_stages=num_stages, **pdl(x),
     )  # fmt: skip
     return h
 
@@ -297,13 +275,11 @@ def small_down(
     topk_ids: torch.Tensor,
     expert_map: torch.Tensor | None,
     tiles: tuple | None = None,
-    prefetch: bool = False,
 ) -> torch.Tensor:
     """h: [T * K, I]; w2: [E, H, I]; topk_*: [T, K] -> [T, H], the weighted sum over k.
     tiles: (BLOCK_N, BLOCK_K, num_warps, num_stages[, experts per program]); experts per
     program 1 if not given, top_k or more: one program per (token, n tile) adds them all itself
-    (no workspace, no counters). prefetch: read the routing and ask L2 for the weights before
-    the wait -- only right after small_gate_up(release_late=True) on the same routing."""
+    (no workspace, no counters)."""
     num_tokens, top_k = topk_ids.shape
     hidden, inter = w2.shape[1], w2.shape[2]
     block_n, block_k, num_warps, num_stages, *rest = tiles or default_tiles(h.dtype, num_tokens)[1]
@@ -324,7 +300,7 @@ def small_down(
         HAS_MAP=expert_map is not None, EVEN_K=inter % block_k == 0, DOT_PRECISION=_dot_precision(h.dtype),
         SPLIT=split, EXPERTS_PER_PROGRAM=per_program, BLOCK_EXPERTS=next_power_of_2(per_program),
         BLOCK_N=block_n, BLOCK_K=block_k, PAD_COLS=_PAD_COLS, num_warps=num_warps, num_stages=num_stages,
-        PREFETCH=prefetch, PREFETCH_K=inter if prefetch else 0, **pdl(h),
+        **pdl(h),
     )  # fmt: skip
     return out
 
@@ -346,26 +322,5 @@ def fused_experts_small(
     if topk_ids.shape[0] == 0:
         return x.new_zeros((0, w2.shape[1]))
     x = x if x.stride(-1) == 1 else x.contiguous()
-    prefetch = down_prefetch(x, w2)
-    h = small_gate_up(x, w13, topk_ids, expert_map, expert_load, slot_mapping, gate_up_tiles, release_late=prefetch)
-    return small_down(h, w2, topk_weights, topk_ids, expert_map, down_tiles, prefetch=prefetch)
-
-
-def down_prefetch(x: torch.Tensor, w2: torch.Tensor) -> bool:
-    """Whether the down kernel asks L2 for its weights while the gate/up kernel runs
-    (PAGEDLLM_MOE_PREFETCH=1, off by default until the H200 measures it): with PDL, the gate/up
-    kernel releases the down kernel after its own wait (so the routing is written when the down
-    kernel starts), and the down kernel reads the routing and issues one bulk L2 prefetch per
-    weight row, evict-last, before it waits for h. Needs rows on 16-byte boundaries. (With
-    normal-priority prefetches the H200 measured it slower, 2.844 -> 3.042 ms a token of
-    Qwen3-30B-A3B: the gate/up kernel's 50 MB streaming through L2 evicted the 25 MB asked for
-    before the down kernel read them, RESULTS.md fourteenth session; the gate/up loads cannot be
-    marked evict-first instead: Triton drops the hint when it pipelines them as cp.async.)"""
-    size = w2.element_size()
-    return (
-        os.environ.get("PAGEDLLM_MOE_PREFETCH", "0").strip() == "1"
-        and pdl(x)["PDL"]
-        and w2.data_ptr() % 16 == 0
-        and w2.stride(0) * size % 16 == 0
-        and w2.stride(1) * size % 16 == 0
-    )
+    h = small_gate_up(x, w13, topk_ids, expert_map, expert_load, slot_mapping, gate_up_tiles)
+    return small_down(h, w2, topk_weights, topk_ids, expert_map, down_tiles)

@@ -48,9 +48,16 @@ def pdl_wait(PDL: tl.constexpr):
 
 
 @triton.jit
-def _bulk_prefetch_l2(addr, nbytes):
-    """One sm_90 bulk L2 prefetch per element: `nbytes` (int32, a multiple of 16; none where <= 0)
-    from the 16-byte aligned address `addr` (int64), fire-and-forget."""
+def prefetch_rows_l2(rows_ptr, row_mask, k_start, k_end, PREFETCH_K: tl.constexpr):
+    """Asks L2 for columns [k_start, min(k_end, k_start + PREFETCH_K)) of each weight row
+    (rows_ptr: [R] pointers to the rows' first elements; one sm_90 bulk prefetch a row, whole
+    16-byte units, fire-and-forget). For a kernel launched with PDL to issue before its
+    pdl_wait: the first tiles of its weights stream in while the kernel before it finishes.
+    The rows' addresses at k_start must be 16-byte aligned (the caller checks)."""
+    elem = rows_ptr.dtype.element_ty.primitive_bitwidth // 8
+    cols = tl.minimum(k_end - k_start, PREFETCH_K)
+    nbytes = tl.where(row_mask, (cols * elem) // 16 * 16, 0).to(tl.int32)
+    addr = (rows_ptr + k_start).to(tl.int64)
     tl.inline_asm_elementwise(
         asm="""{
         .reg .pred p;
@@ -64,64 +71,3 @@ def _bulk_prefetch_l2(addr, nbytes):
         is_pure=False,
         pack=1,
     )
-
-
-@triton.jit
-def _bulk_prefetch_l2_last(addr, nbytes):
-    """_bulk_prefetch_l2 with an evict-last L2 policy: the lines outlive normal ones (a stream of
-    weights read once, say) until the kernel that asked for them reads them."""
-    tl.inline_asm_elementwise(
-        asm="""{
-        .reg .pred p;
-        .reg .b64 pol;
-        setp.gt.s32 p, $2, 0;
-        createpolicy.fractional.L2::evict_last.b64 pol, 1.0;
-        @p cp.async.bulk.prefetch.L2.global.L2::cache_hint [$1], $2, pol;
-        mov.u32 $0, 0;
-        }""",
-        constraints="=r,l,r",
-        args=[addr, nbytes],
-        dtype=tl.int32,
-        is_pure=False,
-        pack=1,
-    )
-
-
-@triton.jit
-def prefetch_rows_l2(rows_ptr, row_mask, k_start, k_end, PREFETCH_K: tl.constexpr, EVICT_LAST: tl.constexpr = False):
-    """Asks L2 for columns [k_start, min(k_end, k_start + PREFETCH_K)) of each weight row
-    (rows_ptr: [R] pointers to the rows' first elements; one sm_90 bulk prefetch a row, whole
-    16-byte units, fire-and-forget). For a kernel launched with PDL to issue before its
-    pdl_wait: the first tiles of its weights stream in while the kernel before it finishes.
-    The rows' addresses at k_start must be 16-byte aligned (the caller checks)."""
-    elem = rows_ptr.dtype.element_ty.primitive_bitwidth // 8
-    cols = tl.minimum(k_end - k_start, PREFETCH_K)
-    nbytes = tl.where(row_mask, (cols * elem) // 16 * 16, 0).to(tl.int32)
-    addr = (rows_ptr + k_start).to(tl.int64)
-    if EVICT_LAST:
-        _bulk_prefetch_l2_last(addr, nbytes)
-    else:
-        _bulk_prefetch_l2(addr, nbytes)
-
-
-@triton.jit
-def prefetch_share_l2(base_ptr, nbytes, pid, num_programs, CHUNKS: tl.constexpr):
-    """Asks L2 for this program's share of the bytes [base_ptr, base_ptr + nbytes) (base_ptr a
-    uint8 pointer, 16-byte aligned): `num_programs` programs split the range into equal parts, each
-    part issued as CHUNKS sm_90 bulk prefetches (fire-and-forget, whole 16-byte units; a ragged
-    tail under 16 bytes is left out). For a kernel that runs while the memory is idle to stream
-    in the weight a later kernel reads (l2_prefetch.py)."""
-    unit = 16 * CHUNKS
-    per = tl.cdiv(tl.cdiv(nbytes, num_programs), unit) * unit
-    chunk = per // CHUNKS
-    starts = pid.to(tl.int64) * per + tl.arange(0, CHUNKS).to(tl.int64) * chunk
-    left = tl.maximum(nbytes - starts, 0)
-    nbytes_i = (tl.minimum(left, chunk) // 16 * 16).to(tl.int32)
-    addr = (base_ptr + starts).to(tl.int64)
-    _bulk_prefetch_l2(addr, nbytes_i)
-
-
-@triton.jit
-def prefetch_weight_kernel(w_ptr, nbytes, CHUNKS: tl.constexpr):
-    """The grid's programs ask L2 for the nbytes bytes at w_ptr (any element type), evenly shared."""
-    prefetch_share_l2(w_ptr.to(tl.pointer_type(tl.uint8)), nbytes, tl.program_id(0), tl.num_programs(0), CHUNKS)

@@ -86,13 +86,9 @@ def _replays_equal(chain, inputs: list, refs: list) -> None:
         assert torch.equal(out, ref)
 
 
-@pytest.mark.parametrize("mode", ["1", "prefetch", "1+moe_prefetch"])
+@pytest.mark.parametrize("mode", ["1", "prefetch"])
 def test_decode_layer_chain_in_a_cuda_graph(monkeypatch, mode):
-    """1+moe_prefetch: PAGEDLLM_MOE_PREFETCH=1, the down kernel reading the routing and asking L2
-    for its weights (evict-last) before its wait (fused_moe_small_triton.down_prefetch)."""
     p = _params()
-    mode, _, moe_prefetch = mode.partition("+")
-    monkeypatch.setenv("PAGEDLLM_MOE_PREFETCH", "1" if moe_prefetch else "0")
     gen = torch.Generator().manual_seed(1)
     inputs = [(torch.randn(1, 2048, generator=gen).to("cuda", torch.bfloat16),
                torch.randn(1, 2048, generator=gen).to("cuda", torch.bfloat16)) for _ in range(3)]
@@ -103,24 +99,13 @@ def test_decode_layer_chain_in_a_cuda_graph(monkeypatch, mode):
 
     if not _triton.pdl(p["norm"])["PDL"]:
         pytest.skip("this triton has no programmatic dependent launch (tl.extra.cuda.gdc_wait, launch_pdl)")
-    from pagedllm.kernels.fused_moe_small_triton import down_prefetch
-
-    assert down_prefetch(p["norm"][None, :], p["w2"]) == bool(moe_prefetch)
     _replays_equal(lambda x, res: _chain(x, res, p), inputs, refs)
     _set_mode(monkeypatch, "0")
 
 
-def _set_prefetch_o(monkeypatch, value: str) -> None:
-    from pagedllm.kernels import _triton
-
-    monkeypatch.setenv("PAGEDLLM_PREFETCH_O", value)
-    _triton.o_prefetch_mode.cache_clear()
-
-
 def test_engine_greedy_tokens_equal_with_pdl(tmp_path, tokenizer_dir, monkeypatch):
     """A tiny Qwen3-MoE in bf16 (CUDA graphs, decode batches of 1-4): the same greedy tokens with
-    PAGEDLLM_PDL=prefetch, and with PDL and PAGEDLLM_PREFETCH_O=1 (a side stream forked and joined
-    in every decode graph), as without."""
+    PAGEDLLM_PDL=prefetch as without."""
     from moe_utils import save_moe_model, tiny_moe_config
     from test_engine_gpu import prompts_of
 
@@ -131,17 +116,14 @@ def test_engine_greedy_tokens_equal_with_pdl(tmp_path, tokenizer_dir, monkeypatc
     prompts = prompts_of([9, 50, 120, 3], seed=5)
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     tokens = {}
-    for mode, prefetch_o in (("0", "0"), ("prefetch", "0"), ("1", "1")):
+    for mode in ("0", "prefetch"):
         _set_mode(monkeypatch, mode)
-        _set_prefetch_o(monkeypatch, prefetch_o)
         llm = LLM(path, dtype="bfloat16", max_model_len=512, gpu_memory_utilization=0.2, max_num_seqs=8)
         tokens[mode] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         del llm
         torch.cuda.empty_cache()
     _set_mode(monkeypatch, "0")
-    _set_prefetch_o(monkeypatch, "0")
     assert tokens["prefetch"] == tokens["0"]
-    assert tokens["1"] == tokens["0"]  # with the o projection's weight asked of L2 from a side stream
 
 
 def _set_wna16(monkeypatch, pdl: str, prefetch: str) -> None:

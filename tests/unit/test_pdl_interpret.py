@@ -103,14 +103,6 @@ def _cases():
         ("moe_down", fused_moe_small_triton._small_down_kernel, _DOWN_SIG,
          {"HAS_MAP": True, "EVEN_K": True, "DOT_PRECISION": "tf32", **_down_constexprs((64, 128, 4, 3, 1)),
           "BLOCK_N": 64, "BLOCK_K": 128, "PAD_COLS": 16}, 4, False),
-        # PAGEDLLM_MOE_PREFETCH: the gate/up kernel releases after its wait, so that the down
-        # kernel may read the routing and ask L2 for its weights (evict-last) before its own
-        ("moe_gate_up_release_late", fused_moe_small_triton._small_gate_up_kernel, _GATE_UP_SIG,
-         {"HAS_MAP": True, "HAS_LOAD": True, "HAS_SLOTS": True, "EVEN_K": True, "DOT_PRECISION": "tf32",
-          "BLOCK_N": 64, "BLOCK_K": 128, "PAD_COLS": 16, "RELEASE_LATE": True}, 4, False),
-        ("moe_down_prefetch", fused_moe_small_triton._small_down_kernel, _DOWN_SIG,
-         {"HAS_MAP": True, "EVEN_K": True, "DOT_PRECISION": "tf32", **_down_constexprs((64, 128, 4, 3, 1)),
-          "BLOCK_N": 64, "BLOCK_K": 128, "PAD_COLS": 16, "PREFETCH": True, "PREFETCH_K": 768}, 4, True),
         ("wna16_gemv", wna16_triton._wna16_gemv_kernel, wna16_sig(wna16_triton._wna16_gemv_kernel),
          {"BITS": 4, "GROUP_K": 128, "HAS_ZERO": False, "HAS_BIAS": False, "SPLIT_K": 1, "EVEN": True,
           "BLOCK_N": 128, "BLOCK_KW": 16}, 4, False),
@@ -134,7 +126,7 @@ def _cases():
 
 CASES = ["rms_norm", "act_and_mul", "qkv_rope", "decode", "decode_last_ordered", "decode_reduce", "swap",
          "swap_last", "swap_router_prefetch", "swap_fp8_prefetch", "splitk_reduce", "fp8_gemv", "fp8_gemv_unrolled",
-         "fp8_gemv_blocks", "moe_gate_up", "moe_down", "moe_gate_up_release_late", "moe_down_prefetch", "wna16_gemv", "wna16_gemvp_split_last", "wna16_gemvp_prefetch",
+         "fp8_gemv_blocks", "moe_gate_up", "moe_down", "wna16_gemv", "wna16_gemvp_split_last", "wna16_gemvp_prefetch",
          "decode_fp8_key_major"]
 
 
@@ -147,8 +139,6 @@ def test_pdl_kernel_waits_before_it_touches_data(name):
     assert "griddepcontrol.launch_dependents" in ptx, "the next kernel is never released"
     wait = ptx.find("griddepcontrol.wait")
     assert wait >= 0, "no wait for the kernel before"
-    if constexprs.get("RELEASE_LATE"):
-        assert ptx.find("griddepcontrol.launch_dependents") > wait, "released before the wait"
     first_write = re.search(r"\b(st\.global|atom\.|red\.|cp\.async\.bulk\.global)", ptx)
     assert first_write is not None and first_write.start() > wait, "a store or count before the wait"
     loads_before = re.findall(r"\b(ld\.global[.\w]*|cp\.async\.(?:cg|ca))", ptx[:wait])
@@ -162,8 +152,6 @@ def test_pdl_kernel_waits_before_it_touches_data(name):
     prefetch = ptx.find("cp.async.bulk.prefetch.L2")
     if constexprs.get("PREFETCH_K", 0) > 0:
         assert 0 <= prefetch < wait, "the weight prefetch is not issued before the wait"
-        if name == "moe_down_prefetch":  # evict-last: the gate/up kernel's stream must not evict them
-            assert "prefetch.L2.global.L2::cache_hint" in ptx and "createpolicy.fractional.L2::evict_last" in ptx
     else:
         assert prefetch < 0
 
@@ -196,41 +184,3 @@ def test_pdl_switch(monkeypatch):
     with pytest.raises(ValueError, match="PAGEDLLM_PDL"):
         _triton._pdl_mode()
     _triton._pdl_mode.cache_clear()
-
-
-def test_prefetch_o_switch(monkeypatch):
-    """PAGEDLLM_PREFETCH_O: off by default, 0 or 1, anything else a ValueError naming it; on a CPU
-    tensor nothing is queued (no side stream to join). The weight it asks for is the linear's
-    largest parameter (a 4-bit layer's packed words, not its scales)."""
-    import torch
-
-    from pagedllm.kernels import _triton, l2_prefetch
-
-    for value, on in (("", False), ("0", False), ("1", True)):
-        monkeypatch.setenv("PAGEDLLM_PREFETCH_O", value)
-        _triton.o_prefetch_mode.cache_clear()
-        assert _triton.o_prefetch_mode() is on
-    l2_prefetch.prefetch_weight_async(torch.zeros(64, 64))
-    assert not l2_prefetch._pending
-    l2_prefetch.join(torch.device("cpu"))
-    monkeypatch.setenv("PAGEDLLM_PREFETCH_O", "late")
-    _triton.o_prefetch_mode.cache_clear()
-    with pytest.raises(ValueError, match="PAGEDLLM_PREFETCH_O"):
-        _triton.o_prefetch_mode()
-    _triton.o_prefetch_mode.cache_clear()
-    layer = torch.nn.Module()
-    layer.qweight = torch.nn.Parameter(torch.zeros(64, 512, dtype=torch.int32), requires_grad=False)
-    layer.scales = torch.nn.Parameter(torch.zeros(4, 4096, dtype=torch.bfloat16), requires_grad=False)
-    assert _triton.streamed_weight(layer) is layer.qweight
-
-
-def test_prefetch_weight_kernel_is_bulk_prefetches():
-    """The side stream's kernel (kernels/l2_prefetch.py), compiled for sm_90: bulk L2 prefetches
-    of the program's share, and nothing loaded or stored."""
-    from pagedllm.kernels.inspect_sm90 import compile_sm90
-    from pagedllm.kernels.pdl_triton import prefetch_weight_kernel
-
-    ptx = compile_sm90(prefetch_weight_kernel, {"w_ptr": "*bf16", "nbytes": "i32"}, {"CHUNKS": 128},
-                       num_warps=4, num_stages=1).asm["ptx"]
-    assert "cp.async.bulk.prefetch.L2.global" in ptx
-    assert not re.search(r"\b(ld\.global|st\.global|atom\.)", ptx)

@@ -21,13 +21,12 @@ from torch import nn
 
 from pagedllm.attention.backend import ForwardBatch
 from pagedllm.distributed import SINGLE, ParallelState
-from pagedllm.kernels import l2_prefetch
-from pagedllm.kernels._triton import O_PREFETCH_MAX_ROWS, fusion_enabled, o_prefetch_mode, streamed_weight
-from pagedllm.kernels.l2_prefetch import prefetch_weight_async
+from pagedllm.kernels._triton import fusion_enabled
 from pagedllm.model.layers.activation import SiluAndMul, act_into
 from pagedllm.model.layers.attention import Attention, layer_sliding_window
 from pagedllm.model.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from pagedllm.model.layers.layernorm import RMSNorm, norm_into
+from pagedllm.model.layers.pipeline import belongs_elsewhere, make_layers, owned_layers
 from pagedllm.model.layers.linear import (
     MergedColumnParallelLinear,
     QKVParallelLinear,
@@ -35,7 +34,6 @@ from pagedllm.model.layers.linear import (
     default_weight_loader,
 )
 from pagedllm.model.layers.partial_rotary import partial_rotary_permutation, permuted_head_rows
-from pagedllm.model.layers.pipeline import belongs_elsewhere, make_layers, owned_layers
 from pagedllm.model.layers.rotary import RotaryEmbedding, get_rotary_embedding, rope_parameters, rotary_dim_of
 
 
@@ -103,7 +101,6 @@ class LlamaAttention(nn.Module):
     def forward(self, positions: torch.Tensor, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         # x: [T, H]
         qkv = self.qkv_proj(x)
-        self.prefetch_o(batch)
         if self.fuse_rope_kv and self.attn.can_store_qkv(qkv):
             return self.o_proj(self.fused_attention(positions, qkv, batch))
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -127,12 +124,6 @@ class LlamaAttention(nn.Module):
             qw = kw = None
             eps = 0.0
         return self.attn.forward_qkv(qkv, positions, rope.cos_cache, rope.sin_cache, qw, kw, eps, batch)
-
-    def prefetch_o(self, batch: ForwardBatch) -> None:
-        """A small pure-decode batch asks L2 for the o projection's weight from a side stream while
-        attention runs (PAGEDLLM_PREFETCH_O, kernels/l2_prefetch.py; LlamaModel.forward joins it)."""
-        if o_prefetch_mode() and batch.num_reqs == batch.num_decodes <= O_PREFETCH_MAX_ROWS:
-            prefetch_weight_async(streamed_weight(self.o_proj))
 
 
 class LlamaMLP(nn.Module):
@@ -214,7 +205,6 @@ class LlamaModel(nn.Module):
             x, residual = intermediate
         for layer in self.own_layers:
             x, residual = layer(positions, x, residual, batch)
-        l2_prefetch.join(x.device)  # the side stream of LlamaAttention.prefetch_o
         if not self.ps.is_last_stage:
             return x, residual
         x, _ = self.norm(x, residual)
