@@ -14,7 +14,9 @@ LAYERS distinct weights (so nothing stays in L2 from one layer to the next), us 
 `sleep` (torch.cuda._sleep) stands for the attention the prefetch would hide behind, long enough for
 the prefetch to land. Shapes: Qwen3-30B-A3B's o projection (2048 x 4096) and q/k/v (5120 x 2048),
 Llama-3.1-8B's o (4096 x 4096), bf16, 1 row, through small_m_linear (the swap-AB kernel) or
-F.linear where that answers cuBLAS.
+F.linear where that answers cuBLAS. --survive: whether a prefetched weight outlives another kernel's
+50 MB stream through L2 (the MoE gate/up kernel's, say), prefetched normally or evict-last, without
+and with a persisting L2 set-aside (evict-last lines are persisting ones).
 
     PYTHONPATH=. python benchmarks/l2_bench.py
 """
@@ -72,6 +74,83 @@ def side_prefetch(ws: list[torch.Tensor], x: torch.Tensor, cycles: int, side: to
     main.wait_stream(side)
 
 
+@triton.jit
+def _prefetch_last_kernel(w_ptr, nbytes, CHUNKS: tl.constexpr):
+    """_prefetch_kernel with an evict-last L2 policy on each bulk prefetch."""
+    unit = 16 * CHUNKS
+    per = tl.cdiv(tl.cdiv(nbytes, tl.num_programs(0)), unit) * unit
+    chunk = per // CHUNKS
+    starts = tl.program_id(0).to(tl.int64) * per + tl.arange(0, CHUNKS).to(tl.int64) * chunk
+    sizes = (tl.minimum(tl.maximum(nbytes - starts, 0), chunk) // 16 * 16).to(tl.int32)
+    tl.inline_asm_elementwise(
+        asm="""{
+        .reg .pred p;
+        .reg .b64 pol;
+        setp.gt.s32 p, $2, 0;
+        createpolicy.fractional.L2::evict_last.b64 pol, 1.0;
+        @p cp.async.bulk.prefetch.L2.global.L2::cache_hint [$1], $2, pol;
+        mov.u32 $0, 0;
+        }""",
+        constraints="=r,l,r",
+        args=[(w_ptr.to(tl.pointer_type(tl.uint8)) + starts).to(tl.int64), sizes],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
+
+
+@triton.jit
+def _stream_kernel(buf_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    """Reads the program's share of n int32 words (another kernel's weights streaming through L2)."""
+    per = tl.cdiv(tl.cdiv(n, tl.num_programs(0)), BLOCK) * BLOCK
+    lo = tl.program_id(0).to(tl.int64) * per
+    acc = tl.zeros([BLOCK], dtype=tl.int32)
+    for i in range(0, per, BLOCK):
+        offs = lo + i + tl.arange(0, BLOCK)
+        acc += tl.load(buf_ptr + offs, mask=offs < n, other=0)
+    tl.store(out_ptr + tl.program_id(0), tl.sum(acc, axis=0))
+
+
+def set_persisting_l2(nbytes: int) -> bool:
+    """cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, nbytes) through the process's libcudart;
+    False where it cannot be found or refuses."""
+    import ctypes
+
+    with open("/proc/self/maps") as f:
+        paths = sorted({line.split()[-1] for line in f if "libcudart" in line})
+    for path in paths:
+        rc = ctypes.CDLL(path).cudaDeviceSetLimit(ctypes.c_int(6), ctypes.c_size_t(nbytes))
+        return rc == 0
+    return False
+
+
+def survive(ws: list[torch.Tensor], x: torch.Tensor, stream_mb: int) -> str:
+    """Each weight prefetched (normal or evict-last), then stream_mb of other data read, then the
+    linear: does the weight outlive the stream in L2? us a layer of the linear (less prefetch +
+    stream), against no prefetch."""
+    words = stream_mb * (1 << 20) // 4
+    bufs = [torch.ones(words, dtype=torch.int32, device="cuda") for _ in ws]
+    out = torch.empty(132, dtype=torch.int32, device="cuda")
+
+    def t(fn) -> float:
+        return common.graph_time(fn, LAYERS, 20, 5)
+
+    def stream(b):
+        _stream_kernel[(132,)](b, out, b.numel(), BLOCK=1024, num_warps=4)
+
+    def pre(kernel, w):
+        kernel[(132,)](w, w.numel() * w.element_size(), CHUNKS=CHUNKS, num_warps=4)
+
+    row = []
+    base = t(lambda: [stream(b) for b in bufs])
+    row.append(f"none {t(lambda: [(stream(b), linear(x, w)) for w, b in zip(ws, bufs)]) - base:.2f}")
+    for label, kernel in (("normal", _prefetch_kernel), ("evict-last", _prefetch_last_kernel)):
+        base = t(lambda k=kernel: [(pre(k, w), stream(b)) for w, b in zip(ws, bufs)])
+        lin = t(lambda k=kernel: [(pre(k, w), stream(b), linear(x, w)) for w, b in zip(ws, bufs)]) - base
+        row.append(f"{label} {lin:.2f}")
+    return f"after {stream_mb} MB streamed: " + ", ".join(row)
+
+
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     cfg = small_m.pick(x, w)
     return torch.nn.functional.linear(x, w) if cfg is None else small_m.small_m_linear(x, w, config=cfg)
@@ -81,6 +160,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sleep-us", type=float, default=12.0)
     ap.add_argument("--programs", type=int, nargs="*", default=[132, 32])
+    ap.add_argument(
+        "--survive",
+        action="store_true",
+        help="only the prefetch-then-stream test, without and with a "
+        "persisting L2 set-aside (cudaLimitPersistingL2CacheSize)",
+    )
+    ap.add_argument("--stream-mb", type=int, default=50)
+    ap.add_argument("--set-aside-mb", type=int, default=30)
     args = ap.parse_args()
     clock_khz = (
         torch.cuda.get_device_properties(0).clock_rate
@@ -90,6 +177,17 @@ def main() -> None:
     cycles = int(args.sleep_us * clock_khz / 1e3)
     print(f"{torch.cuda.get_device_name()}; sleep {args.sleep_us} us = {cycles} cycles; {LAYERS} layers a graph")
     g = torch.Generator(device="cuda").manual_seed(0)
+    if args.survive:
+        n, k = SHAPES["moe_o"]
+        ws = [torch.randn(n, k, device="cuda", generator=g, dtype=torch.bfloat16) * 0.02 for _ in range(LAYERS)]
+        x = torch.randn(1, k, device="cuda", generator=g, dtype=torch.bfloat16)
+        print(f"moe_o, no set-aside: {survive(ws, x, args.stream_mb)}  us a layer")
+        ok = set_persisting_l2(args.set_aside_mb << 20)
+        print(
+            f"moe_o, {args.set_aside_mb} MB set aside ({'set' if ok else 'NOT set'}): "
+            f"{survive(ws, x, args.stream_mb)}  us a layer"
+        )
+        return
     for name, (n, k) in SHAPES.items():
         ws = [torch.randn(n, k, device="cuda", generator=g, dtype=torch.bfloat16) * 0.02 for _ in range(LAYERS)]
         x = torch.randn(1, k, device="cuda", generator=g, dtype=torch.bfloat16)
