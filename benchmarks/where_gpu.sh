@@ -34,7 +34,8 @@
 # stream (benchmarks/stream_bench.py: streaming the int4 words alone), w2dtype (W2 gptq: A bf16, B fp16 -- gemvp's
 # fp16 path issues ~9% fewer instructions a word: whether that shows in time), w2tree (W2 gptq: A this tree, B the
 # tree at $A_PATH, alternated by round), gemvptests (gemvp's GPU tests), w2fp16prof0 (W2 gptq fp16's profile, PDL off), l2bench
-# (benchmarks/l2_bench.py: a few-row linear's weight cold, warm in L2, prefetched).
+# (benchmarks/l2_bench.py: a few-row linear's weight cold, warm in L2, prefetched), w1int4accs (W1 Llama-3.1-8B: bf16 (A)
+# against gptq with PAGEDLLM_KPAIRS_DOTS=$KPAIRS_DOTS, default accs (B): issue 19's ratio with the four accumulators).
 # Logs in one archive in $OUT; a summary last.
 #     OUT=$OUT bash benchmarks/where_gpu.sh
 #     STEPS="moeprof w1order" bash benchmarks/where_gpu.sh   # any of moeprof w2int4prof w1fp8prof order w1order
@@ -123,6 +124,11 @@ if step w1int4 $((ROUNDS * 2 * 200)); then  # issue 19's W1: Llama-3.1-8B, 256 r
   B_ARGS="--quantization gptq" ROUNDS=$ROUNDS OUT="$OUT/w1int4" bash benchmarks/ab_w1.sh \
     --model benchmarks/configs/llama-3.1-8b --skip-tokenizer-init > "$OUT/w1int4.log" 2>&1
   echo "w1int4 rc=$? at ${SECONDS} s"
+fi
+if step w1int4accs $((ROUNDS * 2 * 100)); then  # issue 19's W1 ratio with kpairs' four accumulators: bf16 (A), gptq + $KPAIRS_DOTS (B)
+  B_ARGS="--quantization gptq" B_ENV=PAGEDLLM_KPAIRS_DOTS=${KPAIRS_DOTS:-accs} ROUNDS=$ROUNDS OUT="$OUT/w1int4accs" \
+    bash benchmarks/ab_w1.sh --model benchmarks/configs/llama-3.1-8b --skip-tokenizer-init > "$OUT/w1int4accs.log" 2>&1
+  echo "w1int4accs rc=$? at ${SECONDS} s"; grep -E "median" "$OUT/w1int4accs.log"
 fi
 if step w1int4dots $((ROUNDS * 2 * 100)); then  # W1 gptq: kpairs' chained dots (A) against $KPAIRS_DOTS (B)
   A_ARGS="--quantization gptq" B_ARGS="--quantization gptq" B_ENV=PAGEDLLM_KPAIRS_DOTS=${KPAIRS_DOTS:-accs} \
