@@ -5,7 +5,7 @@ stream, and the MoE down kernel's evict-last prefetch: none kept, RESULTS.md). I
 LAYERS distinct weights (so nothing stays in L2 from one layer to the next), us a layer:
 
     cold       sleep, then the linear                                    (less "sleep")
-    warm       the linear twice on the same weight: the second's time    ("twice" less "cold")
+    warm       the linear twice on the same weight: the second's time    ("twice" less "alone")
     prefetched a bulk L2 prefetch of the weight (P programs), sleep, then the linear
                                                                          (less "prefetch + sleep")
     side       the prefetch on a side stream forked before the sleep, joined after the last layer;
@@ -16,7 +16,8 @@ the prefetch to land. Shapes: Qwen3-30B-A3B's o projection (2048 x 4096) and q/k
 Llama-3.1-8B's o (4096 x 4096), bf16, 1 row, through small_m_linear (the swap-AB kernel) or
 F.linear where that answers cuBLAS. --survive: whether a prefetched weight outlives another kernel's
 50 MB stream through L2 (the MoE gate/up kernel's, say), prefetched normally or evict-last, without
-and with a persisting L2 set-aside (evict-last lines are persisting ones).
+and with a persisting L2 set-aside (cudaLimitPersistingL2CacheSize; on the H100 the evict-last lines
+survived without one, RESULTS.md twenty-fourth session).
 
     PYTHONPATH=. python benchmarks/l2_bench.py
 """
