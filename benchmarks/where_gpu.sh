@@ -35,7 +35,8 @@
 # fp16 path issues ~9% fewer instructions a word: whether that shows in time), w2tree (W2 gptq: A this tree, B the
 # tree at $A_PATH, alternated by round), gemvptests (gemvp's GPU tests), w2fp16prof0 (W2 gptq fp16's profile, PDL off), l2bench
 # (benchmarks/l2_bench.py: a few-row linear's weight cold, warm in L2, prefetched), w1int4accs (W1 Llama-3.1-8B: bf16 (A)
-# against gptq with PAGEDLLM_KPAIRS_DOTS=$KPAIRS_DOTS, default accs (B): issue 19's ratio with the four accumulators).
+# against gptq with PAGEDLLM_KPAIRS_DOTS=$KPAIRS_DOTS, default accs (B): issue 19's ratio with the four accumulators),
+# w1int4sk (the same with PAGEDLLM_KPAIRS_STREAM_K=1 and $W1INT4_ENV: kpairs' stream-K), sktests (its GPU tests).
 # Logs in one archive in $OUT; a summary last.
 #     OUT=$OUT bash benchmarks/where_gpu.sh
 #     STEPS="moeprof w1order" bash benchmarks/where_gpu.sh   # any of moeprof w2int4prof w1fp8prof order w1order
@@ -129,6 +130,15 @@ if step w1int4accs $((ROUNDS * 2 * 100)); then  # issue 19's W1 ratio with kpair
   B_ARGS="--quantization gptq" B_ENV=PAGEDLLM_KPAIRS_DOTS=${KPAIRS_DOTS:-accs} ROUNDS=$ROUNDS OUT="$OUT/w1int4accs" \
     bash benchmarks/ab_w1.sh --model benchmarks/configs/llama-3.1-8b --skip-tokenizer-init > "$OUT/w1int4accs.log" 2>&1
   echo "w1int4accs rc=$? at ${SECONDS} s"; grep -E "median" "$OUT/w1int4accs.log"
+fi
+if step w1int4sk $((ROUNDS * 2 * 100)); then  # issue 19's W1 ratio with kpairs' stream-K: bf16 (A), gptq + PAGEDLLM_KPAIRS_STREAM_K=1 (B)
+  B_ARGS="--quantization gptq" B_ENV="PAGEDLLM_KPAIRS_STREAM_K=1 ${W1INT4_ENV:-}" ROUNDS=$ROUNDS OUT="$OUT/w1int4sk" \
+    bash benchmarks/ab_w1.sh --model benchmarks/configs/llama-3.1-8b --skip-tokenizer-init > "$OUT/w1int4sk.log" 2>&1
+  echo "w1int4sk rc=$? at ${SECONDS} s"; grep -E "median" "$OUT/w1int4sk.log"
+fi
+if step sktests 200; then  # kpairs' stream-K against the reference at Llama-3.1-8B's shapes (twice: counters reset)
+  timeout 200 $PY -m pytest -q tests/gpu/test_wna16_gpu.py -k "stream_k" > "$OUT/sktests.log" 2>&1
+  echo "sktests rc=$? at ${SECONDS} s: $(tail -1 "$OUT/sktests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/sktests.log" | head
 fi
 if step w1int4dots $((ROUNDS * 2 * 100)); then  # W1 gptq: kpairs' chained dots (A) against $KPAIRS_DOTS (B)
   A_ARGS="--quantization gptq" B_ARGS="--quantization gptq" B_ENV=PAGEDLLM_KPAIRS_DOTS=${KPAIRS_DOTS:-accs} \

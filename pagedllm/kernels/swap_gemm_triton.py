@@ -75,6 +75,7 @@ class SwapConfig:
     pairs: bool = False  # (the 4-bit kernel) wna16_pairs_triton._swap_int4_pairs_kernel: its weight operand
     # built in the MMA's register layout, four dots a K step (BLOCK_K a multiple of 64)
     dots: str = "chain"  # (the kpairs GEMM) how a K step's four dots run: DOTS_MODES (wna16_pairs_triton.py)
+    stream_k: int = 0  # (the kpairs GEMM) > 0: stream-K over this many programs (split_k unused), one an SM
 
     def __post_init__(self) -> None:
         if self.reduce not in REDUCES:

@@ -33,10 +33,18 @@ by tests/unit/test_wna16_kpairs_interpret.py.
 
 Scales: a group per K step or per word go into the tile, rounded to x's type once with the weight
 (the swap kernels' GEMM tiles' numerics); per channel into the epilogue or the split-K reduce.
+
+Stream-K (`SwapConfig.stream_k`, PAGEDLLM_KPAIRS_STREAM_K=1, off until a device times it): the 8-warp
+tiles hold one CTA an SM, and at 129-256 rows Llama-3.1-8B's q/k/v makes 96 of them for the 132 SMs
+(a K step costs a program about 1.4 us however many rows: RESULTS.md eighteenth session), gate/up 224
+of 256 rows (two waves, the second 70% full). `_kpairs_stream_k_kernel` runs one program an SM, each
+over an equal share of the (tile, K step) units; a tile shared by several programs is added by the
+last of them in K order (deterministic), as the "last program reduces" kernels do (counters.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 
@@ -44,6 +52,8 @@ import torch
 import triton
 import triton.language as tl
 
+from pagedllm.kernels._triton import env_flag
+from pagedllm.kernels.counters import counters
 from pagedllm.kernels.swap_gemm_triton import DOTS_MODES, FP16_MAX, SwapConfig
 from pagedllm.kernels.wna16 import KPERM_STEP, kpairs_permutation, kperm_applies
 from pagedllm.kernels.wna16_swap_triton import _int4_epilogue, _k_splits, _split_k, _sum_splits, _tile
@@ -221,24 +231,16 @@ def _pairs_dot(w, zc, s, hi, x_cols, k0, I: tl.constexpr, rc, m_mask, acc, W_BF1
 
 
 @triton.jit
-def _kpairs_kernel(
-    x_ptr,  # [M, KP] activations, permuted (kpairs_permutation), KP = K padded to whole K steps
-    w_ptr,  # [K/8, N] int32, K-packed (wna16.py)
-    s_ptr,  # [G, N] scales
-    z_ptr,  # [G, N] zeros in any float dtype (read when HAS_ZERO)
-    b_ptr,  # [N] bias (read when HAS_BIAS)
-    out_ptr,  # [M, N] (SPLIT_K == 1) or the float32 workspace [SPLIT_K, M, N]
-    M, N, K, KP, K_SPLIT,  # K: the weight's inputs; KP: x''s (K padded); K_SPLIT: a split's range, whole steps
-    stride_xm, stride_wk, stride_sg, stride_om,
-    GROUP_K: tl.constexpr, HAS_ZERO: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    W_BF16: tl.constexpr, ASM: tl.constexpr, FP16_MAX_: tl.constexpr,
-    DOTS: tl.constexpr = "chain",  # a step's four dots: SwapConfig.dots (module docstring)
+def _kpairs_acc(
+    x_ptr, w_ptr, s_ptr, z_ptr, rn, n_mask, rn64, rm, m_mask, k_start, k_end, K, stride_xm, stride_wk, stride_sg,
+    GROUP_K: tl.constexpr, HAS_ZERO: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, W_BF16: tl.constexpr, ASM: tl.constexpr, FP16_MAX_: tl.constexpr, DOTS: tl.constexpr,
 ):  # fmt: skip
+    """The float32 product [BLOCK_N, BLOCK_M] of weight rows rn and activation rows rm over the K steps
+    in [k_start, k_end) (whole steps), group scales applied in the tile (module docstring)."""
     BLOCK_C: tl.constexpr = BLOCK_K // 4  # a dot's columns: two a word
     W_DTYPE: tl.constexpr = tl.bfloat16 if W_BF16 else tl.float16
     MAGIC: tl.constexpr = 128.0 if W_BF16 else 1024.0
-    pid_k, rn, n_mask, rn64, rm, m_mask = _tile(M, N, BLOCK_M, BLOCK_N)
     rc = tl.arange(0, BLOCK_C)
     hi = (rc % 2)[None, :]
     x_cols = x_ptr + rm.to(tl.int64)[None, :] * stride_xm  # [1, BLOCK_M]
@@ -249,8 +251,6 @@ def _kpairs_kernel(
         acc1 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
         acc2 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
         acc3 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    k_start = pid_k * K_SPLIT
-    k_end = tl.minimum(k_start + K_SPLIT, KP)  # (the last split may end early)
     if DOTS == "flat":  # one dot an iteration: iteration t is dot t % 4 of step t // 4 (its words loaded again)
         for t in range(0, tl.maximum(k_end - k_start, 0) // BLOCK_K * 4):
             k0 = k_start + (t // 4) * BLOCK_K
@@ -272,8 +272,101 @@ def _kpairs_kernel(
                     acc = _pairs_dot(w, zc, s, hi, x_cols, k0, i, rc, m_mask, acc, W_BF16, ASM, BLOCK_C, FP16_MAX_)
     if DOTS == "accs":
         acc = (acc + acc1) + (acc2 + acc3)
+    return acc
+
+
+@triton.jit
+def _kpairs_kernel(
+    x_ptr,  # [M, KP] activations, permuted (kpairs_permutation), KP = K padded to whole K steps
+    w_ptr,  # [K/8, N] int32, K-packed (wna16.py)
+    s_ptr,  # [G, N] scales
+    z_ptr,  # [G, N] zeros in any float dtype (read when HAS_ZERO)
+    b_ptr,  # [N] bias (read when HAS_BIAS)
+    out_ptr,  # [M, N] (SPLIT_K == 1) or the float32 workspace [SPLIT_K, M, N]
+    M, N, K, KP, K_SPLIT,  # K: the weight's inputs; KP: x''s (K padded); K_SPLIT: a split's range, whole steps
+    stride_xm, stride_wk, stride_sg, stride_om,
+    GROUP_K: tl.constexpr, HAS_ZERO: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    W_BF16: tl.constexpr, ASM: tl.constexpr, FP16_MAX_: tl.constexpr,
+    DOTS: tl.constexpr = "chain",  # a step's four dots: SwapConfig.dots (module docstring)
+):  # fmt: skip
+    pid_k, rn, n_mask, rn64, rm, m_mask = _tile(M, N, BLOCK_M, BLOCK_N)
+    k_start = pid_k * K_SPLIT
+    k_end = tl.minimum(k_start + K_SPLIT, KP)  # (the last split may end early)
+    acc = _kpairs_acc(x_ptr, w_ptr, s_ptr, z_ptr, rn, n_mask, rn64, rm, m_mask, k_start, k_end, K, stride_xm,
+                      stride_wk, stride_sg, GROUP_K, HAS_ZERO, BLOCK_M, BLOCK_N, BLOCK_K, W_BF16, ASM, FP16_MAX_,
+                      DOTS)  # fmt: skip
     _int4_epilogue(acc, s_ptr + rn64, b_ptr, out_ptr, rm, rn, n_mask, m_mask, pid_k, M, N, stride_om, GROUP_K,
                    HAS_BIAS, SPLIT_K)  # fmt: skip
+
+
+@triton.jit
+def _kpairs_stream_k_kernel(
+    x_ptr, w_ptr, s_ptr, z_ptr, b_ptr,  # as _kpairs_kernel's
+    out_ptr,  # [M, N]
+    ws_ptr,  # [programs, 2, BLOCK_N, BLOCK_M] float32: each program's partial first and last tiles
+    count_ptr,  # [tiles] int32, zero between calls: the programs done with a shared tile
+    M, N, K, KP,
+    stride_xm, stride_wk, stride_sg, stride_om,
+    GROUP_K: tl.constexpr, HAS_ZERO: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    W_BF16: tl.constexpr, ASM: tl.constexpr, FP16_MAX_: tl.constexpr, DOTS: tl.constexpr = "chain",
+):  # fmt: skip
+    """_kpairs_kernel's product, stream-K: the U = tiles x K steps units (tile-major, a tile's row
+    tiles adjacent as _tile's grid orders them) cut into P equal ranges, one a program, P = the
+    grid (the SMs), so every SM does the same work whatever the tile count (at 129-256 rows
+    Llama-3.1-8B's q/k/v has 96 tiles of 128 x 128, gate/up 224 of 128 x 256: 73% / 85% of 132 SMs
+    busy a wave). A program's range is a tail of one tile, whole tiles, a head of another: a whole
+    tile is stored as _kpairs_kernel stores it; a partial one goes to the program's workspace slot
+    (0 its first tile, 1 its last), and the last of the tile's programs to count it adds the
+    partials in K order (so the sum does not depend on which is last) and stores the tile:
+
+        programs of tile t: pa = max p with start(p) <= t KT .. pb = max p with start(p) < (t + 1) KT,
+        start(p) = p U // P; program q's partial of t in slot 0 when start(q) >= t KT, else slot 1."""
+    p = tl.program_id(0)
+    num_p = tl.num_programs(0)
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    kt = KP // BLOCK_K  # K steps a tile
+    units = tiles_m * tl.cdiv(N, BLOCK_N) * kt
+    u_first = p * units // num_p
+    u_last = (p + 1) * units // num_p
+    u = u_first
+    while u < u_last:
+        tile = u // kt
+        t0 = tile * kt
+        seg_end = tl.minimum(u_last, t0 + kt)
+        rn = (tile // tiles_m) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rm = (tile % tiles_m) * BLOCK_M + tl.arange(0, BLOCK_M)
+        n_mask = rn < N
+        m_mask = rm < M
+        rn64 = rn.to(tl.int64)
+        acc = _kpairs_acc(x_ptr, w_ptr, s_ptr, z_ptr, rn, n_mask, rn64, rm, m_mask, (u - t0) * BLOCK_K,
+                          (seg_end - t0) * BLOCK_K, K, stride_xm, stride_wk, stride_sg, GROUP_K, HAS_ZERO, BLOCK_M,
+                          BLOCK_N, BLOCK_K, W_BF16, ASM, FP16_MAX_, DOTS)  # fmt: skip
+        if (u == t0) & (seg_end == t0 + kt):  # the whole tile here
+            _int4_epilogue(acc, s_ptr + rn64, b_ptr, out_ptr, rm, rn, n_mask, m_mask, 0, M, N, stride_om, GROUP_K,
+                           HAS_BIAS, 1)  # fmt: skip
+        else:
+            cells = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
+            slot = tl.where(u == u_first, 0, 1)
+            tl.store(ws_ptr + (p * 2 + slot).to(tl.int64) * (BLOCK_N * BLOCK_M) + cells, acc)
+            # every thread's stores before the barrier, the barrier before the count, whose release
+            # publishes them at gpu scope (and whose acquire, in the last program, orders its loads)
+            tl.debug_barrier()
+            done = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
+            pa = ((t0 + 1) * num_p + units - 1) // units - 1
+            pb = ((t0 + kt) * num_p + units - 1) // units - 1
+            if done == pb - pa:
+                total = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+                for q in range(pa, pb + 1):
+                    q_slot = tl.where(q * units // num_p >= t0, 0, 1)
+                    # .cg: from the L2, where the other programs' stores are (never a stale L1 line)
+                    part = ws_ptr + (q * 2 + q_slot).to(tl.int64) * (BLOCK_N * BLOCK_M) + cells
+                    total += tl.load(part, cache_modifier=".cg")
+                _int4_epilogue(total, s_ptr + rn64, b_ptr, out_ptr, rm, rn, n_mask, m_mask, 0, M, N, stride_om,
+                               GROUP_K, HAS_BIAS, 1)  # fmt: skip
+                tl.store(count_ptr + tile, 0)  # zero again for the next call (or graph replay)
+        u = seg_end
 
 
 @functools.cache
@@ -291,6 +384,40 @@ def dots_mode() -> str:
         raise ValueError("PAGEDLLM_KPAIRS_DOTS='flat': its GPU test fails (RESULTS.md twenty-second session); "
                          "use chain or accs")
     return value
+
+
+# stream-K takes the 128- and 256-row tiles (8 warps, one CTA an SM) whose programs would leave more
+# than this share of a wave's SMs idle
+STREAM_K_MAX_IDLE = 0.1
+
+
+@functools.cache
+def stream_k_enabled() -> bool:
+    """PAGEDLLM_KPAIRS_STREAM_K=1 (read once; off until a device times it): default_config's 128-
+    and 256-row tiles run stream-K (_kpairs_stream_k_kernel, one program an SM) where their grid
+    would leave SMs idle in its last wave; 0 / unset: the grid as it is."""
+    return env_flag("PAGEDLLM_KPAIRS_STREAM_K")
+
+
+@functools.cache
+def _num_sms() -> int:
+    """The current CUDA device's SMs (the H100's / H200's 132 without one: the interpreter's runs)."""
+    if not torch.cuda.is_available():
+        return 132
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+
+
+def with_stream_k(cfg: SwapConfig, m: int, n: int) -> SwapConfig:
+    """cfg as stream-K over the SMs where stream_k_enabled() and its 128- or 256-row tiles' grid
+    leaves more than STREAM_K_MAX_IDLE of its last wave's SMs idle (at 129-256 rows Llama-3.1-8B's
+    q/k/v: 96 tiles for 132 SMs, gate/up 224); cfg otherwise."""
+    if not stream_k_enabled() or cfg.block_m < 128 or cfg.dots == "flat":
+        return cfg
+    sms = _num_sms()
+    programs = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n) * cfg.split_k
+    if programs >= triton.cdiv(programs, sms) * sms * (1 - STREAM_K_MAX_IDLE):
+        return cfg
+    return dataclasses.replace(cfg, split_k=1, stream_k=sms)
 
 
 def default_config(m: int, n: int, k: int, group_k: int = 0) -> SwapConfig:
@@ -313,17 +440,20 @@ def default_config(m: int, n: int, k: int, group_k: int = 0) -> SwapConfig:
     if m > 128 and (-(-n // 128) >= 132 or k >= 8192):
         stages = 2 if 0 < group_k < 128 and mode != "flat" else 3
         split_k = _split_k(m, n, k, 256, 128, 128, 132)
-        return SwapConfig(128, 128, split_k, num_warps=8, num_stages=stages, block_m=256, pairs=True,
-                          dots="chain" if mode == "accs" else mode)  # (four accumulators of 256 rows: too many registers)
+        # (four accumulators of 256 rows: too many registers)
+        cfg = SwapConfig(128, 128, split_k, num_warps=8, num_stages=stages, block_m=256, pairs=True,
+                         dots="chain" if mode == "accs" else mode)
+        return with_stream_k(cfg, m, n)
     if mode == "accs":  # 64-wide weight tiles of 128 rows, 128-wide of 64 rows, 8 warps
         block_m = 64 if m <= 64 else 128
         block_n = 128 if block_m == 64 else 64
         split_k = _split_k(m, n, k, block_m, block_n, 128, 132)
-        return SwapConfig(block_n, 128, split_k, num_warps=8, num_stages=3, block_m=block_m, pairs=True, dots="accs")
+        return with_stream_k(SwapConfig(block_n, 128, split_k, num_warps=8, num_stages=3, block_m=block_m, pairs=True,
+                                        dots="accs"), m, n)
     block_m = max(16, triton.next_power_of_2(m)) if m <= 32 else 64 if m <= 64 else 128
     split_k = _split_k(m, n, k, block_m, 128, 128, 264 if block_m <= 64 else 132)
-    return SwapConfig(128, 128, split_k, num_warps=4 if block_m <= 64 else 8, num_stages=3, block_m=block_m,
-                      pairs=True, dots=mode)
+    return with_stream_k(SwapConfig(128, 128, split_k, num_warps=4 if block_m <= 64 else 8, num_stages=3,
+                                    block_m=block_m, pairs=True, dots=mode), m, n)
 
 
 def wna16_kpairs_gemm(
@@ -356,6 +486,8 @@ def wna16_kpairs_gemm(
     else:
         xp = x if k_padded == k else torch.nn.functional.pad(x, (0, k_padded - k))
         xp = xp.index_select(1, kpairs_permutation(k_padded, block_k, x.device))
+    if cfg.stream_k:
+        return _kpairs_stream_k(xp, qweight, scales, zeros, bias, out, cfg, k, k_padded, group_k, asm)
     k_split, split_k = _k_splits(k_padded, cfg.split_k, block_k)
     z = zeros if zeros is not None else scales  # an unused pointer when symmetric
     b = bias if bias is not None else scales  # likewise without a bias
@@ -369,4 +501,23 @@ def wna16_kpairs_gemm(
         num_stages=cfg.num_stages,
     )  # fmt: skip
     _sum_splits(ws, scales, 1, bias, out, group_k)
+    return out
+
+
+def _kpairs_stream_k(xp, qweight, scales, zeros, bias, out, cfg: SwapConfig, k: int, k_padded: int, group_k: int,
+                     asm: bool | None) -> torch.Tensor:
+    """wna16_kpairs_gemm's launch of _kpairs_stream_k_kernel (cfg.stream_k programs at most, one a
+    unit at least): x already permuted (or the layout's own), into out [M, N]."""
+    m, n = out.shape
+    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    programs = min(cfg.stream_k, tiles * (k_padded // cfg.block_k))
+    ws = torch.empty((programs, 2, cfg.block_n, cfg.block_m), dtype=torch.float32, device=out.device)
+    _kpairs_stream_k_kernel[(programs,)](
+        xp, qweight, scales, zeros if zeros is not None else scales, bias if bias is not None else scales, out, ws,
+        counters(out.device, tiles), m, n, k, k_padded, xp.stride(0), qweight.stride(0), scales.stride(0),
+        out.stride(0), GROUP_K=group_k, HAS_ZERO=zeros is not None, HAS_BIAS=bias is not None,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, W_BF16=xp.dtype == torch.bfloat16,
+        ASM=out.is_cuda if asm is None else asm, FP16_MAX_=FP16_MAX, DOTS=cfg.dots, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )  # fmt: skip
     return out

@@ -123,20 +123,25 @@ def check_wna16_kpairs(device, dtype, m, n, k, group_k=128, symmetric=True, bias
     _close(out, wna16_linear_torch(x, qw, s, z, 4, b), torch.float16 if dtype == torch.float32 else dtype)
 
 
-def check_wna16_dispatch(device, dtype, n, k, rows, group_k=128, symmetric=False, kpairs_from=None):
+def check_wna16_dispatch(device, dtype, n, k, rows, group_k=128, symmetric=False, kpairs_from=None, stream_k=False):
     """wna16_linear, the engine's dispatch (gemvp, the dot GEMM, kpairs from kpairs_from rows, the
     dequantized weight), at each of `rows` on the plain and the steps-permuted K-packed layouts
     against the reference on the plain one; on the CPU the CUDA dispatch, run by Triton's
-    interpreter. float32 rows: kpairs multiplies them as fp16 operands (fp16's tolerance)."""
-    from pagedllm.kernels import wna16
+    interpreter. float32 rows: kpairs multiplies them as fp16 operands (fp16's tolerance).
+    stream_k: with PAGEDLLM_KPAIRS_STREAM_K=1 (kpairs' 128- / 256-row tiles stream-K where a wave
+    would idle)."""
+    from pagedllm.kernels import wna16, wna16_pairs_triton
 
     g = torch.Generator().manual_seed(0)
     qw, s, z = _weights(n, k, 4, group_k, symmetric, device, g)
     qk = kperm_pack(qw)
     tol = torch.float16 if dtype == torch.float32 else dtype
     old_from, old_use = os.environ.get("PAGEDLLM_WNA16_KPAIRS_FROM"), wna16.use_triton
+    old_sk = os.environ.get("PAGEDLLM_KPAIRS_STREAM_K")
     os.environ["PAGEDLLM_WNA16_KPAIRS_FROM"] = "" if kpairs_from is None else str(kpairs_from)
+    os.environ["PAGEDLLM_KPAIRS_STREAM_K"] = "1" if stream_k else "0"
     wna16.kpairs_min_rows.cache_clear()
+    wna16_pairs_triton.stream_k_enabled.cache_clear()
     if device == "cpu":
         wna16.use_triton = lambda x: True
     try:
@@ -151,7 +156,12 @@ def check_wna16_dispatch(device, dtype, n, k, rows, group_k=128, symmetric=False
             os.environ.pop("PAGEDLLM_WNA16_KPAIRS_FROM")
         else:
             os.environ["PAGEDLLM_WNA16_KPAIRS_FROM"] = old_from
+        if old_sk is None:
+            os.environ.pop("PAGEDLLM_KPAIRS_STREAM_K")
+        else:
+            os.environ["PAGEDLLM_KPAIRS_STREAM_K"] = old_sk
         wna16.kpairs_min_rows.cache_clear()
+        wna16_pairs_triton.stream_k_enabled.cache_clear()
 
 
 _SHAPES = [(1, 4096, 4096), (3, 1000, 2048), (1, 4096, 14336), (2, 6144, 4096), (16, 4096, 14336), (200, 768, 1024)]
@@ -399,3 +409,18 @@ def test_wna16_kpairs_dots(config, m, dtype, n, k, group_k, symmetric):
     """SwapConfig.dots "accs" (each of a K step's dots its own accumulator) and "flat" (one dot an
     iteration): the wgmma groups in flight, the same products."""
     check_wna16_kpairs("cuda", dtype, m, n, k, group_k, symmetric, bias=True, config=config)
+
+
+@pytest.mark.parametrize("config", [(128, 128, 1, 8, 3, "kernel", 128, True, "chain", 132),
+                                    (128, 128, 1, 8, 3, "kernel", 256, True, "chain", 132),
+                                    (64, 128, 1, 8, 3, "kernel", 128, True, "accs", 132),
+                                    (128, 128, 1, 8, 3, "kernel", 128, True, "chain", 7)])  # fmt: skip
+@pytest.mark.parametrize("m, dtype", [(256, torch.bfloat16), (150, torch.float16)])
+@pytest.mark.parametrize("n,k,group_k,symmetric", [(6144, 4096, 128, True), (28672, 4096, 32, False),
+                                                   (4096, 14336, None, False)])  # fmt: skip
+def test_wna16_kpairs_stream_k(config, m, dtype, n, k, group_k, symmetric):
+    """SwapConfig.stream_k (PAGEDLLM_KPAIRS_STREAM_K): one program an SM over an equal share of the
+    (tile, K step) units, shared tiles added by their last program in K order; twice in a row (the
+    tile counters back at zero), the same products."""
+    for _ in range(2):
+        check_wna16_kpairs("cuda", dtype, m, n, k, group_k, symmetric, bias=True, config=config)

@@ -59,6 +59,20 @@ _CASES = {
     # the engine's dispatch at every row class, both layouts (kpairs from 48 rows; from 2)
     "dispatch_g128_asym": ("check_wna16_dispatch", [64, 256, [1, 3, 5, 20, 48, 100, 300], 128, False], {}),
     "dispatch_channel_from2": ("check_wna16_dispatch", [64, 256, [2, 5, 20, 40], None, True], {"kpairs_from": 2}),
+    "dispatch_g128_asym_stream_k": ("check_wna16_dispatch", [64, 256, [100, 200], 128, False], {"stream_k": True}),
+    # stream-K (SwapConfig.stream_k programs): 6 tiles x 4 K steps over 5 programs (a tile's tail, whole
+    # tiles, a head), over 11 (programs inside one tile, three to a tile), over 48 (capped at the 24 units)
+    "g128_sk5_bm64": ("check_wna16_kpairs", [100, 192, 512, 128, True],
+                      {"config": [64, 128, 1, 4, 1, "kernel", 64, True, "chain", 5]}),
+    "channel_asym_sk11_bias": ("check_wna16_kpairs", [100, 192, 512, None, False],
+                               {"bias": True, "config": [64, 128, 1, 4, 1, "kernel", 64, True, "chain", 11]}),
+    "g32_asym_sk48_ragged_k": ("check_wna16_kpairs", [70, 160, 448, 32, False],
+                               {"config": [64, 128, 1, 4, 1, "kernel", 32, True, "chain", 48]}),
+    "g128_accs_sk7_bm128": ("check_wna16_kpairs", [130, 128, 384, 128, False],
+                            {"config": [64, 128, 1, 8, 1, "kernel", 128, True, "accs", 7]}),
+    "kperm_channel_sk3_bias": ("check_wna16_kpairs", [33, 64, 384, None, False],
+                               {"bias": True, "config": [64, 128, 1, 4, 1, "kernel", 32, True, "chain", 3],
+                                "kperm": True}),
     # two splits of 256 over 384 inputs: the last split's steps past x' read nothing (NaN there)
     "split_past_the_end": ("check_wna16_kpairs", [24, 64, 384, 128, False],
                            {"config": [64, 128, 2, 4, 1, "kernel", 32, True], "nan_past_end": True}),
@@ -241,3 +255,50 @@ def test_kpairs_from_switch(monkeypatch):
     for m, block_m in ((5, 16), (16, 16), (17, 32), (32, 32), (33, 64)):
         cfg = kp.default_config(m, 6144, 4096, 128)
         assert (cfg.block_m, cfg.num_warps) == (block_m, 4), (m, cfg)
+
+
+def test_stream_k_switch(monkeypatch):
+    """PAGEDLLM_KPAIRS_STREAM_K=1 turns default_config's 128- / 256-row tiles to stream-K over the
+    SMs (132 without a GPU) where their grid leaves more than a tenth of its last wave idle: at 256
+    rows of Llama-3.1-8B q/k/v (96 tiles) and gate/up (224 tiles of 256 rows), not o (64 tiles split
+    2: 128 programs) or down (32 of 256 rows split 4), nor few rows; unset, none of them."""
+    from pagedllm.kernels import wna16_pairs_triton as kp
+
+    shapes = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+    for value, streamed in (("", set()), ("0", set()), ("1", {"qkv", "gate_up"})):
+        monkeypatch.setenv("PAGEDLLM_KPAIRS_STREAM_K", value)
+        kp.stream_k_enabled.cache_clear()
+        got = {name for name, (n, k) in shapes.items() if kp.default_config(256, n, k, 128).stream_k}
+        assert got == streamed, value
+        assert not any(kp.default_config(m, n, k, 128).stream_k for m in (5, 24, 48) for n, k in shapes.values())
+    cfg = kp.default_config(256, 6144, 4096, 128)
+    assert cfg.stream_k == 132 and cfg.split_k == 1 and cfg.block_m == 128
+    monkeypatch.setenv("PAGEDLLM_KPAIRS_STREAM_K", "yes")
+    kp.stream_k_enabled.cache_clear()
+    with pytest.raises(ValueError, match="PAGEDLLM_KPAIRS_STREAM_K"):
+        kp.stream_k_enabled()
+    kp.stream_k_enabled.cache_clear()
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+@pytest.mark.parametrize("block_m, block_n, dots", [(128, 128, "chain"), (256, 128, "chain"), (128, 64, "accs")])
+def test_stream_k_kernel_keeps_the_pipelined_mmas(block_m, block_n, dots):
+    """_kpairs_stream_k_kernel compiled for sm_90 at the tiles it takes: the K loop inside the
+    per-tile loop still wgmma with the weight from registers and cp.async-pipelined loads, nothing
+    spilled beyond a few bytes (one CTA an SM: at most 255 registers)."""
+    from pagedllm.kernels import wna16_pairs_triton as kp
+    from pagedllm.kernels.inspect_sm90 import compile_sm90, resources
+
+    sig = {"x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*bf16", "b_ptr": "*bf16", "out_ptr": "*bf16",
+           "ws_ptr": "*fp32", "count_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "KP": "i32",
+           "stride_xm": "i32", "stride_wk": "i32", "stride_sg": "i32", "stride_om": "i32"}  # fmt: skip
+    constexprs = {"GROUP_K": 128, "HAS_ZERO": False, "HAS_BIAS": True, "BLOCK_M": block_m, "BLOCK_N": block_n,
+                  "BLOCK_K": 128, "W_BF16": True, "ASM": True, "FP16_MAX_": 65504.0, "DOTS": dots}  # fmt: skip
+    k = compile_sm90(kp._kpairs_stream_k_kernel, sig, constexprs, num_warps=8, num_stages=3,
+                     aligned=("N", "K", "KP", "stride_xm", "stride_wk", "stride_sg", "stride_om"))
+    ptx = k.asm["ptx"]
+    assert "wgmma.mma_async" in ptx and "cp.async.cg.shared.global" in ptx
+    assert re.search(r"atom\.global\.gpu\.acq_rel\.add\.[us]32", ptx), "no acq_rel gpu-scope count of a shared tile"
+    res = resources(k)
+    if res is not None:  # (the 256-row tiles: 255 registers, no stack under the device's Triton 3.6, 8 bytes under 3.9)
+        assert res["stack"] <= (16 if block_m == 256 else 0) and res["regs"] <= 255, res
