@@ -412,7 +412,8 @@ def test_wna16_kpairs_dots(config, m, dtype, n, k, group_k, symmetric):
 
 
 @pytest.mark.parametrize("config", [(128, 128, 1, 8, 3, "kernel", 128, True, "chain", 132),
-                                    (128, 128, 1, 8, 3, "kernel", 256, True, "chain", 132),
+                                    # (two stages: three of 256 rows outgrow sm_90's shared memory at group 32)
+                                    (128, 128, 1, 8, 2, "kernel", 256, True, "chain", 132),
                                     (64, 128, 1, 8, 3, "kernel", 128, True, "accs", 132),
                                     (128, 128, 1, 8, 3, "kernel", 128, True, "chain", 7)])  # fmt: skip
 @pytest.mark.parametrize("m, dtype", [(256, torch.bfloat16), (150, torch.float16)])
