@@ -45,8 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.kernels_bench import paged_batch  # noqa: E402
 from pagedllm.attention.backend import key_major_view, v_cache_view  # noqa: E402
 from pagedllm.attention.torch_backend import paged_attention_torch  # noqa: E402
+from pagedllm.kernels._triton import num_sms  # noqa: E402
 from pagedllm.kernels.attention_decode import (  # noqa: E402
-    _num_sms,
     decode_attention_triton,
     decode_config,
     decode_num_splits,
@@ -92,7 +92,7 @@ def last_reduce_ab(graph_max_seq_len: int) -> list[dict]:
                 bound = 1.6e-2 * max(kernel_out.float().abs().max().item(), 1.0)
                 assert err <= bound, f"{model} b={b} {ctx} u{u}: {err}"
             t = {u: common.graph_time(lambda u=u: step(u), LAYERS, reps=20, rounds=3) for u in (0, *unrolls)}
-            splits = decode_num_splits(b, hkv, graph_max_seq_len, _num_sms(0))
+            splits = decode_num_splits(b, hkv, graph_max_seq_len, num_sms(0))
             best = min(unrolls, key=t.get)
             rows.append({"model": model, "batch": b, "context": ctx, "splits": splits, "kernel_us": t[0],
                          "last_us": t[4], **{f"last_u{u}_us": t[u] for u in unrolls}})  # fmt: skip
@@ -130,7 +130,7 @@ def main() -> None:
     if args.order_ab:  # W1 300 steps in: prompts of 100-1024 plus 300 generated tokens
         loads["w1-t300"] = [rng.randint(100, 1024) + 300 for _ in range(b)]
     gen = torch.Generator().manual_seed(0)
-    splits = decode_num_splits(b, HKV, args.graph_max_seq_len, _num_sms(0))
+    splits = decode_num_splits(b, HKV, args.graph_max_seq_len, num_sms(0))
     print(f"# decode sweep: B={b}, Hq={HQ} Hkv={HKV} D={HD} bs={BS}, splits={splits}", flush=True)
     best: dict[str, tuple[float, tuple[int, int, int]]] = {}
     table = []

@@ -175,7 +175,8 @@ def _attn_setup(query_lens, seq_lens, num_decodes, dtype, hq=32, hkv=8, hd=128, 
 
 
 def bench_decode(quick: bool, sweep: bool, dtype=torch.bfloat16) -> None:
-    from pagedllm.kernels.attention_decode import _num_sms, decode_attention_triton, decode_num_splits
+    from pagedllm.kernels._triton import num_sms
+    from pagedllm.kernels.attention_decode import decode_attention_triton, decode_num_splits
 
     hq, hkv, hd = 32, 8, 128
     cases = [(1, 1024), (1, 32768), (8, 8192), (64, 2048), (256, 1024)]
@@ -186,7 +187,7 @@ def bench_decode(quick: bool, sweep: bool, dtype=torch.bfloat16) -> None:
         batch, q, kc, vc = _attn_setup([1] * b, seq_lens, b, dtype)
         out = torch.empty_like(q)
         scale = hd**-0.5
-        splits = decode_num_splits(b, hkv, s, _num_sms(0))
+        splits = decode_num_splits(b, hkv, s, num_sms(0))
 
         def run(ns=None, bn=None):
             return decode_attention_triton(q, kc, vc, batch.block_tables, batch.seq_lens, out, scale,

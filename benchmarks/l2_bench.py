@@ -119,10 +119,9 @@ def set_persisting_l2(nbytes: int) -> bool:
 
     with open("/proc/self/maps") as f:
         paths = sorted({line.split()[-1] for line in f if "libcudart" in line})
-    for path in paths:
-        rc = ctypes.CDLL(path).cudaDeviceSetLimit(ctypes.c_int(6), ctypes.c_size_t(nbytes))
-        return rc == 0
-    return False
+    if not paths:
+        return False
+    return ctypes.CDLL(paths[0]).cudaDeviceSetLimit(ctypes.c_int(6), ctypes.c_size_t(nbytes)) == 0
 
 
 def survive(ws: list[torch.Tensor], x: torch.Tensor, stream_mb: int) -> str:

@@ -126,16 +126,14 @@ if step w1int4 $((ROUNDS * 2 * 200)); then  # issue 19's W1: Llama-3.1-8B, 256 r
     --model benchmarks/configs/llama-3.1-8b --skip-tokenizer-init > "$OUT/w1int4.log" 2>&1
   echo "w1int4 rc=$? at ${SECONDS} s"
 fi
-if step w1int4accs $((ROUNDS * 2 * 100)); then  # issue 19's W1 ratio with kpairs' four accumulators: bf16 (A), gptq + $KPAIRS_DOTS (B)
-  B_ARGS="--quantization gptq" B_ENV=PAGEDLLM_KPAIRS_DOTS=${KPAIRS_DOTS:-accs} ROUNDS=$ROUNDS OUT="$OUT/w1int4accs" \
-    bash benchmarks/ab_w1.sh --model benchmarks/configs/llama-3.1-8b --skip-tokenizer-init > "$OUT/w1int4accs.log" 2>&1
-  echo "w1int4accs rc=$? at ${SECONDS} s"; grep -E "median" "$OUT/w1int4accs.log"
-fi
-if step w1int4sk $((ROUNDS * 2 * 100)); then  # issue 19's W1 ratio with kpairs' stream-K: bf16 (A), gptq + PAGEDLLM_KPAIRS_STREAM_K=1 (B)
-  B_ARGS="--quantization gptq" B_ENV="PAGEDLLM_KPAIRS_STREAM_K=1 ${W1INT4_ENV:-}" ROUNDS=$ROUNDS OUT="$OUT/w1int4sk" \
-    bash benchmarks/ab_w1.sh --model benchmarks/configs/llama-3.1-8b --skip-tokenizer-init > "$OUT/w1int4sk.log" 2>&1
-  echo "w1int4sk rc=$? at ${SECONDS} s"; grep -E "median" "$OUT/w1int4sk.log"
-fi
+w1int4env() {  # name B's-environment: issue 19's W1 ratio, bf16 (A) against gptq with that environment (B)
+  step "$1" $((ROUNDS * 2 * 100)) || return
+  B_ARGS="--quantization gptq" B_ENV="$2" ROUNDS=$ROUNDS OUT="$OUT/$1" bash benchmarks/ab_w1.sh \
+    --model benchmarks/configs/llama-3.1-8b --skip-tokenizer-init > "$OUT/$1.log" 2>&1
+  echo "$1 rc=$? at ${SECONDS} s"; grep -E "median" "$OUT/$1.log"
+}
+w1int4env w1int4accs "PAGEDLLM_KPAIRS_DOTS=${KPAIRS_DOTS:-accs}"  # kpairs' four accumulators
+w1int4env w1int4sk "PAGEDLLM_KPAIRS_STREAM_K=1 ${W1INT4_ENV:-}"  # kpairs' stream-K (and $W1INT4_ENV)
 if step sktests 200; then  # kpairs' stream-K against the reference at Llama-3.1-8B's shapes (twice: counters reset)
   timeout 200 $PY -m pytest -q tests/gpu/test_wna16_gpu.py -k "stream_k" > "$OUT/sktests.log" 2>&1
   echo "sktests rc=$? at ${SECONDS} s: $(tail -1 "$OUT/sktests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/sktests.log" | head

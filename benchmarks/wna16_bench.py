@@ -51,8 +51,8 @@ from pagedllm.kernels.wna16 import (  # noqa: E402
     wna16_linear,
     wna16_linear_torch,
 )
-from pagedllm.kernels.wna16_pairs_triton import default_config as kpairs_default  # noqa: E402
-from pagedllm.kernels.wna16_pairs_triton import wna16_kpairs_gemm  # noqa: E402
+from pagedllm.kernels.wna16_kpairs_triton import default_config as kpairs_default  # noqa: E402
+from pagedllm.kernels.wna16_kpairs_triton import wna16_kpairs_gemm  # noqa: E402
 from pagedllm.kernels.wna16_triton import default_config, dequantize_wna16_triton, wna16_gemm_triton  # noqa: E402
 from pagedllm.kernels.wna16_triton import engine_config as wna16_engine_config  # noqa: E402
 

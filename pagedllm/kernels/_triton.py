@@ -81,6 +81,16 @@ def recorded_compiles():
 
 
 @functools.cache
+def num_sms(device_index: int | None = None) -> int:
+    """The SMs of a CUDA device (None: the current one); 132, the H100's and H200's, without CUDA
+    (the interpreter's runs of the kernels that size their grids by it)."""
+    if not torch.cuda.is_available():
+        return 132
+    return torch.cuda.get_device_properties(
+        torch.cuda.current_device() if device_index is None else device_index).multi_processor_count
+
+
+@functools.cache
 def _pdl_supported(device_index: int) -> bool:
     """Programmatic dependent launch needs an sm_90+ device and a triton with grid dependency
     control (`tl.extra.cuda.gdc_wait`, the `launch_pdl` launch option: 3.4 and later)."""

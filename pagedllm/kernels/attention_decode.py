@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedllm.kernels._triton import next_power_of_2, pdl
+from pagedllm.kernels._triton import next_power_of_2, num_sms, pdl
 from pagedllm.kernels.attention import (
     _LOG2E,
     _attend_keys,
@@ -263,11 +263,6 @@ def _decode_reduce_kernel(
     tl.store(out_ptr + req * stride_ot + head * stride_oh + dims, out.to(out_ptr.dtype.element_ty), mask=dim_mask)
 
 
-@functools.cache
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 # H200 sweep: batch 1 over 1K tokens ran fastest with 8 splits (128 tokens each), over 32K
 # tokens with 64; more splits only cost the reduce kernel a little.
 MIN_TOKENS_PER_SPLIT = 128
@@ -392,9 +387,9 @@ def decode_attention_triton(
     q = _last_dim_contiguous(q)
     group = hq // hkv
     if num_splits is None:
-        num_sms = _num_sms(q.device.index or 0) if q.is_cuda else 1
+        num_sms_ = num_sms(q.device.index or 0) if q.is_cuda else 1
         span = max_seq_len if sliding_window is None else min(max_seq_len, sliding_window)
-        num_splits = decode_num_splits(b, hkv, span, num_sms)
+        num_splits = decode_num_splits(b, hkv, span, num_sms_)
     itemsize = 4 if q.dtype == torch.float32 else k_cache.element_size()
     cfg = decode_config(itemsize)
     block_n = block_n or cfg[0]

@@ -74,7 +74,7 @@ class SwapConfig:
     # 64 / 128 rows make it a GEMM for large batches; the 16-bit and FP8 kernels keep SWAP_BLOCK_M)
     pairs: bool = False  # (the 4-bit kernel) wna16_pairs_triton._swap_int4_pairs_kernel: its weight operand
     # built in the MMA's register layout, four dots a K step (BLOCK_K a multiple of 64)
-    dots: str = "chain"  # (the kpairs GEMM) how a K step's four dots run: DOTS_MODES (wna16_pairs_triton.py)
+    dots: str = "chain"  # (the kpairs GEMM) how a K step's four dots run: DOTS_MODES (wna16_kpairs_triton.py)
     stream_k: int = 0  # (the kpairs GEMM) > 0: stream-K over this many programs (split_k unused), one an SM
 
     def __post_init__(self) -> None:

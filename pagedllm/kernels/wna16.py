@@ -164,7 +164,7 @@ def wna16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
         m = x.shape[0]
         if (bits == 4 and (large_gemm() or LAYOUT_DEFAULT["k_packed"]) == "pairs"
                 and kpairs_min_rows() <= m <= SWAP_GEMM_MAX_ROWS):  # fmt: skip
-            from pagedllm.kernels.wna16_pairs_triton import wna16_kpairs_gemm
+            from pagedllm.kernels.wna16_kpairs_triton import wna16_kpairs_gemm
 
             return wna16_kpairs_gemm(x, qweight, scales, zeros, bias, kperm=kperm)
         if m >= DENSE_MIN_ROWS:
@@ -184,7 +184,7 @@ KPERM_STEP = 128
 @functools.cache
 def kpairs_permutation(k_padded: int, block_k: int, device: torch.device) -> torch.Tensor:
     """Indices p [k_padded] with x' = x[:, p], the order in which the kpairs GEMM's dots read x
-    (wna16_pairs_triton.py): within each K step of block_k inputs, position i * block_k / 4 + 2j + h
+    (wna16_kpairs_triton.py): within each K step of block_k inputs, position i * block_k / 4 + 2j + h
     takes input 8j + i + 4h (i < 4, j < block_k / 8, h < 2). At KPERM_STEP it also defines the
     steps-permuted layout, which stores input c in slot p[c]."""
     # made on the device (no host copy: a first call may come inside a CUDA graph's capture)
@@ -314,7 +314,7 @@ def large_gemm() -> str | None:
     weight dequantized to x's dtype, then cuBLAS), or up to SWAP_GEMM_MAX_ROWS rows a tensor-core
     W4A16 GEMM that dequantizes in registers: "swap" the N-major layout's swap-AB kernel (64- /
     128-row activation tiles), "pairs" the same layout's pairs kernel (SwapConfig.pairs) and the
-    K-packed layout's kpairs kernel (wna16_pairs_triton.py). None when unset: each layout's
+    K-packed layout's kpairs kernel (wna16_kpairs_triton.py). None when unset: each layout's
     LAYOUT_DEFAULT. Read once per process."""
     value = os.environ.get("PAGEDLLM_WNA16_GEMM", "").strip().lower()
     if not value:

@@ -101,9 +101,10 @@ class DecodeGraphs:
 
     def _split_counts(self, bs: int, bound: int) -> tuple[int, ...]:
         """The decode kernel's split count at batch bs and max_seq_len bound, per attention kind."""
-        from pagedllm.kernels.attention_decode import _num_sms, decode_num_splits
+        from pagedllm.kernels._triton import num_sms
+        from pagedllm.kernels.attention_decode import decode_num_splits
 
-        sms = _num_sms(self.device.index or 0)
+        sms = num_sms(self.device.index or 0)
         return tuple(
             decode_num_splits(bs, hkv, min(bound, window) if window else bound, sms)
             for hkv, window in self._attention_kinds

@@ -2,7 +2,7 @@
 references on random inputs (CUDA; skipped without it): the GEMV (with and without split-K) and the
 tensor-core GEMM over 4 / 8 bits, groups of 32 / 64 / 128 and per channel, symmetric and asymmetric
 zeros, ragged shapes, bias; the dequantization of the prefill path; the `wna16_linear` dispatch at
-every row count class, under a CUDA graph too; the kpairs GEMM (kernels/wna16_pairs_triton.py).
+every row count class, under a CUDA graph too; the kpairs GEMM (kernels/wna16_kpairs_triton.py).
 The N-major layout's kernels: test_wna16_nk_gpu.py, which shares this file's weights and tolerances.
 
 The `check_*` functions take a device, so tests/unit/test_wna16_interpret.py and
@@ -109,7 +109,7 @@ def check_wna16_kpairs(device, dtype, m, n, k, group_k=128, symmetric=True, bias
     reference; nan_past_end: the scales and zeros followed by NaN; kperm: the weight in the
     steps-permuted layout, x read as it is (a strided view of it here)."""
     from pagedllm.kernels.swap_gemm_triton import SwapConfig
-    from pagedllm.kernels.wna16_pairs_triton import wna16_kpairs_gemm
+    from pagedllm.kernels.wna16_kpairs_triton import wna16_kpairs_gemm
 
     g = torch.Generator().manual_seed(seed)
     qw, s, z = _weights(n, k, 4, group_k, symmetric, device, g)
@@ -130,7 +130,7 @@ def check_wna16_dispatch(device, dtype, n, k, rows, group_k=128, symmetric=False
     interpreter. float32 rows: kpairs multiplies them as fp16 operands (fp16's tolerance).
     stream_k: with PAGEDLLM_KPAIRS_STREAM_K=1 (kpairs' 128- / 256-row tiles stream-K where a wave
     would idle)."""
-    from pagedllm.kernels import wna16, wna16_pairs_triton
+    from pagedllm.kernels import wna16, wna16_kpairs_triton
 
     g = torch.Generator().manual_seed(0)
     qw, s, z = _weights(n, k, 4, group_k, symmetric, device, g)
@@ -141,7 +141,7 @@ def check_wna16_dispatch(device, dtype, n, k, rows, group_k=128, symmetric=False
     os.environ["PAGEDLLM_WNA16_KPAIRS_FROM"] = "" if kpairs_from is None else str(kpairs_from)
     os.environ["PAGEDLLM_KPAIRS_STREAM_K"] = "1" if stream_k else "0"
     wna16.kpairs_min_rows.cache_clear()
-    wna16_pairs_triton.stream_k_enabled.cache_clear()
+    wna16_kpairs_triton.stream_k_enabled.cache_clear()
     if device == "cpu":
         wna16.use_triton = lambda x: True
     try:
@@ -161,7 +161,7 @@ def check_wna16_dispatch(device, dtype, n, k, rows, group_k=128, symmetric=False
         else:
             os.environ["PAGEDLLM_KPAIRS_STREAM_K"] = old_sk
         wna16.kpairs_min_rows.cache_clear()
-        wna16_pairs_triton.stream_k_enabled.cache_clear()
+        wna16_kpairs_triton.stream_k_enabled.cache_clear()
 
 
 _SHAPES = [(1, 4096, 4096), (3, 1000, 2048), (1, 4096, 14336), (2, 6144, 4096), (16, 4096, 14336), (200, 768, 1024)]
@@ -270,7 +270,7 @@ def test_wna16_linear_dispatch_kpairs_from(m, monkeypatch):
     """PAGEDLLM_WNA16_KPAIRS_FROM=2: the few-row products go through kpairs (its 16- / 32- / 64-row
     tiles; bit for bit a direct call of it), on both layouts, within tolerance of the reference."""
     from pagedllm.kernels import wna16
-    from pagedllm.kernels.wna16_pairs_triton import wna16_kpairs_gemm
+    from pagedllm.kernels.wna16_kpairs_triton import wna16_kpairs_gemm
 
     monkeypatch.setenv("PAGEDLLM_WNA16_KPAIRS_FROM", "2")
     wna16.kpairs_min_rows.cache_clear()

@@ -178,13 +178,13 @@ def test_wna16_linear_dispatch_pairs(m, monkeypatch):
     SWAP_GEMM_MAX_ROWS rows to the kpairs GEMM (more to dequantize + cuBLAS), and the N-major
     layout's to the swap kernel's pairs variant; the same products, the K-packed one also replayed
     from a CUDA graph."""
-    from pagedllm.kernels import wna16, wna16_pairs_triton, wna16_swap_triton
+    from pagedllm.kernels import wna16, wna16_kpairs_triton, wna16_swap_triton
 
     monkeypatch.setenv("PAGEDLLM_WNA16_GEMM", "pairs")
     wna16.large_gemm.cache_clear()
     kp, nk = [], []
-    real_kp, real_nk = wna16_pairs_triton.wna16_kpairs_gemm, wna16_swap_triton.wna16_swap_gemm
-    monkeypatch.setattr(wna16_pairs_triton, "wna16_kpairs_gemm", lambda x, *a, **kw: kp.append(x.shape[0])
+    real_kp, real_nk = wna16_kpairs_triton.wna16_kpairs_gemm, wna16_swap_triton.wna16_swap_gemm
+    monkeypatch.setattr(wna16_kpairs_triton, "wna16_kpairs_gemm", lambda x, *a, **kw: kp.append(x.shape[0])
                         or real_kp(x, *a, **kw))
     monkeypatch.setattr(wna16_swap_triton, "wna16_swap_gemm", lambda x, *a, **kw: nk.append(kw.get("pairs"))
                         or real_nk(x, *a, **kw))

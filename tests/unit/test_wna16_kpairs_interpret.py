@@ -1,4 +1,4 @@
-"""The K-packed layout's kpairs GEMM (kernels/wna16_pairs_triton.py) on the CPU: the GPU checks of
+"""The K-packed layout's kpairs GEMM (kernels/wna16_kpairs_triton.py) on the CPU: the GPU checks of
 tests/gpu/test_wna16_gpu.py through Triton's interpreter at small shapes against the float32
 reference (a group a K step, a group a word, per channel through the split-K reduce; zeros, bias;
 K not a multiple of the step; 32-, 64- and 128-row tiles; float32 activations through fp16
@@ -106,7 +106,7 @@ def test_permutation_stays_within_each_step(k, block_k):
 
 def _compile_kpairs(x, group_k, has_zero, block_n, block_m, warps, stages, dots="chain"):
     """_kpairs_kernel compiled for sm_90 (inspect_sm90) as a launch of those tiles would compile it."""
-    from pagedllm.kernels import wna16_pairs_triton as kp
+    from pagedllm.kernels import wna16_kpairs_triton as kp
     from pagedllm.kernels.inspect_sm90 import compile_sm90
 
     sig = {"x_ptr": f"*{x}", "w_ptr": "*i32", "s_ptr": f"*{x}", "z_ptr": f"*{x}", "b_ptr": f"*{x}", "out_ptr": f"*{x}",
@@ -131,7 +131,7 @@ def test_kpairs_kernel_builds_the_operand_in_registers(x, group_k, has_zero, blo
     at default_config's stages, within sm_90's 227 KB of shared memory a program."""
     from test_wna16_swap_interpret import pairs_main_loop
 
-    from pagedllm.kernels import wna16_pairs_triton as kp
+    from pagedllm.kernels import wna16_kpairs_triton as kp
     from pagedllm.kernels.inspect_sm90 import resources
 
     cfg = kp.default_config(block_m, 28672 if block_m == 256 else 6144, 4096, group_k)
@@ -180,7 +180,7 @@ def test_dots_switch(monkeypatch):
     """PAGEDLLM_KPAIRS_DOTS: unset or chain the measured tiles; accs their four-accumulator versions
     below 129 rows (256-row tiles stay chained: four would not fit their registers); flat (one dot an
     iteration) refused while its GPU test fails; anything else a ValueError naming the variable."""
-    from pagedllm.kernels import wna16_pairs_triton as kp
+    from pagedllm.kernels import wna16_kpairs_triton as kp
 
     try:
         for value, dots in (("", "chain"), ("chain", "chain"), ("accs", "accs")):
@@ -238,7 +238,7 @@ def test_kpairs_from_switch(monkeypatch):
     SWAP_GEMM_MAX_ROWS + 1 (none) moves that bound, and default_config then takes 16- / 32-row tiles
     of 4 warps; anything else a ValueError naming the variable."""
     from pagedllm.kernels import wna16
-    from pagedllm.kernels import wna16_pairs_triton as kp
+    from pagedllm.kernels import wna16_kpairs_triton as kp
 
     try:
         for value, rows in (("", 5), ("48", 48), ("257", 257)):
@@ -262,7 +262,7 @@ def test_stream_k_switch(monkeypatch):
     SMs (132 without a GPU) where their grid leaves more than a tenth of its last wave idle: at 256
     rows of Llama-3.1-8B q/k/v (96 tiles) and gate/up (224 tiles of 256 rows), not o (64 tiles split
     2: 128 programs) or down (32 of 256 rows split 4), nor few rows; unset, none of them."""
-    from pagedllm.kernels import wna16_pairs_triton as kp
+    from pagedllm.kernels import wna16_kpairs_triton as kp
 
     shapes = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
     for value, streamed in (("", set()), ("0", set()), ("1", {"qkv", "gate_up"})):
@@ -286,7 +286,7 @@ def test_stream_k_kernel_keeps_the_pipelined_mmas(block_m, block_n, dots):
     """_kpairs_stream_k_kernel compiled for sm_90 at the tiles it takes: the K loop inside the
     per-tile loop still wgmma with the weight from registers and cp.async-pipelined loads, nothing
     spilled beyond a few bytes (one CTA an SM: at most 255 registers)."""
-    from pagedllm.kernels import wna16_pairs_triton as kp
+    from pagedllm.kernels import wna16_kpairs_triton as kp
     from pagedllm.kernels.inspect_sm90 import compile_sm90, resources
 
     sig = {"x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*bf16", "b_ptr": "*bf16", "out_ptr": "*bf16",
