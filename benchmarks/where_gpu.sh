@@ -36,7 +36,9 @@
 # tree at $A_PATH, alternated by round), gemvptests (gemvp's GPU tests), w2fp16prof0 (W2 gptq fp16's profile, PDL off), l2bench
 # (benchmarks/l2_bench.py: a few-row linear's weight cold, warm in L2, prefetched), w1int4accs (W1 Llama-3.1-8B: bf16 (A)
 # against gptq with PAGEDLLM_KPAIRS_DOTS=$KPAIRS_DOTS, default accs (B): issue 19's ratio with the four accumulators),
-# w1int4sk (the same with PAGEDLLM_KPAIRS_STREAM_K=1 and $W1INT4_ENV: kpairs' stream-K), sktests (its GPU tests).
+# w1int4sk (the same with PAGEDLLM_KPAIRS_STREAM_K=1 and $W1INT4_ENV: kpairs' stream-K), sktests (its GPU tests),
+# kpmodes (benchmarks/kpairs_modes.py: kpairs' 128-row tiles at 3 / 4 stages and with two accumulators; the dots
+# modes' GPU tests, flat's known failures among them).
 # Logs in one archive in $OUT; a summary last.
 #     OUT=$OUT bash benchmarks/where_gpu.sh
 #     STEPS="moeprof w1order" bash benchmarks/where_gpu.sh   # any of moeprof w2int4prof w1fp8prof order w1order
@@ -132,12 +134,17 @@ w1int4env() {  # name B's-environment: issue 19's W1 ratio, bf16 (A) against gpt
     --model benchmarks/configs/llama-3.1-8b --skip-tokenizer-init > "$OUT/$1.log" 2>&1
   echo "$1 rc=$? at ${SECONDS} s"; grep -E "median" "$OUT/$1.log"
 }
-w1int4env w1int4accs "PAGEDLLM_KPAIRS_DOTS=${KPAIRS_DOTS:-accs}"  # kpairs' four accumulators
-w1int4env w1int4sk "PAGEDLLM_KPAIRS_STREAM_K=1 ${W1INT4_ENV:-}"  # kpairs' stream-K (and $W1INT4_ENV)
-if step sktests 200; then  # kpairs' stream-K against the reference at Llama-3.1-8B's shapes (twice: counters reset)
-  timeout 200 $PY -m pytest -q tests/gpu/test_wna16_gpu.py -k "stream_k" > "$OUT/sktests.log" 2>&1
+if step kpmodes 150; then  # kpairs_modes.py (128-row tiles: stages, accs2) and the dots modes' GPU tests
+  timeout 60 $PY benchmarks/kpairs_modes.py > "$OUT/kpmodes.log" 2>&1; echo "kpmodes rc=$?"; cat "$OUT/kpmodes.log"
+  timeout 90 $PY -m pytest -q tests/gpu/test_wna16_gpu.py -k "kpairs_dots or kpairs_kperm" > "$OUT/kpdots.log" 2>&1
+  echo "kpdots rc=$? at ${SECONDS} s: $(tail -1 "$OUT/kpdots.log")"; grep -E "^(FAILED|ERROR)" "$OUT/kpdots.log" | head
+fi
+if step sktests 150; then  # kpairs' stream-K against the reference at Llama-3.1-8B's shapes (twice: counters reset)
+  timeout 150 $PY -m pytest -q tests/gpu/test_wna16_gpu.py -k "stream_k" > "$OUT/sktests.log" 2>&1
   echo "sktests rc=$? at ${SECONDS} s: $(tail -1 "$OUT/sktests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/sktests.log" | head
 fi
+w1int4env w1int4accs "PAGEDLLM_KPAIRS_DOTS=${KPAIRS_DOTS:-accs}"  # kpairs' four accumulators
+w1int4env w1int4sk "PAGEDLLM_KPAIRS_STREAM_K=1 ${W1INT4_ENV:-}"  # kpairs' stream-K (and $W1INT4_ENV)
 if step w1int4dots $((ROUNDS * 2 * 100)); then  # W1 gptq: kpairs' chained dots (A) against $KPAIRS_DOTS (B)
   A_ARGS="--quantization gptq" B_ARGS="--quantization gptq" B_ENV=PAGEDLLM_KPAIRS_DOTS=${KPAIRS_DOTS:-accs} \
     ROUNDS=$ROUNDS OUT="$OUT/w1int4dots" bash benchmarks/ab_w1.sh --model benchmarks/configs/llama-3.1-8b \

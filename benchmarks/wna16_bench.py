@@ -215,7 +215,8 @@ def kpairs_sweep(m: int, k: int) -> list:
     """kpairs configs around its default: 64 (4 warps) or 128 (8 warps) activation rows, 128-wide
     weight tiles, K steps of 128, split-K 1-4; and 256 rows (8 warps) from 129 rows; under 33 rows 16-
     and 32-row tiles (4 warps, split-K to 8) too, over 64 rows 64-wide weight tiles of 128 rows; four
-    accumulators in the tiles that fit them; one dot an iteration in the 8-warp ones."""
+    accumulators in the tiles that fit them; one dot an iteration in the 8-warp ones; two accumulators
+    in those of up to 128 rows."""
     from pagedllm.kernels.swap_gemm_triton import SwapConfig
 
     small = [(bm, 4) for bm in (16, 32) if m <= bm]
@@ -232,7 +233,9 @@ def kpairs_sweep(m: int, k: int) -> list:
             for split in (1, 2, 4) if k >= 2 * 128 * split]
     # one dot an iteration, in the chained tiles of 8 warps
     flat = [dataclasses.replace(c, dots="flat") for c in one if c.num_warps == 8]
-    return one + narrow + accs + flat
+    # two accumulators in the chained tiles of up to 128 rows
+    accs2 = [dataclasses.replace(c, dots="accs2") for c in one if c.block_m <= 128]
+    return one + narrow + accs + flat + accs2
 
 
 def _fields(cfg) -> tuple:

@@ -57,7 +57,7 @@ from pagedllm.kernels.pdl_triton import pdl_release, pdl_wait, prefetch_rows_l2
 SWAP_BLOCK_M = 16
 FP16_MAX = 65504.0
 REDUCES = ("kernel", "last")
-DOTS_MODES = ("chain", "accs", "flat")  # the kpairs GEMM's K step: SwapConfig.dots
+DOTS_MODES = ("chain", "accs", "flat", "accs2")  # the kpairs GEMM's K step: SwapConfig.dots
 
 
 @dataclass(frozen=True, slots=True)

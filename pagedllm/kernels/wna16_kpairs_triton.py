@@ -17,7 +17,15 @@ in flight (wait_group 7), at four accumulators' registers (64-wide weight tiles 
 128-wide ones of 64 rows under 8 warps: 182 / 207 registers, no spills). "flat" runs one dot an
 iteration (the nibble pair a register shift, the step's words loaded again for each): one
 accumulator, so any tile, and Triton pipelines the loop's dot (wait_group 1). Each checked on sm_90
-by tests/unit/test_wna16_kpairs_interpret.py.
+by tests/unit/test_wna16_kpairs_interpret.py. "accs2" adds dots 0 and 2 into one accumulator and 1
+and 3 into another: two waits a step instead of three, each dot overlapping its pair's, at two
+accumulators' registers (the 128-wide weight tiles of up to 128 rows: 208 registers at 128, no
+spills), so the same tiles as "chain" (256 rows stay chained).
+
+What a K step costs is not the loads' latency: 3, 4 and 5 stages time the same
+(`benchmarks/kpairs_modes.py`, RESULTS.md twenty-fifth session); K steps of 256 inputs at two stages and
+two dots an iteration into two accumulators (wait_group 3, the words loaded twice a step) both lost
+(the first on the branch exp/kpairs-bk256).
 
 Stream-K (`SwapConfig.stream_k`, PAGEDLLM_KPAIRS_STREAM_K=1, off until a device times it): the 8-warp
 tiles hold one CTA an SM, and at 129-256 rows Llama-3.1-8B's q/k/v makes 96 of them for the 132 SMs
@@ -99,8 +107,9 @@ def _kpairs_acc(
     zc = _channel_zeros(z_ptr, rn64, n_mask, 1, HAS_ZERO, GROUP_K, MAGIC, W_DTYPE, BLOCK_C)
     s = tl.full([BLOCK_N, BLOCK_C], 1.0, W_DTYPE)
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    if DOTS == "accs":
+    if DOTS == "accs" or DOTS == "accs2":
         acc1 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    if DOTS == "accs":
         acc2 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
         acc3 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     if DOTS == "flat":  # one dot an iteration: iteration t is dot t % 4 of step t // 4 (its words loaded again)
@@ -114,7 +123,12 @@ def _kpairs_acc(
         for k0 in range(k_start, k_end, BLOCK_K):
             w, s, zc = _step_words(w_ptr, s_ptr, z_ptr, k0, rc, rn, rn64, n_mask, s, zc, K, stride_wk, stride_sg,
                                    GROUP_K, BLOCK_K, HAS_ZERO, MAGIC, W_DTYPE)  # fmt: skip
-            if DOTS == "accs":  # dot i into its own accumulator: no dot waits for another (module docstring)
+            if DOTS == "accs2":  # dots 0 and 2 into one accumulator, 1 and 3 into another: pairs of dots in flight
+                acc = _pairs_dot(w, zc, s, hi, x_cols, k0, 0, rc, m_mask, acc, W_BF16, ASM, BLOCK_C, FP16_MAX_)
+                acc1 = _pairs_dot(w, zc, s, hi, x_cols, k0, 1, rc, m_mask, acc1, W_BF16, ASM, BLOCK_C, FP16_MAX_)
+                acc = _pairs_dot(w, zc, s, hi, x_cols, k0, 2, rc, m_mask, acc, W_BF16, ASM, BLOCK_C, FP16_MAX_)
+                acc1 = _pairs_dot(w, zc, s, hi, x_cols, k0, 3, rc, m_mask, acc1, W_BF16, ASM, BLOCK_C, FP16_MAX_)
+            elif DOTS == "accs":  # dot i into its own accumulator: no dot waits for another (module docstring)
                 acc = _pairs_dot(w, zc, s, hi, x_cols, k0, 0, rc, m_mask, acc, W_BF16, ASM, BLOCK_C, FP16_MAX_)
                 acc1 = _pairs_dot(w, zc, s, hi, x_cols, k0, 1, rc, m_mask, acc1, W_BF16, ASM, BLOCK_C, FP16_MAX_)
                 acc2 = _pairs_dot(w, zc, s, hi, x_cols, k0, 2, rc, m_mask, acc2, W_BF16, ASM, BLOCK_C, FP16_MAX_)
@@ -124,6 +138,8 @@ def _kpairs_acc(
                     acc = _pairs_dot(w, zc, s, hi, x_cols, k0, i, rc, m_mask, acc, W_BF16, ASM, BLOCK_C, FP16_MAX_)
     if DOTS == "accs":
         acc = (acc + acc1) + (acc2 + acc3)
+    if DOTS == "accs2":
+        acc = acc + acc1
     return acc
 
 
@@ -224,8 +240,8 @@ def _kpairs_stream_k_kernel(
 @functools.cache
 def dots_mode() -> str:
     """PAGEDLLM_KPAIRS_DOTS (read once): how default_config's tiles run a step's four dots, "chain"
-    (unset: the measured default), "accs" (four accumulators, in 64- and 128-row tiles that fit them)
-    or "flat" (one dot an iteration), for a W1 A/B on a GPU before either becomes a default; anything
+    (unset: the measured default), "accs" (four accumulators, in 64- and 128-row tiles that fit them),
+    "accs2" (two, in the chained tiles of up to 128 rows) or "flat" (one dot an iteration), for a W1 A/B on a GPU before either becomes a default; anything
     else a ValueError naming the variable. "flat" is refused for now: on the H100 its output was not
     close to the reference (`test_wna16_kpairs_kperm`, 256-row tiles split 2, 3 stages), while the
     interpreter's result at those tiles is right, so the engine does not take it until that is understood."""
@@ -284,9 +300,9 @@ def default_config(m: int, n: int, k: int, group_k: int = 0) -> SwapConfig:
     if m > 128 and (-(-n // 128) >= 132 or k >= 8192):
         stages = 2 if 0 < group_k < 128 and mode != "flat" else 3
         split_k = _split_k(m, n, k, 256, 128, 128, 132)
-        # (four accumulators of 256 rows: too many registers)
+        # (four or two accumulators of 256 rows: too many registers)
         cfg = SwapConfig(128, 128, split_k, num_warps=8, num_stages=stages, block_m=256, pairs=True,
-                         dots="chain" if mode == "accs" else mode)
+                         dots="chain" if mode in ("accs", "accs2") else mode)
         return with_stream_k(cfg, m, n)
     if mode == "accs":  # 64-wide weight tiles of 128 rows, 128-wide of 64 rows, 8 warps
         block_m = 64 if m <= 64 else 128

@@ -47,6 +47,15 @@ _CASES = {
                             {"bias": True, "config": [128, 128, 1, 8, 1, "kernel", 256, True, "flat"]}),
     "channel_flat_split3": ("check_wna16_kpairs", [33, 64, 640, None, False],
                             {"config": [64, 128, 3, 4, 1, "kernel", 64, True, "flat"]}),
+    # two accumulators (dots 0 and 2, 1 and 3): 128-row tiles, groups of 128 split 3 with a bias; a
+    # group a word in 16-row tiles; stream-K over 5 programs on the steps-permuted layout
+    "g128_asym_accs2_split3_bias": ("check_wna16_kpairs", [130, 128, 384, 128, False],
+                                    {"bias": True, "config": [128, 128, 3, 8, 1, "kernel", 128, True, "accs2"]}),
+    "g32_accs2_bm16_split2": ("check_wna16_kpairs", [12, 64, 512, 32, False],
+                              {"config": [64, 128, 2, 4, 1, "kernel", 16, True, "accs2"]}),
+    "kperm_channel_accs2_sk5_bias": ("check_wna16_kpairs", [100, 192, 512, None, True],
+                                     {"bias": True, "config": [64, 128, 1, 4, 1, "kernel", 64, True, "accs2", 5],
+                                      "kperm": True}),
     # the steps-permuted layout: x (a strided view) read as it is; per channel split 3, a group a step
     "kperm_channel_asym_split3_bias": ("check_wna16_kpairs", [33, 64, 384, None, False],
                                        {"bias": True, "config": [64, 128, 3, 4, 1, "kernel", 32, True],
@@ -149,19 +158,22 @@ def test_kpairs_kernel_builds_the_operand_in_registers(x, group_k, has_zero, blo
 @pytest.mark.parametrize("x, group_k, has_zero, block_n, block_m, dots",
                          [("bf16", 128, False, 64, 128, "accs"), ("fp16", 32, True, 64, 128, "accs"),
                           ("bf16", 0, True, 128, 64, "accs"), ("bf16", 128, False, 128, 256, "flat"),
-                          ("fp16", 32, True, 128, 128, "flat")])  # fmt: skip
+                          ("fp16", 32, True, 128, 128, "flat"), ("bf16", 128, False, 128, 128, "accs2"),
+                          ("fp16", 32, True, 128, 128, "accs2"), ("bf16", 0, True, 128, 64, "accs2")])  # fmt: skip
 def test_kpairs_dots_keep_the_mmas_in_flight(x, group_k, has_zero, block_n, block_m, dots):
-    """Compiled for the H200 with 8 warps: the chained dots wait for every wgmma group before the
-    next dot (wait_group 0 three times a step); four accumulators keep seven groups in flight
-    (wait_group 7), one dot an iteration one (wait_group 1); each with one full wait after the
-    loop, nothing spilled, the weight still built in registers."""
+    """Compiled for the H200 with 8 warps (accs2's 64-row tiles 4): the chained dots wait for every
+    wgmma group before the next dot (wait_group 0 three times a step); four accumulators keep seven
+    groups in flight (wait_group 7), one dot an iteration one (wait_group 1); two accumulators wait
+    twice a step (dots 2 and 3 in flight together); each with one full wait after the loop, nothing
+    spilled, the weight still built in registers."""
     from test_wna16_swap_interpret import pairs_main_loop
 
     from pagedllm.kernels.inspect_sm90 import resources
 
     waits = {}
     for mode in ("chain", dots):
-        compiled = _compile_kpairs(x, group_k, has_zero, block_n, block_m, 8, 2 if block_m == 256 else 3, mode)
+        warps = 4 if block_m <= 64 and dots == "accs2" else 8
+        compiled = _compile_kpairs(x, group_k, has_zero, block_n, block_m, warps, 2 if block_m == 256 else 3, mode)
         ptx = compiled.asm["ptx"]
         waits[mode] = sorted(int(w) for w in re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+);", ptx))
         if mode == dots:
@@ -172,24 +184,29 @@ def test_kpairs_dots_keep_the_mmas_in_flight(x, group_k, has_zero, block_n, bloc
             sts = 2 if dots == "flat" and 0 < group_k < 128 else 0
             assert count["HGMMA"] > 0 and count["LDSM.16.M88."] == 0 and count["STS.128"] <= sts, count
     assert waits["chain"].count(0) >= 4, waits["chain"]  # three in the loop, one after it
+    if dots == "accs2":
+        assert waits[dots] == [0, 0, 0], waits[dots]  # two in the loop, one after it
+        return
     in_flight = {"accs": 7, "flat": 1}[dots]
     assert waits[dots].count(0) == 1 and set(waits[dots]) == {0, in_flight}, waits[dots]
 
 
 def test_dots_switch(monkeypatch):
     """PAGEDLLM_KPAIRS_DOTS: unset or chain the measured tiles; accs their four-accumulator versions
-    below 129 rows (256-row tiles stay chained: four would not fit their registers); flat (one dot an
+    below 129 rows, accs2 the same tiles with two accumulators (256-row tiles stay chained: four or
+    two would not fit their registers); flat (one dot an
     iteration) refused while its GPU test fails; anything else a ValueError naming the variable."""
     from pagedllm.kernels import wna16_kpairs_triton as kp
 
     try:
-        for value, dots in (("", "chain"), ("chain", "chain"), ("accs", "accs")):
+        for value, dots in (("", "chain"), ("chain", "chain"), ("accs", "accs"), ("accs2", "accs2")):
             monkeypatch.setenv("PAGEDLLM_KPAIRS_DOTS", value)
             kp.dots_mode.cache_clear()
             cfg = kp.default_config(100, 6144, 4096, 128)
             assert cfg.dots == dots and (cfg.block_n, cfg.block_m) == ((64, 128) if dots == "accs" else (128, 128))
             assert kp.default_config(64, 6144, 4096, 128).dots == dots
-            assert kp.default_config(200, 28672, 4096, 128).dots == ("chain" if dots == "accs" else dots)
+            assert kp.default_config(200, 6144, 4096, 128).dots == dots  # 128-row tiles past 128 rows
+            assert kp.default_config(200, 28672, 4096, 128).dots == ("chain" if dots in ("accs", "accs2") else dots)
         for value in ("4", "flat"):
             monkeypatch.setenv("PAGEDLLM_KPAIRS_DOTS", value)
             kp.dots_mode.cache_clear()
