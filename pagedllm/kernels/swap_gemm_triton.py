@@ -136,6 +136,40 @@ def _route(logits, e_mask, rm, m_mask, weights_ptr, ids_ptr, TOP_K: tl.constexpr
 
 
 @triton.jit
+def _weight_tile(w_rows, n_mask, kk, K, EVEN_K: tl.constexpr):
+    """The weight tile [BLOCK_N, BLOCK_K] at columns kk of rows w_rows (zeros past N, and past K
+    unless EVEN_K)."""
+    if EVEN_K:
+        return tl.load(w_rows + kk[None, :], mask=n_mask[:, None], other=0.0)
+    return tl.load(w_rows + kk[None, :], mask=n_mask[:, None] & (kk < K)[None, :], other=0.0)
+
+
+@triton.jit
+def _step(acc, w, x_cols, m_mask, k0, rk, s_ptr, rn64, n_mask, K, stride_sn, SCALED: tl.constexpr,
+          GROUP_K: tl.constexpr, EVEN_K: tl.constexpr, OPERANDS: tl.constexpr, FP16_MAX_: tl.constexpr):  # fmt: skip
+    """acc + the K step at k0: weight tile w against x.T's rows k0 + rk (zeros past M, and past K
+    unless EVEN_K), its group scale applied (SCALED, GROUP_K > 0)."""
+    kk = k0 + rk
+    if EVEN_K:
+        xt = tl.load(x_cols + kk[:, None], mask=m_mask[None, :], other=0.0)
+    else:
+        xt = tl.load(x_cols + kk[:, None], mask=m_mask[None, :] & (kk < K)[:, None], other=0.0)
+    if OPERANDS == "fp16":
+        w = w.to(tl.float16)
+        if xt.dtype != tl.float16:
+            xt = tl.clamp(xt.to(tl.float32), -FP16_MAX_, FP16_MAX_).to(tl.float16)
+        part = tl.dot(w, xt)
+    elif OPERANDS == "weight":
+        part = tl.dot(w, xt.to(w.dtype))
+    else:
+        part = tl.dot(w.to(tl.float32), xt.to(tl.float32), input_precision="ieee")
+    if SCALED and GROUP_K > 0:
+        s = tl.load(s_ptr + rn64 * stride_sn + k0 // GROUP_K, mask=n_mask, other=0.0)
+        return acc + part * s[:, None]
+    return acc + part
+
+
+@triton.jit
 def _swap_kernel(
     x_ptr,  # [M, K] activations, M <= BLOCK_M
     w_ptr,  # [N, K] float8 e4m3 (SCALED) or 16-bit
@@ -160,6 +194,9 @@ def _swap_kernel(
     PDL: tl.constexpr = False,  # kernels/pdl_triton.py
     PREFETCH_K: tl.constexpr = 0,  # > 0 (with PDL): the first PREFETCH_K columns of the weight rows
     # are asked of L2 before the wait
+    PRELOAD: tl.constexpr = False,  # the split's first weight tile loaded before the wait (with PDL:
+    # into registers while the kernel before finishes); the loop, pipelined as before, from the second
+    # step, and the first step's product added after it (its float32 sum in another order)
 ):  # fmt: skip
     pdl_release(PDL)
     pid_n = tl.program_id(0)
@@ -174,32 +211,19 @@ def _swap_kernel(
     x_cols = x_ptr + rm.to(tl.int64)[None, :] * stride_xm  # [1, BLOCK_M]: x.T's columns
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     k_start = pid_k * K_SPLIT
+    k_end = tl.minimum(k_start + K_SPLIT, K)  # (the last split may end early)
     if PREFETCH_K > 0:
-        prefetch_rows_l2(w_ptr + rn64 * stride_wn, n_mask, k_start, tl.minimum(k_start + K_SPLIT, K), PREFETCH_K)
+        prefetch_rows_l2(w_ptr + rn64 * stride_wn, n_mask, k_start, k_end, PREFETCH_K)
+    if PRELOAD:  # a weight, which no kernel writes: loaded before the wait (rule 1)
+        w_first = _weight_tile(w_rows, n_mask, k_start + rk, K, EVEN_K)
     pdl_wait(PDL)
-    for k0 in range(k_start, tl.minimum(k_start + K_SPLIT, K), BLOCK_K):  # (the last split may end early)
-        kk = k0 + rk
-        if EVEN_K:
-            w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None], other=0.0)
-            xt = tl.load(x_cols + kk[:, None], mask=m_mask[None, :], other=0.0)
-        else:
-            k_mask = kk < K
-            w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-            xt = tl.load(x_cols + kk[:, None], mask=m_mask[None, :] & k_mask[:, None], other=0.0)
-        if OPERANDS == "fp16":
-            w = w.to(tl.float16)
-            if xt.dtype != tl.float16:
-                xt = tl.clamp(xt.to(tl.float32), -FP16_MAX_, FP16_MAX_).to(tl.float16)
-            part = tl.dot(w, xt)
-        elif OPERANDS == "weight":
-            part = tl.dot(w, xt.to(w.dtype))
-        else:
-            part = tl.dot(w.to(tl.float32), xt.to(tl.float32), input_precision="ieee")
-        if SCALED and GROUP_K > 0:
-            s = tl.load(s_ptr + rn64 * stride_sn + k0 // GROUP_K, mask=n_mask, other=0.0)
-            acc += part * s[:, None]
-        else:
-            acc += part
+    for k0 in range(k_start + BLOCK_K if PRELOAD else k_start, k_end, BLOCK_K):
+        w = _weight_tile(w_rows, n_mask, k0 + rk, K, EVEN_K)
+        acc = _step(acc, w, x_cols, m_mask, k0, rk, s_ptr, rn64, n_mask, K, stride_sn, SCALED, GROUP_K, EVEN_K,
+                    OPERANDS, FP16_MAX_)  # fmt: skip
+    if PRELOAD:  # the first step last: the loop's pipeline starts loading the moment the wait returns
+        acc = _step(acc, w_first, x_cols, m_mask, k_start, rk, s_ptr, rn64, n_mask, K, stride_sn, SCALED, GROUP_K,
+                    EVEN_K, OPERANDS, FP16_MAX_)  # fmt: skip
     out_mask = n_mask[:, None] & m_mask[None, :]
     if not WORKSPACE:  # one split
         acc = _epilogue(acc, s_ptr, b_ptr, rn, n_mask, n_mask, stride_sn, SCALED, GROUP_K, HAS_BIAS)
@@ -303,7 +327,7 @@ def swap_gemm(
         SPLIT_K=split_k, WORKSPACE=workspace, LAST=last, TOP_K=0, RENORMALIZE=False, BLOCK_E=1,
         BLOCK_TOPK=1, BLOCK_M=SWAP_BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         OPERANDS=_operands(x, weight, weight_scale), FP16_MAX_=FP16_MAX, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **pdl_weights(x, weight, cfg.block_k),
+        num_stages=cfg.num_stages, **pdl_weights(x, weight, cfg.block_k, preload=True),
     )  # fmt: skip
     if workspace and not last:
         block = 1024
@@ -344,6 +368,6 @@ def swap_gemm_topk(
         WORKSPACE=True, LAST=False, TOP_K=top_k, RENORMALIZE=renormalize, BLOCK_E=next_power_of_2(n),
         BLOCK_TOPK=next_power_of_2(top_k), BLOCK_M=SWAP_BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         OPERANDS=_operands(x, weight, None), FP16_MAX_=FP16_MAX, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **pdl_weights(x, weight, cfg.block_k),
+        **pdl_weights(x, weight, cfg.block_k, preload=True),
     )  # fmt: skip
     return weights, ids

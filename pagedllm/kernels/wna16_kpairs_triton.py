@@ -27,12 +27,13 @@ What a K step costs is not the loads' latency: 3, 4 and 5 stages time the same
 two dots an iteration into two accumulators (wait_group 3, the words loaded twice a step) both lost
 (the first on the branch exp/kpairs-bk256).
 
-Stream-K (`SwapConfig.stream_k`, PAGEDLLM_KPAIRS_STREAM_K=1, off until a device times it): the 8-warp
-tiles hold one CTA an SM, and at 129-256 rows Llama-3.1-8B's q/k/v makes 96 of them for the 132 SMs
-(a K step costs a program about 1.4 us however many rows: RESULTS.md eighteenth session), gate/up 224
-of 256 rows (two waves, the second 70% full). `_kpairs_stream_k_kernel` runs one program an SM, each
-over an equal share of the (tile, K step) units; a tile shared by several programs is added by the
-last of them in K order (deterministic), as the "last program reduces" kernels do (counters.py).
+Stream-K (`SwapConfig.stream_k`, PAGEDLLM_KPAIRS_STREAM_K=1, off: W1 gptq x0.996 on the H100,
+twenty-fifth session): the 8-warp tiles hold one CTA an SM, and at 129-256 rows Llama-3.1-8B's q/k/v
+makes 96 of them for the 132 SMs (a K step costs a program about 1.4 us however many rows: RESULTS.md
+eighteenth session), gate/up 224 of 256 rows (two waves, the second 70% full). `_kpairs_stream_k_kernel`
+runs one program an SM, each over an equal share of the (tile, K step) units; a tile shared by several
+programs is added by the last of them in K order (deterministic), as the "last program reduces"
+kernels do (counters.py).
 """
 
 from __future__ import annotations
@@ -240,10 +241,11 @@ def _kpairs_stream_k_kernel(
 @functools.cache
 def dots_mode() -> str:
     """PAGEDLLM_KPAIRS_DOTS (read once): how default_config's tiles run a step's four dots, "chain"
-    (unset: the measured default), "accs" (four accumulators, in 64- and 128-row tiles that fit them),
-    "accs2" (two, in the chained tiles of up to 128 rows) or "flat" (one dot an iteration), for a W1 A/B on a GPU before either becomes a default; anything
-    else a ValueError naming the variable. "flat" is refused for now: on the H100 its output was not
-    close to the reference (`test_wna16_kpairs_kperm`, 256-row tiles split 2, 3 stages), while the
+    (unset: the measured default), "accs" (four accumulators, in 64- and 128-row tiles that fit them;
+    W1 gptq x0.940), "accs2" (two, in the chained tiles of up to 128 rows; not yet timed) or "flat" (one
+    dot an iteration), for A/B runs on a GPU; anything else a ValueError naming the variable. "flat" is
+    refused: on the H100 its output was not close to the reference (`test_wna16_kpairs_kperm`, 256-row
+    tiles split 2, 3 stages; as was that of two dots an iteration, twenty-fifth session), while the
     interpreter's result at those tiles is right, so the engine does not take it until that is understood."""
     value = os.environ.get("PAGEDLLM_KPAIRS_DOTS", "").strip() or "chain"
     if value not in DOTS_MODES:
@@ -261,7 +263,7 @@ STREAM_K_MAX_IDLE = 0.1
 
 @functools.cache
 def stream_k_enabled() -> bool:
-    """PAGEDLLM_KPAIRS_STREAM_K=1 (read once; off until a device times it): default_config's 128-
+    """PAGEDLLM_KPAIRS_STREAM_K=1 (read once; off: W1 gptq x0.996 on the H100): default_config's 128-
     and 256-row tiles run stream-K (_kpairs_stream_k_kernel, one program an SM) where their grid
     would leave SMs idle in its last wave; 0 / unset: the grid as it is."""
     return env_flag("PAGEDLLM_KPAIRS_STREAM_K")
