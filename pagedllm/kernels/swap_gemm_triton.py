@@ -145,11 +145,10 @@ def _weight_tile(w_rows, n_mask, kk, K, EVEN_K: tl.constexpr):
 
 
 @triton.jit
-def _step(acc, w, x_cols, m_mask, k0, rk, s_ptr, rn64, n_mask, K, stride_sn, SCALED: tl.constexpr,
+def _step(acc, w, x_cols, m_mask, k0, kk, s_ptr, rn64, n_mask, K, stride_sn, SCALED: tl.constexpr,
           GROUP_K: tl.constexpr, EVEN_K: tl.constexpr, OPERANDS: tl.constexpr, FP16_MAX_: tl.constexpr):  # fmt: skip
-    """acc + the K step at k0: weight tile w against x.T's rows k0 + rk (zeros past M, and past K
-    unless EVEN_K), its group scale applied (SCALED, GROUP_K > 0)."""
-    kk = k0 + rk
+    """acc + the K step at k0: weight tile w against x.T's rows kk = k0 + its offsets (zeros past M,
+    and past K unless EVEN_K), its group scale applied (SCALED, GROUP_K > 0)."""
     if EVEN_K:
         xt = tl.load(x_cols + kk[:, None], mask=m_mask[None, :], other=0.0)
     else:
@@ -211,18 +210,19 @@ def _swap_kernel(
     x_cols = x_ptr + rm.to(tl.int64)[None, :] * stride_xm  # [1, BLOCK_M]: x.T's columns
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     k_start = pid_k * K_SPLIT
-    k_end = tl.minimum(k_start + K_SPLIT, K)  # (the last split may end early)
     if PREFETCH_K > 0:
-        prefetch_rows_l2(w_ptr + rn64 * stride_wn, n_mask, k_start, k_end, PREFETCH_K)
+        prefetch_rows_l2(w_ptr + rn64 * stride_wn, n_mask, k_start, tl.minimum(k_start + K_SPLIT, K), PREFETCH_K)
     if PRELOAD:  # a weight, which no kernel writes: loaded before the wait (rule 1)
         w_first = _weight_tile(w_rows, n_mask, k_start + rk, K, EVEN_K)
     pdl_wait(PDL)
-    for k0 in range(k_start + BLOCK_K if PRELOAD else k_start, k_end, BLOCK_K):
-        w = _weight_tile(w_rows, n_mask, k0 + rk, K, EVEN_K)
-        acc = _step(acc, w, x_cols, m_mask, k0, rk, s_ptr, rn64, n_mask, K, stride_sn, SCALED, GROUP_K, EVEN_K,
+    # (the last split may end early)
+    for k0 in range(k_start + BLOCK_K if PRELOAD else k_start, tl.minimum(k_start + K_SPLIT, K), BLOCK_K):
+        kk = k0 + rk
+        w = _weight_tile(w_rows, n_mask, kk, K, EVEN_K)
+        acc = _step(acc, w, x_cols, m_mask, k0, kk, s_ptr, rn64, n_mask, K, stride_sn, SCALED, GROUP_K, EVEN_K,
                     OPERANDS, FP16_MAX_)  # fmt: skip
     if PRELOAD:  # the first step last: the loop's pipeline starts loading the moment the wait returns
-        acc = _step(acc, w_first, x_cols, m_mask, k_start, rk, s_ptr, rn64, n_mask, K, stride_sn, SCALED, GROUP_K,
+        acc = _step(acc, w_first, x_cols, m_mask, k_start, k_start + rk, s_ptr, rn64, n_mask, K, stride_sn, SCALED, GROUP_K,
                     EVEN_K, OPERANDS, FP16_MAX_)  # fmt: skip
     out_mask = n_mask[:, None] & m_mask[None, :]
     if not WORKSPACE:  # one split
