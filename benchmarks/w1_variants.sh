@@ -3,7 +3,7 @@
 # each run's result and log go to $OUT, each variant's tok/s and median (and its ratio to the first
 # variant's) are printed last. A variant is "name|throughput.py arguments|VAR=value ...":
 #   ROUNDS=2 OUT=dir bash benchmarks/w1_variants.sh "bf16||" "gptq|--quantization gptq|" \
-#       "half|--quantization gptq|PAGEDLLM_KPAIRS_DOTS=half" -- --model benchmarks/configs/llama-3.1-8b --skip-tokenizer-init
+#       "accs2|--quantization gptq|PAGEDLLM_KPAIRS_DOTS=accs2" -- --model benchmarks/configs/llama-3.1-8b --skip-tokenizer-init
 # Arguments after -- go to every run. This tree is on PYTHONPATH; a variant's own PYTHONPATH=... (another
 # tree first) takes its place (ab_w1.sh's A_PATH).
 set -uo pipefail

@@ -18,8 +18,8 @@ in flight (wait_group 7), at four accumulators' registers (64-wide weight tiles 
 iteration (the nibble pair a register shift, the step's words loaded again for each): one
 accumulator, so any tile, and Triton pipelines the loop's dot (wait_group 1). Each checked on sm_90
 by tests/unit/test_wna16_kpairs_interpret.py. "accs2" adds dots 0 and 2 into one accumulator and 1
-and 3 into another: two waits a step instead of three, each dot overlapping its pair's, at two
-accumulators' registers (the 128-wide weight tiles of up to 128 rows: 208 registers at 128, no
+and 3 into another: two waits a step instead of three (Triton 3.6 waits after dots 0 and 1; 2 and 3
+stay in flight together), at two accumulators' registers (the 128-wide weight tiles of up to 128 rows: 208 registers at 128, no
 spills), so the same tiles as "chain" (256 rows stay chained).
 
 What a K step costs is not the loads' latency: 3, 4 and 5 stages time the same
