@@ -40,7 +40,8 @@
 # kpmodes (benchmarks/kpairs_modes.py: kpairs' 128-row tiles at 3 / 4 stages and with two accumulators; the dots
 # modes' GPU tests, flat's known failures among them), moepreload / w2preload / w2fp8preload (Qwen3-30B-A3B batch 1,
 # W2 bf16, W2 FP8: A the defaults, B PAGEDLLM_PDL=preload, the swap-AB GEMMs' first weight tile loaded before their
-# PDL wait), preloadtests (its GPU tests).
+# PDL wait), moedownpre (B PAGEDLLM_MOE_PRELOAD=1: the MoE down kernel's routing and first expert tile before its
+# wait), moebothpre (B both), preloadtests (their GPU tests).
 # Logs in one archive in $OUT; a summary last.
 #     OUT=$OUT bash benchmarks/where_gpu.sh
 #     STEPS="moeprof w1order" bash benchmarks/where_gpu.sh   # any of moeprof w2int4prof w1fp8prof order w1order
@@ -93,6 +94,8 @@ if step preloadtests 170; then  # PAGEDLLM_PDL=preload: the swap-AB kernel at th
   grep -E "^(FAILED|ERROR)" "$OUT/preloadtests.log" | head
 fi
 moeab moepreload PAGEDLLM_PDL=preload  # the swap-AB GEMMs' (q/k/v, o, router) first weight tile before their PDL wait
+moeab moedownpre PAGEDLLM_MOE_PRELOAD=1  # the MoE down kernel's routing and first expert tile before its PDL wait
+moeab moebothpre "PAGEDLLM_PDL=preload PAGEDLLM_MOE_PRELOAD=1"  # both
 if step moesweep 200; then  # the small MoE kernels' tiles (the gate/up kernel's split-K among them)
   timeout 200 $PY benchmarks/moe_bench.py --skip-latency --skip-w1 --skip-peer --small-sweep \
     --output-json "$OUT/moesweep.json" > "$OUT/moesweep.log" 2>&1; echo "moesweep rc=$? at ${SECONDS} s"

@@ -40,11 +40,13 @@ call, are best allocated before a capture, as a warm-up call does).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
-from pagedllm.kernels._triton import next_power_of_2, pdl
+from pagedllm.kernels._triton import env_flag, next_power_of_2, pdl
 from pagedllm.kernels.attention import _dot_precision
 from pagedllm.kernels.counters import counters
 from pagedllm.kernels.pdl_triton import pdl_release, pdl_wait
@@ -93,9 +95,15 @@ def _small_gate_up_kernel(
     HAS_MAP: tl.constexpr, HAS_LOAD: tl.constexpr, HAS_SLOTS: tl.constexpr, EVEN_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PAD_COLS: tl.constexpr,
     PDL: tl.constexpr = False,  # kernels/pdl_triton.py (the weights' addresses need the routing)
+    RELEASE_LATE: tl.constexpr = False,  # the next kernel released after the wait: the routing is then
+    # written when it starts (the down kernel's PRELOAD reads it before its own wait)
 ):  # fmt: skip
-    pdl_release(PDL)
-    pdl_wait(PDL)
+    if RELEASE_LATE:
+        pdl_wait(PDL)
+        pdl_release(PDL)
+    else:
+        pdl_release(PDL)
+        pdl_wait(PDL)
     pair = tl.program_id(0)
     pid_n = tl.program_id(1)
     token = pair // top_k
@@ -145,6 +153,53 @@ def _small_gate_up_kernel(
 
 
 @triton.jit
+def _k_mask(experts, ko, k, kk, inter, EVEN_K: tl.constexpr):
+    """(the local id of the group's expert k, [BLOCK_K] mask of its inputs kk: none for an expert of
+    another rank, -1; a vector compare: the interpreter cannot mask with a scalar bool broadcast)."""
+    e = tl.sum(tl.where(ko == k, experts, 0), axis=0)
+    k_mask = (tl.zeros_like(kk) + e) >= 0
+    if not EVEN_K:
+        k_mask = k_mask & (kk < inter)
+    return e, k_mask
+
+
+@triton.jit
+def _down_tile(w_rows, experts, ko, k, kk, n_mask, inter, stride_we, EVEN_K: tl.constexpr):
+    """The weight tile [BLOCK_N, BLOCK_K] of the group's expert k at inputs kk (zeros off this rank)."""
+    e, k_mask = _k_mask(experts, ko, k, kk, inter, EVEN_K)
+    return tl.load(w_rows + tl.maximum(e, 0).to(tl.int64) * stride_we + kk[None, :],
+                   mask=n_mask[:, None] & k_mask[None, :], other=0.0)  # fmt: skip
+
+
+@triton.jit
+def _down_step(acc, w, h_ptr, pair, experts, ko, k, kk, rc, col0, inter, stride_hm, EVEN_K: tl.constexpr,
+               DOT_PRECISION: tl.constexpr):  # fmt: skip
+    """acc + weight tile w against the pair's row of h at inputs kk ([BLOCK_K, PAD_COLS], the row in
+    column 0, as x in the gate/up kernel)."""
+    _, k_mask = _k_mask(experts, ko, k, kk, inter, EVEN_K)
+    h_cols = h_ptr + (pair.to(tl.int64) + rc[None, :]) * stride_hm
+    ht = tl.load(h_cols + kk[:, None], mask=col0 & k_mask[:, None], other=0.0)
+    return tl.dot(w, ht, acc, input_precision=DOT_PRECISION)
+
+
+@triton.jit
+def _expert_done(acc, total, weights, ko, k, last, part_ptr, pair, stride_pm, rn, n_mask, SPLIT: tl.constexpr,
+                 dtype: tl.constexpr):  # fmt: skip
+    """(total, acc) after a tile of the group's expert k: where it was the expert's last (last), the
+    rounded product times the routing weight, rounded (an expert of another rank loaded zeros: its
+    product is 0), stored for the reduction (SPLIT: a vector mask) or added to total in top-k order,
+    rounded after each add; acc then zero."""
+    wk = tl.sum(tl.where(ko == k, weights, 0.0), axis=0)
+    y = (acc.to(dtype).to(tl.float32) * wk).to(dtype).to(tl.float32)
+    if SPLIT:
+        last_n = n_mask & ((tl.zeros_like(rn) + last.to(tl.int32)) != 0)
+        tl.store(part_ptr + pair.to(tl.int64) * stride_pm + rn, tl.sum(y, axis=1).to(dtype), mask=last_n)
+    else:
+        total = tl.where(last, (total + y).to(dtype).to(tl.float32), total)
+    return total, tl.where(last, 0.0, acc)
+
+
+@triton.jit
 def _small_down_kernel(
     h_ptr,  # [P, inter]
     w2_ptr,  # [E_local, hidden, inter]
@@ -160,9 +215,12 @@ def _small_down_kernel(
     EXPERTS_PER_PROGRAM: tl.constexpr, BLOCK_EXPERTS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PAD_COLS: tl.constexpr,
     PDL: tl.constexpr = False,  # kernels/pdl_triton.py
+    PRELOAD: tl.constexpr = False,  # (one expert a program, after a RELEASE_LATE gate/up kernel) the
+    # routing and the expert's first weight tile read before the wait, that tile's product added last
 ):  # fmt: skip
     pdl_release(PDL)
-    pdl_wait(PDL)
+    if not PRELOAD:
+        pdl_wait(PDL)
     token = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -185,42 +243,32 @@ def _small_down_kernel(
     group_size = tl.minimum(top_k - first, EXPERTS_PER_PROGRAM)  # the last group may be short
     ko = tl.arange(0, BLOCK_EXPERTS)
     k_valid = ko < group_size
-    ids = tl.load(topk_ids_ptr + token * top_k + first + ko, mask=k_valid, other=0)
+    # (PRELOAD: read before the wait, through the L2, where the router's finished stores are)
+    ids = tl.load(topk_ids_ptr + token * top_k + first + ko, mask=k_valid, other=0,
+                  cache_modifier=".cg" if PRELOAD else "")  # fmt: skip
     if HAS_MAP:
         ids = tl.load(expert_map_ptr + ids, mask=k_valid, other=-1)
     experts = tl.where(k_valid, ids, -1).to(tl.int64)
-    weights = tl.load(topk_weights_ptr + token * top_k + first + ko, mask=k_valid, other=0.0)
+    weights = tl.load(topk_weights_ptr + token * top_k + first + ko, mask=k_valid, other=0.0,
+                      cache_modifier=".cg" if PRELOAD else "")  # fmt: skip
     num_k = tl.cdiv(inter, BLOCK_K)
-    for it in range(0, group_size * num_k):
+    if PRELOAD:  # the expert's first weight tile (a weight: rule 1 of pdl_triton.py), then the wait
+        w_first = _down_tile(w_rows, experts, ko, 0, rk, n_mask, inter, stride_we, EVEN_K)
+        pdl_wait(PDL)
+    for it in range(1 if PRELOAD else 0, group_size * num_k):
         k = it // num_k
-        pair = token * top_k + first + k
         k0 = (it % num_k) * BLOCK_K
-        e = tl.sum(tl.where(ko == k, experts, 0), axis=0)
-        kk = k0 + rk
-        # a vector compare: the interpreter cannot mask with a scalar bool broadcast to a vector
-        k_mask = (tl.zeros_like(rk) + e) >= 0
-        if not EVEN_K:
-            k_mask = k_mask & (kk < inter)
-        # [BLOCK_K, PAD_COLS]: the pair's row of h in column 0 (as x in the gate/up kernel)
-        h_cols = h_ptr + (pair.to(tl.int64) + rc[None, :]) * stride_hm
-        ht = tl.load(h_cols + kk[:, None], mask=col0 & k_mask[:, None], other=0.0)
-        w = tl.load(
-            w_rows + tl.maximum(e, 0).to(tl.int64) * stride_we + kk[None, :],
-            mask=n_mask[:, None] & k_mask[None, :],
-            other=0.0,
-        )
-        acc = tl.dot(w, ht, acc, input_precision=DOT_PRECISION)
-        # after the expert's last tile: rounded product x routing weight, rounded (an expert of
-        # another rank loaded zeros: its product is 0)
-        last = it % num_k == num_k - 1
-        wk = tl.sum(tl.where(ko == k, weights, 0.0), axis=0)
-        y = (acc.to(dtype).to(tl.float32) * wk).to(dtype).to(tl.float32)
-        if SPLIT:  # stored for the reduction below (a vector mask, as k_mask)
-            last_n = n_mask & ((tl.zeros_like(rn) + it % num_k) == num_k - 1)
-            tl.store(part_ptr + pair.to(tl.int64) * stride_pm + rn, tl.sum(y, axis=1).to(dtype), mask=last_n)
-        else:  # added in top-k order, rounded after each add
-            total = tl.where(last, (total + y).to(dtype).to(tl.float32), total)
-        acc = tl.where(last, 0.0, acc)
+        w = _down_tile(w_rows, experts, ko, k, k0 + rk, n_mask, inter, stride_we, EVEN_K)
+        acc = _down_step(acc, w, h_ptr, token * top_k + first + k, experts, ko, k, k0 + rk, rc, col0, inter,
+                         stride_hm, EVEN_K, DOT_PRECISION)  # fmt: skip
+        if not PRELOAD:  # (PRELOAD: one expert, finished after the loop)
+            total, acc = _expert_done(acc, total, weights, ko, k, it % num_k == num_k - 1, part_ptr,
+                                      token * top_k + first + k, stride_pm, rn, n_mask, SPLIT, dtype)  # fmt: skip
+    if PRELOAD:
+        acc = _down_step(acc, w_first, h_ptr, token * top_k + first, experts, ko, 0, rk, rc, col0, inter, stride_hm,
+                         EVEN_K, DOT_PRECISION)  # fmt: skip
+        total, acc = _expert_done(acc, total, weights, ko, 0, tl.full([], 1, tl.int1), part_ptr, token * top_k + first,
+                                  stride_pm, rn, n_mask, SPLIT, dtype)  # fmt: skip
     if SPLIT:
         # the last of the token's programs on this n tile adds the k products; every thread's
         # stores come before the barrier, the barrier before the count, whose release publishes
@@ -248,8 +296,10 @@ def small_gate_up(
     expert_load: torch.Tensor | None,
     slot_mapping: torch.Tensor | None,
     tiles: tuple | None = None,
+    release_late: bool = False,
 ) -> torch.Tensor:
-    # x: [T, H]; w13: [E, 2I, H]; topk_ids: [T, K] -> h [T * K, I] (rows of other ranks' pairs unset)
+    # x: [T, H]; w13: [E, 2I, H]; topk_ids: [T, K] -> h [T * K, I] (rows of other ranks' pairs unset);
+    # release_late: (PDL) the next kernel released only after this one's wait (small_down's preload)
     num_tokens, top_k = topk_ids.shape
     inter = w13.shape[1] // 2
     hidden = x.shape[1]
@@ -263,7 +313,7 @@ def small_gate_up(
         inter, hidden, top_k, x.stride(0), w13.stride(0), w13.stride(1), h.stride(0),
         HAS_MAP=expert_map is not None, HAS_LOAD=expert_load is not None, HAS_SLOTS=slot_mapping is not None,
         EVEN_K=hidden % block_k == 0, DOT_PRECISION=_dot_precision(x.dtype), BLOCK_N=block_n, BLOCK_K=block_k,
-        PAD_COLS=_PAD_COLS, num_warps=num_warps, num_stages=num_stages, **pdl(x),
+        PAD_COLS=_PAD_COLS, num_warps=num_warps, num_stages=num_stages, RELEASE_LATE=release_late, **pdl(x),
     )  # fmt: skip
     return h
 
@@ -275,15 +325,19 @@ def small_down(
     topk_ids: torch.Tensor,
     expert_map: torch.Tensor | None,
     tiles: tuple | None = None,
+    preload: bool = False,
 ) -> torch.Tensor:
     """h: [T * K, I]; w2: [E, H, I]; topk_*: [T, K] -> [T, H], the weighted sum over k.
     tiles: (BLOCK_N, BLOCK_K, num_warps, num_stages[, experts per program]); experts per
     program 1 if not given, top_k or more: one program per (token, n tile) adds them all itself
-    (no workspace, no counters)."""
+    (no workspace, no counters). preload (one expert a program): the routing and each program's
+    first weight tile read before the PDL wait -- only right after small_gate_up(release_late=True)
+    on the same routing."""
     num_tokens, top_k = topk_ids.shape
     hidden, inter = w2.shape[1], w2.shape[2]
     block_n, block_k, num_warps, num_stages, *rest = tiles or default_tiles(h.dtype, num_tokens)[1]
     per_program = min(rest[0] if rest else 1, top_k)
+    assert not preload or per_program == 1, "the down kernel's preload takes one expert a program"
     num_groups = triton.cdiv(top_k, per_program)
     num_n = triton.cdiv(hidden, block_n)
     assert w2.stride(2) == 1
@@ -300,7 +354,7 @@ def small_down(
         HAS_MAP=expert_map is not None, EVEN_K=inter % block_k == 0, DOT_PRECISION=_dot_precision(h.dtype),
         SPLIT=split, EXPERTS_PER_PROGRAM=per_program, BLOCK_EXPERTS=next_power_of_2(per_program),
         BLOCK_N=block_n, BLOCK_K=block_k, PAD_COLS=_PAD_COLS, num_warps=num_warps, num_stages=num_stages,
-        **pdl(h),
+        PRELOAD=preload, **pdl(h),
     )  # fmt: skip
     return out
 
@@ -322,5 +376,19 @@ def fused_experts_small(
     if topk_ids.shape[0] == 0:
         return x.new_zeros((0, w2.shape[1]))
     x = x if x.stride(-1) == 1 else x.contiguous()
-    h = small_gate_up(x, w13, topk_ids, expert_map, expert_load, slot_mapping, gate_up_tiles)
-    return small_down(h, w2, topk_weights, topk_ids, expert_map, down_tiles)
+    down_tiles = down_tiles or default_tiles(x.dtype, topk_ids.shape[0])[1]
+    preload = down_preload() and (down_tiles[4] if len(down_tiles) > 4 else 1) == 1
+    h = small_gate_up(x, w13, topk_ids, expert_map, expert_load, slot_mapping, gate_up_tiles, release_late=preload)
+    return small_down(h, w2, topk_weights, topk_ids, expert_map, down_tiles, preload=preload)
+
+
+@functools.cache
+def down_preload() -> bool:
+    """PAGEDLLM_MOE_PRELOAD=1 (read once; off until a device times it): where the down kernel runs one
+    expert a program (1 token, the default tiles), the gate/up kernel releases it only after its own
+    PDL wait (the routing then written), and it reads the routing and its expert's first weight
+    tile before its wait, adding that tile's product after its loop (as the swap-AB GEMM's
+    PAGEDLLM_PDL=preload). The fourteenth session's L2 prefetch of the whole rows (25 MB a layer)
+    lost 0.2 ms a token; this holds one tile a program in registers, bytes the kernel reads anyway.
+    Without PDL (the interpreter) the same structure runs, for its tests."""
+    return env_flag("PAGEDLLM_MOE_PRELOAD")

@@ -8,11 +8,14 @@ the CPU under Triton's interpreter at small shapes."""
 from __future__ import annotations
 
 import importlib.util
+import os
+import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # (test_small_m_gpu's env_switch)
 HAS_CUDA = torch.cuda.is_available() and importlib.util.find_spec("triton") is not None
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA and triton")]
 
@@ -77,14 +80,20 @@ def _second_rank_experts(w13, w2, ep_ranks: int):
 
 
 def check_fused_experts(device, dtype, num_tokens, hidden, inter, num_experts, top_k, skew="uniform",
-                        ties=False, ep_ranks=1, seed=0, path="auto", tiles=None, calls=1):
+                        ties=False, ep_ranks=1, seed=0, path="auto", tiles=None, calls=1, preload=False):
     """path: "auto" (fused_experts_triton's choice), "grouped" or "small"; tiles: the small
     path's (gate/up, down) tiles, its defaults if None; calls: checked that many times in a row on
-    new inputs (seeds seed, seed + 1, ...: the small down kernel's counters must be back at zero)."""
-    for s in range(seed, seed + calls):
-        _check_fused_experts_once(
-            device, dtype, num_tokens, hidden, inter, num_experts, top_k, skew, ties, ep_ranks, s, path, tiles
-        )
+    new inputs (seeds seed, seed + 1, ...: the small down kernel's counters must be back at zero);
+    preload: with PAGEDLLM_MOE_PRELOAD=1 (the down kernel's first tile before its wait, added last)."""
+    from test_small_m_gpu import env_switch
+
+    from pagedllm.kernels import fused_moe_small_triton as small
+
+    with env_switch("PAGEDLLM_MOE_PRELOAD", "1" if preload else "0", small.down_preload):
+        for s in range(seed, seed + calls):
+            _check_fused_experts_once(
+                device, dtype, num_tokens, hidden, inter, num_experts, top_k, skew, ties, ep_ranks, s, path, tiles
+            )
 
 
 def _check_fused_experts_once(

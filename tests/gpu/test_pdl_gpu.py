@@ -19,10 +19,13 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_SM90, reason="needs an
 
 
 def _set_mode(monkeypatch, mode: str) -> None:
-    from pagedllm.kernels import _triton
+    """PAGEDLLM_PDL=mode; "moe_preload": 1, with PAGEDLLM_MOE_PRELOAD=1 (else that switch off)."""
+    from pagedllm.kernels import _triton, fused_moe_small_triton
 
-    monkeypatch.setenv("PAGEDLLM_PDL", mode)
+    monkeypatch.setenv("PAGEDLLM_PDL", "1" if mode == "moe_preload" else mode)
+    monkeypatch.setenv("PAGEDLLM_MOE_PRELOAD", "1" if mode == "moe_preload" else "0")
     _triton._pdl_mode.cache_clear()
+    fused_moe_small_triton.down_preload.cache_clear()
 
 
 def _params(seed: int = 0) -> dict:
@@ -111,11 +114,12 @@ def test_decode_layer_chain_in_a_cuda_graph(monkeypatch, mode):
     _set_mode(monkeypatch, "0")
 
 
-def test_decode_layer_chain_with_preload(monkeypatch):
+@pytest.mark.parametrize("mode", ["preload", "moe_preload"])
+def test_decode_layer_chain_with_preload(monkeypatch, mode):
     """PAGEDLLM_PDL=preload (the swap-AB GEMMs' first weight tile loaded before their wait, its
-    product added after the loop): the chain within rounding of it without PDL, and its CUDA graph's
-    replays bit for bit its eager results."""
-    p, inputs, plain = _chain_without_pdl(monkeypatch, "preload", 2)
+    product added after the loop) and PAGEDLLM_MOE_PRELOAD=1 (the MoE down kernel's): the chain
+    within rounding of it without PDL, and its CUDA graph's replays bit for bit its eager results."""
+    p, inputs, plain = _chain_without_pdl(monkeypatch, mode, 2)
     refs = [_chain(x, r, p) for x, r in inputs]
     for a, b in zip(refs, plain, strict=True):
         torch.testing.assert_close(a, b, atol=0.05, rtol=0.02)
@@ -123,11 +127,11 @@ def test_decode_layer_chain_with_preload(monkeypatch):
     _set_mode(monkeypatch, "0")
 
 
-@pytest.mark.parametrize("mode", ["prefetch", "preload"])
+@pytest.mark.parametrize("mode", ["prefetch", "preload", "moe_preload"])
 def test_engine_greedy_tokens_equal_with_pdl(tmp_path, tokenizer_dir, monkeypatch, mode):
     """A tiny Qwen3-MoE in bf16 (CUDA graphs, decode batches of 1-4): the same greedy tokens with
-    PAGEDLLM_PDL=prefetch as without; with preload (the swap-AB GEMMs' sums in another order) the
-    same first token of each prompt and nearly all later ones (one flipped near-tie of a random
+    PAGEDLLM_PDL=prefetch as without; with preload or PAGEDLLM_MOE_PRELOAD=1 (sums in another order)
+    the same first token of each prompt and nearly all later ones (one flipped near-tie of a random
     model's logits changes the rest)."""
     from moe_utils import save_moe_model, tiny_moe_config
     from test_engine_gpu import prompts_of

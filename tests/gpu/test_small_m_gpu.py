@@ -68,22 +68,28 @@ def check_small_m_linear(device, dtype, m, n, k, bias=False, out_dtype=None, con
 
 
 @contextlib.contextmanager
-def pdl_mode(mode: str | None):
-    """PAGEDLLM_PDL=mode within the block (None: as it is), read afresh on entry and after."""
-    from pagedllm.kernels import _triton
-
-    saved = os.environ.get("PAGEDLLM_PDL")
-    if mode is not None:
-        os.environ["PAGEDLLM_PDL"] = mode
-    _triton._pdl_mode.cache_clear()
+def env_switch(name: str, value: str | None, cached):
+    """Environment variable `name` = value within the block (None: as it is), the functools.cache'd
+    reader `cached` cleared on entry and after, so that it reads it afresh."""
+    saved = os.environ.get(name)
+    if value is not None:
+        os.environ[name] = value
+    cached.cache_clear()
     try:
         yield
     finally:
         if saved is None:
-            os.environ.pop("PAGEDLLM_PDL", None)
+            os.environ.pop(name, None)
         else:
-            os.environ["PAGEDLLM_PDL"] = saved
-        _triton._pdl_mode.cache_clear()
+            os.environ[name] = saved
+        cached.cache_clear()
+
+
+def pdl_mode(mode: str | None):
+    """PAGEDLLM_PDL=mode within the block (env_switch)."""
+    from pagedllm.kernels import _triton
+
+    return env_switch("PAGEDLLM_PDL", mode, _triton._pdl_mode)
 
 
 def check_swap_preload(device, dtype, m, n, k, bias=False, out_dtype=None, config=None, top_k=0, seed=0):

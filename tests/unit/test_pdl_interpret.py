@@ -115,6 +115,14 @@ def _cases():
         ("moe_down", fused_moe_small_triton._small_down_kernel, _DOWN_SIG,
          {"HAS_MAP": True, "EVEN_K": True, "DOT_PRECISION": "tf32", **_down_constexprs((64, 128, 4, 3, 1)),
           "BLOCK_N": 64, "BLOCK_K": 128, "PAD_COLS": 16}, 4, False),
+        # PAGEDLLM_MOE_PRELOAD=1: gate/up releases the down kernel after its wait; the down kernel reads the
+        # routing (through L2), the expert map (a table) and its first weight tile before its own
+        ("moe_gate_up_release_late", fused_moe_small_triton._small_gate_up_kernel, _GATE_UP_SIG,
+         {"HAS_MAP": True, "HAS_LOAD": True, "HAS_SLOTS": True, "EVEN_K": True, "DOT_PRECISION": "tf32",
+          "BLOCK_N": 64, "BLOCK_K": 128, "PAD_COLS": 16, "RELEASE_LATE": True}, 4, False),
+        ("moe_down_preload", fused_moe_small_triton._small_down_kernel, _DOWN_SIG,
+         {"HAS_MAP": True, "EVEN_K": True, "DOT_PRECISION": "tf32", **_down_constexprs((64, 128, 4, 3, 1)),
+          "BLOCK_N": 64, "BLOCK_K": 128, "PAD_COLS": 16, "PRELOAD": True}, 4, True),
         ("wna16_gemv", wna16_triton._wna16_gemv_kernel, wna16_sig(wna16_triton._wna16_gemv_kernel),
          {"BITS": 4, "GROUP_K": 128, "HAS_ZERO": False, "HAS_BIAS": False, "SPLIT_K": 1, "EVEN": True,
           "BLOCK_N": 128, "BLOCK_KW": 16}, 4, False),
@@ -139,7 +147,7 @@ def _cases():
 CASES = ["rms_norm", "act_and_mul", "qkv_rope", "decode", "decode_last_ordered", "decode_reduce", "swap",
          "swap_last", "swap_router_prefetch", "swap_fp8_prefetch", "swap_last_preload", "swap_router_preload",
          "swap_fp8_groups_preload", "splitk_reduce", "fp8_gemv", "fp8_gemv_unrolled",
-         "fp8_gemv_blocks", "moe_gate_up", "moe_down", "wna16_gemv", "wna16_gemvp_split_last", "wna16_gemvp_prefetch",
+         "fp8_gemv_blocks", "moe_gate_up", "moe_down", "moe_gate_up_release_late", "moe_down_preload", "wna16_gemv", "wna16_gemvp_split_last", "wna16_gemvp_prefetch",
          "decode_fp8_key_major"]
 
 
@@ -197,3 +205,28 @@ def test_pdl_switch(monkeypatch):
     with pytest.raises(ValueError, match="PAGEDLLM_PDL"):
         _triton._pdl_mode()
     _triton._pdl_mode.cache_clear()
+
+
+def test_moe_preload_orders():
+    """PAGEDLLM_MOE_PRELOAD's two halves compiled for the H200: the gate/up kernel releases the next
+    kernel only after its wait (so the routing is written when the down kernel starts); the down
+    kernel reads the routing through the L2 and loads its first weight tile (128-bit loads) before its
+    wait, and reads h only after it."""
+    from test_fused_moe_interpret import _ALIGNED
+
+    from pagedllm.kernels.inspect_sm90 import compile_sm90
+
+    cases = {c[0]: c for c in _cases()}
+    _, kernel, signature, constexprs, warps, _ = cases["moe_gate_up_release_late"]
+    ptx = compile_sm90(kernel, signature, {**constexprs, "PDL": True}, num_warps=warps, num_stages=2).asm["ptx"]
+    assert 0 <= ptx.find("griddepcontrol.wait") < ptx.find("griddepcontrol.launch_dependents")
+    _, kernel, signature, constexprs, warps, _ = cases["moe_down_preload"]
+    ptx = compile_sm90(kernel, signature, {**constexprs, "PDL": True}, num_warps=warps, num_stages=3,
+                       aligned=_ALIGNED).asm["ptx"]  # (the launch's alignment: the tile's loads vectorized)
+    before, wait, after = ptx.partition("griddepcontrol.wait")
+    assert wait and "griddepcontrol.launch_dependents" in before
+    loads = re.findall(r"\bld\.global[.\w]*", before)
+    assert sum(".cg" in op for op in loads) >= 2, loads  # the expert id and its routing weight
+    # the first [64, 128] bf16 tile, 16 bytes a load: 64 * 128 * 2 / 16 / 128 threads
+    assert sum(".v4" in op for op in loads) == 8, loads
+    assert "cp.async" not in before and "cp.async" in after
