@@ -18,6 +18,17 @@ HAS_SM90 = (torch.cuda.is_available() and importlib.util.find_spec("triton") is 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_SM90, reason="needs an sm_90+ GPU and triton")]
 
 
+@pytest.fixture(autouse=True)
+def _switches_read_afresh():
+    """After each test (and after monkeypatch has put the environment back: set up first, torn down
+    last) the cached switches are read again, so that later tests see the environment's values."""
+    yield
+    from pagedllm.kernels import _triton, fused_moe_small_triton
+
+    _triton._pdl_mode.cache_clear()
+    fused_moe_small_triton.down_preload.cache_clear()
+
+
 def _set_mode(monkeypatch, mode: str) -> None:
     """PAGEDLLM_PDL=mode; "moe_preload": 1, with PAGEDLLM_MOE_PRELOAD=1 (else that switch off)."""
     from pagedllm.kernels import _triton, fused_moe_small_triton
