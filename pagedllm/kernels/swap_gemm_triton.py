@@ -222,8 +222,8 @@ def _swap_kernel(
         acc = _step(acc, w, x_cols, m_mask, k0, kk, s_ptr, rn64, n_mask, K, stride_sn, SCALED, GROUP_K, EVEN_K,
                     OPERANDS, FP16_MAX_)  # fmt: skip
     if PRELOAD:  # the first step last: the loop's pipeline starts loading the moment the wait returns
-        acc = _step(acc, w_first, x_cols, m_mask, k_start, k_start + rk, s_ptr, rn64, n_mask, K, stride_sn, SCALED, GROUP_K,
-                    EVEN_K, OPERANDS, FP16_MAX_)  # fmt: skip
+        acc = _step(acc, w_first, x_cols, m_mask, k_start, k_start + rk, s_ptr, rn64, n_mask, K, stride_sn, SCALED,
+                    GROUP_K, EVEN_K, OPERANDS, FP16_MAX_)  # fmt: skip
     out_mask = n_mask[:, None] & m_mask[None, :]
     if not WORKSPACE:  # one split
         acc = _epilogue(acc, s_ptr, b_ptr, rn, n_mask, n_mask, stride_sn, SCALED, GROUP_K, HAS_BIAS)

@@ -147,7 +147,8 @@ def _cases():
 CASES = ["rms_norm", "act_and_mul", "qkv_rope", "decode", "decode_last_ordered", "decode_reduce", "swap",
          "swap_last", "swap_router_prefetch", "swap_fp8_prefetch", "swap_last_preload", "swap_router_preload",
          "swap_fp8_groups_preload", "splitk_reduce", "fp8_gemv", "fp8_gemv_unrolled",
-         "fp8_gemv_blocks", "moe_gate_up", "moe_down", "moe_gate_up_release_late", "moe_down_preload", "wna16_gemv", "wna16_gemvp_split_last", "wna16_gemvp_prefetch",
+         "fp8_gemv_blocks", "moe_gate_up", "moe_down", "moe_gate_up_release_late", "moe_down_preload", "wna16_gemv",
+         "wna16_gemvp_split_last", "wna16_gemvp_prefetch",
          "decode_fp8_key_major"]
 
 
