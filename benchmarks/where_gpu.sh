@@ -38,10 +38,10 @@
 # against gptq with PAGEDLLM_KPAIRS_DOTS=$KPAIRS_DOTS, default accs (B): issue 19's ratio with the four accumulators),
 # w1int4sk (the same with PAGEDLLM_KPAIRS_STREAM_K=1 and $W1INT4_ENV: kpairs' stream-K), sktests (its GPU tests),
 # kpmodes (benchmarks/kpairs_modes.py: kpairs' 128-row tiles at 3 / 4 stages and with two accumulators; the dots
-# modes' GPU tests, flat's known failures among them), moepreload / w2preload / w2fp8preload (Qwen3-30B-A3B batch 1,
-# W2 bf16, W2 FP8: A the defaults, B PAGEDLLM_PDL=preload, the swap-AB GEMMs' first weight tile loaded before their
-# PDL wait), moedownpre (B PAGEDLLM_MOE_PRELOAD=1: the MoE down kernel's routing and first expert tile before its
-# wait), moebothpre (B both), preloadtests (their GPU tests).
+# modes' GPU tests, flat's known failures among them), moepre (Qwen3-30B-A3B batch 1, rotated by round: the defaults,
+# PAGEDLLM_PDL=preload (the swap-AB GEMMs' first weight tile loaded before their PDL wait), PAGEDLLM_MOE_PRELOAD=1
+# (the MoE down kernel's routing and first expert tile before its wait), both), w2preload / w2fp8preload (W2 bf16 /
+# FP8: A the defaults, B PAGEDLLM_PDL=preload), preloadtests (their GPU tests).
 # Logs in one archive in $OUT; a summary last.
 #     OUT=$OUT bash benchmarks/where_gpu.sh
 #     STEPS="moeprof w1order" bash benchmarks/where_gpu.sh   # any of moeprof w2int4prof w1fp8prof order w1order
@@ -67,12 +67,19 @@ moe() {  # name env round (env may set PYTHONPATH=another tree's root)
     --output-json "$OUT/moe_$1_$3.json" > "$OUT/moe_$1_$3.log" 2>&1
   echo "moe $1 round $3 rc=$?: $(grep -E 'batch 1:' "$OUT/moe_$1_$3.log")"
 }
-moeab() {  # step B's-environment: the defaults (A) against B, alternated
+moevariants() {  # step name:VAR=value,VAR=value ...: Qwen3-30B-A3B batch 1 in each environment, the order rotated by round
   [[ " $STEPS " == *" $1 "* ]] || return
+  local step=$1 v
+  shift
   for r in $(seq "$ROUNDS"); do
-    if [ $((r % 2)) = 1 ]; then moe "$1_A" "" "$r"; moe "$1_B" "$2" "$r"
-    else moe "$1_B" "$2" "$r"; moe "$1_A" "" "$r"; fi
+    for j in $(seq 0 $(($# - 1))); do
+      v=${*:$(((j + r - 1) % $# + 1)):1}
+      moe "${step}_${v%%:*}" "$(echo "${v#*:}" | tr ',' ' ')" "$r"
+    done
   done
+}
+moeab() {  # step B's-environment: the defaults (A) against B, alternated (A B, then B A)
+  moevariants "$1" "A:" "B:$(echo "$2" | tr ' ' ',')"
 }
 if step pdltests 150; then
   timeout 150 $PY -m pytest -q tests/gpu/test_pdl_gpu.py > "$OUT/pdltests.log" 2>&1
@@ -93,9 +100,10 @@ if step preloadtests 170; then  # PAGEDLLM_PDL=preload: the swap-AB kernel at th
   echo "preloadtests rc=$? at ${SECONDS} s: $(tail -1 "$OUT/preloadtests.log")"
   grep -E "^(FAILED|ERROR)" "$OUT/preloadtests.log" | head
 fi
-moeab moepreload PAGEDLLM_PDL=preload  # the swap-AB GEMMs' (q/k/v, o, router) first weight tile before their PDL wait
-moeab moedownpre PAGEDLLM_MOE_PRELOAD=1  # the MoE down kernel's routing and first expert tile before its PDL wait
-moeab moebothpre "PAGEDLLM_PDL=preload PAGEDLLM_MOE_PRELOAD=1"  # both
+# the swap-AB GEMMs' (q/k/v, o, router) first weight tile before their PDL wait; the MoE down kernel's routing
+# and first expert tile before its own; both
+moevariants moepre "A:" "swap:PAGEDLLM_PDL=preload" "down:PAGEDLLM_MOE_PRELOAD=1" \
+  "both:PAGEDLLM_PDL=preload,PAGEDLLM_MOE_PRELOAD=1"
 if step moesweep 200; then  # the small MoE kernels' tiles (the gate/up kernel's split-K among them)
   timeout 200 $PY benchmarks/moe_bench.py --skip-latency --skip-w1 --skip-peer --small-sweep \
     --output-json "$OUT/moesweep.json" > "$OUT/moesweep.log" 2>&1; echo "moesweep rc=$? at ${SECONDS} s"
@@ -339,6 +347,6 @@ echo "=== W1 FP8 KV: A default, B decode maxnreg 96 ==="; grep -E "round|median"
 echo "=== W1 Llama-3.1-8B: A bf16, B gptq 4-bit ==="; grep -E "round|median" "$OUT/w1int4.log" 2>/dev/null
 echo "=== W1 Llama-3.1-8B: A bf16, B gptq N-major + swap GEMM ==="; grep -E "round|median" "$OUT/w1int4swap.log" 2>/dev/null
 [ -f "$OUT/int4gemm.log" ] && { echo "=== int4 GEMM (us a layer; sums) ==="; grep -A4 "^sum over" "$OUT/int4gemm.log"; }
-echo "=== Qwen3-30B-A3B batch 1 (ms/token): moemerge B last split merges; moetree A another tree ==="
+echo "=== Qwen3-30B-A3B batch 1 (ms/token): moe_<step>_<variant>_<round> (moeab steps: A the defaults, B the step's switch) ==="
 for f in "$OUT"/moe_*.log; do [ -f "$f" ] && echo "$(basename "$f" .log): $(grep -h "batch 1:" "$f" | cut -c1-60)"; done
 tar czf /tmp/where_gpu_logs.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/where_gpu_logs.tgz "$OUT/"  # one file back (the device returns few)
