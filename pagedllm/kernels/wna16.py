@@ -72,6 +72,14 @@ DENSE_MIN_ROWS = 48
 SWAP_GEMM_MAX_ROWS = 256
 
 
+def group_width(k: int, groups: int, multiple: int = 1) -> int:
+    """The inputs one scale group of a k-input integer weight spans, 0 for a single group (per
+    channel); the groups must tile k in whole multiples of `multiple` (a packed word's inputs)."""
+    width = 0 if groups == 1 else k // groups
+    assert width % multiple == 0 and width * groups in (0, k), f"{groups} groups over {k} inputs"
+    return width
+
+
 def pack_factor(bits: int) -> int:
     if bits not in (4, 8):
         raise ValueError(f"bits must be 4 or 8, got {bits}")

@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from pagedllm.kernels.counters import counters
+from pagedllm.kernels.wna16 import group_width
 from pagedllm.kernels.wna16_gemv_triton import _gemv_store, _rows_as_int32_pairs, gemvp_word_sums
 from pagedllm.kernels.wna16_triton import gemv_prefetch
 
@@ -140,7 +141,6 @@ def wna16_gemvn(
 ) -> torch.Tensor:  # [M, N] in x's dtype
     m, k = x.shape
     n, kw = qweight.shape
-    g = scales.shape[1]
     if x.dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"the gemvn kernel takes 16-bit activations, got {x.dtype}")
     if x.stride(1) != 1:
@@ -149,7 +149,7 @@ def wna16_gemvn(
         x = x.contiguous()
     assert kw * 8 == k and qweight.stride(1) == 1 and scales.shape[0] == n and scales.stride(1) == 1
     assert zeros is None or zeros.stride() == scales.stride()
-    group_k = 0 if g == 1 else k // g
+    group_k = group_width(k, scales.shape[1], 8)
     block_n, block_kw, split_k, num_warps = config or gemvn_config(n, k, group_k)
     kw_per_split = triton.cdiv(triton.cdiv(kw, split_k), block_kw) * block_kw
     split_k = triton.cdiv(kw, kw_per_split)

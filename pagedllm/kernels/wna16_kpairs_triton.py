@@ -49,7 +49,7 @@ import triton.language as tl
 from pagedllm.kernels._triton import env_flag, num_sms
 from pagedllm.kernels.counters import counters
 from pagedllm.kernels.swap_gemm_triton import DOTS_MODES, FP16_MAX, SwapConfig
-from pagedllm.kernels.wna16 import KPERM_STEP, kpairs_permutation, kperm_applies
+from pagedllm.kernels.wna16 import KPERM_STEP, group_width, kpairs_permutation, kperm_applies
 from pagedllm.kernels.wna16_pairs_triton import (
     _channel_zeros,
     _group_scales,
@@ -330,11 +330,9 @@ def wna16_kpairs_gemm(
 ) -> torch.Tensor:  # [M, N] in x's dtype
     m, k = x.shape
     kw, n = qweight.shape
-    g = scales.shape[0]
     assert kw * 8 == k and qweight.stride(1) == 1 and scales.shape[1] == n and scales.stride(1) == 1
     assert zeros is None or (zeros.shape == scales.shape and zeros.stride() == scales.stride())
-    group_k = 0 if g == 1 else k // g
-    assert group_k % 8 == 0 and group_k * g in (0, k)
+    group_k = group_width(k, scales.shape[0], 8)
     cfg = config or default_config(m, n, k, group_k)
     block_k = cfg.block_k
     assert block_k % 64 == 0 and cfg.reduce == "kernel", "dots of block_k / 4 >= 16 columns; the reduce kernel"

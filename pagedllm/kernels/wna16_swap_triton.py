@@ -49,6 +49,7 @@ import triton
 import triton.language as tl
 
 from pagedllm.kernels.swap_gemm_triton import FP16_MAX, SWAP_BLOCK_M, SwapConfig, _splitk_reduce_kernel
+from pagedllm.kernels.wna16 import group_width
 
 # One word's eight inputs as four 16-bit pairs. $8 the word, $9 the pair's magic + z, $10 (fp16) the
 # pair of -(64 + z), $10 / $11 the scale pair (SCALE); outputs $0 .. $7 inputs 0 .. 7 (NIBBLE_OF).
@@ -355,14 +356,12 @@ def wna16_swap_gemm(
 ) -> torch.Tensor:  # [M, N] in x's dtype
     m, k = x.shape
     n, kw = qweight.shape
-    g = scales.shape[1]
     assert kw * 8 == k and qweight.stride(1) == 1 and scales.shape[0] == n and scales.stride(1) == 1
     assert zeros is None or (zeros.shape == scales.shape and zeros.stride() == scales.stride())
     assert not (config and config.reduce != "kernel"), "the int4 swap kernel sums its splits with the reduce kernel"
     if x.stride(1) != 1:
         x = x.contiguous()
-    group_k = 0 if g == 1 else k // g
-    assert group_k % 8 == 0 and group_k * g in (0, k)
+    group_k = group_width(k, scales.shape[1], 8)
     cfg = config or dataclasses.replace(default_config(m, n, k, group_k), pairs=pairs)
     block_k = cfg.block_k
     assert block_k % 8 == 0 and (group_k == 0 or group_k % block_k == 0 or block_k % group_k == 0)
@@ -398,8 +397,7 @@ def dequantize_int4_nk_triton(
     """The real weight [N, K] in `dtype` (equal to dequantize_int4_nk_torch)."""
     n, kw = qweight.shape
     k = kw * 8
-    g = scales.shape[1]
-    group_k = 0 if g == 1 else k // g
+    group_k = group_width(k, scales.shape[1], 8)
     out = torch.empty((n, k), dtype=dtype, device=qweight.device)
     block_n, block_k = 32, 256
     _dequant_int4_nk_kernel[(triton.cdiv(n, block_n), triton.cdiv(k, block_k))](

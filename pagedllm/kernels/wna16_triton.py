@@ -26,7 +26,7 @@ import triton.language as tl
 from pagedllm.kernels._triton import env_flag, pdl
 from pagedllm.kernels.counters import counters
 from pagedllm.kernels.small_m import last_reduce
-from pagedllm.kernels.wna16 import GEMV_MAX_ROWS, kperm_applies, pack_factor
+from pagedllm.kernels.wna16 import GEMV_MAX_ROWS, group_width, kperm_applies, pack_factor
 from pagedllm.kernels.wna16_gemv_triton import (  # noqa: F401 (the GEMVs' names, as before the split)
     _MAGIC,
     _MAGIC_F,
@@ -279,13 +279,11 @@ def wna16_gemm_triton(
     p = pack_factor(bits)
     m, k = x.shape
     kw, n = qweight.shape
-    g = scales.shape[0]
     assert kw * p == k and qweight.stride(1) == 1 and scales.shape[1] == n and scales.stride(1) == 1
     assert zeros is None or (zeros.shape == scales.shape and zeros.stride() == scales.stride())
     if x.stride(-1) != 1:
         x = x.contiguous()
-    group_k = 0 if g == 1 else k // g
-    assert group_k == 0 or group_k % p == 0
+    group_k = group_width(k, scales.shape[0], p)
     assert not kperm or (bits == 4 and kperm_applies(k, group_k))
     given = config is not None
     kind, block_m, block_n, block_k, num_warps, num_stages, split_k = config or engine_config(
@@ -363,8 +361,7 @@ def dequantize_wna16_triton(qweight: torch.Tensor, scales: torch.Tensor, zeros: 
     p = pack_factor(bits)
     kw, n = qweight.shape
     k = kw * p
-    g = scales.shape[0]
-    group_k = 0 if g == 1 else k // g
+    group_k = group_width(k, scales.shape[0], p)
     out = torch.empty((k, n), dtype=dtype, device=qweight.device)
     block_k, block_n = 64, 128
     _wna16_dequant_kernel[(triton.cdiv(n, block_n), triton.cdiv(k, block_k))](
