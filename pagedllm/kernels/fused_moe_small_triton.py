@@ -318,6 +318,12 @@ def small_gate_up(
     return h
 
 
+def experts_per_program(tiles: tuple, top_k: int) -> int:
+    """The down kernel's experts a program for its tiles (BLOCK_N, BLOCK_K, num_warps, num_stages[,
+    experts a program]): 1 unless given, at most top_k."""
+    return min(tiles[4] if len(tiles) > 4 else 1, top_k)
+
+
 def small_down(
     h: torch.Tensor,
     w2: torch.Tensor,
@@ -335,8 +341,9 @@ def small_down(
     on the same routing."""
     num_tokens, top_k = topk_ids.shape
     hidden, inter = w2.shape[1], w2.shape[2]
-    block_n, block_k, num_warps, num_stages, *rest = tiles or default_tiles(h.dtype, num_tokens)[1]
-    per_program = min(rest[0] if rest else 1, top_k)
+    tiles = tiles or default_tiles(h.dtype, num_tokens)[1]
+    block_n, block_k, num_warps, num_stages = tiles[:4]
+    per_program = experts_per_program(tiles, top_k)
     assert not preload or per_program == 1, "the down kernel's preload takes one expert a program"
     num_groups = triton.cdiv(top_k, per_program)
     num_n = triton.cdiv(hidden, block_n)
@@ -377,7 +384,7 @@ def fused_experts_small(
         return x.new_zeros((0, w2.shape[1]))
     x = x if x.stride(-1) == 1 else x.contiguous()
     down_tiles = down_tiles or default_tiles(x.dtype, topk_ids.shape[0])[1]
-    preload = down_preload() and (down_tiles[4] if len(down_tiles) > 4 else 1) == 1
+    preload = down_preload() and experts_per_program(down_tiles, topk_ids.shape[1]) == 1
     h = small_gate_up(x, w13, topk_ids, expert_map, expert_load, slot_mapping, gate_up_tiles, release_late=preload)
     return small_down(h, w2, topk_weights, topk_ids, expert_map, down_tiles, preload=preload)
 

@@ -84,8 +84,9 @@ _ALIGNED = ("inter", "hidden", "stride_xm", "stride_we", "stride_wn", "stride_hm
 def _down_constexprs(tiles: tuple, top_k: int = 8) -> dict:
     """The down kernel's constexprs for (BLOCK_N, BLOCK_K, warps, stages[, experts a program]) at top_k."""
     from pagedllm.kernels._triton import next_power_of_2
+    from pagedllm.kernels.fused_moe_small_triton import experts_per_program
 
-    per_program = min(tiles[4] if len(tiles) > 4 else 1, top_k)
+    per_program = experts_per_program(tiles, top_k)
     return {
         "SPLIT": per_program < top_k,
         "EXPERTS_PER_PROGRAM": per_program,
