@@ -38,10 +38,9 @@
 # against gptq with PAGEDLLM_KPAIRS_DOTS=$KPAIRS_DOTS, default accs (B): issue 19's ratio with the four accumulators),
 # w1int4sk (the same with PAGEDLLM_KPAIRS_STREAM_K=1 and $W1INT4_ENV: kpairs' stream-K), sktests (its GPU tests),
 # kpmodes (benchmarks/kpairs_modes.py: kpairs' 128-row tiles at 3 / 4 stages and with two accumulators; the dots
-# modes' GPU tests, flat's known failures among them), moepre (Qwen3-30B-A3B batch 1, rotated by round: the defaults,
-# PAGEDLLM_PDL=preload (the swap-AB GEMMs' first weight tile loaded before their PDL wait), PAGEDLLM_MOE_PRELOAD=1
-# (the MoE down kernel's routing and first expert tile before its wait), both), w2preload / w2fp8preload (W2 bf16 /
-# FP8: A the defaults, B PAGEDLLM_PDL=preload), preloadtests (their GPU tests).
+# modes' GPU tests, flat's known failures among them), moepre (Qwen3-30B-A3B batch 1: A the defaults, B
+# PAGEDLLM_MOE_PRELOAD=0: the MoE down kernel's routing and first expert tile loaded after its wait), preloadtests
+# (the MoE preload's GPU tests: the chain with it off, the engine's tokens with PDL).
 # Logs in one archive in $OUT; a summary last.
 #     OUT=$OUT bash benchmarks/where_gpu.sh
 #     STEPS="moeprof w1order" bash benchmarks/where_gpu.sh   # any of moeprof w2int4prof w1fp8prof order w1order
@@ -94,16 +93,12 @@ if [[ " $STEPS " == *" moetree "* ]] && [ -d "${A_PATH:-}" ]; then
 fi
 moeab moemerge PAGEDLLM_DECODE_LAST_REDUCE=1
 moeab moebuckets PAGEDLLM_GRAPH_CONTEXT_BUCKETS=1  # decode graphs for a 1,024-token bound too (8 splits, no reduce kernel)
-if step preloadtests 170; then  # PAGEDLLM_PDL=preload: the swap-AB kernel at the models' shapes, the chain, the engine
-  timeout 170 $PY -m pytest -q tests/gpu/test_small_m_gpu.py tests/gpu/test_pdl_gpu.py tests/gpu/test_fp8_gpu.py \
-    -k "preload or swap_ab" > "$OUT/preloadtests.log" 2>&1
+if step preloadtests 170; then  # the MoE down kernel's preload (on by default): the chain without it, the engine
+  timeout 170 $PY -m pytest -q tests/gpu/test_pdl_gpu.py tests/gpu/test_fused_moe.py > "$OUT/preloadtests.log" 2>&1
   echo "preloadtests rc=$? at ${SECONDS} s: $(tail -1 "$OUT/preloadtests.log")"
   grep -E "^(FAILED|ERROR)" "$OUT/preloadtests.log" | head
 fi
-# the swap-AB GEMMs' (q/k/v, o, router) first weight tile before their PDL wait; the MoE down kernel's routing
-# and first expert tile before its own; both
-moevariants moepre "A:" "swap:PAGEDLLM_PDL=preload" "down:PAGEDLLM_MOE_PRELOAD=1" \
-  "both:PAGEDLLM_PDL=preload,PAGEDLLM_MOE_PRELOAD=1"
+moeab moepre PAGEDLLM_MOE_PRELOAD=0  # the MoE down kernel's routing and first expert tile after its PDL wait
 if step moesweep 200; then  # the small MoE kernels' tiles (the gate/up kernel's split-K among them)
   timeout 200 $PY benchmarks/moe_bench.py --skip-latency --skip-w1 --skip-peer --small-sweep \
     --output-json "$OUT/moesweep.json" > "$OUT/moesweep.log" 2>&1; echo "moesweep rc=$? at ${SECONDS} s"
@@ -259,8 +254,6 @@ w2ab w2prefetch PAGEDLLM_WNA16_PREFETCH=1 "--quantization gptq"  # W2 gptq: gemv
 w2ab w2kperm PAGEDLLM_WNA16_KPERM=0 "--quantization gptq"  # W2 gptq: gemvp on the steps-permuted (the default) against the plain layout
 w2ab w2pdl PAGEDLLM_WNA16_PDL=0 "--quantization gptq"  # W2 gptq: gemvp under PDL (the default) against without
 w2ab w2greedy PAGEDLLM_GREEDY_TRITON=0 "--quantization gptq"  # W2 gptq: the fused sampler's argmax against torch's
-w2ab w2preload PAGEDLLM_PDL=preload ""  # W2 bf16: the swap-AB q/k/v and o with their first weight tile before the wait
-w2ab w2fp8preload PAGEDLLM_PDL=preload "--quantization fp8"  # W2 FP8 weights: the same
 [ -d "${A_PATH:-}" ] && w2ab w2tree "PYTHONPATH=$(cd "$A_PATH" && pwd):$PWD" "--quantization gptq"  # W2 gptq: this tree (A) against $A_PATH's (B)
 w2ab w2dtype "" "--quantization gptq" "--dtype float16"  # W2 gptq: bf16 (A) against fp16 (B): is gemvp issue-bound?
 if step l2bench 60; then  # whether a few-row linear gains from its weight in L2, and the side stream's prefetch

@@ -104,7 +104,7 @@ def _pdl_supported(device_index: int) -> bool:
     return hasattr(tl_cuda, "gdc_wait") and "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {})
 
 
-_PDL_MODES = ("0", "1", "prefetch", "preload")
+_PDL_MODES = ("0", "1", "prefetch")
 
 
 @functools.cache
@@ -112,8 +112,9 @@ def _pdl_mode() -> str:
     """PAGEDLLM_PDL (read once): 1, the default (kernels launched with programmatic dependent
     launch; H200, thirteenth session: W2 bf16 4.572 -> 4.476, W2 FP8 2.744 -> 2.585, Qwen3-30B-A3B
     batch 1 3.198 -> 2.945 ms/token), 0 (off), prefetch (1, and the small-row GEMMs ask L2 for
-    their first weight tiles before they wait; slower than 1 there) or preload (1, and the swap-AB
-    GEMM loads its first weight tile into registers before it waits, as gemvp does: pdl_weights)."""
+    their first weight tiles before they wait; slower than 1 there). (The swap-AB GEMM loading its first
+    weight tile into registers before it waits, as gemvp does, timed the same as 1 in the twenty-sixth
+    session and was removed: branch exp/swap-preload.)"""
     value = os.environ.get("PAGEDLLM_PDL", "1").strip().lower() or "1"
     if value not in _PDL_MODES:
         raise ValueError(f"PAGEDLLM_PDL={value!r}: expected one of {', '.join(_PDL_MODES)}")
@@ -129,15 +130,11 @@ def pdl(x: torch.Tensor) -> dict:
     return {"PDL": False}
 
 
-def pdl_weights(x: torch.Tensor, weight: torch.Tensor, block_k: int, tiles: int = 2, preload: bool = False) -> dict:
+def pdl_weights(x: torch.Tensor, weight: torch.Tensor, block_k: int, tiles: int = 2) -> dict:
     """pdl(x) for a GEMM kernel with a PREFETCH_K switch (pdl_triton.prefetch_rows_l2), which
     PAGEDLLM_PDL=prefetch sets to `tiles` K steps where the weight rows' addresses at every
-    K step are 16-byte aligned (the bulk prefetch's requirement). preload: the kernel has a PRELOAD
-    switch too (its first weight tile loaded before the wait), set under PAGEDLLM_PDL=preload (also
-    where PDL is off, the interpreter's tests: the same products, the loop's first step peeled)."""
+    K step are 16-byte aligned (the bulk prefetch's requirement)."""
     opts = pdl(x)
-    if preload:
-        opts["PRELOAD"] = _pdl_mode() == "preload"
     size = weight.element_size()
     if (
         opts["PDL"]

@@ -193,9 +193,6 @@ def _swap_kernel(
     PDL: tl.constexpr = False,  # kernels/pdl_triton.py
     PREFETCH_K: tl.constexpr = 0,  # > 0 (with PDL): the first PREFETCH_K columns of the weight rows
     # are asked of L2 before the wait
-    PRELOAD: tl.constexpr = False,  # the split's first weight tile loaded before the wait (with PDL:
-    # into registers while the kernel before finishes); the loop, pipelined as before, from the second
-    # step, and the first step's product added after it (its float32 sum in another order)
 ):  # fmt: skip
     pdl_release(PDL)
     pid_n = tl.program_id(0)
@@ -212,18 +209,13 @@ def _swap_kernel(
     k_start = pid_k * K_SPLIT
     if PREFETCH_K > 0:
         prefetch_rows_l2(w_ptr + rn64 * stride_wn, n_mask, k_start, tl.minimum(k_start + K_SPLIT, K), PREFETCH_K)
-    if PRELOAD:  # a weight, which no kernel writes: loaded before the wait (rule 1)
-        w_first = _weight_tile(w_rows, n_mask, k_start + rk, K, EVEN_K)
     pdl_wait(PDL)
     # (the last split may end early)
-    for k0 in range(k_start + BLOCK_K if PRELOAD else k_start, tl.minimum(k_start + K_SPLIT, K), BLOCK_K):
+    for k0 in range(k_start, tl.minimum(k_start + K_SPLIT, K), BLOCK_K):
         kk = k0 + rk
         w = _weight_tile(w_rows, n_mask, kk, K, EVEN_K)
         acc = _step(acc, w, x_cols, m_mask, k0, kk, s_ptr, rn64, n_mask, K, stride_sn, SCALED, GROUP_K, EVEN_K,
                     OPERANDS, FP16_MAX_)  # fmt: skip
-    if PRELOAD:  # the first step last: the loop's pipeline starts loading the moment the wait returns
-        acc = _step(acc, w_first, x_cols, m_mask, k_start, k_start + rk, s_ptr, rn64, n_mask, K, stride_sn, SCALED,
-                    GROUP_K, EVEN_K, OPERANDS, FP16_MAX_)  # fmt: skip
     out_mask = n_mask[:, None] & m_mask[None, :]
     if not WORKSPACE:  # one split
         acc = _epilogue(acc, s_ptr, b_ptr, rn, n_mask, n_mask, stride_sn, SCALED, GROUP_K, HAS_BIAS)
@@ -327,7 +319,7 @@ def swap_gemm(
         SPLIT_K=split_k, WORKSPACE=workspace, LAST=last, TOP_K=0, RENORMALIZE=False, BLOCK_E=1,
         BLOCK_TOPK=1, BLOCK_M=SWAP_BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         OPERANDS=_operands(x, weight, weight_scale), FP16_MAX_=FP16_MAX, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **pdl_weights(x, weight, cfg.block_k, preload=True),
+        num_stages=cfg.num_stages, **pdl_weights(x, weight, cfg.block_k),
     )  # fmt: skip
     if workspace and not last:
         block = 1024
@@ -368,6 +360,6 @@ def swap_gemm_topk(
         WORKSPACE=True, LAST=False, TOP_K=top_k, RENORMALIZE=renormalize, BLOCK_E=next_power_of_2(n),
         BLOCK_TOPK=next_power_of_2(top_k), BLOCK_M=SWAP_BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         OPERANDS=_operands(x, weight, None), FP16_MAX_=FP16_MAX, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **pdl_weights(x, weight, cfg.block_k, preload=True),
+        **pdl_weights(x, weight, cfg.block_k),
     )  # fmt: skip
     return weights, ids

@@ -9,7 +9,7 @@ x'[k0 + i * BLOCK_K / 4 + 2j + h] = x[k0 + 8j + i + 4h]; K is padded to whole st
 In the steps-permuted K-packed layout (`kperm`, PAGEDLLM_WNA16_KPERM; kernels/wna16.py) the weight's
 slots are stored in that order instead, and x is read as it is.
 
-How a step's four dots run (`SwapConfig.dots`): "chain", the default, adds them into one
+How a step's four dots run (`SwapConfig.dots`): "chain" (the 256-row tiles') adds them into one
 accumulator, and Triton (3.6, sm_90) then waits for each dot's wgmma before the next one starts
 (three `wgmma.wait_group 0` a step: the MMAs never overlap the next operand's construction).
 "accs" gives each dot its own accumulator, summed after the loop: the loop keeps seven wgmma groups
@@ -17,10 +17,13 @@ in flight (wait_group 7), at four accumulators' registers (64-wide weight tiles 
 128-wide ones of 64 rows under 8 warps: 182 / 207 registers, no spills). "flat" runs one dot an
 iteration (the nibble pair a register shift, the step's words loaded again for each): one
 accumulator, so any tile, and Triton pipelines the loop's dot (wait_group 1). Each checked on sm_90
-by tests/unit/test_wna16_kpairs_interpret.py. "accs2" adds dots 0 and 2 into one accumulator and 1
-and 3 into another: two waits a step instead of three (Triton 3.6 waits after dots 0 and 1; 2 and 3
-stay in flight together), at two accumulators' registers (the 128-wide weight tiles of up to 128 rows: 208 registers at 128, no
-spills), so the same tiles as "chain" (256 rows stay chained).
+by tests/unit/test_wna16_kpairs_interpret.py. "accs2", default_config's for tiles of up to 128 rows
+since the twenty-sixth session, adds dots 0 and 2 into one accumulator and 1 and 3 into another: two
+waits a step instead of three (Triton 3.6 waits after dots 0 and 1; 2 and 3 stay in flight together),
+at two accumulators' registers (208 at 128 rows, no spills), so the same tiles as "chain" (256 rows
+stay chained). H100, `benchmarks/kpairs_modes.py` (us a layer, 128-row tiles, chain -> accs2): q/k/v
+at 192 / 256 rows 41.5 -> 39.9 / 41.3 -> 39.0, gate/up at 96 rows 78.1 -> 73.7, o and down within 2%;
+W1 gptq 8,659.6 -> 8,703.8 tok/s (x1.005, two rounds rotated with bf16's 9,159.9).
 
 What a K step costs is not the loads' latency: 3, 4 and 5 stages time the same
 (`benchmarks/kpairs_modes.py`, RESULTS.md twenty-fifth session); K steps of 256 inputs at two stages and
@@ -240,19 +243,20 @@ def _kpairs_stream_k_kernel(
 
 @functools.cache
 def dots_mode() -> str:
-    """PAGEDLLM_KPAIRS_DOTS (read once): how default_config's tiles run a step's four dots, "chain"
-    (unset: the measured default), "accs" (four accumulators, in 64- and 128-row tiles that fit them;
-    W1 gptq x0.940), "accs2" (two, in the chained tiles of up to 128 rows; not yet timed) or "flat" (one
-    dot an iteration), for A/B runs on a GPU; anything else a ValueError naming the variable. "flat" is
+    """PAGEDLLM_KPAIRS_DOTS (read once): how default_config's tiles run a step's four dots, "accs2"
+    (unset: two accumulators in the tiles of up to 128 rows, the 256-row ones chained; W1 gptq x1.005
+    against "chain" on the H100), "chain" (one accumulator in every tile), "accs" (four accumulators,
+    in 64- and 128-row tiles that fit them; W1 gptq x0.940) or "flat" (one dot an iteration), for A/B
+    runs on a GPU; anything else a ValueError naming the variable. "flat" is
     refused: on the H100 its output was not close to the reference (`test_wna16_kpairs_kperm`, 256-row
     tiles split 2, 3 stages; as was that of two dots an iteration, twenty-fifth session), while the
     interpreter's result at those tiles is right, so the engine does not take it until that is understood."""
-    value = os.environ.get("PAGEDLLM_KPAIRS_DOTS", "").strip() or "chain"
+    value = os.environ.get("PAGEDLLM_KPAIRS_DOTS", "").strip() or "accs2"
     if value not in DOTS_MODES:
         raise ValueError(f"PAGEDLLM_KPAIRS_DOTS={value!r}: expected one of {', '.join(DOTS_MODES)}")
     if value == "flat":
         raise ValueError("PAGEDLLM_KPAIRS_DOTS='flat': its GPU test fails (RESULTS.md twenty-second session); "
-                         "use chain or accs")
+                         "use accs2, chain or accs")
     return value
 
 

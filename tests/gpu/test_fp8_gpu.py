@@ -49,17 +49,8 @@ def _weights(n, k, group_k, device, gen):
     return q.to(device), s.to(device)
 
 
-def check_fp8_gemm(device, dtype, m, n, k, group_k=None, bias=False, config=None, seed=0, nan_past_end=False,
-                   pdl=None):
-    """nan_past_end: the scales followed by NaN (no step may read a group past K); pdl: PAGEDLLM_PDL
-    for the call (preload: the swap-AB kernel's first weight tile loaded before its wait)."""
-    from test_small_m_gpu import pdl_mode
-
-    with pdl_mode(pdl):
-        _check_fp8_gemm(device, dtype, m, n, k, group_k, bias, config, seed, nan_past_end)
-
-
-def _check_fp8_gemm(device, dtype, m, n, k, group_k, bias, config, seed, nan_past_end):
+def check_fp8_gemm(device, dtype, m, n, k, group_k=None, bias=False, config=None, seed=0, nan_past_end=False):
+    """nan_past_end: the scales followed by NaN (no step may read a group past K)."""
     from pagedllm.kernels.fp8_triton import fp8_gemm_triton
 
     g = torch.Generator().manual_seed(seed)

@@ -80,11 +80,11 @@ def _second_rank_experts(w13, w2, ep_ranks: int):
 
 
 def check_fused_experts(device, dtype, num_tokens, hidden, inter, num_experts, top_k, skew="uniform",
-                        ties=False, ep_ranks=1, seed=0, path="auto", tiles=None, calls=1, preload=False):
+                        ties=False, ep_ranks=1, seed=0, path="auto", tiles=None, calls=1, preload=True):
     """path: "auto" (fused_experts_triton's choice), "grouped" or "small"; tiles: the small
     path's (gate/up, down) tiles, its defaults if None; calls: checked that many times in a row on
     new inputs (seeds seed, seed + 1, ...: the small down kernel's counters must be back at zero);
-    preload: with PAGEDLLM_MOE_PRELOAD=1 (the down kernel's first tile before its wait, added last)."""
+    preload: PAGEDLLM_MOE_PRELOAD, on by default (the down kernel's first tile before its wait, added last)."""
     from test_small_m_gpu import env_switch
 
     from pagedllm.kernels import fused_moe_small_triton as small

@@ -1,4 +1,4 @@
-"""Programmatic dependent launch (PAGEDLLM_PDL=1 / prefetch / preload, kernels/pdl_triton.py) on the GPU
+"""Programmatic dependent launch (PAGEDLLM_PDL=1 / prefetch, kernels/pdl_triton.py) on the GPU
 (sm_90+; skipped elsewhere): a batch-1 decode layer's chain of our kernels -- residual add + norm,
 the swap-AB GEMM (split-K reduced by its last split and by the reduce kernel), decode attention
 over splits and its reduce, the fused MoE router and the small-batch experts, the FP8 GEMVs,
@@ -30,11 +30,12 @@ def _switches_read_afresh():
 
 
 def _set_mode(monkeypatch, mode: str) -> None:
-    """PAGEDLLM_PDL=mode; "moe_preload": 1, with PAGEDLLM_MOE_PRELOAD=1 (else that switch off)."""
+    """PAGEDLLM_PDL=mode; "no_moe_preload": 1, with PAGEDLLM_MOE_PRELOAD=0 (else that switch at its
+    default, on)."""
     from pagedllm.kernels import _triton, fused_moe_small_triton
 
-    monkeypatch.setenv("PAGEDLLM_PDL", "1" if mode == "moe_preload" else mode)
-    monkeypatch.setenv("PAGEDLLM_MOE_PRELOAD", "1" if mode == "moe_preload" else "0")
+    monkeypatch.setenv("PAGEDLLM_PDL", "1" if mode == "no_moe_preload" else mode)
+    monkeypatch.setenv("PAGEDLLM_MOE_PRELOAD", "0" if mode == "no_moe_preload" else "")
     _triton._pdl_mode.cache_clear()
     fused_moe_small_triton.down_preload.cache_clear()
 
@@ -125,12 +126,11 @@ def test_decode_layer_chain_in_a_cuda_graph(monkeypatch, mode):
     _set_mode(monkeypatch, "0")
 
 
-@pytest.mark.parametrize("mode", ["preload", "moe_preload"])
-def test_decode_layer_chain_with_preload(monkeypatch, mode):
-    """PAGEDLLM_PDL=preload (the swap-AB GEMMs' first weight tile loaded before their wait, its
-    product added after the loop) and PAGEDLLM_MOE_PRELOAD=1 (the MoE down kernel's): the chain
-    within rounding of it without PDL, and its CUDA graph's replays bit for bit its eager results."""
-    p, inputs, plain = _chain_without_pdl(monkeypatch, mode, 2)
+def test_decode_layer_chain_without_moe_preload(monkeypatch):
+    """PAGEDLLM_MOE_PRELOAD=0 (the MoE down kernel's loop from its first tile, after its wait): the
+    chain within rounding of the default's without PDL (the sums in another order), and its CUDA
+    graph's replays bit for bit its eager results."""
+    p, inputs, plain = _chain_without_pdl(monkeypatch, "no_moe_preload", 2)
     refs = [_chain(x, r, p) for x, r in inputs]
     for a, b in zip(refs, plain, strict=True):
         torch.testing.assert_close(a, b, atol=0.05, rtol=0.02)
@@ -138,12 +138,10 @@ def test_decode_layer_chain_with_preload(monkeypatch, mode):
     _set_mode(monkeypatch, "0")
 
 
-@pytest.mark.parametrize("mode", ["prefetch", "preload", "moe_preload"])
+@pytest.mark.parametrize("mode", ["1", "prefetch"])
 def test_engine_greedy_tokens_equal_with_pdl(tmp_path, tokenizer_dir, monkeypatch, mode):
     """A tiny Qwen3-MoE in bf16 (CUDA graphs, decode batches of 1-4): the same greedy tokens with
-    PAGEDLLM_PDL=prefetch as without; with preload or PAGEDLLM_MOE_PRELOAD=1 (sums in another order)
-    the same first token of each prompt and nearly all later ones (one flipped near-tie of a random
-    model's logits changes the rest)."""
+    PAGEDLLM_PDL=1 (the default, the MoE preload on) or prefetch as without PDL."""
     from moe_utils import save_moe_model, tiny_moe_config
     from test_engine_gpu import prompts_of
 
@@ -161,10 +159,7 @@ def test_engine_greedy_tokens_equal_with_pdl(tmp_path, tokenizer_dir, monkeypatc
         del llm
         torch.cuda.empty_cache()
     _set_mode(monkeypatch, "0")
-    if mode == "prefetch":
-        assert tokens[mode] == tokens["0"]
-    for a, b in zip(tokens[mode], tokens["0"], strict=True):
-        assert a[0] == b[0] and sum(x == y for x, y in zip(a, b, strict=True)) >= len(b) // 2, (a, b)
+    assert tokens[mode] == tokens["0"]
 
 
 def _set_wna16(monkeypatch, pdl: str, prefetch: str) -> None:

@@ -85,44 +85,6 @@ def env_switch(name: str, value: str | None, cached):
         cached.cache_clear()
 
 
-def pdl_mode(mode: str | None):
-    """PAGEDLLM_PDL=mode within the block (env_switch)."""
-    from pagedllm.kernels import _triton
-
-    return env_switch("PAGEDLLM_PDL", mode, _triton._pdl_mode)
-
-
-def check_swap_preload(device, dtype, m, n, k, bias=False, out_dtype=None, config=None, top_k=0, seed=0):
-    """PAGEDLLM_PDL=preload (the swap-AB kernel's first weight tile loaded before its PDL wait, its
-    product added after the loop) gives the default's products within rounding (the float32 sum in
-    another order): small_m_linear, or with top_k the fused router's logits, weights and the same
-    expert ids; small_m_linear's output also against the reference."""
-    from pagedllm.kernels.small_m import small_m_linear
-    from pagedllm.kernels.swap_gemm_triton import SwapConfig, swap_gemm_topk
-
-    out_dtype = getattr(torch, out_dtype) if isinstance(out_dtype, str) else out_dtype
-    cfg = SwapConfig(*config)
-    x, w, b, _ = _inputs(m, n, k, dtype, device, bias, seed)
-
-    def run():
-        if top_k:
-            logits = torch.empty((m, n), dtype=torch.float32, device=device)
-            return (logits, *swap_gemm_topk(x, w, logits, cfg, top_k, True))
-        return (small_m_linear(x, w, b, out_dtype, cfg),)
-
-    with pdl_mode("1"):
-        plain = run()
-    with pdl_mode("preload"):
-        preload = run()
-        if not top_k:
-            check_small_m_linear(device, dtype, m, n, k, bias, out_dtype, config, seed)  # against the reference
-    for a, b_ in zip(plain, preload, strict=True):
-        if a.dtype == torch.int64:
-            assert torch.equal(a, b_), (a, b_)
-        else:
-            torch.testing.assert_close(b_, a, atol=TOL[a.dtype][0], rtol=TOL[a.dtype][1])
-
-
 def _pool_is_zero(device) -> bool:
     from pagedllm.kernels.counters import counters
 
@@ -286,21 +248,6 @@ def test_bf16_engine_with_small_m_gemm(tmp_path, tokenizer_dir, monkeypatch, arc
     for p, o in zip(prompts, outs):
         ref, ref_lps = hf_generate(hf, p, 32)
         _close_enough(o.outputs[0].token_ids, o.outputs[0].logprobs, ref, ref_lps)
-
-
-@pytest.mark.parametrize("n, k", [(5120, 2048), (2048, 4096), (6144, 4096), (4096, 4096), (128, 2048)])
-@pytest.mark.parametrize("m", [1, 4])
-def test_swap_preload_on_model_shapes(n, k, m):
-    """PAGEDLLM_PDL=preload at the default configs of Qwen3-30B-A3B's and Llama-3.1-8B's projections
-    (and the MoE router, float32 out, its fused top-k): within rounding of the default, the same ids."""
-    from pagedllm.kernels.small_m import default_config
-
-    cfg = default_config(m, n, k)
-    fields = (cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_warps, cfg.num_stages, cfg.reduce)
-    if n == 128:
-        check_swap_preload("cuda", torch.bfloat16, m, n, k, config=fields, top_k=8)
-    else:
-        check_swap_preload("cuda", torch.bfloat16, m, n, k, bias=m == 4, config=fields)
 
 
 @pytest.mark.parametrize("n, k", [(2048, 4096), (4096, 4096), (1024, 2048), (1024, 3072), (128, 2048)])

@@ -40,9 +40,6 @@ _CASES = {
     # three splits of 128 over 320 inputs (steps of 32): the last split's steps past K read no scale
     "swap_split_k_past_the_end": ("check_fp8_gemm", [3, 24, 320], {"group_k": 32, "config": _SWAP_SPLIT,
                                                                   "nan_past_end": True}),
-    # PAGEDLLM_PDL=preload: the first step's tile loaded before the (here absent) wait, added last
-    "swap_split_k_groups_preload": ("check_fp8_gemm", [7, 24, 192], {"group_k": 32, "config": _SWAP_SPLIT,
-                                                                    "pdl": "preload"}),
     "swap_fp16_saturation": ("check_fp16_saturation", [_SWAP], {}),
     "per_token_quant": ("check_per_token_quant", [5, 40], {}),
     "act_and_mul_fp8": ("check_act_and_mul_fp8", [5, 40], {}),

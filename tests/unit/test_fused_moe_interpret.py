@@ -43,12 +43,15 @@ _CASES = {
                                       {"skew": "hot", "ep_ranks": 4, "tiles": _TILES_16_PAIRS, "calls": 2, **_S}),
     "small_serial_ep2:float16": ("check_fused_experts", [2, 64, 32, 16, 8],
                                  {"ep_ranks": 2, "tiles": _TILES_16_SERIAL, **_S}),
-    # PAGEDLLM_MOE_PRELOAD=1: the down kernel's routing and first weight tile before its wait, that
-    # tile added last: one token top-8 split, twice (the counters), experts of another rank, ragged K
+    # PAGEDLLM_MOE_PRELOAD (on: the down kernel's routing and first weight tile before its wait, that
+    # tile added last): one token top-8 split, twice (the counters), experts of another rank, ragged K;
+    # and with it off
     "small_preload_twice:float32": ("check_fused_experts", [1, 64, 32, 16, 8],
-                                    {"tiles": _TILES_16, "calls": 2, "preload": True, **_S}),
+                                    {"tiles": _TILES_16, "calls": 2, **_S}),
     "small_preload_ep2_ragged:float16": ("check_fused_experts", [1, 48, 24, 16, 8],
-                                         {"ep_ranks": 2, "tiles": _TILES_16, "preload": True, **_S}),
+                                         {"ep_ranks": 2, "tiles": _TILES_16, **_S}),
+    "small_no_preload_twice:float32": ("check_fused_experts", [1, 64, 32, 16, 8],
+                                       {"tiles": _TILES_16, "calls": 2, "preload": False, **_S}),
     # fused_experts_triton's choice by the pair count (3 x 2 pairs: the small path)
     "experts_auto:float32": ("check_fused_experts", [3, 32, 16, 8, 2], {}),
     "align:int64": ("check_align", [30, 16, 4, 16], {}),

@@ -2,8 +2,7 @@
 switch, compiled for the H200 (sm_90) on this machine: with PDL each kernel's PTX lets the next
 kernel launch and waits for the one before it, and nothing is stored, counted or read from an
 earlier kernel before that wait (the rule that makes an early start safe); with
-PAGEDLLM_PDL=prefetch the GEMVs ask L2 for their first weight tiles before it, with preload the
-swap-AB GEMM loads its first weight tile before it (nothing else); without PDL the
+PAGEDLLM_PDL=prefetch the GEMVs ask L2 for their first weight tiles before it; without PDL the
 kernels are as before. The switch's parsing and its refusal on the CPU run here too; the GPU tests
 (tests/gpu/test_pdl_gpu.py) run the kernels."""
 
@@ -86,17 +85,6 @@ def _cases():
         ("swap_fp8_prefetch", swap_gemm_triton._swap_kernel,
          swap_signature("*bf16", weight="*fp8e4nv", scale="*fp32"),
          swap_constexprs(1, 64, 128, SCALED=True, HAS_BIAS=False, OPERANDS="fp16", PREFETCH_K=256), 4, True),
-        # PAGEDLLM_PDL=preload: the first weight tile loaded before the wait (the last split's reduce,
-        # the router's top-k, FP8 weights with K-group scales, whose scales come after it)
-        ("swap_last_preload", swap_gemm_triton._swap_kernel, swap_signature("*bf16"),
-         swap_constexprs(4, 64, 128, LAST=True, PRELOAD=True), 4, True),
-        ("swap_router_preload", swap_gemm_triton._swap_kernel, swap_signature("*fp32"),
-         swap_constexprs(8, 64, 128, HAS_BIAS=False, TOP_K=8, RENORMALIZE=True, BLOCK_E=128, BLOCK_TOPK=8,
-                         PRELOAD=True), 4, True),
-        ("swap_fp8_groups_preload", swap_gemm_triton._swap_kernel,
-         swap_signature("*bf16", weight="*fp8e4nv", scale="*fp32"),
-         swap_constexprs(1, 64, 128, SCALED=True, GROUP_K=128, HAS_BIAS=False, OPERANDS="fp16", PRELOAD=True), 4,
-         True),
         ("splitk_reduce", swap_gemm_triton._splitk_reduce_kernel,
          _signature(swap_gemm_triton._splitk_reduce_kernel, ws_ptr="*fp32"),
          {"SPLIT_K": 4, "SCALED": False, "GROUP_K": 0, "HAS_BIAS": True, "BLOCK": 1024}, 4, False),
@@ -145,8 +133,7 @@ def _cases():
 
 
 CASES = ["rms_norm", "act_and_mul", "qkv_rope", "decode", "decode_last_ordered", "decode_reduce", "swap",
-         "swap_last", "swap_router_prefetch", "swap_fp8_prefetch", "swap_last_preload", "swap_router_preload",
-         "swap_fp8_groups_preload", "splitk_reduce", "fp8_gemv", "fp8_gemv_unrolled",
+         "swap_last", "swap_router_prefetch", "swap_fp8_prefetch", "splitk_reduce", "fp8_gemv", "fp8_gemv_unrolled",
          "fp8_gemv_blocks", "moe_gate_up", "moe_down", "moe_gate_up_release_late", "moe_down_preload", "wna16_gemv",
          "wna16_gemvp_split_last", "wna16_gemvp_prefetch",
          "decode_fp8_key_major"]
@@ -189,13 +176,13 @@ def test_without_pdl_the_kernel_is_unchanged():
 
 
 def test_pdl_switch(monkeypatch):
-    """PAGEDLLM_PDL: 1 by default, 0, prefetch or preload; anything else a ValueError naming it; on a CPU
+    """PAGEDLLM_PDL: 1 by default, 0 or prefetch; anything else a ValueError naming it; on a CPU
     tensor always off (the launch as before); PREFETCH_K only with prefetch and aligned rows."""
     import torch
 
     from pagedllm.kernels import _triton
 
-    for value, mode in (("", "1"), ("0", "0"), ("1", "1"), ("prefetch", "prefetch"), ("preload", "preload")):
+    for value, mode in (("", "1"), ("0", "0"), ("1", "1"), ("prefetch", "prefetch")):
         monkeypatch.setenv("PAGEDLLM_PDL", value)
         _triton._pdl_mode.cache_clear()
         assert _triton._pdl_mode() == mode

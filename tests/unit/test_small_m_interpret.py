@@ -41,13 +41,6 @@ _CASES = {
     "router_topk_ties_renorm": ("check_router_topk", [5, 20, 96, 3, True],
                                 {"config": [16, 32, 3, 4, 1], "ties": True}),
     "router_topk_one_split": ("check_router_topk", [2, 12, 64, 2, True], {"config": [16, 32, 1, 4, 1]}),
-    # PAGEDLLM_PDL=preload (the first weight tile before the wait): the default's bits; one split of
-    # one step (no loop left), ragged K in splits, the last program's reduce, the fused router
-    "preload_one_step": ("check_swap_preload", [1, 40, 32], {"config": [32, 32, 1, 4, 1]}),
-    "preload_split3_ragged_bias": ("check_swap_preload", [3, 40, 200], {"bias": True, "config": [16, 32, 3, 4, 1]}),
-    "preload_last_reduce_f32": ("check_swap_preload", [2, 24, 128],
-                                {"out_dtype": "float32", "config": [16, 32, 2, 4, 1, "last"]}),
-    "preload_router": ("check_swap_preload", [5, 20, 96], {"config": [16, 32, 3, 4, 1], "top_k": 3}),
 }
 _DTYPES = ["bfloat16", "float16"]
 _KEYS = [f"{name}:{dt}" for name in _CASES for dt in _DTYPES]
@@ -235,51 +228,3 @@ def test_last_reduce_switch(monkeypatch):
         finally:
             small_m.last_reduce.cache_clear()
             small_m.default_config.cache_clear()
-
-
-
-@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
-@pytest.mark.parametrize("block_n, block_k, split_k, warps, stages", [(64, 256, 1, 4, 4), (64, 128, 4, 4, 3)])
-def test_swap_kernel_preload_compiles_for_sm90(block_n, block_k, split_k, warps, stages):
-    """PRELOAD under PDL (PAGEDLLM_PDL=preload), compiled for the H200 at Qwen3-30B-A3B's q/k/v and o
-    configs: the first weight tile's global loads come before `griddepcontrol.wait` (and nothing
-    else is loaded there: the activations after it), the loop's tiles still go through cp.async
-    after it, nothing spills."""
-    from pagedllm.kernels import swap_gemm_triton as s
-    from pagedllm.kernels.inspect_sm90 import compile_sm90, resources
-
-    signature = swap_signature("*fp32" if split_k > 1 else "*bf16")
-    constexprs = swap_constexprs(split_k, block_n, block_k, PDL=True, PRELOAD=True)
-    compiled = compile_sm90(s._swap_kernel, signature, constexprs, num_warps=warps, num_stages=stages,
-                            aligned=SWAP_ALIGNED)  # fmt: skip
-    ptx = compiled.asm["ptx"]
-    before, wait, after = ptx.partition("griddepcontrol.wait")
-    assert wait, "no PDL wait"
-    loads_before = re.findall(r"ld\.global[^\s]*", before)
-    # the tile [block_n, block_k] bf16 in 16-byte loads: block_n * block_k * 2 / 16 / (32 * warps) a thread
-    assert len(loads_before) == block_n * block_k * 2 // 16 // (32 * warps), loads_before
-    assert all(".v4" in op for op in loads_before), loads_before
-    assert "cp.async" in after and "cp.async" not in before
-    assert "wgmma.mma_async" in after
-    r = resources(compiled)
-    if r is not None:
-        assert r["stack"] == 0, r
-
-
-def test_pdl_preload_switch(monkeypatch):
-    """PAGEDLLM_PDL=preload sets the swap-AB kernel's PRELOAD (pdl_weights(preload=True)), also where
-    PDL is off (a CPU tensor here: the interpreter's cases run the peeled step); other modes do not,
-    and kernels without the switch never get it."""
-    import torch
-
-    from pagedllm.kernels import _triton
-
-    x, w = torch.zeros(1, 64, dtype=torch.bfloat16), torch.zeros(64, 64, dtype=torch.bfloat16)
-    try:
-        for mode, preload in (("1", False), ("prefetch", False), ("preload", True), ("0", False)):
-            monkeypatch.setenv("PAGEDLLM_PDL", mode)
-            _triton._pdl_mode.cache_clear()
-            assert _triton.pdl_weights(x, w, 64, preload=True) == {"PDL": False, "PRELOAD": preload}, mode
-            assert "PRELOAD" not in _triton.pdl_weights(x, w, 64)
-    finally:
-        _triton._pdl_mode.cache_clear()

@@ -134,7 +134,8 @@ def _compile_kpairs(x, group_k, has_zero, block_n, block_m, warps, stages, dots=
                                                                  ("fp16", 32, True, 256, 8), ("bf16", 128, False, 16, 4),
                                                                  ("fp16", 0, True, 32, 4)])  # fmt: skip
 def test_kpairs_kernel_builds_the_operand_in_registers(x, group_k, has_zero, block_m, warps):
-    """Compiled for the H200: wgmma takes the weight from registers (its A operand four registers),
+    """default_config's tiles (their dots mode) compiled for the H200: wgmma takes the weight from
+    registers (its A operand four registers),
     the pairs made by one lop3 with the magic number, no spills, and the main loop without the
     tile's ldmatrix or 128-bit shared stores (no round trip of the operand through shared memory);
     at default_config's stages, within sm_90's 227 KB of shared memory a program."""
@@ -144,8 +145,8 @@ def test_kpairs_kernel_builds_the_operand_in_registers(x, group_k, has_zero, blo
     from pagedllm.kernels.inspect_sm90 import resources
 
     cfg = kp.default_config(block_m, 28672 if block_m == 256 else 6144, 4096, group_k)
-    assert (cfg.block_m, cfg.num_warps, cfg.dots) == (block_m, warps, "chain")
-    compiled = _compile_kpairs(x, group_k, has_zero, 128, block_m, warps, cfg.num_stages)
+    assert (cfg.block_m, cfg.num_warps, cfg.dots) == (block_m, warps, "chain" if block_m == 256 else "accs2")
+    compiled = _compile_kpairs(x, group_k, has_zero, 128, block_m, warps, cfg.num_stages, cfg.dots)
     assert resources(compiled)["shared"] <= 232448, resources(compiled)
     count = pairs_main_loop(compiled, x)
     # the plain swap kernel's round trip is STS.128 + LDSM.16.M88 of the whole tile; a group scale
@@ -192,14 +193,14 @@ def test_kpairs_dots_keep_the_mmas_in_flight(x, group_k, has_zero, block_n, bloc
 
 
 def test_dots_switch(monkeypatch):
-    """PAGEDLLM_KPAIRS_DOTS: unset or chain the measured tiles; accs their four-accumulator versions
-    below 129 rows, accs2 the same tiles with two accumulators (256-row tiles stay chained: four or
-    two would not fit their registers); flat (one dot an
-    iteration) refused while its GPU test fails; anything else a ValueError naming the variable."""
+    """PAGEDLLM_KPAIRS_DOTS: chain the measured tiles; unset or accs2 the same tiles with two
+    accumulators; accs their four-accumulator versions below 129 rows (256-row tiles stay chained:
+    four or two would not fit their registers); flat (one dot an iteration) refused while its GPU
+    test fails; anything else a ValueError naming the variable."""
     from pagedllm.kernels import wna16_kpairs_triton as kp
 
     try:
-        for value, dots in (("", "chain"), ("chain", "chain"), ("accs", "accs"), ("accs2", "accs2")):
+        for value, dots in (("", "accs2"), ("chain", "chain"), ("accs", "accs"), ("accs2", "accs2")):
             monkeypatch.setenv("PAGEDLLM_KPAIRS_DOTS", value)
             kp.dots_mode.cache_clear()
             cfg = kp.default_config(100, 6144, 4096, 128)
