@@ -41,8 +41,7 @@
 # modes' GPU tests, flat's known failures among them), moepre (Qwen3-30B-A3B batch 1: A the defaults, B
 # PAGEDLLM_MOE_PRELOAD=0: the MoE down kernel's routing and first expert tile loaded after its wait), preloadtests
 # (the MoE preload's GPU tests: the chain with it off, the engine's tokens with PDL), defaulttests (the GPU tests
-# of the defaults: kpairs, the 4-bit dispatch and engine, gemvp's prefetch, PDL, the MoE kernels), w2ahead2 (W2
-# gptq: A the defaults, B PAGEDLLM_WNA16_PREFETCH=2, gemvp two tiles ahead, every shape).
+# of the defaults: kpairs, the 4-bit dispatch and engine, gemvp's prefetch, PDL, the MoE kernels).
 # Logs in one archive in $OUT; a summary last.
 #     OUT=$OUT bash benchmarks/where_gpu.sh
 #     STEPS="moeprof w1order" bash benchmarks/where_gpu.sh   # any of moeprof w2int4prof w1fp8prof order w1order
@@ -96,7 +95,7 @@ fi
 moeab moemerge PAGEDLLM_DECODE_LAST_REDUCE=1
 moeab moebuckets PAGEDLLM_GRAPH_CONTEXT_BUCKETS=1  # decode graphs for a 1,024-token bound too (8 splits, no reduce kernel)
 if step defaulttests 300; then  # the defaults' GPU tests: kpairs (accs2 in its tiles of up to 128 rows), the
-  # dispatch and the engine on the 4-bit layouts, gemvp's register prefetch (1 / 2 tiles ahead), PDL, the MoE kernels
+  # dispatch and the engine on the 4-bit layouts, gemvp's register prefetch, PDL, the MoE kernels
   timeout 300 $PY -m pytest -q tests/gpu/test_wna16_gpu.py tests/gpu/test_pdl_gpu.py tests/gpu/test_fused_moe.py \
     -k "kpairs and not dots and not stream_k and not kpairs_kperm or kperm_dispatch or linear_dispatch or cuda_graph \
         or steps_permuted or gemvp_prefetch or pdl or fused or align or topk or small_path" \
@@ -262,7 +261,6 @@ w2ab() {  # name B's-environment latency.py-arguments [B's-extra-arguments]: W2 
 }
 w2ab w2int4swap PAGEDLLM_WNA16_SWAP=1 "--quantization gptq"  # W2 gptq: K-packed gemvp against the N-major gemvn
 w2ab w2prefetch PAGEDLLM_WNA16_PREFETCH=1 "--quantization gptq"  # W2 gptq: gemvp against its next-tile prefetch
-w2ab w2ahead2 PAGEDLLM_WNA16_PREFETCH=2 "--quantization gptq"  # W2 gptq: gemvp's register prefetch two tiles ahead
 w2ab w2kperm PAGEDLLM_WNA16_KPERM=0 "--quantization gptq"  # W2 gptq: gemvp on the steps-permuted (the default) against the plain layout
 w2ab w2pdl PAGEDLLM_WNA16_PDL=0 "--quantization gptq"  # W2 gptq: gemvp under PDL (the default) against without
 w2ab w2greedy PAGEDLLM_GREEDY_TRITON=0 "--quantization gptq"  # W2 gptq: the fused sampler's argmax against torch's

@@ -307,8 +307,6 @@ def _wna16_gemv_packed_kernel(
     PDL: tl.constexpr = False,  # kernels/pdl_triton.py
     LAST: tl.constexpr = False,  # (SPLIT_K > 1) the last split of a row's column block adds them (_gemv_store)
     PREFETCH: tl.constexpr = False,  # each iteration loads the next tile's words before it uses its own
-    AHEAD2: tl.constexpr = False,  # (PREFETCH) two tiles ahead: the first two before the wait, each
-    # iteration loading the tile after next (three tiles' words in registers)
     LOOP_STAGES: tl.constexpr = 1,  # > 1: Triton's software pipeline of the loop's loads (cp.async
     # through shared memory, LOOP_STAGES - 1 tiles ahead); PREFETCH then off
     KPERM: tl.constexpr = False,  # the steps-permuted layout: nibbles i, i + 4 of a word are x's pair
@@ -349,16 +347,10 @@ def _wna16_gemv_packed_kernel(
     # kw0 * 8 // GROUP_K + ri * 8 // GROUP_K where a tile holds whole groups (NEST), moved with the tile.
     SCALE_ROW: tl.constexpr = PREFETCH and GROUP_K > 0 and GROUP_K % (BLOCK_KW * 8) == 0
     NEST: tl.constexpr = PREFETCH and GROUP_K > 0 and not SCALE_ROW and (BLOCK_KW * 8) % GROUP_K == 0
-    AHEAD: tl.constexpr = 2 if AHEAD2 else 1  # (PREFETCH) tiles loaded ahead of the one in use
-    if PREFETCH:  # the first tile's words (AHEAD2: two tiles'), before the loop (and before the wait);
-        # w_ptrs then points at the last tile loaded
+    if PREFETCH:  # the first tile's words, before the loop (and before the wait)
         w_ptrs = w_ptr + (kw_lo + ri)[:, None] * stride_wk + rn[None, :]
         w_next = tl.load(w_ptrs, mask=((kw_lo + ri) < kw_hi)[:, None] & n_mask[None, :], other=0,
                          cache_modifier=".cg" if PDL else "")
-        if AHEAD2:
-            w_ptrs += BLOCK_KW * stride_wk
-            w_after = tl.load(w_ptrs, mask=((kw_lo + BLOCK_KW + ri) < kw_hi)[:, None] & n_mask[None, :], other=0,
-                              cache_modifier=".cg" if PDL else "")
         x_next = _gemvp_x_offsets(kw_lo + ri, KPERM)
     if NEST:
         s_next = (kw_lo * 8 // GROUP_K + ri * 8 // GROUP_K)[:, None] * stride_sg + rn[None, :]
@@ -369,19 +361,14 @@ def _wna16_gemv_packed_kernel(
             r_mask = ri < BLOCK_KW
         else:
             r_mask = rows < kw_hi
-        if PREFETCH:  # this tile's words came with an earlier iteration; the tile AHEAD on goes out now
+        if PREFETCH:  # this tile's words came with the last iteration; the next tile's go out now
             w = w_next
             w_ptrs += BLOCK_KW * stride_wk
-            if EVEN:  # (a splat of one predicate: the last AHEAD iterations load nothing)
-                more = tl.full([BLOCK_KW, 1], kw0 + AHEAD * BLOCK_KW, tl.int32) < kw_hi
-                w_new = tl.load(w_ptrs, mask=more & n_mask[None, :], other=0)
+            if EVEN:  # (a splat of one predicate: the last iteration loads nothing)
+                more = tl.full([BLOCK_KW, 1], kw0 + BLOCK_KW, tl.int32) < kw_hi
+                w_next = tl.load(w_ptrs, mask=more & n_mask[None, :], other=0)
             else:
-                w_new = tl.load(w_ptrs, mask=((rows + AHEAD * BLOCK_KW) < kw_hi)[:, None] & n_mask[None, :], other=0)
-            if AHEAD2:
-                w_next = w_after
-                w_after = w_new
-            else:
-                w_next = w_new
+                w_next = tl.load(w_ptrs, mask=((rows + BLOCK_KW) < kw_hi)[:, None] & n_mask[None, :], other=0)
             x_ptrs = x_words + x_next
             x_next += BLOCK_KW * 4
         else:

@@ -164,6 +164,6 @@ def wna16_gemvn(
         count, m, n, kw, kw_per_split, x.stride(0), qweight.stride(0), scales.stride(0), out.stride(0),
         GROUP_K=group_k, HAS_ZERO=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=split_k,
         EVEN=kw_per_split * split_k == kw, BLOCK_N=block_n, BLOCK_KW=block_kw,
-        ASM=os.environ.get("TRITON_INTERPRET") != "1", PREFETCH=gemv_prefetch() in (None, 1, 2), num_warps=num_warps, num_stages=2,
+        ASM=os.environ.get("TRITON_INTERPRET") != "1", PREFETCH=gemv_prefetch() in (None, 1), num_warps=num_warps, num_stages=2,
     )  # fmt: skip
     return out

@@ -204,16 +204,15 @@ def gemv_prefetch() -> int | None:
     unset (None), per shape -- gemvp_config's stages for gemvp, the register prefetch elsewhere; 1
     loads the next tile's words before it uses its own (two tiles in flight a thread: the loop's
     loads are not pipelined otherwise; sm_90: the same instructions a word, one register more; W2
-    gptq 3.25 -> 3.03 ms/token on the H100, RESULTS.md); 2 (gemvp) the same two tiles ahead, both
-    loaded before the PDL wait (three tiles in registers; not yet timed); 0 neither; 3 or 4 (gemvp) Triton's software
+    gptq 3.25 -> 3.03 ms/token on the H100, RESULTS.md); 0 neither; 3 or 4 (gemvp) Triton's software
     pipeline of that many stages instead (cp.async through shared memory, 2 / 3 tiles ahead; sm_90 at
     the 32 x 1,024 tile: 52 / 78 KB of shared memory, 28.1 bf16 instructions a word against 25.9;
     benchmarks/sass_counts.py). Set, it applies to every shape."""
     value = os.environ.get("PAGEDLLM_WNA16_PREFETCH", "").strip()
     if not value:
         return None
-    if value not in ("0", "1", "2", "3", "4"):
-        raise ValueError(f"PAGEDLLM_WNA16_PREFETCH={value!r}: expected 0, 1, 2, 3 or 4")
+    if value not in ("0", "1", "3", "4"):
+        raise ValueError(f"PAGEDLLM_WNA16_PREFETCH={value!r}: expected 0, 1, 3 or 4")
     return int(value)
 
 
@@ -322,10 +321,9 @@ def wna16_gemm_triton(
             # leaves the mode per shape); else gemv_prefetch's mode, the register prefetch per shape
             forced = gemv_prefetch()
             mode = num_stages if num_stages >= 3 and (given or forced is None) else (1 if forced is None else forced)
-            common["PREFETCH"] = mode in (1, 2)
-            common["AHEAD2"] = mode == 2
+            common["PREFETCH"] = mode == 1
             common["LOOP_STAGES"] = mode if mode >= 3 else 1
-            if gemv_pdl() and mode in (1, 2):  # (the pipelined or plain loops would wait first: no overlap)
+            if gemv_pdl() and mode == 1:  # (the pipelined or plain loops would wait first: no overlap)
                 common.update(pdl(x))
         else:
             common["BITS"] = bits

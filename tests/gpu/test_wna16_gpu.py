@@ -54,13 +54,13 @@ def _close(out, ref, dtype):
 
 
 @contextlib.contextmanager
-def _prefetch(mode: bool | int):
-    """PAGEDLLM_WNA16_PREFETCH set for the GEMVs inside (True 1, False 0, else the number; read once
-    per process: the cache cleared on the way in and out), as it was after."""
+def _prefetch(on: bool):
+    """PAGEDLLM_WNA16_PREFETCH set for the GEMVs inside (read once per process: the cache cleared
+    on the way in and out), as it was after."""
     from pagedllm.kernels import wna16_triton
 
     old = os.environ.get("PAGEDLLM_WNA16_PREFETCH")
-    os.environ["PAGEDLLM_WNA16_PREFETCH"] = str(int(mode))
+    os.environ["PAGEDLLM_WNA16_PREFETCH"] = "1" if on else "0"
     wna16_triton.gemv_prefetch.cache_clear()
     try:
         yield
@@ -76,7 +76,7 @@ def check_wna16_gemm(device, dtype, m, n, k, bits=4, group_k=128, symmetric=True
                      reduce_last=None, calls=1, prefetch=False, kperm=False):
     """reduce_last: split-K summed by the last split (True) or by float32 atomics (False);
     calls: run again on new activations (the last split leaves its counters at zero); prefetch:
-    PAGEDLLM_WNA16_PREFETCH (True 1: gemvp loads the next tile's words first; 2: the next two); kperm: the weight
+    with PAGEDLLM_WNA16_PREFETCH=1 (gemvp loads the next tile's words first); kperm: the weight
     in the steps-permuted layout (against the reference on the plain one)."""
     from pagedllm.kernels import wna16_triton
 
@@ -176,9 +176,9 @@ def test_wna16_gemm(dtype, m, n, k, bits, group_k, symmetric):
 
 @pytest.mark.parametrize("m, split", [(1, 1), (1, 4), (3, 2)])
 def test_gemvp_prefetch_equals_plain(m, split):
-    """PAGEDLLM_WNA16_PREFETCH=1 / 2 (the next tile's / two tiles' words loaded before the current
-    tile is used) and a config's 3 / 4 stages (Triton's cp.async pipeline of the loop): the same bits
-    as neither, split-K and a ragged K range too."""
+    """PAGEDLLM_WNA16_PREFETCH=1 (the next tile's words loaded before the current tile is used)
+    and a config's 3 / 4 stages (Triton's cp.async pipeline of the loop): the same bits as
+    neither, split-K and a ragged K range too."""
     from pagedllm.kernels import wna16_triton
 
     g = torch.Generator().manual_seed(m)
@@ -187,21 +187,20 @@ def test_gemvp_prefetch_equals_plain(m, split):
                                                                                       torch.bfloat16))
     x = torch.randn(m, w.shape[1], generator=g).to("cuda", torch.bfloat16)
     outs = []
-    for mode, stages in ((0, 2), (1, 2), (2, 2), (0, 3), (0, 4)):
-        with _prefetch(mode):
+    for on, stages in ((False, 2), (True, 2), (False, 3), (False, 4)):
+        with _prefetch(on):
             outs.append(wna16_triton.wna16_gemm_triton(x, qw, s, z, 4, config=("gemvp", 1, 32, 1024, 8, stages, split)))
     for out in outs[1:]:
         assert torch.equal(outs[0], out)
 
 
-@pytest.mark.parametrize("prefetch", [1, 2])
 @pytest.mark.parametrize("group_k,tile_k", [(1024, 256), (512, 512), (128, 1024), (96, 512)])
-def test_gemvp_prefetch_scale_rows(group_k, tile_k, prefetch):
-    """The register prefetch's scale rows as its tiles move (one tile ahead or two): groups four times
-    and once the tile (one row a tile), a tile of eight groups (rows moved with it), groups nesting
-    neither way (a row per input); split-K and asymmetric zeros."""
+def test_gemvp_prefetch_scale_rows(group_k, tile_k):
+    """The register prefetch's scale rows as its tiles move: groups four times and once the tile (one row a
+    tile), a tile of eight groups (rows moved with it), groups nesting neither way (a row per input);
+    split-K and asymmetric zeros."""
     check_wna16_gemm("cuda", torch.bfloat16, 2, 4096, 6144, 4, group_k, False, bias=True,
-                     config=("gemvp", 1, 32, tile_k, 8, 2, 2), prefetch=prefetch)
+                     config=("gemvp", 1, 32, tile_k, 8, 2, 2), prefetch=True)
 
 
 @pytest.mark.parametrize("config", [("gemv", 1, 32, 512, 4, 2, 1), ("gemv", 1, 64, 1024, 8, 2, 4),

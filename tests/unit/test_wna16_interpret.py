@@ -29,14 +29,6 @@ _CASES = {
                                          {"config": ["gemvp", 1, 16, 64, 4, 2, 2], "prefetch": True}),
     "gemvp_prefetch_g48_unnested": ("check_wna16_gemm", [2, 32, 384, 4, 48, False],
                                     {"config": ["gemvp", 1, 16, 64, 4, 2, 1], "prefetch": True}),
-    # PAGEDLLM_WNA16_PREFETCH=2: two tiles ahead (a split of two tiles and a ragged one of one: the
-    # loads past the range masked), groups twice the tile, groups nesting neither way
-    "gemvp_ahead2_g32_asym_split": ("check_wna16_gemm", [2, 40, 320, 4, 32, False],
-                                    {"config": ["gemvp", 1, 16, 128, 4, 1, 2], "prefetch": 2, "bias": True}),
-    "gemvp_ahead2_g128_tile64_split": ("check_wna16_gemm", [1, 48, 1024, 4, 128, False],
-                                       {"config": ["gemvp", 1, 16, 64, 4, 2, 2], "prefetch": 2}),
-    "gemvp_ahead2_g48_unnested": ("check_wna16_gemm", [2, 32, 384, 4, 48, False],
-                                  {"config": ["gemvp", 1, 16, 64, 4, 2, 1], "prefetch": 2}),
     # a config's 3 stages: Triton's software pipeline of the loop's loads (ragged K range, split-K)
     "gemvp_stages3_g32_asym_split": ("check_wna16_gemm", [2, 40, 320, 4, 32, False],
                                      {"config": ["gemvp", 1, 16, 128, 4, 3, 2], "bias": True}),
@@ -148,12 +140,12 @@ def test_gemvp_needs_rows_aligned_as_int32_pairs():
         wna16_triton.wna16_gemm_triton(x, qw, s, None, 4, config=("gemvp", 1, 16, 128, 4, 1, 1))
 
 
-@pytest.mark.parametrize("kind", ["gemv", "gemvp", "gemvp_prefetch", "gemvp_prefetch_kperm", "gemvp_prefetch_ahead2"])
+@pytest.mark.parametrize("kind", ["gemv", "gemvp", "gemvp_prefetch", "gemvp_prefetch_kperm"])
 def test_gemv_last_split_reduces_for_sm90(kind):
     """The GEMVs' split-K summed by the last split compiles for the H200 with the counting
     protocol in its PTX (the partials' stores, a barrier, the acq_rel gpu-scope count, the
     partials read back from the L2), spilling nothing; gemvp too with PAGEDLLM_WNA16_PREFETCH's
-    loop (the next tile's words loaded first; or the next two), and on the steps-permuted layout."""
+    loop (the next tile's words loaded first), and on the steps-permuted layout."""
     from test_small_m_interpret import check_last_program_ptx
 
     from pagedllm.kernels import wna16_triton as w
@@ -163,8 +155,7 @@ def test_gemv_last_split_reduces_for_sm90(kind):
            "out_ptr": "*bf16", "ws_ptr": "*fp32", "count_ptr": "*i32", "M": "i32", "N": "i32", "KW": "i32",
            "KW_PER_SPLIT": "i32", "stride_xm": "i32", "stride_wk": "i32", "stride_sg": "i32", "stride_om": "i32"}
     const = dict(GROUP_K=128, HAS_ZERO=False, HAS_BIAS=True, SPLIT_K=4, EVEN=True, BLOCK_N=32, BLOCK_KW=64, LAST=True,
-                 **({"BITS": 4} if kind == "gemv" else {}), PREFETCH="prefetch" in kind, KPERM="kperm" in kind,
-                 **({"AHEAD2": True} if "ahead2" in kind else {}))
+                 **({"BITS": 4} if kind == "gemv" else {}), PREFETCH="prefetch" in kind, KPERM="kperm" in kind)
     kernel = w._wna16_gemv_kernel if kind == "gemv" else w._wna16_gemv_packed_kernel
     compiled = compile_sm90(kernel, sig, const, 4, 2, aligned=("N", "KW", "KW_PER_SPLIT", "stride_xm", "stride_wk",
                                                               "stride_sg", "stride_om"))
@@ -174,11 +165,11 @@ def test_gemv_last_split_reduces_for_sm90(kind):
 
 
 @pytest.mark.parametrize("switch, values", [
-    ("gemv_prefetch", ((None, None), ("0", 0), ("1", 1), ("2", 2), ("3", 3), ("4", 4), ("5", "error"))),
+    ("gemv_prefetch", ((None, None), ("0", 0), ("1", 1), ("3", 3), ("4", 4), ("2", "error"))),
     ("gemv_pdl", ((None, True), ("0", False), ("1", True), ("yes", "error"))),
 ])  # fmt: skip
 def test_gemv_switches(monkeypatch, switch, values):
-    """PAGEDLLM_WNA16_PREFETCH: unset None (the mode per shape), 0, 1 / 2 (registers), or 3 / 4 pipeline
+    """PAGEDLLM_WNA16_PREFETCH: unset None (the mode per shape), 0, 1 (registers), or 3 / 4 pipeline
     stages; PAGEDLLM_WNA16_PDL: on by default, 0 off; anything else a ValueError naming the variable."""
     from pagedllm.kernels import wna16_triton
 
