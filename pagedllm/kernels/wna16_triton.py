@@ -242,13 +242,41 @@ def default_config(m: int, n: int, k: int, group_k: int, bits: int) -> tuple:
     return ("dot", 32, 64, 64 if group_k == 0 else min(64, group_k), 8, 3, 1)
 
 
+@functools.cache
+def gemvp_overrides() -> dict[tuple[int, int], tuple]:
+    """PAGEDLLM_GEMVP_CONFIG (read once; for A/B runs of whole decode steps, where PDL and the
+    kernels around a GEMV change what its tiles cost): "N,K:block_n,block_k,warps,stages,split"
+    entries separated by ";", each gemvp's config for an [N outputs, K inputs] weight in place of
+    gemvp_config's (block_k in inputs, a multiple of 8; stages 2 the register prefetch, 3-4 the
+    pipelined loop); unset, none. Anything else a ValueError naming the variable."""
+    raw = os.environ.get("PAGEDLLM_GEMVP_CONFIG", "").strip()
+    out: dict[tuple[int, int], tuple] = {}
+    for entry in filter(None, (e.strip() for e in raw.split(";"))):
+        shape, _, cfg = entry.partition(":")
+        parts = [p.strip() for p in shape.split(",") + cfg.split(",")]
+        if len(parts) != 7 or not all(p.isdigit() for p in parts):
+            raise ValueError(f"PAGEDLLM_GEMVP_CONFIG: expected 'N,K:block_n,block_k,warps,stages,split' entries "
+                             f"separated by ';', got {entry!r}")
+        n, k, block_n, block_k, warps, stages, split = (int(p) for p in parts)
+        if (block_n < 16 or block_n & (block_n - 1) or block_k < 8 or block_k % 8 or (block_k // 8) & (block_k // 8 - 1)
+                or warps not in (1, 2, 4, 8, 16) or stages not in (2, 3, 4) or split < 1):
+            raise ValueError(f"PAGEDLLM_GEMVP_CONFIG: {entry!r}: block_n a power of 2 >= 16, block_k 8 times a "
+                             f"power of 2, warps 1-16 (a power of 2), stages 2-4, split >= 1")
+        out[(n, k)] = ("gemvp", 1, block_n, block_k, warps, stages, split)
+    return out
+
+
 def gemvp_config(n: int, k: int) -> tuple:
     """gemvp's one-row config (the default_config tuple; num_stages 3 / 4: the loop's cp.async
     pipeline, 2: gemv_prefetch's register mode) where 4-bit weights meet 16-bit activations and no
-    config was given. From the H100 sweep (`wna16_bench.py --rows 1`, RESULTS.md eighteenth session,
-    us a layer, Llama-3.1-8B int4 g128): the 14,336-input down projection split 4 ways with 8 warps
-    (15.4 against 18.7 with 4), a projection of at most 4,096 outputs (128 programs of 32) with
-    512-input tiles in a 4-stage pipeline (o: 7.3 against 8.5); the rest as the float32 gemv."""
+    config was given (gemvp_overrides' where it names the shape). From the H100 sweep (`wna16_bench.py
+    --rows 1`, RESULTS.md eighteenth session, us a layer, Llama-3.1-8B int4 g128): the 14,336-input
+    down projection split 4 ways with 8 warps (15.4 against 18.7 with 4), a projection of at most
+    4,096 outputs (128 programs of 32) with 512-input tiles in a 4-stage pipeline (o: 7.3 against
+    8.5); the rest as the float32 gemv."""
+    override = gemvp_overrides().get((n, k))
+    if override is not None:
+        return override
     if k >= 8192:
         return ("gemvp", 1, 32, 512, 8, 2, 4)
     if n <= 4096:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+import torch
 
 from test_kernels_interpret import run_under_interpreter
 
@@ -187,3 +188,27 @@ def test_gemv_switches(monkeypatch, switch, values):
         else:
             assert read() == want and type(read()) is type(want)
     read.cache_clear()
+
+
+def test_gemvp_config_override(monkeypatch):
+    """PAGEDLLM_GEMVP_CONFIG replaces gemvp_config's tiles for the shapes it names (others keep
+    theirs, and engine_config takes them for one bf16 row); a malformed entry is a ValueError naming
+    the variable."""
+    from pagedllm.kernels import wna16_triton as w
+
+    default_qkv, default_o = w.gemvp_config(6144, 4096), w.gemvp_config(4096, 4096)
+    try:
+        monkeypatch.setenv("PAGEDLLM_GEMVP_CONFIG", "6144,4096:64,1024,8,2,2; 28672,4096:32,512,4,2,4;")
+        w.gemvp_overrides.cache_clear()
+        assert w.gemvp_config(6144, 4096) == ("gemvp", 1, 64, 1024, 8, 2, 2) != default_qkv
+        assert w.gemvp_config(28672, 4096) == ("gemvp", 1, 32, 512, 4, 2, 4)
+        assert w.gemvp_config(4096, 4096) == default_o
+        assert w.engine_config(1, 6144, 4096, 128, 4, torch.bfloat16) == ("gemvp", 1, 64, 1024, 8, 2, 2)
+        for bad in ("6144,4096:64,1024,8,2", "6144:64,1024,8,2,2", "6144,4096:48,1024,8,2,2",
+                    "6144,4096:64,1000,8,2,2", "6144,4096:64,1024,8,5,2", "6144,4096:64,1024,8,2,0", "a,b:c"):
+            monkeypatch.setenv("PAGEDLLM_GEMVP_CONFIG", bad)
+            w.gemvp_overrides.cache_clear()
+            with pytest.raises(ValueError, match="PAGEDLLM_GEMVP_CONFIG"):
+                w.gemvp_config(6144, 4096)
+    finally:
+        w.gemvp_overrides.cache_clear()
