@@ -42,7 +42,8 @@
 # PAGEDLLM_MOE_PRELOAD=0: the MoE down kernel's routing and first expert tile loaded after its wait), preloadtests
 # (the MoE preload's GPU tests: the chain with it off, the engine's tokens with PDL), defaulttests (the GPU tests
 # of the defaults: kpairs, the 4-bit dispatch and engine, gemvp's prefetch, PDL, the MoE kernels), w2gemvpcfg (W2
-# gptq at gemvp configs that split the projections so that more of their weights load before the PDL wait).
+# gptq at gemvp configs that split the projections so that more of their weights load before the PDL wait;
+# $W2GEMVP_CFGS) and moeswapcfg (Qwen3-30B-A3B batch 1 at swap-AB configs for q/k/v and o; $MOESWAP_CFGS).
 # Logs in one archive in $OUT; a summary last.
 #     OUT=$OUT bash benchmarks/where_gpu.sh
 #     STEPS="moeprof w1order" bash benchmarks/where_gpu.sh   # any of moeprof w2int4prof w1fp8prof order w1order
@@ -267,24 +268,32 @@ w2ab w2pdl PAGEDLLM_WNA16_PDL=0 "--quantization gptq"  # W2 gptq: gemvp under PD
 w2ab w2greedy PAGEDLLM_GREEDY_TRITON=0 "--quantization gptq"  # W2 gptq: the fused sampler's argmax against torch's
 [ -d "${A_PATH:-}" ] && w2ab w2tree "PYTHONPATH=$(cd "$A_PATH" && pwd):$PWD" "--quantization gptq"  # W2 gptq: this tree (A) against $A_PATH's (B)
 w2ab w2dtype "" "--quantization gptq" "--dtype float16"  # W2 gptq: bf16 (A) against fp16 (B): is gemvp issue-bound?
-# W2 gptq at gemvp configs under PDL (PAGEDLLM_GEMVP_CONFIG; wna16_triton.gemvp_overrides): A the defaults, then
-# "name=value" variants separated by "|" ($W2GEMVP_CFGS), rotated by round. The defaults split so that each
-# program holds one or two tiles, its first loaded before the PDL wait (qkv: 96 programs of four tiles by default;
-# o: the 4-stage pipeline without PDL by default).
-W2GEMVP_CFGS=${W2GEMVP_CFGS:-"qkv2=6144,4096:64,1024,8,2,2|qkv4=6144,4096:64,1024,8,2,4|oreg4=4096,4096:32,1024,8,2,4\
-|down7=4096,14336:32,1024,8,2,7|all=6144,4096:64,1024,8,2,2;4096,4096:32,1024,8,2,4"}
-if [[ " $STEPS " == *" w2gemvpcfg "* ]]; then
-  IFS='|' read -r -a cfgs <<< "A=|$W2GEMVP_CFGS"
+w2gptq() {  # name env round: W2 gptq (latency.py) in that environment
+  fits 45 "$1 $3" || return
+  env $2 timeout 45 $PY benchmarks/latency.py --peer none --iters 2 --quantization gptq \
+    --output-json "$OUT/$1_$3.json" > "$OUT/$1_$3.log" 2>&1
+  echo "$1 round $3 rc=$?: $(grep -E '^pagedllm:' "$OUT/$1_$3.log")"
+}
+cfgvariants() {  # step runner VAR "name=value|...": the runner (moe, w2gptq) at the defaults (A) and at each
+  [[ " $STEPS " == *" $1 "* ]] || return  # VAR=value, the order rotated by round (values may hold , and ;)
+  local step=$1 runner=$2 var=$3 v j r cfgs
+  IFS='|' read -r -a cfgs <<< "A=|$4"
   for r in $(seq "$ROUNDS"); do
     for j in $(seq 0 $((${#cfgs[@]} - 1))); do
       v=${cfgs[$(((j + r - 1) % ${#cfgs[@]}))]}
-      fits 45 "w2gemvpcfg ${v%%=*} $r" || continue
-      PAGEDLLM_GEMVP_CONFIG="${v#*=}" timeout 45 $PY benchmarks/latency.py --peer none --iters 2 --quantization gptq \
-        --output-json "$OUT/w2gemvpcfg_${v%%=*}_$r.json" > "$OUT/w2gemvpcfg_${v%%=*}_$r.log" 2>&1
-      echo "w2gemvpcfg ${v%%=*} round $r rc=$?: $(grep -E '^pagedllm:' "$OUT/w2gemvpcfg_${v%%=*}_$r.log")"
+      "$runner" "${step}_${v%%=*}" "$var=${v#*=}" "$r"
     done
   done
-fi
+}
+# Whole decode steps at other tiles under PDL (the sweeps timed each product alone, without PDL; under PDL a
+# program's first tile loads before its wait, so splits that leave each program fewer tiles put more of the
+# weight ahead of it). W2 gptq, gemvp (wna16_triton.gemvp_overrides): q/k/v is 96 programs of four tiles, o the
+# 4-stage pipeline without PDL, down 512 programs of seven. Qwen3-30B-A3B batch 1, the swap-AB GEMM
+# (small_m.swap_overrides): q/k/v 80 programs unsplit, o 128 (split 4).
+cfgvariants w2gemvpcfg w2gptq PAGEDLLM_GEMVP_CONFIG "${W2GEMVP_CFGS:-qkv2=6144,4096:64,1024,8,2,2|qkv4=6144,4096:64,1024,8,2,4\
+|oreg4=4096,4096:32,1024,8,2,4|down7=4096,14336:32,1024,8,2,7|all=6144,4096:64,1024,8,2,2;4096,4096:32,1024,8,2,4}"
+cfgvariants moeswapcfg moe PAGEDLLM_SWAP_CONFIG "${MOESWAP_CFGS:-qkv2=5120,2048:64,256,2,4,3|qkv4=5120,2048:64,128,4,4,3\
+|o8=2048,4096:64,128,8,4,3|o2=2048,4096:64,256,2,4,4|both=5120,2048:64,256,2,4,3;2048,4096:64,128,8,4,3}"
 if step l2bench 60; then  # whether a few-row linear gains from its weight in L2, and the side stream's prefetch
   timeout 60 $PY benchmarks/l2_bench.py > "$OUT/l2bench.log" 2>&1; echo "l2bench rc=$? at ${SECONDS} s"; cat "$OUT/l2bench.log"
 fi

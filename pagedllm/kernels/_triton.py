@@ -42,6 +42,25 @@ def env_flag(name: str, default: bool = False) -> bool:
     return value == "1"
 
 
+def shape_configs(name: str, fields: str, valid) -> dict[tuple[int, int], tuple[int, ...]]:
+    """Per-shape kernel configs from environment variable `name`: "N,K:<fields>" entries separated by
+    ";" (N a weight's outputs, K its inputs, `fields` the config's comma-separated integers, e.g.
+    "block_n,block_k,split"), each a tuple for which valid(config) holds; unset, none. Anything else a
+    ValueError naming the variable (for A/B runs of whole steps; the kernels' own defaults otherwise)."""
+    want = len(fields.split(","))
+    out: dict[tuple[int, int], tuple[int, ...]] = {}
+    for entry in filter(None, (e.strip() for e in os.environ.get(name, "").split(";"))):
+        shape, _, cfg = entry.partition(":")
+        parts = [p.strip() for p in shape.split(",") + cfg.split(",")]
+        if len(parts) != 2 + want or not all(p.isdigit() for p in parts):
+            raise ValueError(f"{name}: expected 'N,K:{fields}' entries separated by ';', got {entry!r}")
+        n, k, *config = (int(p) for p in parts)
+        if not valid(tuple(config)):
+            raise ValueError(f"{name}: {entry!r} is not a valid config ({fields})")
+        out[(n, k)] = tuple(config)
+    return out
+
+
 def fusion_enabled(option: str, default: bool = True) -> bool:
     """Whether a fused kernel path is on, read when a layer is built: PAGEDLLM_FUSED_<option>=0
     turns it off, =1 on, unset: `default`. ROPE_KV: q/k norm + rotary + store-KV in one kernel

@@ -28,7 +28,7 @@ import os
 
 import torch
 
-from pagedllm.kernels._triton import triton_available
+from pagedllm.kernels._triton import next_power_of_2, shape_configs, triton_available
 
 # the kernel's padded row count (swap_gemm_triton.SWAP_BLOCK_M): products of more rows stay on cuBLAS
 MAX_ROWS = 16
@@ -110,11 +110,31 @@ def _with_reduce(cfg):
 
 
 @functools.cache
+def swap_overrides() -> dict[tuple[int, int], tuple[int, ...]]:
+    """PAGEDLLM_SWAP_CONFIG (read once; for A/B runs of whole decode steps, where PDL and the kernels
+    around a product change what its tiles cost): "N,K:block_n,block_k,split_k,warps,stages" entries
+    separated by ";", each the swap-AB kernel's config for an [N, K] weight at every row count it
+    takes, in place of CONFIGS' (block_n and block_k powers of 2 >= 16); unset, none. Anything else a
+    ValueError naming the variable."""
+
+    def valid(c: tuple) -> bool:
+        block_n, block_k, split_k, warps, stages = c
+        return (min(block_n, block_k) >= 16 and next_power_of_2(block_n) == block_n
+                and next_power_of_2(block_k) == block_k and 1 <= split_k <= _MAX_SPLIT_K
+                and warps in (1, 2, 4, 8) and 1 <= stages <= 6)
+
+    return shape_configs("PAGEDLLM_SWAP_CONFIG", "block_n,block_k,split_k,warps,stages", valid)
+
+
+@functools.cache
 def default_config(m: int, n: int, k: int):
-    """The SwapConfig for an [m, k] x [n, k].T product, or None where cuBLAS is the better choice.
-    Cached: every eager decode step asks it once a linear."""
+    """The SwapConfig for an [m, k] x [n, k].T product, or None where cuBLAS is the better choice
+    (swap_overrides' where it names the shape). Cached: every eager decode step asks it once a linear."""
     from pagedllm.kernels.swap_gemm_triton import SwapConfig
 
+    override = swap_overrides().get((n, k))
+    if override is not None:
+        return _with_reduce(SwapConfig(*override))
     for max_rows, fields in CONFIGS.get((n, k), ()):
         if m <= max_rows:
             return None if fields is None else _with_reduce(SwapConfig(*fields))

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedllm.kernels._triton import env_flag, pdl
+from pagedllm.kernels._triton import env_flag, next_power_of_2, pdl, shape_configs
 from pagedllm.kernels.counters import counters
 from pagedllm.kernels.small_m import last_reduce
 from pagedllm.kernels.wna16 import GEMV_MAX_ROWS, group_width, kperm_applies, pack_factor
@@ -247,23 +247,17 @@ def gemvp_overrides() -> dict[tuple[int, int], tuple]:
     """PAGEDLLM_GEMVP_CONFIG (read once; for A/B runs of whole decode steps, where PDL and the
     kernels around a GEMV change what its tiles cost): "N,K:block_n,block_k,warps,stages,split"
     entries separated by ";", each gemvp's config for an [N outputs, K inputs] weight in place of
-    gemvp_config's (block_k in inputs, a multiple of 8; stages 2 the register prefetch, 3-4 the
+    gemvp_config's (block_k in inputs, 8 times a power of 2; stages 2 the register prefetch, 3-4 the
     pipelined loop); unset, none. Anything else a ValueError naming the variable."""
-    raw = os.environ.get("PAGEDLLM_GEMVP_CONFIG", "").strip()
-    out: dict[tuple[int, int], tuple] = {}
-    for entry in filter(None, (e.strip() for e in raw.split(";"))):
-        shape, _, cfg = entry.partition(":")
-        parts = [p.strip() for p in shape.split(",") + cfg.split(",")]
-        if len(parts) != 7 or not all(p.isdigit() for p in parts):
-            raise ValueError(f"PAGEDLLM_GEMVP_CONFIG: expected 'N,K:block_n,block_k,warps,stages,split' entries "
-                             f"separated by ';', got {entry!r}")
-        n, k, block_n, block_k, warps, stages, split = (int(p) for p in parts)
-        if (block_n < 16 or block_n & (block_n - 1) or block_k < 8 or block_k % 8 or (block_k // 8) & (block_k // 8 - 1)
-                or warps not in (1, 2, 4, 8, 16) or stages not in (2, 3, 4) or split < 1):
-            raise ValueError(f"PAGEDLLM_GEMVP_CONFIG: {entry!r}: block_n a power of 2 >= 16, block_k 8 times a "
-                             f"power of 2, warps 1-16 (a power of 2), stages 2-4, split >= 1")
-        out[(n, k)] = ("gemvp", 1, block_n, block_k, warps, stages, split)
-    return out
+
+    def valid(c: tuple) -> bool:
+        block_n, block_k, warps, stages, split = c
+        return (block_n >= 16 and next_power_of_2(block_n) == block_n and block_k >= 8 and block_k % 8 == 0
+                and next_power_of_2(block_k // 8) == block_k // 8 and warps in (1, 2, 4, 8, 16)
+                and stages in (2, 3, 4) and split >= 1)
+
+    return {shape: ("gemvp", 1, *c) for shape, c in
+            shape_configs("PAGEDLLM_GEMVP_CONFIG", "block_n,block_k,warps,stages,split", valid).items()}
 
 
 def gemvp_config(n: int, k: int) -> tuple:

@@ -228,3 +228,34 @@ def test_last_reduce_switch(monkeypatch):
         finally:
             small_m.last_reduce.cache_clear()
             small_m.default_config.cache_clear()
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_swap_config_override(monkeypatch):
+    """PAGEDLLM_SWAP_CONFIG replaces the table's config for the shapes it names (split-K ones reduced
+    by their last split, as the table's), at every row count, and cuBLAS's shapes too; others keep
+    theirs; a malformed or invalid entry is a ValueError naming the variable."""
+    from pagedllm.kernels import small_m
+    from pagedllm.kernels.swap_gemm_triton import SwapConfig
+
+    def reread():
+        small_m.swap_overrides.cache_clear()
+        small_m.default_config.cache_clear()
+
+    o_default = small_m.default_config(1, 2048, 4096)
+    try:
+        monkeypatch.setenv("PAGEDLLM_SWAP_CONFIG", "5120,2048:64,256,2,4,3;28672,4096:64,128,1,4,4")
+        reread()
+        assert small_m.default_config(1, 5120, 2048) == SwapConfig(64, 256, 2, 4, 3, reduce="last")
+        assert small_m.default_config(16, 5120, 2048) == SwapConfig(64, 256, 2, 4, 3, reduce="last")
+        assert small_m.default_config(1, 28672, 4096) == SwapConfig(64, 128, 1, 4, 4)  # cuBLAS's by default
+        assert small_m.default_config(1, 2048, 4096) == o_default
+        for bad in ("5120,2048:64,256,2,4", "5120,2048:48,256,2,4,3", "5120,2048:64,256,16,4,3",
+                    "5120,2048:64,256,2,3,3", "5120:64,256,2,4,3"):
+            monkeypatch.setenv("PAGEDLLM_SWAP_CONFIG", bad)
+            reread()
+            with pytest.raises(ValueError, match="PAGEDLLM_SWAP_CONFIG"):
+                small_m.default_config(1, 5120, 2048)
+    finally:
+        monkeypatch.delenv("PAGEDLLM_SWAP_CONFIG", raising=False)
+        reread()
