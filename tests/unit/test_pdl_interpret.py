@@ -103,8 +103,8 @@ def _cases():
         ("moe_down", fused_moe_small_triton._small_down_kernel, _DOWN_SIG,
          {"HAS_MAP": True, "EVEN_K": True, "DOT_PRECISION": "tf32", **_down_constexprs((64, 128, 4, 3, 1)),
           "BLOCK_N": 64, "BLOCK_K": 128, "PAD_COLS": 16}, 4, False),
-        # PAGEDLLM_MOE_PRELOAD=1: gate/up releases the down kernel after its wait; the down kernel reads the
-        # routing (through L2), the expert map (a table) and its first weight tile before its own
+        # PAGEDLLM_MOE_PRELOAD (on by default): gate/up releases the down kernel after its wait; the down
+        # kernel reads the routing (through L2), the expert map (a table) and its first weight tile before its own
         ("moe_gate_up_release_late", fused_moe_small_triton._small_gate_up_kernel, _GATE_UP_SIG,
          {"HAS_MAP": True, "HAS_LOAD": True, "HAS_SLOTS": True, "EVEN_K": True, "DOT_PRECISION": "tf32",
           "BLOCK_N": 64, "BLOCK_K": 128, "PAD_COLS": 16, "RELEASE_LATE": True}, 4, False),
