@@ -249,15 +249,21 @@ if step w1int4pairs $((ROUNDS * 2 * 200)); then  # W1 Llama-3.1-8B: bf16 (A) aga
     bash benchmarks/ab_w1.sh --model benchmarks/configs/llama-3.1-8b --skip-tokenizer-init > "$OUT/w1int4pairs.log" 2>&1
   echo "w1int4pairs rc=$? at ${SECONDS} s"; grep -E "round|median" "$OUT/w1int4pairs.log"
 fi
+w2run() {  # name env round latency.py-arguments...: W2 (latency.py) in that environment
+  local name=$1 environment=$2 r=$3
+  shift 3
+  fits 45 "$name $r" || return
+  # shellcheck disable=SC2086  # the assignments are meant to split
+  env $environment timeout 45 $PY benchmarks/latency.py --peer none --iters 2 "$@" \
+    --output-json "$OUT/${name}_$r.json" > "$OUT/${name}_$r.log" 2>&1
+  echo "$name round $r rc=$?: $(grep -E '^pagedllm:' "$OUT/${name}_$r.log")"
+}
 w2ab() {  # name B's-environment latency.py-arguments [B's-extra-arguments]: W2 with the defaults (A) against B,
   [[ " $STEPS " == *" $1 "* ]] || return  # alternated by round (A B, then B A)
   for r in $(seq "$ROUNDS"); do
     for v in $([ $((r % 2)) = 1 ] && echo "A B" || echo "B A"); do
-      fits 45 "$1 $v $r" || continue
-      # shellcheck disable=SC2046,SC2086  # the assignments and the arguments are meant to split
-      env $([ $v = B ] && echo "$2") timeout 45 $PY benchmarks/latency.py --peer none --iters 2 $3 \
-        $([ $v = B ] && echo "${4:-}") --output-json "$OUT/$1_${v}_$r.json" > "$OUT/$1_${v}_$r.log" 2>&1
-      echo "$1 $v round $r rc=$?: $(grep -E '^pagedllm:' "$OUT/$1_${v}_$r.log")"
+      # shellcheck disable=SC2046,SC2086  # the arguments are meant to split
+      w2run "$1_$v" "$([ $v = B ] && echo "$2")" "$r" $3 $([ $v = B ] && echo "${4:-}")
     done
   done
 }
@@ -268,12 +274,7 @@ w2ab w2pdl PAGEDLLM_WNA16_PDL=0 "--quantization gptq"  # W2 gptq: gemvp under PD
 w2ab w2greedy PAGEDLLM_GREEDY_TRITON=0 "--quantization gptq"  # W2 gptq: the fused sampler's argmax against torch's
 [ -d "${A_PATH:-}" ] && w2ab w2tree "PYTHONPATH=$(cd "$A_PATH" && pwd):$PWD" "--quantization gptq"  # W2 gptq: this tree (A) against $A_PATH's (B)
 w2ab w2dtype "" "--quantization gptq" "--dtype float16"  # W2 gptq: bf16 (A) against fp16 (B): is gemvp issue-bound?
-w2gptq() {  # name env round: W2 gptq (latency.py) in that environment
-  fits 45 "$1 $3" || return
-  env $2 timeout 45 $PY benchmarks/latency.py --peer none --iters 2 --quantization gptq \
-    --output-json "$OUT/$1_$3.json" > "$OUT/$1_$3.log" 2>&1
-  echo "$1 round $3 rc=$?: $(grep -E '^pagedllm:' "$OUT/$1_$3.log")"
-}
+w2gptq() { w2run "$1" "$2" "$3" --quantization gptq; }  # name env round: W2 gptq in that environment
 cfgvariants() {  # step runner VAR "name=value|...": the runner (moe, w2gptq) at the defaults (A) and at each
   [[ " $STEPS " == *" $1 "* ]] || return  # VAR=value, the order rotated by round (values may hold , and ;)
   local step=$1 runner=$2 var=$3 v j r cfgs
