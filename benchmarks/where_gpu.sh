@@ -37,7 +37,8 @@
 # (benchmarks/l2_bench.py: a few-row linear's weight cold, warm in L2, prefetched), w1int4accs (W1 Llama-3.1-8B: bf16 (A)
 # against gptq with PAGEDLLM_KPAIRS_DOTS=$KPAIRS_DOTS, default accs (B): issue 19's ratio with the four accumulators),
 # w1int4sk (the same with PAGEDLLM_KPAIRS_STREAM_K=1 and $W1INT4_ENV: kpairs' stream-K), sktests (its GPU tests),
-# kpmodes (benchmarks/kpairs_modes.py: kpairs' 128-row tiles at 3 / 4 stages and with two accumulators; the dots
+# kpmodes (benchmarks/kpairs_modes.py: kpairs' 128-row tiles chained and with two accumulators, 64 x 256 tiles of
+# one warpgroup at 3 / 2 stages; the dots
 # modes' GPU tests, flat's known failures among them), moepre (Qwen3-30B-A3B batch 1: A the defaults, B
 # PAGEDLLM_MOE_PRELOAD=0: the MoE down kernel's routing and first expert tile loaded after its wait), preloadtests
 # (the MoE preload's GPU tests: the chain with it off, the engine's tokens with PDL), defaulttests (the GPU tests
@@ -161,8 +162,8 @@ w1int4env() {  # name B's-environment: issue 19's W1 ratio, bf16 (A) against gpt
     --model benchmarks/configs/llama-3.1-8b --skip-tokenizer-init > "$OUT/$1.log" 2>&1
   echo "$1 rc=$? at ${SECONDS} s"; grep -E "median" "$OUT/$1.log"
 }
-if step kpmodes 150; then  # kpairs_modes.py (128-row tiles: stages, accs2) and the dots modes' GPU tests
-  timeout 60 $PY benchmarks/kpairs_modes.py > "$OUT/kpmodes.log" 2>&1; echo "kpmodes rc=$?"; cat "$OUT/kpmodes.log"
+if step kpmodes 180; then  # kpairs_modes.py (its default modes) and the dots modes' GPU tests
+  timeout 90 $PY benchmarks/kpairs_modes.py > "$OUT/kpmodes.log" 2>&1; echo "kpmodes rc=$?"; cat "$OUT/kpmodes.log"
   timeout 90 $PY -m pytest -q tests/gpu/test_wna16_gpu.py -k "kpairs_dots or kpairs_kperm" > "$OUT/kpdots.log" 2>&1
   echo "kpdots rc=$? at ${SECONDS} s: $(tail -1 "$OUT/kpdots.log")"; grep -E "^(FAILED|ERROR)" "$OUT/kpdots.log" | head
 fi
