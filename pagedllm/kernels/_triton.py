@@ -110,10 +110,27 @@ def num_sms(device_index: int | None = None) -> int:
 
 
 @functools.cache
+def capability_major(device_index: int) -> int:
+    """The compute capability's major number of CUDA device `device_index` (9: Hopper)."""
+    return torch.cuda.get_device_capability(device_index)[0]
+
+
+def inline_ptx(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the 4-bit kernels' inline PTX (their ASM switch: the weight words made 16-bit pairs by a
+    lop3 and packed arithmetic) applies to `dtype` values on `device`: on CUDA outside Triton's
+    interpreter, and for bfloat16 only from sm_90 on -- its sub.rn.bf16x2 / mul.rn.bf16x2 need it, so
+    an A100, A10 or L4 (sm_80-89) compiles those kernels' plain-op path instead (the interpreter's,
+    checked against the references; float16's f16x2 PTX runs there)."""
+    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    return dtype != torch.bfloat16 or capability_major(device.index or 0) >= 9
+
+
+@functools.cache
 def _pdl_supported(device_index: int) -> bool:
     """Programmatic dependent launch needs an sm_90+ device and a triton with grid dependency
     control (`tl.extra.cuda.gdc_wait`, the `launch_pdl` launch option: 3.4 and later)."""
-    if not triton_available() or torch.cuda.get_device_capability(device_index)[0] < 9:
+    if not triton_available() or capability_major(device_index) < 9:
         return False
     try:
         import triton.language.extra.cuda as tl_cuda

@@ -14,10 +14,11 @@ from typing import Any
 
 
 def compile_sm90(kernel: Any, signature: dict, constexprs: dict, num_warps: int, num_stages: int,
-                 aligned: tuple[str, ...] = (), maxnreg: int | None = None) -> Any:
-    """`kernel` compiled for sm_90, with the 16-divisibility hints a real launch gives aligned
-    pointers and the integer arguments named in `aligned` (without them the loads are neither
-    vectorized nor pipelined, so the code would not be what the device runs)."""
+                 aligned: tuple[str, ...] = (), maxnreg: int | None = None, capability: int = 90) -> Any:
+    """`kernel` compiled for sm_90 (or the `capability` given: 80 an A100, 89 an L4), with the
+    16-divisibility hints a real launch gives aligned pointers and the integer arguments named in
+    `aligned` (without them the loads are neither vectorized nor pipelined, so the code would not be
+    what the device runs)."""
     import inspect
 
     import triton
@@ -38,7 +39,7 @@ def compile_sm90(kernel: Any, signature: dict, constexprs: dict, num_warps: int,
     options = {"num_warps": num_warps, "num_stages": num_stages}
     if maxnreg is not None:  # ptxas's register cap (a launch's maxnreg=)
         options["maxnreg"] = maxnreg
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    return triton.compile(src, target=GPUTarget("cuda", capability, 32), options=options)
 
 
 def _on_cubin(compiled: Any, tool: str, *args: str) -> str | None:

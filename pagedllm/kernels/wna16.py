@@ -51,7 +51,7 @@ import os
 
 import torch
 
-from pagedllm.kernels._triton import env_flag, use_triton
+from pagedllm.kernels._triton import capability_major, env_flag, use_triton
 
 # The CUDA path's GEMVs (wna16_gemv_triton.py) take at most this many rows.
 GEMV_MAX_ROWS = 4
@@ -162,16 +162,21 @@ def wna16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
                  bits: int, bias: torch.Tensor | None = None, kperm: bool = False) -> torch.Tensor:
     """y = x @ w.T (+ bias) with an integer weight; x [M, K] -> [M, N]. CUDA: the Triton kernels
     below DENSE_MIN_ROWS rows; 4-bit weights from kpairs_min_rows (GEMV_MAX_ROWS + 1 unless set) up to
-    SWAP_GEMM_MAX_ROWS rows the kpairs tensor-core GEMM (large_gemm: the default, or
-    PAGEDLLM_WNA16_GEMM=pairs), else from DENSE_MIN_ROWS a dequantized weight and cuBLAS. Elsewhere
-    (the CPU) the weight is dequantized to x's dtype for its GEMM. kperm: qweight's slots permuted
-    within their steps (`kperm_pack`)."""
+    SWAP_GEMM_MAX_ROWS rows the kpairs tensor-core GEMM on sm_90+ (large_gemm: the default, or
+    PAGEDLLM_WNA16_GEMM=pairs), else from DENSE_MIN_ROWS a dequantized weight and cuBLAS. kpairs is
+    Hopper's: its tiles are sized to sm_90's 227 KB of shared memory (its 256-row tiles compiled for
+    sm_80 take 172 KB, more than an A100's 163, and its 128-row ones 107 KB, more than an L4's 99), so
+    sm_80-89 take the few-row kernels and the dequantized weight there (the interpreter's tests, CPU
+    tensors under a patched use_triton, keep kpairs). Elsewhere (the CPU) the weight
+    is dequantized to x's dtype for its GEMM. kperm: qweight's slots permuted within their steps
+    (`kperm_pack`)."""
     if use_triton(x):
         from pagedllm.kernels.wna16_triton import dequantize_wna16_triton, wna16_gemm_triton
 
         m = x.shape[0]
         if (bits == 4 and (large_gemm() or LAYOUT_DEFAULT["k_packed"]) == "pairs"
-                and kpairs_min_rows() <= m <= SWAP_GEMM_MAX_ROWS):  # fmt: skip
+                and kpairs_min_rows() <= m <= SWAP_GEMM_MAX_ROWS
+                and (not x.is_cuda or capability_major(x.device.index or 0) >= 9)):  # fmt: skip
             from pagedllm.kernels.wna16_kpairs_triton import wna16_kpairs_gemm
 
             return wna16_kpairs_gemm(x, qweight, scales, zeros, bias, kperm=kperm)

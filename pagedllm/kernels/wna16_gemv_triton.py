@@ -303,7 +303,8 @@ def _wna16_gemv_packed_kernel(
     GROUP_K: tl.constexpr,  # 0: one scale row (per channel)
     HAS_ZERO: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, EVEN: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr,
-    ASM: tl.constexpr = True,  # False: the PTX's steps in Triton ops (_gemvp_word_emulated; the interpreter)
+    ASM: tl.constexpr = True,  # False: the PTX's steps in Triton ops (_gemvp_word_emulated; the interpreter,
+    # bfloat16 before sm_90: _triton.inline_ptx)
     PDL: tl.constexpr = False,  # kernels/pdl_triton.py
     LAST: tl.constexpr = False,  # (SPLIT_K > 1) the last split of a row's column block adds them (_gemv_store)
     PREFETCH: tl.constexpr = False,  # each iteration loads the next tile's words before it uses its own

@@ -12,17 +12,17 @@ float32 (as gemvp rounds), times the group's scale; the rows' sums are reduced o
 at the end. Split-K: the splits' partials added by the last of them (wna16_gemv_triton._gemv_store,
 whatever PAGEDLLM_SWAP_LAST_REDUCE says).
 
-ASM False (the interpreter) runs the PTX's steps in Triton ops (_gemvp_word_emulated).
+ASM False (the interpreter; bfloat16 before sm_90: `_triton.inline_ptx`) runs the PTX's steps in Triton
+ops (_gemvp_word_emulated).
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 import triton
 import triton.language as tl
 
+from pagedllm.kernels._triton import inline_ptx
 from pagedllm.kernels.counters import counters
 from pagedllm.kernels.wna16 import group_width
 from pagedllm.kernels.wna16_gemv_triton import _gemv_store, _rows_as_int32_pairs, gemvp_word_sums
@@ -164,6 +164,6 @@ def wna16_gemvn(
         count, m, n, kw, kw_per_split, x.stride(0), qweight.stride(0), scales.stride(0), out.stride(0),
         GROUP_K=group_k, HAS_ZERO=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=split_k,
         EVEN=kw_per_split * split_k == kw, BLOCK_N=block_n, BLOCK_KW=block_kw,
-        ASM=os.environ.get("TRITON_INTERPRET") != "1", PREFETCH=gemv_prefetch() in (None, 1), num_warps=num_warps, num_stages=2,
+        ASM=inline_ptx(x.device, x.dtype), PREFETCH=gemv_prefetch() in (None, 1), num_warps=num_warps, num_stages=2,
     )  # fmt: skip
     return out

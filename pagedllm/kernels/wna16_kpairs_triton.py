@@ -49,7 +49,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedllm.kernels._triton import env_flag, num_sms
+from pagedllm.kernels._triton import env_flag, inline_ptx, num_sms
 from pagedllm.kernels.counters import counters
 from pagedllm.kernels.swap_gemm_triton import DOTS_MODES, FP16_MAX, SwapConfig
 from pagedllm.kernels.wna16 import KPERM_STEP, group_width, kpairs_permutation, kperm_applies
@@ -354,7 +354,7 @@ def wna16_kpairs_gemm(
     b = bias if bias is not None else scales  # likewise without a bias
     common = dict(GROUP_K=group_k, HAS_ZERO=zeros is not None, HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m,
                   BLOCK_N=cfg.block_n, BLOCK_K=block_k, W_BF16=x.dtype == torch.bfloat16,
-                  ASM=x.is_cuda if asm is None else asm, FP16_MAX_=FP16_MAX, DOTS=cfg.dots, num_warps=cfg.num_warps,
+                  ASM=inline_ptx(x.device, x.dtype) if asm is None else asm, FP16_MAX_=FP16_MAX, DOTS=cfg.dots, num_warps=cfg.num_warps,
                   num_stages=cfg.num_stages)  # fmt: skip
     strides = (xp.stride(0), qweight.stride(0), scales.stride(0), out.stride(0))
     if cfg.stream_k:  # cfg.stream_k programs at most, a (tile, K step) unit each at least

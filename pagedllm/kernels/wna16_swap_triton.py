@@ -27,7 +27,8 @@ The grid is (row tiles, weight tiles, splits): BLOCK_M rows of x a program (16 f
 64 / 128 make it a W4A16 GEMM, sm_90 feeding the dequantized weight tile to wgmma from registers),
 the row tiles of one weight tile side by side so that it comes from HBM once.
 
-ASM (a constexpr): True on the GPU makes the pairs through `tl.inline_asm_elementwise`; False
+ASM (a constexpr): True on the GPU (`_triton.inline_ptx`: bfloat16 from sm_90 on) makes the pairs
+through `tl.inline_asm_elementwise`; False
 computes the same values with shifts, masks and float32 math rounded once, which Triton's
 interpreter can run (it cannot run PTX, nor bf16 arithmetic). Both give the same 16-bit values bit
 for bit (tests/gpu/test_wna16_nk_gpu.py; benchmarks/wna16_bench.py --swap checks it too).
@@ -48,6 +49,7 @@ import torch
 import triton
 import triton.language as tl
 
+from pagedllm.kernels._triton import inline_ptx
 from pagedllm.kernels.swap_gemm_triton import FP16_MAX, SWAP_BLOCK_M, SwapConfig, _splitk_reduce_kernel
 from pagedllm.kernels.wna16 import group_width
 
@@ -367,7 +369,7 @@ def wna16_swap_gemm(
     assert block_k % 8 == 0 and (group_k == 0 or group_k % block_k == 0 or block_k % group_k == 0)
     assert not cfg.pairs or block_k % 64 == 0, "the pairs kernel's dots take block_k / 4 >= 16 columns"
     if asm is None:
-        asm = x.is_cuda
+        asm = inline_ptx(x.device, x.dtype)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return out
@@ -404,6 +406,6 @@ def dequantize_int4_nk_triton(
         qweight, scales, zeros if zeros is not None else scales, out, n, k,
         qweight.stride(0), scales.stride(0), out.stride(0),
         GROUP_K=group_k, HAS_ZERO=zeros is not None, BLOCK_N=block_n, BLOCK_K=block_k,
-        ASM=qweight.is_cuda if asm is None else asm, num_warps=4,
+        ASM=inline_ptx(qweight.device, dtype) if asm is None else asm, num_warps=4,
     )  # fmt: skip
     return out

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedllm.kernels._triton import env_flag, next_power_of_2, pdl, shape_configs
+from pagedllm.kernels._triton import env_flag, inline_ptx, next_power_of_2, pdl, shape_configs
 from pagedllm.kernels.counters import counters
 from pagedllm.kernels.small_m import last_reduce
 from pagedllm.kernels.wna16 import GEMV_MAX_ROWS, group_width, kperm_applies, pack_factor
@@ -338,7 +338,7 @@ def wna16_gemm_triton(
             if not _rows_as_int32_pairs(x):
                 raise ValueError("the gemvp kernel reads activation rows as int32 pairs: each must start "
                                  "4-byte aligned")
-            common["ASM"] = os.environ.get("TRITON_INTERPRET") != "1"
+            common["ASM"] = inline_ptx(x.device, x.dtype)
             # 3 or 4 stages: the loop's software pipeline (gemvp_config's only while gemv_prefetch
             # leaves the mode per shape); else gemv_prefetch's mode, the register prefetch per shape
             forced = gemv_prefetch()

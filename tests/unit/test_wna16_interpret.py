@@ -212,3 +212,52 @@ def test_gemvp_config_override(monkeypatch):
                 w.gemvp_config(6144, 4096)
     finally:
         w.gemvp_overrides.cache_clear()
+
+
+_GEMV_ALIGNED = ("N", "KW", "KW_PER_SPLIT", "stride_xm", "stride_wk", "stride_sg", "stride_om")
+
+
+def _compile_gemv(kind: str, x: str, asm: bool, capability: int):
+    """gemvp (K-packed) or gemvn (N-major) at Llama-3.1-8B's q/k/v tile, compiled for `capability`."""
+    from pagedllm.kernels import wna16_gemv_triton as gp
+    from pagedllm.kernels import wna16_gemvn_triton as gn
+    from pagedllm.kernels.inspect_sm90 import compile_sm90
+
+    stride_w, stride_s = ("stride_wk", "stride_sg") if kind == "gemvp" else ("stride_wn", "stride_sn")
+    sig = {"x_ptr": f"*{x}", "w_ptr": "*i32", "s_ptr": f"*{x}", "z_ptr": f"*{x}", "b_ptr": f"*{x}", "out_ptr": f"*{x}",
+           "ws_ptr": "*fp32", "count_ptr": "*i32", "M": "i32", "N": "i32", "KW": "i32", "KW_PER_SPLIT": "i32",
+           "stride_xm": "i32", stride_w: "i32", stride_s: "i32", "stride_om": "i32"}
+    const = dict(GROUP_K=128, HAS_ZERO=False, HAS_BIAS=False, SPLIT_K=1, EVEN=True, BLOCK_N=64, BLOCK_KW=128,
+                 ASM=asm, PREFETCH=True)
+    if kind == "gemvp":
+        const.update(LAST=False, KPERM=True)
+    aligned = tuple(a.replace("stride_wk", stride_w).replace("stride_sg", stride_s) for a in _GEMV_ALIGNED)
+    kernel = gp._wna16_gemv_packed_kernel if kind == "gemvp" else gn._wna16_gemvn_kernel
+    return compile_sm90(kernel, sig, const, 8, 2, aligned=aligned, capability=capability)
+
+
+@pytest.mark.parametrize("kind", ["gemvp", "gemvn"])
+def test_bf16_gemvs_compile_for_sm80_without_inline_ptx(kind):
+    """An A100 (sm_80) has no sub / mul .bf16x2, so the 4-bit GEMVs' bfloat16 PTX does not compile for
+    it (why `_triton.inline_ptx` turns ASM off there for bfloat16); their plain-op path does, and
+    float16's PTX (f16x2) does."""
+    with pytest.raises(Exception, match="bf16x2"):
+        _compile_gemv(kind, "bf16", True, 80)
+    assert "bf16x2" not in _compile_gemv(kind, "bf16", False, 80).asm["ptx"]
+    assert "lop3.b32" in _compile_gemv(kind, "fp16", True, 80).asm["ptx"]
+
+
+def test_inline_ptx_rule(monkeypatch):
+    """`_triton.inline_ptx`: the 4-bit kernels' PTX on CUDA outside the interpreter, bfloat16 only from
+    sm_90 on (float16 on any); a CPU device or TRITON_INTERPRET=1 never."""
+    from pagedllm.kernels import _triton
+
+    cuda = torch.device("cuda", 0)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    for major, bf16 in ((8, False), (9, True), (10, True)):
+        monkeypatch.setattr(_triton, "capability_major", lambda index, major=major: major)
+        assert _triton.inline_ptx(cuda, torch.bfloat16) is bf16
+        assert _triton.inline_ptx(cuda, torch.float16) is True
+        assert _triton.inline_ptx(torch.device("cpu"), torch.float16) is False
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert _triton.inline_ptx(cuda, torch.float16) is False
