@@ -115,6 +115,30 @@ def capability_major(device_index: int) -> int:
     return torch.cuda.get_device_capability(device_index)[0]
 
 
+@functools.cache
+def shared_memory_limit(device_index: int) -> int:
+    """The shared memory a block may opt in to on CUDA device `device_index`, bytes (232,448 on an
+    H100 / H200, 166,912 on an A100, 101,376 on an L4 or A10)."""
+    return torch.cuda.get_device_properties(device_index).shared_memory_per_block_optin
+
+
+def fit_stages(stages: int, stage_bytes: int, limit: int, capability: int) -> int:
+    """The most software-pipeline stages, up to `stages`, whose buffers of `stage_bytes` fit `limit`
+    bytes of shared memory: Triton keeps `stages` buffers on sm_90 and `stages` - 1 before it (the
+    swap-AB kernel at 64 x 256 tiles, 4 stages: 163,840 bytes compiled for sm_90, 122,880 for sm_80).
+    The kernels' tables are the H100's / H200's; an L4's 99 KB would not launch some of them."""
+    most = limit // stage_bytes + (0 if capability >= 9 else 1)
+    return max(1, min(stages, most))
+
+
+def stages_for(device: torch.device, stages: int, stage_bytes: int) -> int:
+    """fit_stages for a launch on `device` (its shared memory and capability); `stages` off CUDA."""
+    if device.type != "cuda":
+        return stages
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return fit_stages(stages, stage_bytes, shared_memory_limit(index), capability_major(index))
+
+
 def inline_ptx(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether the 4-bit kernels' inline PTX (their ASM switch: the weight words made 16-bit pairs by a
     lop3 and packed arithmetic) applies to `dtype` values on `device`: on CUDA outside Triton's

@@ -46,7 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedllm.kernels._triton import env_flag, next_power_of_2, pdl
+from pagedllm.kernels._triton import env_flag, next_power_of_2, pdl, stages_for
 from pagedllm.kernels.attention import _dot_precision
 from pagedllm.kernels.counters import counters
 from pagedllm.kernels.pdl_triton import pdl_release, pdl_wait
@@ -313,9 +313,17 @@ def small_gate_up(
         inter, hidden, top_k, x.stride(0), w13.stride(0), w13.stride(1), h.stride(0),
         HAS_MAP=expert_map is not None, HAS_LOAD=expert_load is not None, HAS_SLOTS=slot_mapping is not None,
         EVEN_K=hidden % block_k == 0, DOT_PRECISION=_dot_precision(x.dtype), BLOCK_N=block_n, BLOCK_K=block_k,
-        PAD_COLS=_PAD_COLS, num_warps=num_warps, num_stages=num_stages, RELEASE_LATE=release_late, **pdl(x),
+        PAD_COLS=_PAD_COLS, num_warps=num_warps, RELEASE_LATE=release_late, **pdl(x),
+        num_stages=stages_for(x.device, num_stages, stage_bytes(block_n, block_k, 2 * w13.element_size(),
+                                                                 x.element_size())),
     )  # fmt: skip
     return h
+
+
+def stage_bytes(block_n: int, block_k: int, w_size: int, x_size: int) -> int:
+    """The shared memory one pipeline stage of the small kernels holds: the weight tile (gate/up: w_size
+    covers both of its rows' bytes) and the activations' padded one."""
+    return block_k * (block_n * w_size + _PAD_COLS * x_size)
 
 
 def experts_per_program(tiles: tuple, top_k: int) -> int:
@@ -360,8 +368,9 @@ def small_down(
         hidden, inter, top_k, h.stride(0), w2.stride(0), w2.stride(1), out.stride(0), part.stride(0),
         HAS_MAP=expert_map is not None, EVEN_K=inter % block_k == 0, DOT_PRECISION=_dot_precision(h.dtype),
         SPLIT=split, EXPERTS_PER_PROGRAM=per_program, BLOCK_EXPERTS=next_power_of_2(per_program),
-        BLOCK_N=block_n, BLOCK_K=block_k, PAD_COLS=_PAD_COLS, num_warps=num_warps, num_stages=num_stages,
-        PRELOAD=preload, **pdl(h),
+        BLOCK_N=block_n, BLOCK_K=block_k, PAD_COLS=_PAD_COLS, num_warps=num_warps, PRELOAD=preload, **pdl(h),
+        num_stages=stages_for(h.device, num_stages, stage_bytes(block_n, block_k, w2.element_size(),
+                                                                 h.element_size())),
     )  # fmt: skip
     return out
 

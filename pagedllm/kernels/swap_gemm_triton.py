@@ -49,7 +49,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedllm.kernels._triton import next_power_of_2, pdl, pdl_weights
+from pagedllm.kernels._triton import next_power_of_2, pdl, pdl_weights, stages_for
 from pagedllm.kernels.counters import counters
 from pagedllm.kernels.pdl_triton import pdl_release, pdl_wait, prefetch_rows_l2
 
@@ -290,6 +290,17 @@ def _split(k: int, cfg: SwapConfig) -> tuple[int, int]:
     return k_split, triton.cdiv(k, k_split)
 
 
+def stage_bytes(cfg: SwapConfig, x_size: int, w_size: int) -> int:
+    """The shared memory one pipeline stage of the swap-AB kernel holds: its weight tile and x.T's."""
+    return cfg.block_k * (cfg.block_n * w_size + SWAP_BLOCK_M * x_size)
+
+
+def _stages(cfg: SwapConfig, x: torch.Tensor, weight: torch.Tensor) -> int:
+    """cfg.num_stages, fewer where its stages would not fit the device's shared memory (the tables
+    are the H100's / H200's: an L4's 99 KB takes 3 of the 64 x 256 tiles' 4)."""
+    return stages_for(x.device, cfg.num_stages, stage_bytes(cfg, x.element_size(), weight.element_size()))
+
+
 def swap_gemm(
     x: torch.Tensor,  # [M, K], M <= SWAP_BLOCK_M, unit stride along K
     weight: torch.Tensor,  # [N, K] e4m3 (with weight_scale) or 16-bit, unit stride along K
@@ -319,7 +330,7 @@ def swap_gemm(
         SPLIT_K=split_k, WORKSPACE=workspace, LAST=last, TOP_K=0, RENORMALIZE=False, BLOCK_E=1,
         BLOCK_TOPK=1, BLOCK_M=SWAP_BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         OPERANDS=_operands(x, weight, weight_scale), FP16_MAX_=FP16_MAX, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **pdl_weights(x, weight, cfg.block_k),
+        num_stages=_stages(cfg, x, weight), **pdl_weights(x, weight, cfg.block_k),
     )  # fmt: skip
     if workspace and not last:
         block = 1024
@@ -359,7 +370,7 @@ def swap_gemm_topk(
         SCALED=False, GROUP_K=0, HAS_BIAS=False, EVEN_K=k_split * split_k == k, SPLIT_K=split_k,
         WORKSPACE=True, LAST=False, TOP_K=top_k, RENORMALIZE=renormalize, BLOCK_E=next_power_of_2(n),
         BLOCK_TOPK=next_power_of_2(top_k), BLOCK_M=SWAP_BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        OPERANDS=_operands(x, weight, None), FP16_MAX_=FP16_MAX, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **pdl_weights(x, weight, cfg.block_k),
+        OPERANDS=_operands(x, weight, None), FP16_MAX_=FP16_MAX, num_warps=cfg.num_warps,
+        num_stages=_stages(cfg, x, weight), **pdl_weights(x, weight, cfg.block_k),
     )  # fmt: skip
     return weights, ids
