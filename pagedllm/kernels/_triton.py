@@ -118,8 +118,11 @@ def capability_major(device_index: int) -> int:
 @functools.cache
 def shared_memory_limit(device_index: int) -> int:
     """The shared memory a block may opt in to on CUDA device `device_index`, bytes (232,448 on an
-    H100 / H200, 166,912 on an A100, 101,376 on an L4 or A10)."""
-    return torch.cuda.get_device_properties(device_index).shared_memory_per_block_optin
+    H100 / H200, 166,912 on an A100, 101,376 on an L4 or A10): the figure Triton checks a compiled
+    kernel against at launch (its OutOfResources)."""
+    from triton.runtime import driver
+
+    return driver.active.utils.get_device_properties(device_index)["max_shared_mem"]
 
 
 def fit_stages(stages: int, stage_bytes: int, limit: int, capability: int) -> int:
