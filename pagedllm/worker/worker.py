@@ -58,6 +58,23 @@ def _untouched_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor
     return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(shape)
 
 
+# FP8 (e4m3) arithmetic and conversions: Ada (8.9) and Hopper on; an A100 (8.0) compiles none of the FP8 kernels
+FP8_MIN_CAPABILITY = (8, 9)
+
+
+def fp8_refusal(capability: tuple[int, int], gpu: str, quantization: str | None, cache_dtype: str) -> str | None:
+    """Why FP8 weights (quantization "fp8") or an FP8 KV cache cannot run on a GPU of `capability`, naming
+    the parameter; None where they can or are not asked for."""
+    if capability >= FP8_MIN_CAPABILITY:
+        return None
+    need = f"needs a GPU of compute capability 8.9 or more (Ada, Hopper); {gpu} is {capability[0]}.{capability[1]}"
+    if quantization == "fp8":
+        return f"quantization='fp8': FP8 (e4m3) weights {need}; serve the model's 16-bit or a 4-bit checkpoint"
+    if cache_dtype.startswith("fp8"):
+        return f"kv_cache_dtype={cache_dtype!r}: an FP8 KV cache {need}; use kv_cache_dtype='auto'"
+    return None
+
+
 class Worker:
     def __init__(self, config: EngineConfig, ps: ParallelState = SINGLE):
         """ps: this rank's tensor-parallel state (its group already joined). On CUDA the
@@ -77,6 +94,14 @@ class Worker:
         t0 = time.time()
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
+            refusal = fp8_refusal(
+                torch.cuda.get_device_capability(self.device),
+                torch.cuda.get_device_name(self.device),
+                getattr(mc.quantization, "name", None),
+                config.cache_config.cache_dtype,
+            )
+            if refusal is not None:
+                raise ValueError(refusal)
         logger.info(
             "%sloading %s (%s, %s weights from %s) ...",
             self._tag(),

@@ -1,7 +1,8 @@
-"""The kernels' tile tables are the H100's / H200's (227 KB of shared memory a block); on a GPU with
-less (an A100's 163 KB, an L4's or A10's 99 KB) their launches take fewer pipeline stages
-(`_triton.fit_stages`, from each launcher's stage_bytes). Compiled here for those GPUs: what each
-launcher would run fits the GPU's shared memory, and on sm_90 the tables' stages are kept."""
+"""GPUs before Hopper. The kernels' tile tables are the H100's / H200's (227 KB of shared memory a
+block); on a GPU with less (an A100's 163 KB, an L4's or A10's 99 KB) their launches take fewer
+pipeline stages (`_triton.fit_stages`, from each launcher's stage_bytes). Compiled here for those
+GPUs: what each launcher would run fits the GPU's shared memory, and on sm_90 the tables' stages are
+kept. FP8 weights and KV caches before sm_89 are refused, naming the parameter."""
 
 from __future__ import annotations
 
@@ -9,7 +10,24 @@ import importlib.util
 
 import pytest
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+
+
+def test_fp8_refused_before_sm89():
+    """An A100 (8.0) compiles none of the FP8 kernels: quantization='fp8' and an FP8 KV cache are a
+    ValueError's message naming the parameter there; Ada (8.9) and Hopper take them; 16-bit and 4-bit
+    models run on the A100."""
+    from pagedllm.worker.worker import fp8_refusal
+
+    weights = fp8_refusal((8, 0), "NVIDIA A100-SXM4-80GB", "fp8", "auto")
+    assert weights.startswith("quantization='fp8'") and "A100" in weights and "8.0" in weights
+    cache = fp8_refusal((8, 6), "NVIDIA A10", None, "fp8_e4m3")
+    assert cache.startswith("kv_cache_dtype='fp8_e4m3'") and "8.6" in cache
+    assert fp8_refusal((8, 0), "NVIDIA A100", "gptq", "auto") is None
+    assert fp8_refusal((8, 0), "NVIDIA A100", None, "auto") is None
+    for capability in ((8, 9), (9, 0), (10, 0)):
+        assert fp8_refusal(capability, "GPU", "fp8", "fp8_e5m2") is None
 
 # the shared memory a block may opt in to, by compute capability: H100 / H200, A100, L4 (A10 the same)
 LIMITS = {90: 232448, 80: 166912, 89: 101376}
@@ -30,6 +48,7 @@ def _fitted(stages: int, stage_bytes: int, capability: int) -> int:
     return fit_stages(stages, stage_bytes, LIMITS[capability], capability // 10)
 
 
+@needs_triton
 @pytest.mark.parametrize("capability", [80, 89, 90])
 def test_swap_gemm_tables_fit(capability):
     """Every config of the swap-AB table (the 16-bit decode products of 1-16 rows, the MoE router)
@@ -51,6 +70,7 @@ def test_swap_gemm_tables_fit(capability):
         assert compiled.metadata.shared <= LIMITS[capability], (cfg, stages, compiled.metadata.shared)
 
 
+@needs_triton
 @pytest.mark.parametrize("capability", [80, 89, 90])
 def test_small_moe_tiles_fit(capability):
     """The small-batch MoE kernels' default tiles (gate/up; down at one token and more) at the stages
