@@ -39,7 +39,7 @@
 # w1int4sk (the same with PAGEDLLM_KPAIRS_STREAM_K=1 and $W1INT4_ENV: kpairs' stream-K), sktests (its GPU tests),
 # kpmodes (benchmarks/kpairs_modes.py: kpairs' 128-row tiles chained and with two accumulators, 64 x 256 tiles of
 # one warpgroup at 3 / 2 stages; the dots
-# modes' GPU tests, flat's known failures among them), moepre (Qwen3-30B-A3B batch 1: A the defaults, B
+# modes' GPU tests), moepre (Qwen3-30B-A3B batch 1: A the defaults, B
 # PAGEDLLM_MOE_PRELOAD=0: the MoE down kernel's routing and first expert tile loaded after its wait), preloadtests
 # (the MoE preload's GPU tests: the chain with it off, the engine's tokens with PDL), defaulttests (the GPU tests
 # of the defaults: kpairs, the 4-bit dispatch and engine, gemvp's prefetch, PDL, the MoE kernels), w2gemvpcfg (W2

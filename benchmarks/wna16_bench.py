@@ -135,11 +135,9 @@ def kpairs_sweep(m: int, k: int) -> list:
     accs = [SwapConfig(bn, 128, split, 8, 3, block_m=bm, pairs=True, dots="accs")
             for bn, bm in ((64, 128), (128, 64)) if bm <= max(64, 2 * m - 2)
             for split in (1, 2, 4) if k >= 2 * 128 * split]
-    # one dot an iteration, in the chained tiles of 8 warps
-    flat = [dataclasses.replace(c, dots="flat") for c in one if c.num_warps == 8]
     # two accumulators in the chained tiles of up to 128 rows
     accs2 = [dataclasses.replace(c, dots="accs2") for c in one if c.block_m <= 128]
-    return one + narrow + accs + flat + accs2
+    return one + narrow + accs + accs2
 
 
 def main() -> None:

@@ -57,7 +57,7 @@ from pagedllm.kernels.pdl_triton import pdl_release, pdl_wait, prefetch_rows_l2
 SWAP_BLOCK_M = 16
 FP16_MAX = 65504.0
 REDUCES = ("kernel", "last")
-DOTS_MODES = ("chain", "accs", "flat", "accs2")  # the kpairs GEMM's K step: SwapConfig.dots
+DOTS_MODES = ("chain", "accs", "accs2")  # the kpairs GEMM's K step: SwapConfig.dots
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,39 +136,6 @@ def _route(logits, e_mask, rm, m_mask, weights_ptr, ids_ptr, TOP_K: tl.constexpr
 
 
 @triton.jit
-def _weight_tile(w_rows, n_mask, kk, K, EVEN_K: tl.constexpr):
-    """The weight tile [BLOCK_N, BLOCK_K] at columns kk of rows w_rows (zeros past N, and past K
-    unless EVEN_K)."""
-    if EVEN_K:
-        return tl.load(w_rows + kk[None, :], mask=n_mask[:, None], other=0.0)
-    return tl.load(w_rows + kk[None, :], mask=n_mask[:, None] & (kk < K)[None, :], other=0.0)
-
-
-@triton.jit
-def _step(acc, w, x_cols, m_mask, k0, kk, s_ptr, rn64, n_mask, K, stride_sn, SCALED: tl.constexpr,
-          GROUP_K: tl.constexpr, EVEN_K: tl.constexpr, OPERANDS: tl.constexpr, FP16_MAX_: tl.constexpr):  # fmt: skip
-    """acc + the K step at k0: weight tile w against x.T's rows kk = k0 + its offsets (zeros past M,
-    and past K unless EVEN_K), its group scale applied (SCALED, GROUP_K > 0)."""
-    if EVEN_K:
-        xt = tl.load(x_cols + kk[:, None], mask=m_mask[None, :], other=0.0)
-    else:
-        xt = tl.load(x_cols + kk[:, None], mask=m_mask[None, :] & (kk < K)[:, None], other=0.0)
-    if OPERANDS == "fp16":
-        w = w.to(tl.float16)
-        if xt.dtype != tl.float16:
-            xt = tl.clamp(xt.to(tl.float32), -FP16_MAX_, FP16_MAX_).to(tl.float16)
-        part = tl.dot(w, xt)
-    elif OPERANDS == "weight":
-        part = tl.dot(w, xt.to(w.dtype))
-    else:
-        part = tl.dot(w.to(tl.float32), xt.to(tl.float32), input_precision="ieee")
-    if SCALED and GROUP_K > 0:
-        s = tl.load(s_ptr + rn64 * stride_sn + k0 // GROUP_K, mask=n_mask, other=0.0)
-        return acc + part * s[:, None]
-    return acc + part
-
-
-@triton.jit
 def _swap_kernel(
     x_ptr,  # [M, K] activations, M <= BLOCK_M
     w_ptr,  # [N, K] float8 e4m3 (SCALED) or 16-bit
@@ -210,12 +177,29 @@ def _swap_kernel(
     if PREFETCH_K > 0:
         prefetch_rows_l2(w_ptr + rn64 * stride_wn, n_mask, k_start, tl.minimum(k_start + K_SPLIT, K), PREFETCH_K)
     pdl_wait(PDL)
-    # (the last split may end early)
-    for k0 in range(k_start, tl.minimum(k_start + K_SPLIT, K), BLOCK_K):
+    for k0 in range(k_start, tl.minimum(k_start + K_SPLIT, K), BLOCK_K):  # (the last split may end early)
         kk = k0 + rk
-        w = _weight_tile(w_rows, n_mask, kk, K, EVEN_K)
-        acc = _step(acc, w, x_cols, m_mask, k0, kk, s_ptr, rn64, n_mask, K, stride_sn, SCALED, GROUP_K, EVEN_K,
-                    OPERANDS, FP16_MAX_)  # fmt: skip
+        if EVEN_K:
+            w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None], other=0.0)
+            xt = tl.load(x_cols + kk[:, None], mask=m_mask[None, :], other=0.0)
+        else:
+            k_mask = kk < K
+            w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+            xt = tl.load(x_cols + kk[:, None], mask=m_mask[None, :] & k_mask[:, None], other=0.0)
+        if OPERANDS == "fp16":
+            w = w.to(tl.float16)
+            if xt.dtype != tl.float16:
+                xt = tl.clamp(xt.to(tl.float32), -FP16_MAX_, FP16_MAX_).to(tl.float16)
+            part = tl.dot(w, xt)
+        elif OPERANDS == "weight":
+            part = tl.dot(w, xt.to(w.dtype))
+        else:
+            part = tl.dot(w.to(tl.float32), xt.to(tl.float32), input_precision="ieee")
+        if SCALED and GROUP_K > 0:
+            s = tl.load(s_ptr + rn64 * stride_sn + k0 // GROUP_K, mask=n_mask, other=0.0)
+            acc += part * s[:, None]
+        else:
+            acc += part
     out_mask = n_mask[:, None] & m_mask[None, :]
     if not WORKSPACE:  # one split
         acc = _epilogue(acc, s_ptr, b_ptr, rn, n_mask, n_mask, stride_sn, SCALED, GROUP_K, HAS_BIAS)

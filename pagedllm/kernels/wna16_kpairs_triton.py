@@ -14,9 +14,7 @@ accumulator, and Triton (3.6, sm_90) then waits for each dot's wgmma before the 
 (three `wgmma.wait_group 0` a step: the MMAs never overlap the next operand's construction).
 "accs" gives each dot its own accumulator, summed after the loop: the loop keeps seven wgmma groups
 in flight (wait_group 7), at four accumulators' registers (64-wide weight tiles of 128 rows or
-128-wide ones of 64 rows under 8 warps: 182 / 207 registers, no spills). "flat" runs one dot an
-iteration (the nibble pair a register shift, the step's words loaded again for each): one
-accumulator, so any tile, and Triton pipelines the loop's dot (wait_group 1). Each checked on sm_90
+128-wide ones of 64 rows under 8 warps: 182 / 207 registers, no spills). Each checked on sm_90
 by tests/unit/test_wna16_kpairs_interpret.py. "accs2", default_config's for tiles of up to 128 rows
 since the twenty-sixth session, adds dots 0 and 2 into one accumulator and 1 and 3 into another: two
 waits a step instead of three (Triton 3.6 waits after dots 0 and 1; 2 and 3 stay in flight together),
@@ -28,7 +26,8 @@ W1 gptq 8,659.6 -> 8,703.8 tok/s (x1.005, two rounds rotated with bf16's 9,159.9
 What a K step costs is not the loads' latency: 3, 4 and 5 stages time the same
 (`benchmarks/kpairs_modes.py`, RESULTS.md twenty-fifth session); K steps of 256 inputs at two stages and
 two dots an iteration into two accumulators (wait_group 3, the words loaded twice a step) both lost
-(the first on the branch exp/kpairs-bk256).
+(the first on the branch exp/kpairs-bk256); one dot an iteration ("flat", the nibble pair a register
+shift) was not close to the reference on the H100 (twenty-second session) and is removed.
 
 Stream-K (`SwapConfig.stream_k`, PAGEDLLM_KPAIRS_STREAM_K=1, off: W1 gptq x0.996 on the H100,
 twenty-fifth session): the 8-warp tiles hold one CTA an SM, and at 129-256 rows Llama-3.1-8B's q/k/v
@@ -57,7 +56,6 @@ from pagedllm.kernels.wna16_pairs_triton import (
     _channel_zeros,
     _group_scales,
     _pairs_operand,
-    _pairs_operand_at,
 )
 from pagedllm.kernels.wna16_swap_triton import _int4_epilogue, _k_splits, _split_k, _sum_splits, _tile
 
@@ -116,30 +114,22 @@ def _kpairs_acc(
     if DOTS == "accs":
         acc2 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
         acc3 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    if DOTS == "flat":  # one dot an iteration: iteration t is dot t % 4 of step t // 4 (its words loaded again)
-        for t in range(0, tl.maximum(k_end - k_start, 0) // BLOCK_K * 4):
-            k0 = k_start + (t // 4) * BLOCK_K
-            w, s, zc = _step_words(w_ptr, s_ptr, z_ptr, k0, rc, rn, rn64, n_mask, s, zc, K, stride_wk, stride_sg,
-                                   GROUP_K, BLOCK_K, HAS_ZERO, MAGIC, W_DTYPE)  # fmt: skip
-            xt = _x_rows(x_cols, k0, t % 4, rc, m_mask, W_DTYPE, BLOCK_C, FP16_MAX_)
-            acc = tl.dot(_pairs_operand_at(w, zc, s, hi, t % 4, W_BF16, ASM), xt, acc)
-    else:
-        for k0 in range(k_start, k_end, BLOCK_K):
-            w, s, zc = _step_words(w_ptr, s_ptr, z_ptr, k0, rc, rn, rn64, n_mask, s, zc, K, stride_wk, stride_sg,
-                                   GROUP_K, BLOCK_K, HAS_ZERO, MAGIC, W_DTYPE)  # fmt: skip
-            if DOTS == "accs2":  # dots 0 and 2 into one accumulator, 1 and 3 into another: pairs of dots in flight
-                acc = _pairs_dot(w, zc, s, hi, x_cols, k0, 0, rc, m_mask, acc, W_BF16, ASM, BLOCK_C, FP16_MAX_)
-                acc1 = _pairs_dot(w, zc, s, hi, x_cols, k0, 1, rc, m_mask, acc1, W_BF16, ASM, BLOCK_C, FP16_MAX_)
-                acc = _pairs_dot(w, zc, s, hi, x_cols, k0, 2, rc, m_mask, acc, W_BF16, ASM, BLOCK_C, FP16_MAX_)
-                acc1 = _pairs_dot(w, zc, s, hi, x_cols, k0, 3, rc, m_mask, acc1, W_BF16, ASM, BLOCK_C, FP16_MAX_)
-            elif DOTS == "accs":  # dot i into its own accumulator: no dot waits for another (module docstring)
-                acc = _pairs_dot(w, zc, s, hi, x_cols, k0, 0, rc, m_mask, acc, W_BF16, ASM, BLOCK_C, FP16_MAX_)
-                acc1 = _pairs_dot(w, zc, s, hi, x_cols, k0, 1, rc, m_mask, acc1, W_BF16, ASM, BLOCK_C, FP16_MAX_)
-                acc2 = _pairs_dot(w, zc, s, hi, x_cols, k0, 2, rc, m_mask, acc2, W_BF16, ASM, BLOCK_C, FP16_MAX_)
-                acc3 = _pairs_dot(w, zc, s, hi, x_cols, k0, 3, rc, m_mask, acc3, W_BF16, ASM, BLOCK_C, FP16_MAX_)
-            else:
-                for i in tl.static_range(4):
-                    acc = _pairs_dot(w, zc, s, hi, x_cols, k0, i, rc, m_mask, acc, W_BF16, ASM, BLOCK_C, FP16_MAX_)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        w, s, zc = _step_words(w_ptr, s_ptr, z_ptr, k0, rc, rn, rn64, n_mask, s, zc, K, stride_wk, stride_sg,
+                               GROUP_K, BLOCK_K, HAS_ZERO, MAGIC, W_DTYPE)  # fmt: skip
+        if DOTS == "accs2":  # dots 0 and 2 into one accumulator, 1 and 3 into another: pairs of dots in flight
+            acc = _pairs_dot(w, zc, s, hi, x_cols, k0, 0, rc, m_mask, acc, W_BF16, ASM, BLOCK_C, FP16_MAX_)
+            acc1 = _pairs_dot(w, zc, s, hi, x_cols, k0, 1, rc, m_mask, acc1, W_BF16, ASM, BLOCK_C, FP16_MAX_)
+            acc = _pairs_dot(w, zc, s, hi, x_cols, k0, 2, rc, m_mask, acc, W_BF16, ASM, BLOCK_C, FP16_MAX_)
+            acc1 = _pairs_dot(w, zc, s, hi, x_cols, k0, 3, rc, m_mask, acc1, W_BF16, ASM, BLOCK_C, FP16_MAX_)
+        elif DOTS == "accs":  # dot i into its own accumulator: no dot waits for another (module docstring)
+            acc = _pairs_dot(w, zc, s, hi, x_cols, k0, 0, rc, m_mask, acc, W_BF16, ASM, BLOCK_C, FP16_MAX_)
+            acc1 = _pairs_dot(w, zc, s, hi, x_cols, k0, 1, rc, m_mask, acc1, W_BF16, ASM, BLOCK_C, FP16_MAX_)
+            acc2 = _pairs_dot(w, zc, s, hi, x_cols, k0, 2, rc, m_mask, acc2, W_BF16, ASM, BLOCK_C, FP16_MAX_)
+            acc3 = _pairs_dot(w, zc, s, hi, x_cols, k0, 3, rc, m_mask, acc3, W_BF16, ASM, BLOCK_C, FP16_MAX_)
+        else:
+            for i in tl.static_range(4):
+                acc = _pairs_dot(w, zc, s, hi, x_cols, k0, i, rc, m_mask, acc, W_BF16, ASM, BLOCK_C, FP16_MAX_)
     if DOTS == "accs":
         acc = (acc + acc1) + (acc2 + acc3)
     if DOTS == "accs2":
@@ -246,17 +236,11 @@ def dots_mode() -> str:
     """PAGEDLLM_KPAIRS_DOTS (read once): how default_config's tiles run a step's four dots, "accs2"
     (unset: two accumulators in the tiles of up to 128 rows, the 256-row ones chained; W1 gptq x1.005
     against "chain" on the H100), "chain" (one accumulator in every tile), "accs" (four accumulators,
-    in 64- and 128-row tiles that fit them; W1 gptq x0.940) or "flat" (one dot an iteration), for A/B
-    runs on a GPU; anything else a ValueError naming the variable. "flat" is
-    refused: on the H100 its output was not close to the reference (`test_wna16_kpairs_kperm`, 256-row
-    tiles split 2, 3 stages; as was that of two dots an iteration, twenty-fifth session), while the
-    interpreter's result at those tiles is right, so the engine does not take it until that is understood."""
+    in 64- and 128-row tiles that fit them; W1 gptq x0.940), for A/B runs on a GPU; anything else a
+    ValueError naming the variable."""
     value = os.environ.get("PAGEDLLM_KPAIRS_DOTS", "").strip() or "accs2"
     if value not in DOTS_MODES:
         raise ValueError(f"PAGEDLLM_KPAIRS_DOTS={value!r}: expected one of {', '.join(DOTS_MODES)}")
-    if value == "flat":
-        raise ValueError("PAGEDLLM_KPAIRS_DOTS='flat': its GPU test fails (RESULTS.md twenty-second session); "
-                         "use accs2, chain or accs")
     return value
 
 
@@ -277,7 +261,7 @@ def with_stream_k(cfg: SwapConfig, m: int, n: int) -> SwapConfig:
     """cfg as stream-K over the SMs where stream_k_enabled() and its 128- or 256-row tiles' grid
     leaves more than STREAM_K_MAX_IDLE of its last wave's SMs idle (at 129-256 rows Llama-3.1-8B's
     q/k/v: 96 tiles for 132 SMs, gate/up 224); cfg otherwise."""
-    if not stream_k_enabled() or cfg.block_m < 128 or cfg.dots == "flat":
+    if not stream_k_enabled() or cfg.block_m < 128:
         return cfg
     sms = num_sms()
     programs = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n) * cfg.split_k
@@ -304,11 +288,11 @@ def default_config(m: int, n: int, k: int, group_k: int = 0) -> SwapConfig:
     each)."""
     mode = dots_mode()
     if m > 128 and (-(-n // 128) >= 132 or k >= 8192):
-        stages = 2 if 0 < group_k < 128 and mode != "flat" else 3
+        stages = 2 if 0 < group_k < 128 else 3
         split_k = _split_k(m, n, k, 256, 128, 128, 132)
         # (four or two accumulators of 256 rows: too many registers)
         cfg = SwapConfig(128, 128, split_k, num_warps=8, num_stages=stages, block_m=256, pairs=True,
-                         dots="chain" if mode in ("accs", "accs2") else mode)
+                         dots="chain")
         return with_stream_k(cfg, m, n)
     if mode == "accs":  # 64-wide weight tiles of 128 rows, 128-wide of 64 rows, 8 warps
         block_m = 64 if m <= 64 else 128

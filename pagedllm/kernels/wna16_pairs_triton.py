@@ -27,15 +27,14 @@ import triton.language as tl
 from pagedllm.kernels.wna16_swap_triton import _int4_epilogue, _tile
 
 
-def _pair_asm(nib: int | None, bf16: bool) -> tl.constexpr:
+def _pair_asm(nib: int, bf16: bool) -> tl.constexpr:
     # The pairs kernel's operand: two elements (the same word twice) -> one 16-bit pair, nibble nib
-    # low and nibble nib + 4 high, minus (magic + z) ($3), times the scale pair ($4); nib None: the
-    # shift 4 nib is the operand $5 (a loop's nibble pair)
+    # low and nibble nib + 4 high, minus (magic + z) ($3), times the scale pair ($4)
     magic, sub, mul = ("0x43004300", "sub.rn.bf16x2", "mul.rn.bf16x2") if bf16 else ("0x64006400", "sub.f16x2",
                                                                                      "mul.f16x2")
     return tl.constexpr(f"""{{
 .reg .b32 t;
-shr.u32 t, $1, {"$5" if nib is None else 4 * nib};
+shr.u32 t, $1, {4 * nib};
 lop3.b32 t, t, 0x000F000F, {magic}, 0xEA;
 {sub} t, t, $3;
 {mul} $0, t, $4;
@@ -43,7 +42,6 @@ lop3.b32 t, t, 0x000F000F, {magic}, 0xEA;
 
 
 _PAIR_ASM = tl.constexpr(tuple(_pair_asm(i, bf16).value for bf16 in (False, True) for i in range(4)))
-_PAIR_ASM_SHIFT = tl.constexpr(tuple(_pair_asm(None, bf16).value for bf16 in (False, True)))
 
 
 @triton.jit
@@ -58,18 +56,6 @@ def _pairs_operand(w, zc, s, hi, NIB: tl.constexpr, W_BF16: tl.constexpr, ASM: t
                                       is_pure=True, pack=2)  # fmt: skip
     else:
         v = _pairs_plain(w, zc, s, 4 * NIB + 16 * hi, W_BF16)
-    return v
-
-
-@triton.jit
-def _pairs_operand_at(w, zc, s, hi, nib, W_BF16: tl.constexpr, ASM: tl.constexpr):
-    """_pairs_operand with the nibble pair a runtime value nib (a loop's): the shift a register."""
-    if ASM:
-        shift = tl.full(w.shape, 0, tl.int32) + 4 * nib
-        v = tl.inline_asm_elementwise(_PAIR_ASM_SHIFT[W_BF16 * 1], "=r,r,r,r,r,r,r", [w, zc, s, shift],
-                                      dtype=zc.dtype, is_pure=True, pack=2)  # fmt: skip
-    else:
-        v = _pairs_plain(w, zc, s, 4 * nib + 16 * hi, W_BF16)
     return v
 
 

@@ -340,7 +340,7 @@ def test_wna16_kperm_kernels(dtype, config):
 
 
 @pytest.mark.parametrize("config", [None, (64, 128, 1, 8, 3, "kernel", 128, True, "accs"),
-                                    (128, 128, 2, 8, 3, "kernel", 256, True, "flat"),
+                                    (128, 128, 2, 8, 3, "kernel", 256, True, "chain"),
                                     (128, 128, 1, 8, 3, "kernel", 128, True, "accs2")])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_wna16_kpairs_kperm(config, dtype):
@@ -399,11 +399,6 @@ def test_wna16_kpairs(m, n, k, group_k, symmetric, dtype):
 
 @pytest.mark.parametrize("config", [(64, 128, 1, 8, 3, "kernel", 128, True, "accs"),
                                     (128, 128, 2, 8, 3, "kernel", 64, True, "accs"),
-                                    (128, 128, 1, 8, 3, "kernel", 128, True, "flat"),
-                                    (128, 128, 2, 8, 3, "kernel", 256, True, "flat"),
-                                    # flat's failure on the H100 (twenty-second session): with the loop
-                                    # unpipelined too?
-                                    (128, 128, 2, 8, 1, "kernel", 256, True, "flat"),
                                     (128, 128, 1, 8, 3, "kernel", 128, True, "accs2"),
                                     (128, 128, 2, 4, 3, "kernel", 64, True, "accs2"),
                                     (128, 128, 4, 4, 3, "kernel", 16, True, "accs2"),
@@ -411,9 +406,8 @@ def test_wna16_kpairs(m, n, k, group_k, symmetric, dtype):
 @pytest.mark.parametrize("m, dtype", [(200, torch.bfloat16), (96, torch.float16)])
 @pytest.mark.parametrize("n,k,group_k,symmetric", [(6144, 4096, 128, True), (4096, 14336, 32, False)])
 def test_wna16_kpairs_dots(config, m, dtype, n, k, group_k, symmetric):
-    """SwapConfig.dots "accs" (each of a K step's dots its own accumulator), "flat" (one dot an
-    iteration) and "accs2" (two accumulators; stream-K too): the wgmma groups in flight, the same
-    products."""
+    """SwapConfig.dots "accs" (each of a K step's dots its own accumulator) and "accs2" (two
+    accumulators; stream-K too): the wgmma groups in flight, the same products."""
     check_wna16_kpairs("cuda", dtype, m, n, k, group_k, symmetric, bias=True, config=config)
 
 

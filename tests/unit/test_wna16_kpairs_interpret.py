@@ -42,11 +42,6 @@ _CASES = {
                             {"config": [64, 128, 1, 8, 1, "kernel", 128, True, "accs"]}),
     "g32_accs_split2_bias": ("check_wna16_kpairs", [70, 96, 512, 32, True],
                              {"bias": True, "config": [128, 128, 2, 8, 1, "kernel", 64, True, "accs"]}),
-    # one dot an iteration: 256-row tiles, a group a word; three splits, the last one short
-    "g32_flat_bm256_bias": ("check_wna16_kpairs", [200, 128, 256, 32, False],
-                            {"bias": True, "config": [128, 128, 1, 8, 1, "kernel", 256, True, "flat"]}),
-    "channel_flat_split3": ("check_wna16_kpairs", [33, 64, 640, None, False],
-                            {"config": [64, 128, 3, 4, 1, "kernel", 64, True, "flat"]}),
     # two accumulators (dots 0 and 2, 1 and 3): 128-row tiles, groups of 128 split 3 with a bias; a
     # group a word in 16-row tiles; stream-K over 5 programs on the steps-permuted layout
     "g128_asym_accs2_split3_bias": ("check_wna16_kpairs", [130, 128, 384, 128, False],
@@ -60,8 +55,6 @@ _CASES = {
     "kperm_channel_asym_split3_bias": ("check_wna16_kpairs", [33, 64, 384, None, False],
                                        {"bias": True, "config": [64, 128, 3, 4, 1, "kernel", 32, True],
                                         "kperm": True}),
-    "kperm_g128_flat_bm64": ("check_wna16_kpairs", [40, 128, 256, 128, True],
-                             {"config": [64, 128, 1, 4, 1, "kernel", 64, True, "flat"], "kperm": True}),
     # default_config's 16- and 32-row tiles (PAGEDLLM_WNA16_KPAIRS_FROM below 33 rows)
     "default_config_m5": ("check_wna16_kpairs", [5, 64, 256, 128, True], {}),
     "default_config_m24_channel_bias": ("check_wna16_kpairs", [24, 96, 384, None, False], {"bias": True}),
@@ -158,13 +151,12 @@ def test_kpairs_kernel_builds_the_operand_in_registers(x, group_k, has_zero, blo
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 @pytest.mark.parametrize("x, group_k, has_zero, block_n, block_m, dots",
                          [("bf16", 128, False, 64, 128, "accs"), ("fp16", 32, True, 64, 128, "accs"),
-                          ("bf16", 0, True, 128, 64, "accs"), ("bf16", 128, False, 128, 256, "flat"),
-                          ("fp16", 32, True, 128, 128, "flat"), ("bf16", 128, False, 128, 128, "accs2"),
+                          ("bf16", 0, True, 128, 64, "accs"), ("bf16", 128, False, 128, 128, "accs2"),
                           ("fp16", 32, True, 128, 128, "accs2"), ("bf16", 0, True, 128, 64, "accs2")])  # fmt: skip
 def test_kpairs_dots_keep_the_mmas_in_flight(x, group_k, has_zero, block_n, block_m, dots):
     """Compiled for the H200 with 8 warps (accs2's 64-row tiles 4): the chained dots wait for every
     wgmma group before the next dot (wait_group 0 three times a step); four accumulators keep seven
-    groups in flight (wait_group 7), one dot an iteration one (wait_group 1); two accumulators wait
+    groups in flight (wait_group 7); two accumulators wait
     twice a step (dots 2 and 3 in flight together); each with one full wait after the loop, nothing
     spilled, the weight still built in registers."""
     from test_wna16_swap_interpret import pairs_main_loop
@@ -180,23 +172,19 @@ def test_kpairs_dots_keep_the_mmas_in_flight(x, group_k, has_zero, block_n, bloc
         if mode == dots:
             assert resources(compiled)["stack"] == 0 and resources(compiled)["shared"] <= 232448, resources(compiled)
             count = pairs_main_loop(compiled, x)
-            # flat with a group a word converts the group tile it computes (two 128-bit stores a
-            # thread, read back by the transposing LDSM), not the weight operand
-            sts = 2 if dots == "flat" and 0 < group_k < 128 else 0
-            assert count["HGMMA"] > 0 and count["LDSM.16.M88."] == 0 and count["STS.128"] <= sts, count
+            assert count["HGMMA"] > 0 and count["LDSM.16.M88."] == 0 and count["STS.128"] == 0, count
     assert waits["chain"].count(0) >= 4, waits["chain"]  # three in the loop, one after it
     if dots == "accs2":
         assert waits[dots] == [0, 0, 0], waits[dots]  # two in the loop, one after it
         return
-    in_flight = {"accs": 7, "flat": 1}[dots]
-    assert waits[dots].count(0) == 1 and set(waits[dots]) == {0, in_flight}, waits[dots]
+    assert waits[dots].count(0) == 1 and set(waits[dots]) == {0, 7}, waits[dots]
 
 
 def test_dots_switch(monkeypatch):
     """PAGEDLLM_KPAIRS_DOTS: chain the measured tiles; unset or accs2 the same tiles with two
     accumulators; accs their four-accumulator versions below 129 rows (256-row tiles stay chained:
-    four or two would not fit their registers); flat (one dot an iteration) refused while its GPU
-    test fails; anything else a ValueError naming the variable."""
+    four or two would not fit their registers); anything else (flat, removed, among them) a
+    ValueError naming the variable."""
     from pagedllm.kernels import wna16_kpairs_triton as kp
 
     try:
@@ -208,7 +196,7 @@ def test_dots_switch(monkeypatch):
             assert kp.default_config(64, 6144, 4096, 128).dots == dots
             assert kp.default_config(200, 6144, 4096, 128).dots == dots  # 128-row tiles past 128 rows
             assert kp.default_config(200, 28672, 4096, 128).dots == ("chain" if dots in ("accs", "accs2") else dots)
-        for value in ("4", "flat"):
+        for value in ("4", "flat"):  # (flat: one dot an iteration, removed)
             monkeypatch.setenv("PAGEDLLM_KPAIRS_DOTS", value)
             kp.dots_mode.cache_clear()
             with pytest.raises(ValueError, match="PAGEDLLM_KPAIRS_DOTS"):
