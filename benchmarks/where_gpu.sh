@@ -289,11 +289,13 @@ cfgvariants() {  # step runner VAR "name=value|...": the runner (moe, w2gptq) at
 }
 # Whole decode steps at other tiles under PDL (the sweeps timed each product alone, without PDL; under PDL a
 # program's first tile loads before its wait, so splits that leave each program fewer tiles put more of the
-# weight ahead of it). W2 gptq, gemvp (wna16_triton.gemvp_overrides): q/k/v is 96 programs of four tiles, o the
-# 4-stage pipeline without PDL, down 512 programs of seven. Qwen3-30B-A3B batch 1, the swap-AB GEMM
-# (small_m.swap_overrides): q/k/v 80 programs unsplit, o 128 (split 4).
-cfgvariants w2gemvpcfg w2gptq PAGEDLLM_GEMVP_CONFIG "${W2GEMVP_CFGS:-qkv2=6144,4096:64,1024,8,2,2|qkv4=6144,4096:64,1024,8,2,4\
-|oreg4=4096,4096:32,1024,8,2,4|down7=4096,14336:32,1024,8,2,7|all=6144,4096:64,1024,8,2,2;4096,4096:32,1024,8,2,4}"
+# weight ahead of it). W2 gptq, gemvp (wna16_triton.gemvp_overrides): q/k/v is 96 programs split 2 ways, o 128
+# split 4 in the register mode (gemvp_config, twenty-seventh session: 2.64 -> 2.58 ms/token on the H100);
+# "old" the configs before it (q/k/v unsplit, o the 4-stage pipeline of 512-input tiles, which waits first),
+# qkv1 q/k/v unsplit alone. Qwen3-30B-A3B batch 1, the swap-AB GEMM (small_m.swap_overrides): q/k/v 80
+# programs unsplit, o 128 (split 4).
+cfgvariants w2gemvpcfg w2gptq PAGEDLLM_GEMVP_CONFIG "${W2GEMVP_CFGS:-old=6144,4096:64,1024,8,2,1;4096,4096:32,512,8,4,1\
+|qkv1=6144,4096:64,1024,8,2,1}"
 cfgvariants moeswapcfg moe PAGEDLLM_SWAP_CONFIG "${MOESWAP_CFGS:-qkv2=5120,2048:64,256,2,4,3|qkv4=5120,2048:64,128,4,4,3\
 |o8=2048,4096:64,128,8,4,3|o2=2048,4096:64,256,2,4,4|both=5120,2048:64,256,2,4,3;2048,4096:64,128,8,4,3}"
 if step l2bench 60; then  # whether a few-row linear gains from its weight in L2, and the side stream's prefetch

@@ -265,17 +265,20 @@ def gemvp_config(n: int, k: int) -> tuple:
     pipeline, 2: gemv_prefetch's register mode) where 4-bit weights meet 16-bit activations and no
     config was given (gemvp_overrides' where it names the shape). From the H100 sweep (`wna16_bench.py
     --rows 1`, RESULTS.md eighteenth session, us a layer, Llama-3.1-8B int4 g128): the 14,336-input
-    down projection split 4 ways with 8 warps (15.4 against 18.7 with 4), a projection of at most
-    4,096 outputs (128 programs of 32) with 512-input tiles in a 4-stage pipeline (o: 7.3 against
-    8.5); the rest as the float32 gemv."""
+    down projection split 4 ways with 8 warps (15.4 against 18.7 with 4). From whole W2 gptq decode
+    steps under PDL (twenty-seventh session, H100: 2.64 -> 2.58 ms/token): a projection of at most
+    4,096 outputs (o: 128 programs of 32) in the register mode, 1,024-input tiles split 4 ways (its
+    first tile loads before the PDL wait; the 4-stage pipeline of 512-input tiles, 7.3 us against 8.5
+    alone, waits first), one of up to 8,192 (q/k/v: 96 programs of 64) split 2 ways; the rest as the
+    float32 gemv."""
     override = gemvp_overrides().get((n, k))
     if override is not None:
         return override
     if k >= 8192:
         return ("gemvp", 1, 32, 512, 8, 2, 4)
     if n <= 4096:
-        return ("gemvp", 1, 32, 512, 8, 4, 1)
-    return ("gemvp", 1, 64 if n <= 8192 else 32, 1024, 8, 2, 1)
+        return ("gemvp", 1, 32, 1024, 8, 2, 4)
+    return ("gemvp", 1, 64 if n <= 8192 else 32, 1024, 8, 2, 2 if n <= 8192 else 1)
 
 
 def engine_config(m: int, n: int, k: int, group_k: int, bits: int, dtype: torch.dtype, pairs: bool = True) -> tuple:

@@ -198,12 +198,12 @@ def test_gemvp_config_override(monkeypatch):
 
     default_qkv, default_o = w.gemvp_config(6144, 4096), w.gemvp_config(4096, 4096)
     try:
-        monkeypatch.setenv("PAGEDLLM_GEMVP_CONFIG", "6144,4096:64,1024,8,2,2; 28672,4096:32,512,4,2,4;")
+        monkeypatch.setenv("PAGEDLLM_GEMVP_CONFIG", "6144,4096:64,1024,8,2,3; 28672,4096:32,512,4,2,4;")
         w.gemvp_overrides.cache_clear()
-        assert w.gemvp_config(6144, 4096) == ("gemvp", 1, 64, 1024, 8, 2, 2) != default_qkv
+        assert w.gemvp_config(6144, 4096) == ("gemvp", 1, 64, 1024, 8, 2, 3) != default_qkv
         assert w.gemvp_config(28672, 4096) == ("gemvp", 1, 32, 512, 4, 2, 4)
         assert w.gemvp_config(4096, 4096) == default_o
-        assert w.engine_config(1, 6144, 4096, 128, 4, torch.bfloat16) == ("gemvp", 1, 64, 1024, 8, 2, 2)
+        assert w.engine_config(1, 6144, 4096, 128, 4, torch.bfloat16) == ("gemvp", 1, 64, 1024, 8, 2, 3)
         for bad in ("6144,4096:64,1024,8,2", "6144:64,1024,8,2,2", "6144,4096:48,1024,8,2,2",
                     "6144,4096:64,1000,8,2,2", "6144,4096:64,1024,8,5,2", "6144,4096:64,1024,8,2,0", "a,b:c"):
             monkeypatch.setenv("PAGEDLLM_GEMVP_CONFIG", bad)
