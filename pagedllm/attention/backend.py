@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -134,3 +135,12 @@ class AttentionBackend(ABC):
     ) -> torch.Tensor:  # [T, Hq, D]
         """`forward` without its store (only where `attends_stored_kv`)."""
         raise NotImplementedError(f"the {self.name} attention backend stores K/V itself: call forward")
+
+    def attend_decodes_qkv(self, qkv: torch.Tensor, rope: Any, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           batch: ForwardBatch, scale: float, sliding_window: int | None = None,
+                           logits_soft_cap: float | None = None) -> torch.Tensor | None:  # fmt: skip
+        """A step of decodes only, from the qkv projection's rows [T, (Hq + 2 Hkv) * D]: the q/k
+        norm, the rotary and the K/V store done inside the attention (`rope` a
+        kernels/attention_decode.DecodeRope) -> [T, Hq, D]; None where this backend cannot (the
+        caller then stores and attends in two steps)."""
+        return None

@@ -18,7 +18,8 @@ import torch
 
 from pagedllm.attention.backend import AttentionBackend, AttentionMetadata, ForwardBatch
 from pagedllm.kernels.attention import prefill_attention_triton, store_kv_triton
-from pagedllm.kernels.attention_decode import decode_attention_triton
+from pagedllm.kernels.attention_decode import decode_attention_triton, rope_decode_ok
+from pagedllm.kernels.qkv_rope import DecodeRope
 
 
 class TritonMetadata(AttentionMetadata):
@@ -85,8 +86,7 @@ class TritonAttentionBackend(AttentionBackend):
             decode_attention_triton(
                 q[:nd], k_cache, v_cache, batch.block_tables, batch.seq_lens, out[:nd], scale,
                 max_seq_len=batch.max_seq_len, k_scale=k_scale, v_scale=v_scale,
-                sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
-                order=meta.decode_order if isinstance(meta := batch.attn_metadata, TritonMetadata) else None,
+                sliding_window=sliding_window, logits_soft_cap=logits_soft_cap, order=_decode_order(batch),
             )  # fmt: skip
         if num_reqs > nd:
             max_query_len = max(batch.query_lens_cpu[nd:])
@@ -97,3 +97,26 @@ class TritonAttentionBackend(AttentionBackend):
                 sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
             )  # fmt: skip
         return out
+
+    def attend_decodes_qkv(self, qkv: torch.Tensor, rope: DecodeRope, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           batch: ForwardBatch, scale: float, sliding_window: int | None = None,
+                           logits_soft_cap: float | None = None) -> torch.Tensor | None:  # fmt: skip
+        """The decode kernel from the qkv rows (qkv_rope.DecodeRope: qkv_rope's kernel does
+        not run), where `rope_decode_ok` holds."""
+        t = qkv.shape[0]
+        hkv, d = k_cache.shape[2], k_cache.shape[3]
+        if not rope_decode_ok(qkv, k_cache, v_cache, d, None):
+            return None
+        hq = qkv.shape[1] // d - 2 * hkv
+        out = torch.empty((t, hq, d), dtype=qkv.dtype, device=qkv.device)
+        return decode_attention_triton(
+            qkv[:, : hq * d].view(t, hq, d), k_cache, v_cache, batch.block_tables, batch.seq_lens, out, scale,
+            max_seq_len=batch.max_seq_len, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
+            order=_decode_order(batch), rope=rope,
+        )  # fmt: skip
+
+
+def _decode_order(batch: ForwardBatch) -> torch.Tensor | None:
+    """The step's decodes longest first (TritonMetadata), or None."""
+    meta = batch.attn_metadata
+    return meta.decode_order if isinstance(meta, TritonMetadata) else None

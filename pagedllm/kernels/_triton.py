@@ -68,7 +68,9 @@ def fusion_enabled(option: str, default: bool = True) -> bool:
     chain). ROUTER: the MoE router's product, softmax and top-k in one launch for 1-16 tokens
     (kernels/small_m.py `route_small`), on by default. ACT_FP8: the gated activation writing an FP8
     down projection's per-token e4m3 rows itself (model/layers/activation.py `act_into`), on by default.
-    NORM_FP8: RMSNorm writing the qkv and gate/up products' FP8 rows (layernorm.py `norm_into`), off."""
+    NORM_FP8: RMSNorm writing the qkv and gate/up products' FP8 rows (layernorm.py `norm_into`), off.
+    ROPE_DECODE: in a step of decodes only, the decode attention kernel doing ROPE_KV's work itself
+    (attention_decode.py, ROPE: one kernel a layer less), off."""
     value = os.environ.get(f"PAGEDLLM_FUSED_{option}", "").strip()
     return default if not value else value != "0"
 

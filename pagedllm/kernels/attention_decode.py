@@ -41,6 +41,8 @@ from pagedllm.kernels.attention import (
 )
 from pagedllm.kernels.counters import counters
 from pagedllm.kernels.pdl_triton import pdl_release, pdl_wait
+from pagedllm.kernels.qkv_rope import DecodeRope
+from pagedllm.kernels.qkv_rope_triton import _norm_rope_heads, _rounded_row
 
 
 @triton.jit
@@ -112,6 +114,16 @@ def _decode_kernel(
     MERGE_UNROLL: tl.constexpr = 8,  # (LAST_REDUCE) splits merged a round
     PDL: tl.constexpr = False,  # kernels/pdl_triton.py
     V_T: tl.constexpr = False,  # V blocks stored [Hkv, D, bs] (attention.v_transposed); stride_vs is then 1
+    # ROPE: q_ptr is the qkv projection's output (row stride_qt, heads stride_qh = D: q heads,
+    # then k, then v), and this kernel does qkv_rope's work for its decodes: norms (HAS_NORM) and
+    # rotates its query heads, and the program whose split holds the request's last key norms,
+    # rotates and stores that key and its value into the (16-bit) cache before it attends
+    ROPE: tl.constexpr = False,
+    pos_ptr=None, cos_ptr=None, sin_ptr=None,  # [B] positions; [max_pos, D] float32 tables
+    qw_ptr=None, kw_ptr=None,  # [D] q_norm / k_norm weights (HAS_NORM)
+    slot_ptr=None,  # [B] int64 cache slots, -1 = not stored
+    stride_cos=0, stride_sin=0, eps=0.0,
+    HAS_NORM: tl.constexpr = False,
 ):  # fmt: skip
     pdl_release(PDL)
     # The split count is the grid's third dimension, a runtime value: a new count (it follows
@@ -121,18 +133,44 @@ def _decode_kernel(
     # (pdl_triton.py, rule 1), off the critical path.
     req, kv_head, num_kv_heads, split, num_splits, start, end = _partition(
         seq_lens_ptr, order_ptr, window, BLOCK_N, SLIDING, ORDERED, BLOCK_SIZE if V_T else 1)
-    pdl_wait(PDL)
-
     g = tl.arange(0, BLOCK_G)  # rows: the query heads of this kv head's group (padded to >= 16)
     g_mask = g < GROUP
     heads = kv_head * GROUP + g
     dims = tl.arange(0, BLOCK_D)
     dim_mask = dims < HEAD_DIM
-    q = tl.load(
-        q_ptr + req * stride_qt + heads[:, None] * stride_qh + dims[None, :],
-        mask=g_mask[:, None] & dim_mask[None, :],
-        other=0.0,
-    )
+    if ROPE:  # the position's rotary rows (step inputs and tables: before the wait too)
+        act = q_ptr.dtype.element_ty
+        pos = tl.load(pos_ptr + req, cache_modifier=".cg").to(tl.int64)
+        cos = _rounded_row(cos_ptr + pos * stride_cos, dims, dim_mask, act)
+        sin = _rounded_row(sin_ptr + pos * stride_sin, dims, dim_mask, act)
+    pdl_wait(PDL)
+
+    if ROPE:
+        row = q_ptr + req * stride_qt
+        q = _norm_rope_heads(row, heads, g_mask, dims, dim_mask, cos, sin, qw_ptr, eps, stride_qh, HEAD_DIM,
+                             HAS_NORM)  # fmt: skip
+        slot = tl.load(slot_ptr + req, cache_modifier=".cg").to(tl.int64)
+        if (start < end) & (end == tl.load(seq_lens_ptr + req, cache_modifier=".cg")) & (slot >= 0):
+            # this split holds the last key, the step's own: store it before the loop reads it
+            kh = kv_head + tl.arange(0, 1)
+            k_new = _norm_rope_heads(row + GROUP * num_kv_heads * stride_qh, kh, kh >= 0, dims, dim_mask, cos,
+                                     sin, kw_ptr, eps, stride_qh, HEAD_DIM, HAS_NORM)  # fmt: skip
+            v_new = tl.load(row + (GROUP + 1) * num_kv_heads * stride_qh + kh[:, None] * stride_qh + dims[None, :],
+                            mask=dim_mask[None, :], other=0.0)  # fmt: skip
+            block = slot // BLOCK_SIZE
+            offset = slot % BLOCK_SIZE
+            cdt = k_cache_ptr.dtype.element_ty
+            tl.store(k_cache_ptr + block * stride_kb + offset * stride_ks + kh[:, None] * stride_kh + dims[None, :],
+                     k_new.to(cdt), mask=dim_mask[None, :])  # fmt: skip
+            tl.store(v_cache_ptr + block * stride_vb + offset * stride_vs + kh[:, None] * stride_vh + dims[None, :],
+                     v_new.to(cdt), mask=dim_mask[None, :])  # fmt: skip
+            tl.debug_barrier()  # every thread's stores before any thread's loads of the tiles
+    else:
+        q = tl.load(
+            q_ptr + req * stride_qt + heads[:, None] * stride_qh + dims[None, :],
+            mask=g_mask[:, None] & dim_mask[None, :],
+            other=0.0,
+        )
     if Q_AS_FP16:
         q = q.to(tl.float16)  # FP8 caches: the dots run in fp16 (see dot_dtype_fp16)
     bt_row = block_tables_ptr + req * stride_bt
@@ -357,8 +395,18 @@ def decode_last_reduce(num_splits: int, cache_itemsize: int, block_d: int = 128)
     return cache_itemsize == 2 and num_splits <= LAST_REDUCE_MAX_SPLITS
 
 
+def rope_decode_ok(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, head_dim: int,
+                   k_offset: torch.Tensor | None) -> bool:  # fmt: skip
+    """Whether the decode kernel can take a step's qkv rows itself (ROPE): a cache of the
+    activations' own dtype (16-bit or float32: not FP8, whose scales and key-major V blocks it
+    does not store), V stored head_dim-contiguous, no K offset, an even head_dim, qkv rows
+    contiguous."""
+    return (k_cache.dtype == qkv.dtype and k_cache.element_size() >= 2 and not v_transposed(v_cache)
+            and k_offset is None and head_dim % 2 == 0 and qkv.stride(-1) == 1)
+
+
 def decode_attention_triton(
-    q: torch.Tensor,  # [B, Hq, D], row i = the query token of request i
+    q: torch.Tensor,  # [B, Hq, D], row i = the query token of request i (rope: a view of the qkv rows)
     k_cache: torch.Tensor,  # [N, bs, Hkv, D]
     v_cache: torch.Tensor,
     block_tables: torch.Tensor,  # [B, max_blocks] int32 (rows beyond B are ignored)
@@ -378,12 +426,17 @@ def decode_attention_triton(
     order: torch.Tensor | None = None,  # [>= B] int32: the requests in the order programs take them
     last_reduce: bool | None = None,  # with splits: the last split merges them (None: decode_last_reduce)
     merge_unroll: int | None = None,  # (last_reduce) splits merged a round (None: MERGE_UNROLL)
+    rope: DecodeRope | None = None,  # q is qkv[:, :Hq * D] viewed [B, Hq, D]: norm, rotate, store K/V here
 ) -> torch.Tensor:
     b, hq, d = q.shape
     _, bs, hkv, _ = k_cache.shape
     if b == 0:
         return out
     assert hq % hkv == 0 and out.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_layout_ok(v_cache)
+    if rope is not None:
+        assert q.stride(1) == d and q.stride(0) >= (hq + 2 * hkv) * d and rope.cos_cache.shape[-1] == d, \
+            "rope: q must view the qkv rows [B, (Hq + 2 Hkv) * D], the rotary tables D wide"
+        assert rope_decode_ok(q, k_cache, v_cache, d, None)
     q = _last_dim_contiguous(q)
     group = hq // hkv
     if num_splits is None:
@@ -420,6 +473,12 @@ def decode_attention_triton(
                   num_warps=num_warps, num_stages=num_stages)  # fmt: skip
     if maxnreg is not None and q.is_cuda:  # (a ptxas option: nothing for the interpreter)
         common["maxnreg"] = maxnreg
+    if rope is not None:
+        cos, sin = (t if t.stride(-1) == 1 else t.contiguous() for t in (rope.cos_cache, rope.sin_cache))
+        has_norm = rope.q_norm_weight is not None
+        common.update(ROPE=True, pos_ptr=rope.positions, cos_ptr=cos, sin_ptr=sin, slot_ptr=rope.slot_mapping,
+                      qw_ptr=rope.q_norm_weight if has_norm else cos, kw_ptr=rope.k_norm_weight if has_norm else cos,
+                      stride_cos=cos.stride(0), stride_sin=sin.stride(0), eps=rope.eps, HAS_NORM=has_norm)
     if last:
         common.update(BLOCK_S=MERGE_BLOCK_S, MERGE_UNROLL=merge_unroll or MERGE_UNROLL)
     grid = (b, hkv, num_splits) if order is None else (hkv, b, num_splits)

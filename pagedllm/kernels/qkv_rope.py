@@ -14,6 +14,8 @@ Only the GPU path fuses (`qkv_norm_rope_store`); the layers keep the unfused pat
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from pagedllm.kernels._triton import use_triton
@@ -70,3 +72,16 @@ def qkv_norm_rope_store(qkv, positions, cos_cache, sin_cache, k_cache, v_cache, 
     return qkv_norm_rope_store_torch(qkv, positions, cos_cache, sin_cache, k_cache, v_cache, slot_mapping,
                                      num_heads, num_kv_heads, head_dim, q_norm_weight, k_norm_weight,
                                      eps, k_scale, v_scale, k_offset)  # fmt: skip
+
+
+class DecodeRope(NamedTuple):
+    """qkv_norm_rope_store's arguments for a step of decodes (request i's token at row i), which
+    the decode kernel takes to do this work itself (kernels/attention_decode.py, `rope_decode_ok`)."""
+
+    positions: torch.Tensor  # [B] int
+    cos_cache: torch.Tensor  # [max_pos, D] float32
+    sin_cache: torch.Tensor
+    slot_mapping: torch.Tensor  # [B] int64, -1 = not stored
+    q_norm_weight: torch.Tensor | None  # [D] (None: no q/k norm)
+    k_norm_weight: torch.Tensor | None
+    eps: float

@@ -51,11 +51,44 @@ def _norm_rotate(
         r = tl.rsqrt(var + eps)[:, None]
         w1 = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
         w2 = tl.load(w_ptr + HALF + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
-        a = (w1 * (a * r).to(x1.dtype).to(tl.float32)).to(x1.dtype).to(tl.float32)
-        b = (w2 * (b * r).to(x1.dtype).to(tl.float32)).to(x1.dtype).to(tl.float32)
+        a = _weighted(a, r, w1, x1.dtype)
+        b = _weighted(b, r, w2, x1.dtype)
     o1 = (a * cos1[None, :] - b * sin1[None, :]).to(x1.dtype)
     o2 = (b * cos2[None, :] + a * sin2[None, :]).to(x1.dtype)
     return o1, o2
+
+
+@triton.jit
+def _weighted(a, r, w, act: tl.constexpr):
+    """RMSNorm's product as the unfused kernel rounds it: x * r to the activation dtype, times
+    the weight, to the activation dtype again (held in float32)."""
+    return (w * (a * r).to(act).to(tl.float32)).to(act).to(tl.float32)
+
+
+@triton.jit
+def _norm_rope_heads(
+    row_ptr, heads, head_mask, dims, dim_mask, cos, sin, w_ptr, eps, stride_h,
+    HEAD_DIM: tl.constexpr, HAS_NORM: tl.constexpr,
+):  # fmt: skip
+    """`_norm_rotate` on whole heads: heads `heads` [H] at row_ptr + head * stride_h, normed
+    (HAS_NORM) and rotated -> [H, BLOCK_D] in the activation dtype, for a kernel that holds a
+    head as one row (the decode kernel's q). Each column is paired with its rotary partner d +- D/2,
+    loaded a second time, and `cos` / `sin` are the position's whole rows ([BLOCK_D], rounded to
+    the activation dtype): out[d] = x[d] cos[d] -+ x[partner] sin[d]. The same roundings as
+    `_norm_rotate`; the head's sum of squares is added in another order."""
+    half: tl.constexpr = HEAD_DIM // 2
+    first = dims < half
+    partner = tl.where(first, dims + half, dims - half)
+    mask = head_mask[:, None] & dim_mask[None, :]
+    src = row_ptr + heads[:, None] * stride_h
+    x = tl.load(src + dims[None, :], mask=mask, other=0.0)
+    a = x.to(tl.float32)
+    b = tl.load(src + partner[None, :], mask=mask, other=0.0).to(tl.float32)
+    if HAS_NORM:
+        r = tl.rsqrt(tl.sum(a * a, axis=1) / HEAD_DIM + eps)[:, None]
+        a = _weighted(a, r, tl.load(w_ptr + dims, mask=dim_mask, other=0.0).to(tl.float32)[None, :], x.dtype)
+        b = _weighted(b, r, tl.load(w_ptr + partner, mask=dim_mask, other=0.0).to(tl.float32)[None, :], x.dtype)
+    return (a * cos[None, :] + b * tl.where(first, -sin, sin)[None, :]).to(x.dtype)
 
 
 @triton.jit

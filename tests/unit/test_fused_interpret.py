@@ -1,7 +1,7 @@
 """The fused decode-step kernel (tests/gpu/test_fused_gpu.py's checks) on the CPU through
 Triton's interpreter, at tiny shapes, against its torch reference: q/k RMSNorm + rotary +
 store-KV (with and without the norm, an odd half width, 16-bit and FP8 caches, padding slots;
-and against the unfused Triton kernels). Then it compiles for sm_90 here, so the GPU run meets
+and against the unfused Triton kernels), and the decode attention kernel doing that work itself. Then it compiles for sm_90 here, so the GPU run meets
 no compile error."""
 
 from __future__ import annotations
@@ -33,13 +33,25 @@ _CASES = {
     # kernels' dots, which the interpreter cannot run in 16 bits)
     "layer_llama": ("check_attention_layer_fused", ["llama"], {}),
     "layer_qwen3": ("check_attention_layer_fused", ["qwen3"], {}),
+    # the decode kernel doing that work itself (PAGEDLLM_FUSED_ROPE_DECODE): one split, split-K with
+    # the reduce kernel, the last split merging with a window, the longest first and graph padding;
+    # a head of 24 (an odd half, BLOCK_D 32)
+    "decode_rope": ("check_decode_rope", [[1, 70, 17], 4, 2, 16, 16], {"num_splits": 1}),
+    "decode_rope_norm_split_k": ("check_decode_rope", [[1, 70, 17], 4, 2, 16, 16],
+                                 {"qk_norm": True, "num_splits": 3, "last_reduce": False}),
+    "decode_rope_norm_last_reduce": ("check_decode_rope", [[1, 70, 17, 40], 8, 2, 16, 16],
+                                     {"qk_norm": True, "num_splits": 4, "order": "desc", "last_reduce": True,
+                                      "sliding_window": 20, "pad": 2}),
+    "decode_rope_odd_half": ("check_decode_rope", [[5, 33], 4, 1, 24, 16], {"qk_norm": True, "num_splits": 2}),
 }
 _DTYPES = ["float32", "float16", "bfloat16"]
 
 
 def _keys():
     for name in _CASES:
-        for dt in ["float32"] if name.startswith("layer_") else _DTYPES:
+        # (the layer and the decode kernel: attention's tl.dot, which the interpreter runs in float32
+        # and float16 only)
+        for dt in ["float32"] if name.startswith("layer_") else _DTYPES[:2] if name.startswith("decode_") else _DTYPES:
             yield f"{name}:{dt}"
 
 
@@ -79,3 +91,37 @@ def test_qkv_rope_store_compiles_for_sm90(cache, has_norm, k_offset):
     assert "st.global" in ptx
     if cache == "*fp8e4nv":
         assert "cvt.rn.satfinite.e4m3x2" in ptx  # two values per conversion into the cache
+
+
+@pytest.mark.parametrize("group", [4, 8])
+@pytest.mark.parametrize("split", [False, True])
+def test_decode_rope_compiles_for_sm90(group, split):
+    """The decode kernel with qkv_rope's work in it (ROPE, with and without the q/k norm) compiles
+    for the H200 at the bf16 tiles, Llama-3.1-8B's group 4 and Qwen3-30B-A3B's 8, with its split
+    merged by the last program or without splits: nothing spilled, no more registers than the
+    kernel without it (the CTAs an SM holds), the new key and value stored."""
+    from pagedllm.kernels import attention_decode as ad
+    from pagedllm.kernels.inspect_sm90 import DECODE_STRIDES, compile_sm90, decode_signature, resources
+
+    block_n, warps, stages = ad.DECODE_CONFIGS[2]
+    got = {}
+    for rope, norm in ((False, False), (True, False), (True, True)):
+        constexprs = {"GROUP": group, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "BLOCK_G": 16, "BLOCK_N": block_n,
+                      "BLOCK_D": 128, "SPLIT": split, "DOT_PRECISION": "tf32", "Q_AS_FP16": False, "SLIDING": False,
+                      "SOFT_CAP": False, "ORDERED": False, "LAST_REDUCE": split, "BLOCK_S": ad.MERGE_BLOCK_S,
+                      "MERGE_UNROLL": ad.MERGE_UNROLL, "V_T": False}
+        signature = decode_signature("bf16")
+        if rope:
+            constexprs.update(ROPE=True, HAS_NORM=norm)
+            signature.update(pos_ptr="*i64", cos_ptr="*fp32", sin_ptr="*fp32", qw_ptr="*bf16", kw_ptr="*bf16",
+                             slot_ptr="*i64", stride_cos="i32", stride_sin="i32", eps="fp32")
+        compiled = compile_sm90(ad._decode_kernel, signature, constexprs, num_warps=warps, num_stages=stages,
+                                aligned=DECODE_STRIDES)
+        if rope:
+            assert compiled.asm["ptx"].count("st.global") >= 2 + (not split)
+        got[(rope, norm)] = resources(compiled)
+        if got[(rope, norm)] is None:
+            pytest.skip("Triton's cuobjdump is not there")
+    plain = got[(False, False)]
+    for key, r in got.items():
+        assert r["stack"] == 0 and r["regs"] <= plain["regs"], (key, got)

@@ -10,7 +10,8 @@ from torch import nn
 from typing import Any
 
 from pagedllm.attention.backend import AttentionBackend, ForwardBatch, v_cache_view
-from pagedllm.kernels.qkv_rope import qkv_norm_rope_store
+from pagedllm.kernels._triton import fusion_enabled
+from pagedllm.kernels.qkv_rope import DecodeRope, qkv_norm_rope_store
 
 
 def layer_sliding_window(cfg: Any, layer_idx: int) -> int | None:
@@ -52,6 +53,7 @@ class Attention(nn.Module):
         self.k_cache: torch.Tensor | None = None  # [num_blocks, block_size, Hkv, D]
         self.v_cache: torch.Tensor | None = None
         self.backend: AttentionBackend | None = None
+        self.rope_in_decode = fusion_enabled("ROPE_DECODE", default=False)  # forward_qkv
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         # q: [T, Hq, D], k/v: [T, Hkv, D] -> [T, Hq * D]
@@ -80,8 +82,17 @@ class Attention(nn.Module):
                     eps: float, batch: ForwardBatch) -> torch.Tensor:  # fmt: skip
         """`forward` from the qkv projection's output [T, (Hq + 2 Hkv) * D]: one kernel norms
         (optionally) and rotates q and k and stores k and v; the backend then attends from the
-        cache. -> [T, Hq * D]"""
+        cache. A step of decodes only, with PAGEDLLM_FUSED_ROPE_DECODE=1, goes to the backend's
+        `attend_decodes_qkv` first, which does all of it in the attention kernel (16-bit caches
+        without scales or a K offset). -> [T, Hq * D]"""
         assert self.backend is not None and self.k_cache is not None and self.v_cache is not None
+        if (self.rope_in_decode and batch.num_decodes == batch.num_reqs == batch.num_tokens
+                and self.k_offset is None and self.k_scale == self.v_scale == 1.0):  # fmt: skip
+            rope = DecodeRope(positions, cos_cache, sin_cache, batch.slot_mapping, q_norm_weight, k_norm_weight, eps)
+            o = self.backend.attend_decodes_qkv(qkv, rope, self.k_cache, self.v_cache, batch, self.scale,
+                                                self.sliding_window, self.logits_soft_cap)  # fmt: skip
+            if o is not None:
+                return o.reshape(o.shape[0], self.num_heads * self.head_dim)
         q = qkv_norm_rope_store(qkv, positions, cos_cache, sin_cache, self.k_cache, self.v_cache, batch.slot_mapping,
                                 self.num_heads, self.num_kv_heads, self.head_dim, q_norm_weight, k_norm_weight,
                                 eps, self.k_scale, self.v_scale, self.k_offset)  # fmt: skip
