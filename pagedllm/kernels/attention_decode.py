@@ -434,7 +434,8 @@ def decode_attention_triton(
         return out
     assert hq % hkv == 0 and out.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_layout_ok(v_cache)
     if rope is not None:
-        assert q.stride(1) == d and q.stride(0) >= (hq + 2 * hkv) * d and rope.cos_cache.shape[-1] == d, \
+        # (one row: torch may give the view any row stride; the kernel then reads row 0 only)
+        assert q.stride(1) == d and (b == 1 or q.stride(0) >= (hq + 2 * hkv) * d) and rope.cos_cache.shape[-1] == d, \
             "rope: q must view the qkv rows [B, (Hq + 2 Hkv) * D], the rotary tables D wide"
         assert rope_decode_ok(q, k_cache, v_cache, d, None)
     q = _last_dim_contiguous(q)

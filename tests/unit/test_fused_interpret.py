@@ -37,6 +37,7 @@ _CASES = {
     # the reduce kernel, the last split merging with a window, the longest first and graph padding;
     # a head of 24 (an odd half, BLOCK_D 32)
     "decode_rope": ("check_decode_rope", [[1, 70, 17], 4, 2, 16, 16], {"num_splits": 1}),
+    "decode_rope_batch_1": ("check_decode_rope", [[70], 4, 2, 16, 16], {"qk_norm": True, "num_splits": 2}),
     "decode_rope_norm_split_k": ("check_decode_rope", [[1, 70, 17], 4, 2, 16, 16],
                                  {"qk_norm": True, "num_splits": 3, "last_reduce": False}),
     "decode_rope_norm_last_reduce": ("check_decode_rope", [[1, 70, 17, 40], 8, 2, 16, 16],
