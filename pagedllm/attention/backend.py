@@ -28,10 +28,10 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
+from pagedllm.kernels.qkv_rope import DecodeRope
 
 def v_blocks_transposed(cache_dtype: torch.dtype) -> bool:
     """Whether the V cache's blocks are stored [Hkv, D, block_size]: FP8 caches. To compare the
@@ -136,11 +136,11 @@ class AttentionBackend(ABC):
         """`forward` without its store (only where `attends_stored_kv`)."""
         raise NotImplementedError(f"the {self.name} attention backend stores K/V itself: call forward")
 
-    def attend_decodes_qkv(self, qkv: torch.Tensor, rope: Any, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    def attend_decodes_qkv(self, qkv: torch.Tensor, rope: DecodeRope, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            batch: ForwardBatch, scale: float, sliding_window: int | None = None,
                            logits_soft_cap: float | None = None) -> torch.Tensor | None:  # fmt: skip
         """A step of decodes only, from the qkv projection's rows [T, (Hq + 2 Hkv) * D]: the q/k
-        norm, the rotary and the K/V store done inside the attention (`rope` a
-        kernels/attention_decode.DecodeRope) -> [T, Hq, D]; None where this backend cannot (the
+        norm, the rotary and the K/V store done inside the attention (`rope`: their inputs)
+        -> [T, Hq, D]; None where this backend cannot (the
         caller then stores and attends in two steps)."""
         return None

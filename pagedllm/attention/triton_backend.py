@@ -105,7 +105,7 @@ class TritonAttentionBackend(AttentionBackend):
         not run), where `rope_decode_ok` holds."""
         t = qkv.shape[0]
         hkv, d = k_cache.shape[2], k_cache.shape[3]
-        if not rope_decode_ok(qkv, k_cache, v_cache, d, None):
+        if not rope_decode_ok(qkv, k_cache, v_cache):
             return None
         hq = qkv.shape[1] // d - 2 * hkv
         out = torch.empty((t, hq, d), dtype=qkv.dtype, device=qkv.device)

@@ -117,7 +117,7 @@ def _decode_kernel(
     # ROPE: q_ptr is the qkv projection's output (row stride_qt, heads stride_qh = D: q heads,
     # then k, then v), and this kernel does qkv_rope's work for its decodes: norms (HAS_NORM) and
     # rotates its query heads, and the program whose split holds the request's last key norms,
-    # rotates and stores that key and its value into the (16-bit) cache before it attends
+    # rotates and stores that key and its value into the cache (of q's dtype) before it attends
     ROPE: tl.constexpr = False,
     pos_ptr=None, cos_ptr=None, sin_ptr=None,  # [B] positions; [max_pos, D] float32 tables
     qw_ptr=None, kw_ptr=None,  # [D] q_norm / k_norm weights (HAS_NORM)
@@ -395,14 +395,13 @@ def decode_last_reduce(num_splits: int, cache_itemsize: int, block_d: int = 128)
     return cache_itemsize == 2 and num_splits <= LAST_REDUCE_MAX_SPLITS
 
 
-def rope_decode_ok(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, head_dim: int,
-                   k_offset: torch.Tensor | None) -> bool:  # fmt: skip
+def rope_decode_ok(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
     """Whether the decode kernel can take a step's qkv rows itself (ROPE): a cache of the
     activations' own dtype (16-bit or float32: not FP8, whose scales and key-major V blocks it
-    does not store), V stored head_dim-contiguous, no K offset, an even head_dim, qkv rows
-    contiguous."""
+    does not store), V stored head_dim-contiguous, an even head_dim, qkv's last dim contiguous.
+    (A layer whose cache takes scales or a K offset does not ask: model/layers/attention.py.)"""
     return (k_cache.dtype == qkv.dtype and k_cache.element_size() >= 2 and not v_transposed(v_cache)
-            and k_offset is None and head_dim % 2 == 0 and qkv.stride(-1) == 1)
+            and k_cache.shape[-1] % 2 == 0 and qkv.stride(-1) == 1)
 
 
 def decode_attention_triton(
@@ -437,7 +436,7 @@ def decode_attention_triton(
         # (one row: torch may give the view any row stride; the kernel then reads row 0 only)
         assert q.stride(1) == d and (b == 1 or q.stride(0) >= (hq + 2 * hkv) * d) and rope.cos_cache.shape[-1] == d, \
             "rope: q must view the qkv rows [B, (Hq + 2 Hkv) * D], the rotary tables D wide"
-        assert rope_decode_ok(q, k_cache, v_cache, d, None)
+        assert rope_decode_ok(q, k_cache, v_cache)
     q = _last_dim_contiguous(q)
     group = hq // hkv
     if num_splits is None:

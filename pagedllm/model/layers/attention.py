@@ -83,8 +83,8 @@ class Attention(nn.Module):
         """`forward` from the qkv projection's output [T, (Hq + 2 Hkv) * D]: one kernel norms
         (optionally) and rotates q and k and stores k and v; the backend then attends from the
         cache. A step of decodes only, with PAGEDLLM_FUSED_ROPE_DECODE=1, goes to the backend's
-        `attend_decodes_qkv` first, which does all of it in the attention kernel (16-bit caches
-        without scales or a K offset). -> [T, Hq * D]"""
+        `attend_decodes_qkv` first, which does all of it in the attention kernel (16-bit or
+        float32 caches without scales or a K offset). -> [T, Hq * D]"""
         assert self.backend is not None and self.k_cache is not None and self.v_cache is not None
         if (self.rope_in_decode and batch.num_decodes == batch.num_reqs == batch.num_tokens
                 and self.k_offset is None and self.k_scale == self.v_scale == 1.0):  # fmt: skip
