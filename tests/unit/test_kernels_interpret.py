@@ -157,20 +157,31 @@ def _keys():
 
 def run_under_interpreter(check_file: str, cases: dict) -> dict[str, str | None]:
     """Runs `cases` ({"name:dtype": (check function, args, kwargs)}) of tests/gpu/`check_file`
-    in one interpreter subprocess; returns {key: None, or the failure's traceback}."""
+    under the interpreter; returns {key: None, or the failure's traceback}. The cases are dealt
+    round-robin to one subprocess per core (at most two, and at most one per three cases): each
+    interprets on one core, so two halve the wall time on CI's two cores."""
     env = dict(os.environ, TRITON_INTERPRET="1")
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    proc = subprocess.run(
-        [sys.executable, "-c", _RUNNER, str(ROOT / "tests" / "gpu" / check_file), json.dumps(cases)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULTS ")]
-    assert proc.returncode == 0 and lines, f"interpreter run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-    return json.loads(lines[-1][len("RESULTS ") :])
+    keys = list(cases)
+    workers = max(1, min(2, os.cpu_count() or 1, len(keys) // 3))
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _RUNNER, str(ROOT / "tests" / "gpu" / check_file),
+             json.dumps({key: cases[key] for key in keys[w::workers]})],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        for w in range(workers)
+    ]
+    results: dict[str, str | None] = {}
+    for proc in procs:
+        try:
+            stdout, stderr = proc.communicate(timeout=300)
+        finally:
+            proc.kill()
+        lines = [line for line in stdout.splitlines() if line.startswith("RESULTS ")]
+        assert proc.returncode == 0 and lines, f"interpreter run failed:\n{stdout[-3000:]}\n{stderr[-5000:]}"
+        results.update(json.loads(lines[-1][len("RESULTS ") :]))
+    return results
 
 
 @pytest.fixture(scope="module")
