@@ -173,8 +173,10 @@ w1int4env() {  # name B's-environment: issue 19's W1 ratio, bf16 (A) against gpt
     --model benchmarks/configs/llama-3.1-8b --skip-tokenizer-init > "$OUT/$1.log" 2>&1
   echo "$1 rc=$? at ${SECONDS} s"; grep -E "median" "$OUT/$1.log"
 }
-if step kpmodes 180; then  # kpairs_modes.py (its default modes) and the dots modes' GPU tests
-  timeout 90 $PY benchmarks/kpairs_modes.py > "$OUT/kpmodes.log" 2>&1; echo "kpmodes rc=$?"; cat "$OUT/kpmodes.log"
+if step kpmodes 180; then  # kpairs_modes.py (its default modes, or $KPMODES) and the dots modes' GPU tests
+  # shellcheck disable=SC2086  # the modes are meant to split
+  timeout 90 $PY benchmarks/kpairs_modes.py ${KPMODES:+--modes $KPMODES} > "$OUT/kpmodes.log" 2>&1
+  echo "kpmodes rc=$?"; cat "$OUT/kpmodes.log"
   timeout 90 $PY -m pytest -q tests/gpu/test_wna16_gpu.py -k "kpairs_dots or kpairs_kperm" > "$OUT/kpdots.log" 2>&1
   echo "kpdots rc=$? at ${SECONDS} s: $(tail -1 "$OUT/kpdots.log")"; grep -E "^(FAILED|ERROR)" "$OUT/kpdots.log" | head
 fi
