@@ -312,12 +312,13 @@ def test_wna16_under_cuda_graph(kperm):
 
 
 @pytest.mark.parametrize("m", [1, 3, 16, 47, 48, 200, 256, 300])
-@pytest.mark.parametrize("n,k", [(6144, 4096), (4096, 14336), (28672, 4096)])
+@pytest.mark.parametrize("n,k", [(6144, 4096), (4096, 14336), (28672, 4096), (3584, 3584), (4608, 3584)])
 @pytest.mark.parametrize("group_k,symmetric", [(128, False), (None, True)])
 def test_wna16_kperm_dispatch(m, n, k, group_k, symmetric):
     """The steps-permuted layout through wna16_linear at every row-count class (gemvp's PTX at its
     configs, the dot GEMM, kpairs reading x as it is at its 64- / 128- / 256-row tiles, the weight
-    dequantized to its inputs' rows), bf16, against the reference on the plain layout."""
+    dequantized to its inputs' rows), bf16, against the reference on the plain layout; Llama-3.1-8B's
+    shapes and Qwen2.5-7B's o and q/k/v, whose 3,584 inputs are no multiple of gemvp's 1,024-input tiles."""
     g = torch.Generator().manual_seed(m)
     qw, s, z = _weights(n, k, 4, group_k, symmetric, "cuda", g)
     x = torch.randn(m, k, generator=g).to("cuda", torch.bfloat16)

@@ -28,6 +28,10 @@ _CASES = {
                                          {"config": ["gemvp", 1, 16, 64, 4, 2, 2], "prefetch": True}),
     "gemvp_prefetch_g64_tile64_ragged": ("check_wna16_gemm", [2, 32, 448, 4, 64, True],
                                          {"config": ["gemvp", 1, 16, 64, 4, 2, 2], "prefetch": True}),
+    # gemvp_config's tile for projections of at most 4,096 outputs (1,024 inputs, split 4) where K is
+    # no multiple of it (Qwen2.5-7B's o, 3,584 inputs: the last split's one tile half masked)
+    "gemvp_prefetch_g128_tile1024_split4_ragged": ("check_wna16_gemm", [1, 32, 3584, 4, 128, False],
+                                                   {"config": ["gemvp", 1, 32, 1024, 8, 2, 4], "prefetch": True}),
     "gemvp_prefetch_g48_unnested": ("check_wna16_gemm", [2, 32, 384, 4, 48, False],
                                     {"config": ["gemvp", 1, 16, 64, 4, 2, 1], "prefetch": True}),
     # a config's 3 stages: Triton's software pipeline of the loop's loads (ragged K range, split-K)
