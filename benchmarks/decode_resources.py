@@ -35,6 +35,7 @@ def main() -> None:
     import triton
 
     from pagedllm.kernels import attention_decode as ad
+    from pagedllm.kernels import attention_merge as am
     from pagedllm.kernels._triton import next_power_of_2
     from pagedllm.kernels.inspect_sm90 import DECODE_STRIDES, compile_sm90, decode_signature, resources
 
@@ -47,8 +48,8 @@ def main() -> None:
         const = dict(GROUP=args.group, HEAD_DIM=args.head_dim, BLOCK_SIZE=16, BLOCK_N=bn,
                      BLOCK_D=next_power_of_2(args.head_dim), SPLIT=split, SLIDING=False, SOFT_CAP=False,
                      ORDERED=False, BLOCK_G=max(16, next_power_of_2(args.group)), DOT_PRECISION="tf32",
-                     Q_AS_FP16=cache != "bf16", LAST_REDUCE=last, BLOCK_S=ad.MERGE_BLOCK_S,
-                     MERGE_UNROLL=ad.MERGE_UNROLL)
+                     Q_AS_FP16=cache != "bf16", LAST_REDUCE=last, BLOCK_S=am.MERGE_BLOCK_S,
+                     MERGE_UNROLL=am.MERGE_UNROLL)
         tag = (" split" + (" last" if last else "")) if split else ""
         try:
             compiled = compile_sm90(ad._decode_kernel, decode_signature(cache), const, warps, stages,

@@ -68,7 +68,7 @@ def last_reduce_ab(graph_max_seq_len: int) -> list[dict]:
     rows = []
     print(f"# decode, reduce kernel vs last split: bf16 cache, D={HD} bs={BS}, {LAYERS} layers a graph, "
           f"splits from max_seq_len {graph_max_seq_len}; us per layer", flush=True)
-    unrolls = (4, 8, 16)  # splits the merge reads a round (attention_decode.MERGE_UNROLL: 4)
+    unrolls = (4, 8, 16)  # splits the merge reads a round (attention_merge.MERGE_UNROLL: 8)
     print(f"{'model':9s} {'batch':>5s} {'context':>7s} {'splits':>6s} {'kernel':>8s} "
           + " ".join(f"{'last u' + str(u):>9s}" for u in unrolls) + "  best last/kernel")
     for model, (hq, hkv) in LAST_REDUCE_MODELS.items():

@@ -110,7 +110,7 @@ if step defaulttests 300; then  # the defaults' GPU tests: kpairs (accs2 in its 
 fi
 if step ropetests 200; then  # the decode kernel doing qkv_rope's work (PAGEDLLM_FUSED_ROPE_DECODE=1): its kernel,
   # graph and engine tests; and gemvp_config's tiles through the 4-bit dispatch, graphs and engine
-  timeout 200 $PY -m pytest -q tests/gpu/test_fused_gpu.py tests/gpu/test_wna16_gpu.py \
+  timeout 200 $PY -m pytest -q tests/gpu/test_decode_rope_gpu.py tests/gpu/test_wna16_gpu.py \
     -k "decode_rope or rope_in_decode or linear_dispatch or under_cuda_graph or kperm_dispatch or steps_permuted" \
     > "$OUT/ropetests.log" 2>&1
   echo "ropetests rc=$? at ${SECONDS} s: $(tail -1 "$OUT/ropetests.log")"

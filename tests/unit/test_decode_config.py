@@ -3,7 +3,7 @@ sets it to compare tiles in the engine)."""
 
 import pytest
 
-from pagedllm.kernels import attention_decode
+from pagedllm.kernels import attention_decode, attention_merge
 
 
 @pytest.fixture(autouse=True)
@@ -36,12 +36,12 @@ def test_last_reduce_rule(monkeypatch, env, want):
     """The last split merges the splits of 16-bit caches split at most LAST_REDUCE_MAX_SPLITS ways
     (the H200's measured wins), not FP8 or float32 ones; PAGEDLLM_DECODE_LAST_REDUCE=1/0 forces it."""
     monkeypatch.setenv("PAGEDLLM_DECODE_LAST_REDUCE", env)
-    attention_decode._last_reduce_forced.cache_clear()
+    attention_merge._last_reduce_forced.cache_clear()
     try:
         for (splits, itemsize), on in want.items():
-            assert attention_decode.decode_last_reduce(splits, itemsize) == on, (splits, itemsize)
+            assert attention_merge.decode_last_reduce(splits, itemsize) == on, (splits, itemsize)
     finally:
-        attention_decode._last_reduce_forced.cache_clear()
+        attention_merge._last_reduce_forced.cache_clear()
 
 
 @pytest.mark.parametrize("env", ["", "1"])
@@ -49,9 +49,9 @@ def test_last_reduce_keeps_the_reduce_kernel_for_16_wide_heads(monkeypatch, env)
     """Heads narrower than LAST_REDUCE_MIN_BLOCK_D keep the reduce kernel even when forced (Triton 3.6
     cannot compile the merge at BLOCK_D 16); 32 and wider follow the rule."""
     monkeypatch.setenv("PAGEDLLM_DECODE_LAST_REDUCE", env)
-    attention_decode._last_reduce_forced.cache_clear()
+    attention_merge._last_reduce_forced.cache_clear()
     try:
-        assert not attention_decode.decode_last_reduce(4, 2, 16)
-        assert attention_decode.decode_last_reduce(4, 2, 32) and attention_decode.decode_last_reduce(4, 2, 128)
+        assert not attention_merge.decode_last_reduce(4, 2, 16)
+        assert attention_merge.decode_last_reduce(4, 2, 32) and attention_merge.decode_last_reduce(4, 2, 128)
     finally:
-        attention_decode._last_reduce_forced.cache_clear()
+        attention_merge._last_reduce_forced.cache_clear()

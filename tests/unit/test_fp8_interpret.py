@@ -170,16 +170,17 @@ def test_ordered_decode_grid_costs_no_registers(cache):
 @pytest.mark.parametrize("ordered", [False, True])
 def test_decode_last_reduce_compiles_for_narrow_heads(head_dim, ordered):
     """The merge compiles for sm_90 at the narrowest heads the rule lets it run at
-    (attention_decode.LAST_REDUCE_MIN_BLOCK_D; at 16 Triton 3.6 asserts), with the pointers'
+    (attention_merge.LAST_REDUCE_MIN_BLOCK_D; at 16 Triton 3.6 asserts), with the pointers'
     alignment hints a launch gives (without them the 16-wide variant compiled too)."""
     from pagedllm.kernels import attention_decode as ad
+    from pagedllm.kernels import attention_merge as am
     from pagedllm.kernels.inspect_sm90 import DECODE_STRIDES, compile_sm90, decode_signature
 
-    assert head_dim >= ad.LAST_REDUCE_MIN_BLOCK_D
+    assert head_dim >= am.LAST_REDUCE_MIN_BLOCK_D
     constexprs = {"GROUP": 4, "HEAD_DIM": head_dim, "BLOCK_SIZE": 16, "BLOCK_G": 16, "BLOCK_N": 64, "BLOCK_D": head_dim,
                   "SPLIT": True, "DOT_PRECISION": "tf32", "Q_AS_FP16": False, "SLIDING": False, "SOFT_CAP": False,
-                  "ORDERED": ordered, "LAST_REDUCE": True, "BLOCK_S": ad.MERGE_BLOCK_S,
-                  "MERGE_UNROLL": ad.MERGE_UNROLL}
+                  "ORDERED": ordered, "LAST_REDUCE": True, "BLOCK_S": am.MERGE_BLOCK_S,
+                  "MERGE_UNROLL": am.MERGE_UNROLL}
     compile_sm90(ad._decode_kernel, decode_signature("bf16"), constexprs, num_warps=4, num_stages=2,
                  aligned=DECODE_STRIDES)
 
@@ -196,6 +197,7 @@ def test_decode_last_reduce_compiles_for_sm90(cache, group):
     from test_small_m_interpret import check_last_program_ptx
 
     from pagedllm.kernels import attention_decode as ad
+    from pagedllm.kernels import attention_merge as am
     from pagedllm.kernels.inspect_sm90 import DECODE_STRIDES, compile_sm90, decode_signature, resources
 
     block_n, warps, stages = ad.DECODE_CONFIGS[2 if cache == "bf16" else 1]
@@ -204,7 +206,7 @@ def test_decode_last_reduce_compiles_for_sm90(cache, group):
         constexprs = {"GROUP": group, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "BLOCK_G": 16, "BLOCK_N": block_n,
                       "BLOCK_D": 128, "SPLIT": split, "DOT_PRECISION": "tf32", "Q_AS_FP16": cache != "bf16",
                       "SLIDING": False, "SOFT_CAP": False, "ORDERED": False, "LAST_REDUCE": last,
-                      "BLOCK_S": ad.MERGE_BLOCK_S, "MERGE_UNROLL": ad.MERGE_UNROLL, "V_T": cache != "bf16"}
+                      "BLOCK_S": am.MERGE_BLOCK_S, "MERGE_UNROLL": am.MERGE_UNROLL, "V_T": cache != "bf16"}
         compiled = compile_sm90(ad._decode_kernel, decode_signature(cache), constexprs, num_warps=warps,
                                 num_stages=stages, aligned=DECODE_STRIDES)
         if last:

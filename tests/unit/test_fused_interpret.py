@@ -33,7 +33,8 @@ _CASES = {
     # kernels' dots, which the interpreter cannot run in 16 bits)
     "layer_llama": ("check_attention_layer_fused", ["llama"], {}),
     "layer_qwen3": ("check_attention_layer_fused", ["qwen3"], {}),
-    # the decode kernel doing that work itself (PAGEDLLM_FUSED_ROPE_DECODE): one split, split-K with
+    # the decode kernel doing that work itself (PAGEDLLM_FUSED_ROPE_DECODE; test_decode_rope_gpu.py's
+    # check): one split, split-K with
     # the reduce kernel, the last split merging with a window, the longest first and graph padding;
     # a head of 24 (an odd half, BLOCK_D 32)
     "decode_rope": ("check_decode_rope", [[1, 70, 17], 4, 2, 16, 16], {"num_splits": 1}),
@@ -58,7 +59,11 @@ def _keys():
 
 @pytest.fixture(scope="module")
 def interpreter_results() -> dict[str, str | None]:
-    return run_under_interpreter("test_fused_gpu.py", {key: _CASES[key.split(":")[0]] for key in _keys()})
+    results: dict[str, str | None] = {}
+    for check_file, decode in (("test_fused_gpu.py", False), ("test_decode_rope_gpu.py", True)):
+        keys = [key for key in _keys() if key.startswith("decode_") == decode]
+        results.update(run_under_interpreter(check_file, {key: _CASES[key.split(":")[0]] for key in keys}))
+    return results
 
 
 @pytest.mark.parametrize("key", list(_keys()))
@@ -102,6 +107,7 @@ def test_decode_rope_compiles_for_sm90(group, split):
     merged by the last program or without splits: nothing spilled, no more registers than the
     kernel without it (the CTAs an SM holds), the new key and value stored."""
     from pagedllm.kernels import attention_decode as ad
+    from pagedllm.kernels import attention_merge as am
     from pagedllm.kernels.inspect_sm90 import DECODE_STRIDES, compile_sm90, decode_signature, resources
 
     block_n, warps, stages = ad.DECODE_CONFIGS[2]
@@ -109,8 +115,8 @@ def test_decode_rope_compiles_for_sm90(group, split):
     for rope, norm in ((False, False), (True, False), (True, True)):
         constexprs = {"GROUP": group, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "BLOCK_G": 16, "BLOCK_N": block_n,
                       "BLOCK_D": 128, "SPLIT": split, "DOT_PRECISION": "tf32", "Q_AS_FP16": False, "SLIDING": False,
-                      "SOFT_CAP": False, "ORDERED": False, "LAST_REDUCE": split, "BLOCK_S": ad.MERGE_BLOCK_S,
-                      "MERGE_UNROLL": ad.MERGE_UNROLL, "V_T": False}
+                      "SOFT_CAP": False, "ORDERED": False, "LAST_REDUCE": split, "BLOCK_S": am.MERGE_BLOCK_S,
+                      "MERGE_UNROLL": am.MERGE_UNROLL, "V_T": False}
         signature = decode_signature("bf16")
         if rope:
             constexprs.update(ROPE=True, HAS_NORM=norm)
