@@ -121,8 +121,8 @@ if step preloadtests 170; then  # the MoE down kernel's preload (on by default):
   echo "preloadtests rc=$? at ${SECONDS} s: $(tail -1 "$OUT/preloadtests.log")"
   grep -E "^(FAILED|ERROR)" "$OUT/preloadtests.log" | head
 fi
-moeab moepre PAGEDLLM_MOE_PRELOAD=0
-moeab moerope PAGEDLLM_FUSED_ROPE_DECODE=1  # q/k norm + rotary + store-KV inside the decode kernel  # the MoE down kernel's routing and first expert tile after its PDL wait
+moeab moepre PAGEDLLM_MOE_PRELOAD=0  # the MoE down kernel's routing and first expert tile after its PDL wait
+moeab moerope PAGEDLLM_FUSED_ROPE_DECODE=1  # q/k norm + rotary + store-KV inside the decode kernel
 if step moesweep 200; then  # the small MoE kernels' tiles (the gate/up kernel's split-K among them)
   timeout 200 $PY benchmarks/moe_bench.py --skip-latency --skip-w1 --skip-peer --small-sweep \
     --output-json "$OUT/moesweep.json" > "$OUT/moesweep.log" 2>&1; echo "moesweep rc=$? at ${SECONDS} s"
