@@ -46,7 +46,7 @@
 # gptq at gemvp configs that split the projections so that more of their weights load before the PDL wait;
 # $W2GEMVP_CFGS), moeswapcfg (Qwen3-30B-A3B batch 1 at swap-AB configs for q/k/v and o; $MOESWAP_CFGS),
 # ropetests (the decode kernel doing qkv_rope's work: its GPU tests; gemvp's dispatch and engine tests), moerope
-# and w2rope (Qwen3-30B-A3B batch 1 / W2 gptq: A the defaults, B PAGEDLLM_FUSED_ROPE_DECODE=1).
+# and w2rope (Qwen3-30B-A3B batch 1 / W2 gptq: A the defaults, B PAGEDLLM_FUSED_ROPE_DECODE=0).
 # Logs in one archive in $OUT; a summary last.
 #     OUT=$OUT bash benchmarks/where_gpu.sh
 #     STEPS="moeprof w1order" bash benchmarks/where_gpu.sh   # any of moeprof w2int4prof w1fp8prof order w1order
@@ -108,7 +108,7 @@ if step defaulttests 300; then  # the defaults' GPU tests: kpairs (accs2 in its 
   echo "defaulttests rc=$? at ${SECONDS} s: $(tail -1 "$OUT/defaulttests.log")"
   grep -E "^(FAILED|ERROR)" "$OUT/defaulttests.log" | head
 fi
-if step ropetests 200; then  # the decode kernel doing qkv_rope's work (PAGEDLLM_FUSED_ROPE_DECODE=1): its kernel,
+if step ropetests 200; then  # the decode kernel doing qkv_rope's work (on by default): its kernel,
   # graph and engine tests; and gemvp_config's tiles through the 4-bit dispatch, graphs and engine
   timeout 200 $PY -m pytest -q tests/gpu/test_decode_rope_gpu.py tests/gpu/test_wna16_gpu.py \
     -k "decode_rope or rope_in_decode or linear_dispatch or under_cuda_graph or kperm_dispatch or steps_permuted" \
@@ -122,7 +122,7 @@ if step preloadtests 170; then  # the MoE down kernel's preload (on by default):
   grep -E "^(FAILED|ERROR)" "$OUT/preloadtests.log" | head
 fi
 moeab moepre PAGEDLLM_MOE_PRELOAD=0  # the MoE down kernel's routing and first expert tile after its PDL wait
-moeab moerope PAGEDLLM_FUSED_ROPE_DECODE=1  # q/k norm + rotary + store-KV inside the decode kernel
+moeab moerope PAGEDLLM_FUSED_ROPE_DECODE=0  # B: q/k norm + rotary + store-KV in their own kernel again
 if step moesweep 200; then  # the small MoE kernels' tiles (the gate/up kernel's split-K among them)
   timeout 200 $PY benchmarks/moe_bench.py --skip-latency --skip-w1 --skip-peer --small-sweep \
     --output-json "$OUT/moesweep.json" > "$OUT/moesweep.log" 2>&1; echo "moesweep rc=$? at ${SECONDS} s"
@@ -285,7 +285,7 @@ w2ab w2int4swap PAGEDLLM_WNA16_SWAP=1 "--quantization gptq"  # W2 gptq: K-packed
 w2ab w2prefetch PAGEDLLM_WNA16_PREFETCH=1 "--quantization gptq"  # W2 gptq: gemvp against its next-tile prefetch
 w2ab w2kperm PAGEDLLM_WNA16_KPERM=0 "--quantization gptq"  # W2 gptq: gemvp on the steps-permuted (the default) against the plain layout
 w2ab w2pdl PAGEDLLM_WNA16_PDL=0 "--quantization gptq"  # W2 gptq: gemvp under PDL (the default) against without
-w2ab w2rope PAGEDLLM_FUSED_ROPE_DECODE=1 "--quantization gptq"  # W2 gptq: rotary + store-KV inside the decode kernel
+w2ab w2rope PAGEDLLM_FUSED_ROPE_DECODE=0 "--quantization gptq"  # W2 gptq: B rotary + store-KV in their own kernel
 w2ab w2greedy PAGEDLLM_GREEDY_TRITON=0 "--quantization gptq"  # W2 gptq: the fused sampler's argmax against torch's
 [ -d "${A_PATH:-}" ] && w2ab w2tree "PYTHONPATH=$(cd "$A_PATH" && pwd):$PWD" "--quantization gptq"  # W2 gptq: this tree (A) against $A_PATH's (B)
 w2ab w2dtype "" "--quantization gptq" "--dtype float16"  # W2 gptq: bf16 (A) against fp16 (B): is gemvp issue-bound?

@@ -70,7 +70,8 @@ def fusion_enabled(option: str, default: bool = True) -> bool:
     down projection's per-token e4m3 rows itself (model/layers/activation.py `act_into`), on by default.
     NORM_FP8: RMSNorm writing the qkv and gate/up products' FP8 rows (layernorm.py `norm_into`), off.
     ROPE_DECODE: in a step of decodes only, the decode attention kernel doing ROPE_KV's work itself
-    (attention_decode.py, ROPE: one kernel a layer less), off."""
+    (attention_decode.py, ROPE: one kernel a layer less), on by default (Qwen3-30B-A3B batch 1 x0.991 on the
+    H100; W2 gptq x1.00)."""
     value = os.environ.get(f"PAGEDLLM_FUSED_{option}", "").strip()
     return default if not value else value != "0"
 

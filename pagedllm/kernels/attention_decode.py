@@ -14,7 +14,7 @@ window's keys [seq_len - W, seq_len); a soft-capped one caps each score (see _at
 The merge of the partials -- the reduce kernel, or the last split of each (request, kv head)
 merging them (decode_last_reduce) -- lives in attention_merge.py.
 
-ROPE (a `DecodeRope`, PAGEDLLM_FUSED_ROPE_DECODE=1): the kernel reads its query heads from the qkv
+ROPE (a `DecodeRope`; on by default, PAGEDLLM_FUSED_ROPE_DECODE=0 off): the kernel reads its query heads from the qkv
 projection's rows and does qkv_rope's work for a step of decodes itself (see the kernel).
 """
 

@@ -53,7 +53,7 @@ class Attention(nn.Module):
         self.k_cache: torch.Tensor | None = None  # [num_blocks, block_size, Hkv, D]
         self.v_cache: torch.Tensor | None = None
         self.backend: AttentionBackend | None = None
-        self.rope_in_decode = fusion_enabled("ROPE_DECODE", default=False)  # forward_qkv
+        self.rope_in_decode = fusion_enabled("ROPE_DECODE")  # forward_qkv
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         # q: [T, Hq, D], k/v: [T, Hkv, D] -> [T, Hq * D]
@@ -82,7 +82,7 @@ class Attention(nn.Module):
                     eps: float, batch: ForwardBatch) -> torch.Tensor:  # fmt: skip
         """`forward` from the qkv projection's output [T, (Hq + 2 Hkv) * D]: one kernel norms
         (optionally) and rotates q and k and stores k and v; the backend then attends from the
-        cache. A step of decodes only, with PAGEDLLM_FUSED_ROPE_DECODE=1, goes to the backend's
+        cache. A step of decodes only (unless PAGEDLLM_FUSED_ROPE_DECODE=0) goes to the backend's
         `attend_decodes_qkv` first, which does all of it in the attention kernel (16-bit or
         float32 caches without scales or a K offset). -> [T, Hq * D]"""
         assert self.backend is not None and self.k_cache is not None and self.v_cache is not None
