@@ -160,13 +160,15 @@ def check_qkv_rope_store_equals_unfused_triton(device, dtype, num_tokens, hq, hk
     _cache_close(kc, kc_ref, k_scale, "k cache vs the unfused kernels", dtype, NORM_ROPE_TOL)
 
 
-def check_attention_layer_fused(device, dtype, arch, seed=0):
+def check_attention_layer_fused(device, dtype, arch, seed=0, decodes_only=False):
     """A Llama / Qwen3 attention layer with PAGEDLLM_FUSED_ROPE_KV=1 against the same layer
     unfused, on a batch of decodes, a prefill over a cached prefix and padding (slot -1): the
     output and both caches. On the CPU the layer's own rule keeps the unfused path (no CUDA
     tensor), so the check turns the fused one on there, where it runs the op's torch reference
     (the kernel has its own checks above) and the Triton backend's `attend` under the
-    interpreter: what is checked there is the layer's wiring."""
+    interpreter: what is checked there is the layer's wiring. decodes_only: a step of three decodes,
+    which the backend's `attend_decodes_qkv` must take (the decode kernel norming, rotating and
+    storing itself, on by default) -- the layer's rule for it and what it hands the kernel."""
     import os
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -200,7 +202,10 @@ def check_attention_layer_fused(device, dtype, arch, seed=0):
     plain.load_state_dict(fused.state_dict())
     fused, plain = fused.to(device, dtype), plain.to(device, dtype)
     block_size = 16
-    batch, num_blocks = make_batch([1, 1, 6], [9, 30, 20], 2, block_size, device, seed=seed, pad_tokens=2)
+    if decodes_only:
+        batch, num_blocks = make_batch([1, 1, 1], [9, 30, 20], 3, block_size, device, seed=seed)
+    else:
+        batch, num_blocks = make_batch([1, 1, 6], [9, 30, 20], 2, block_size, device, seed=seed, pad_tokens=2)
     x = _randn(batch.num_tokens, cfg.hidden_size, dtype=dtype, device=device, gen=g)
     caches = []
     cache_shape = (num_blocks, block_size, 2, 16)
@@ -214,8 +219,12 @@ def check_attention_layer_fused(device, dtype, arch, seed=0):
         fused.attn.can_store_qkv = lambda qkv: True
     else:
         assert fused.attn.can_store_qkv(x)
+    taken = []  # what attend_decodes_qkv returned (None: it declined the step)
+    attend_decodes_qkv = fused.attn.backend.attend_decodes_qkv
+    fused.attn.backend.attend_decodes_qkv = lambda *a, **kw: taken.append(attend_decodes_qkv(*a, **kw)) or taken[-1]
     out = fused(batch.positions, x, batch)
     ref = plain(batch.positions, x, batch)
+    assert [o is not None for o in taken] == ([True] if decodes_only else []), "the decode kernel's step"
     real = sum(batch.query_lens_cpu)  # the padding tokens' rows are left unwritten by attention
     _close(out[:real], ref[:real], LAYER_TOL, f"{arch} attention output, fused vs unfused")
     _close(caches[0][0], caches[1][0], NORM_ROPE_TOL, "k cache")
@@ -273,8 +282,9 @@ def test_qkv_rope_store_equals_unfused_triton(cache, qk_norm, num_tokens):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_attention_layer_fused(dtype, arch):
-    check_attention_layer_fused("cuda", dtype, arch)
+@pytest.mark.parametrize("decodes_only", [False, True])
+def test_attention_layer_fused(dtype, arch, decodes_only):
+    check_attention_layer_fused("cuda", dtype, arch, decodes_only=decodes_only)
 
 
 # ------------------------------------------------------------------------ the engine, on and off

@@ -33,6 +33,8 @@ _CASES = {
     # kernels' dots, which the interpreter cannot run in 16 bits)
     "layer_llama": ("check_attention_layer_fused", ["llama"], {}),
     "layer_qwen3": ("check_attention_layer_fused", ["qwen3"], {}),
+    "layer_llama_decodes": ("check_attention_layer_fused", ["llama"], {"decodes_only": True}),
+    "layer_qwen3_decodes": ("check_attention_layer_fused", ["qwen3"], {"decodes_only": True}),
     # the decode kernel doing that work itself (PAGEDLLM_FUSED_ROPE_DECODE; test_decode_rope_gpu.py's
     # check): one split, split-K with
     # the reduce kernel, the last split merging with a window, the longest first and graph padding;
