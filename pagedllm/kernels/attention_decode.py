@@ -116,8 +116,8 @@ def _decode_kernel(
     SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, Q_AS_FP16: tl.constexpr,
     SLIDING: tl.constexpr = False, SOFT_CAP: tl.constexpr = False, ORDERED: tl.constexpr = False,
     LAST_REDUCE: tl.constexpr = False,  # (SPLIT) the last split of a (request, kv head) merges them all
-    BLOCK_S: tl.constexpr = 16,  # (LAST_REDUCE) splits' maxima read a round
-    MERGE_UNROLL: tl.constexpr = 8,  # (LAST_REDUCE) splits merged a round
+    BLOCK_S: tl.constexpr = MERGE_BLOCK_S,  # (LAST_REDUCE) splits' maxima read a round
+    MERGE_UNROLL: tl.constexpr = MERGE_UNROLL,  # (LAST_REDUCE) splits merged a round
     PDL: tl.constexpr = False,  # kernels/pdl_triton.py
     V_T: tl.constexpr = False,  # V blocks stored [Hkv, D, bs] (attention.v_transposed); stride_vs is then 1
     # ROPE: q_ptr is the qkv projection's output (row stride_qt, heads stride_qh = D: q heads,

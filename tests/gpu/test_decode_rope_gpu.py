@@ -1,5 +1,5 @@
-"""The decode attention kernel doing qkv_rope's work itself (attention_decode.py's ROPE,
-PAGEDLLM_FUSED_ROPE_DECODE=1) against the two-kernel chain's torch reference (CUDA; skipped
+"""The decode attention kernel doing qkv_rope's work itself (attention_decode.py's ROPE, on by
+default, PAGEDLLM_FUSED_ROPE_DECODE=0 off) against the two-kernel chain's torch reference (CUDA; skipped
 without it): the kernel at Llama / Qwen3-30B-A3B shapes, mixed contexts, split-K both ways and
 graph padding; under a CUDA graph; the engine's float32 tokens. The `check_*` function takes a
 device, so tests/unit/test_fused_interpret.py runs it on the CPU under Triton's interpreter."""
