@@ -32,6 +32,7 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import common  # noqa: E402
 from fp8_bench import LAYERS, SHAPES, graph_time  # noqa: E402
 
 from pagedllm.kernels._triton import pdl  # noqa: E402
@@ -72,6 +73,90 @@ def _flat_kernel(w_ptr, out_ptr, TOTAL, PER_PROGRAM, BLOCK: tl.constexpr, STAGES
     tl.store(out_ptr + tl.program_id(0), tl.sum(acc, axis=0))
 
 
+@triton.jit
+def _persistent_kernel(ptrs_ptr, sizes_ptr, cnt_ptr, out_ptr, S, P, BLOCK: tl.constexpr, PRE: tl.constexpr,
+                       STAGES: tl.constexpr, SYNC: tl.constexpr):  # fmt: skip
+    """Every stage (projection) of the step in one launch: stage s's words (a contiguous array at
+    ptrs[s], sizes[s] words) split evenly over the P programs, as flat's; with SYNC a grid barrier
+    between stages (a program counts itself done in cnt[s], then spins until all P have), the next
+    stage's first PRE words loaded before the spin -- as a decode step's GEMVs would stream their
+    weights across the dependency on their input."""
+    pid = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    pre_offs = tl.arange(0, PRE)
+    acc = tl.zeros([BLOCK], dtype=tl.int32)
+    acc_pre = tl.sum(tl.zeros([PRE], dtype=tl.int32), axis=0)
+    for s in range(S):
+        w = tl.load(ptrs_ptr + s).to(tl.pointer_type(tl.int32))
+        total = tl.load(sizes_ptr + s)
+        per = tl.cdiv(tl.cdiv(total, P), BLOCK) * BLOCK
+        lo = pid * per
+        hi = tl.minimum(lo + per, total)
+        pre = tl.load(w + lo + pre_offs, mask=lo + pre_offs < hi, other=0, cache_modifier=".cg")
+        if SYNC:
+            if s > 0:  # the barrier after stage s - 1
+                seen = tl.atomic_add(cnt_ptr + s - 1, 0, sem="acquire")
+                while seen < P:
+                    seen = tl.atomic_add(cnt_ptr + s - 1, 0, sem="acquire")
+        acc_pre += tl.sum(pre, axis=0)
+        for i in tl.range(lo + PRE, hi, BLOCK, num_stages=STAGES):
+            acc += tl.load(w + i + offs, mask=i + offs < hi, other=0)
+        if SYNC:
+            tl.atomic_add(cnt_ptr + s, 1, sem="release")
+    tl.store(out_ptr + pid, tl.sum(acc, axis=0) + acc_pre)
+
+
+def persistent(ptrs: torch.Tensor, sizes: torch.Tensor, cnt: torch.Tensor, out: torch.Tensor, cfg: tuple,
+               sync: bool) -> None:  # fmt: skip
+    programs, block, pre, warps, stages = cfg
+    if sync:
+        cnt.zero_()
+    _persistent_kernel[(programs,)](ptrs, sizes, cnt, out, ptrs.numel(), programs, BLOCK=block, PRE=pre,
+                                    STAGES=stages, SYNC=sync, num_warps=warps)  # fmt: skip
+
+
+# Qwen3-30B-A3B's bf16 weights a layer at batch 1 (issue 15), in int32 words: qkv, o, the router, the 8 routed
+# experts' gate_up and down
+MOE_STAGES = {"qkv": 5120 * 2048 // 2, "o": 2048 * 4096 // 2, "router": 128 * 2048 // 2,
+              "gate_up": 8 * 1536 * 2048 // 2, "down": 8 * 2048 * 768 // 2}  # fmt: skip
+MOE_LAYERS = 48
+
+
+def persistent_chain(seq: list[torch.Tensor], label: str, sms: int, quick: bool) -> None:
+    """A step's projections (seq, in order) streamed by one persistent kernel, with and without its
+    grid barriers, against flat's chain of kernels (printed as ms a step)."""
+    dev = "cuda"
+    ptrs = torch.tensor([w.data_ptr() for w in seq], dtype=torch.int64, device=dev)
+    sizes = torch.tensor([w.numel() for w in seq], dtype=torch.int64, device=dev)
+    cnt = torch.zeros(len(seq), dtype=torch.int32, device=dev)
+    out = torch.empty(8 * sms, dtype=torch.int32, device=dev)
+    total = sum(w.numel() * 4 for w in seq)
+    print(f"{label}: {len(seq)} projections, {total / 1e9:.2f} GB a step")
+    # the sums, once: each stage's words summed by the kernel equal torch's (int32 wraps alike)
+    ref = sum(int(w.sum(dtype=torch.int64)) for w in seq) % (1 << 32)
+    # (programs, BLOCK, PRE, warps, stages)
+    cfgs = [(sms, 4096, 8192, 8, 3), (sms, 4096, 16384, 8, 3), (sms, 4096, 16384, 8, 4), (sms, 8192, 16384, 8, 3),
+            (sms, 4096, 32768, 8, 3), (2 * sms, 2048, 8192, 8, 3), (sms, 2048, 8192, 8, 3)]  # fmt: skip
+    if quick:
+        cfgs = cfgs[:2]
+    for cfg in cfgs:
+        for sync in (False, True):
+            try:
+                persistent(ptrs, sizes, cnt, out, cfg, sync)
+                torch.cuda.synchronize()
+                got = int(out[: cfg[0]].sum(dtype=torch.int64)) % (1 << 32)
+                assert got == ref, f"persistent sums differ: {got} != {ref}"
+                t = common.graph_time(lambda cfg=cfg, sync=sync: persistent(ptrs, sizes, cnt, out, cfg, sync))
+            except Exception as e:  # noqa: BLE001  (a config the compiler refuses)
+                print(f"  persistent {cfg} sync={sync}: {type(e).__name__}: {e}")
+                continue
+            print(f"  persistent {str(cfg):28s} {'barriers' if sync else 'no barriers':12s} {t / 1000:.3f} ms a step "
+                  f"({total / t / 1e6:.2f} TB/s)")  # fmt: skip
+    for cfg in [(sms, 2048, 8, 3), (2 * sms, 2048, 8, 3), (4 * sms, 1024, 8, 3), (2 * sms, 4096, 8, 3)]:
+        t = common.graph_time(lambda cfg=cfg: [flat(w, out, cfg) for w in seq])
+        print(f"  flat chain of kernels {str(cfg):20s} {t / 1000:.3f} ms a step ({total / t / 1e6:.2f} TB/s)")
+
+
 def strided(w: torch.Tensor, out: torch.Tensor, cfg: tuple, tiled: bool, under_pdl: bool = False) -> None:
     block_n, block_kw, warps, stages, split = cfg
     kw, n = (w.shape[1], w.shape[0] * w.shape[2]) if tiled else w.shape
@@ -90,6 +175,9 @@ def flat(w: torch.Tensor, out: torch.Tensor, cfg: tuple) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer configs")
+    ap.add_argument("--persistent", nargs="+", choices=["llama", "moe"],
+                    help="only the step (Llama-3.1-8B int4 / Qwen3-30B-A3B bf16 at batch 1) in one persistent kernel "
+                    "against flat's chain of kernels")  # fmt: skip
     args = ap.parse_args()
     dev = "cuda"
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
@@ -107,6 +195,19 @@ def main() -> None:
         flat_cfgs = flat_cfgs[:2]
     best: dict[str, dict[str, tuple[float, tuple]]] = {}
     words: dict[str, list[torch.Tensor]] = {}
+    if args.persistent:
+
+        def rand(*shape: int) -> torch.Tensor:
+            return torch.randint(-(2**31), 2**31 - 1, shape, dtype=torch.int32, device=dev)
+
+        if "llama" in args.persistent:
+            seq = [rand(k // 8, n) for _ in range(LAYERS) for n, k in SHAPES.values()]
+            persistent_chain(seq, f"Llama-3.1-8B int4 words, {LAYERS} layers", sms, args.quick)
+            del seq
+        if "moe" in args.persistent:
+            seq = [rand(n) for _ in range(MOE_LAYERS) for n in MOE_STAGES.values()]
+            persistent_chain(seq, f"Qwen3-30B-A3B bf16 at batch 1, {MOE_LAYERS} layers", sms, args.quick)
+        return
     for name, (n, k) in SHAPES.items():
         kw = k // 8
         ws = [torch.randint(-(2**31), 2**31 - 1, (kw, n), dtype=torch.int32, device=dev) for _ in range(LAYERS)]
