@@ -34,6 +34,7 @@ from pagedllm.model.layers.linear import (
     default_weight_loader,
 )
 from pagedllm.model.layers.partial_rotary import partial_rotary_permutation, permuted_head_rows
+from pagedllm.model.layers.quantization.wna16 import mlp_chain
 from pagedllm.model.layers.rotary import RotaryEmbedding, get_rotary_embedding, rope_parameters, rotary_dim_of
 
 
@@ -141,6 +142,10 @@ class LlamaMLP(nn.Module):
         return self.gate_up_proj if type(self).forward is LlamaMLP.forward else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.act_fn.mlp_chain:  # 4-bit layers at one row: the persistent kernel, where it applies
+            y = mlp_chain(self.gate_up_proj, self.down_proj, x)
+            if y is not None:
+                return y
         return act_into(self.act_fn, self.down_proj, self.gate_up_proj(x))
 
 

@@ -324,6 +324,26 @@ class WNA16LinearMethod(LinearMethod):
         return self.config.describe()
 
 
+def mlp_chain(gate_up: nn.Module, down: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+    """down(silu(gate) * up) of a decode step of batch 1 in one persistent kernel
+    (kernels/wna16_chain_triton.py) where both projections are this method's 4-bit K-packed layers
+    (no bias, no desc_act permutation, zeros in both or neither) and x is one 16-bit row on CUDA;
+    None elsewhere (the caller runs the three kernels)."""
+    gm, dm = gate_up.quant_method, down.quant_method
+    if not (isinstance(gm, WNA16LinearMethod) and isinstance(dm, WNA16LinearMethod)):
+        return None
+    if (x.shape[0] != 1 or not x.is_cuda or x.dtype not in (torch.float16, torch.bfloat16) or x.stride(-1) != 1
+            or x.data_ptr() % 4 or gm.config.bits != 4 or dm.config.bits != 4 or gm.int4_nk or dm.int4_nk
+            or gate_up.perm is not None or down.perm is not None or gate_up.bias is not None
+            or down.bias is not None or (gate_up.zeros is None) != (down.zeros is None)):  # fmt: skip
+        return None
+    from pagedllm.kernels.wna16_chain_triton import wna16_mlp_chain
+
+    y = wna16_mlp_chain(x, (gate_up.qweight, gate_up.scales, gate_up.zeros, gate_up.kperm),
+                        (down.qweight, down.scales, down.zeros, down.kperm))  # fmt: skip
+    return down.ps.all_reduce(y)
+
+
 def _unpack_cols(packed: torch.Tensor, bits: int, order: tuple[int, ...] | None = None) -> torch.Tensor:
     """[R, C/P] int32 packed along columns -> [R, C] values; `order`: value i of a word is
     column P*c + order[i] (AWQ), else column P*c + i."""

@@ -1,0 +1,74 @@
+"""The persistent 4-bit MLP kernel (kernels/wna16_chain_triton.py) on the CPU: the GPU check of
+tests/gpu/test_wna16_chain_gpu.py through Triton's interpreter at small shapes (a stage a launch:
+the interpreter runs programs one after another, so none could wait at the grid barrier) against
+the torch reference of gate_up, SiLU-and-mul and down: more units than programs and ragged last
+units (outputs that are no multiple of the tiles), K ranges that are no multiple of the K tile,
+groups of 32 / 128 and per channel, symmetric and asymmetric, the steps-permuted layout; and the
+kernel compiled for the H200 as the GPU runs it: the grid barrier's atomics at gpu scope, the
+SiLU-and-mul product read through L2 (.cg) after it."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+
+import pytest
+from test_kernels_interpret import run_under_interpreter
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+
+# (k, i, h) + kwargs; config: (BLOCK_N_GU, BLOCK_KW_GU, BLOCK_N_D, BLOCK_KW_D, warps), 4 programs
+_CASES = {
+    "g32_asym_ragged": ("check_mlp_chain", [256, 96, 40], {"group_k": 32, "symmetric": False,
+                                                           "config": [64, 16, 16, 4, 4]}),
+    "g128_sym_kperm": ("check_mlp_chain", [256, 256, 48], {"group_k": 128, "kperm": True,
+                                                           "config": [16, 16, 8, 16, 4]}),
+    "channel_asym_k_tail": ("check_mlp_chain", [192, 40, 24], {"group_k": None, "symmetric": False,
+                                                               "config": [8, 16, 8, 4, 4], "calls": 1}),
+}
+
+
+def _keys():
+    for name in _CASES:
+        for dtype in ("float16", "bfloat16"):
+            yield f"{name}:{dtype}"
+
+
+@pytest.fixture(scope="module")
+def interpreter_results() -> dict[str, str | None]:
+    return run_under_interpreter("test_wna16_chain_gpu.py", {key: _CASES[key.split(":")[0]] for key in _keys()})
+
+
+@pytest.mark.parametrize("key", list(_keys()))
+def test_mlp_chain_under_interpreter(interpreter_results, key):
+    error = interpreter_results[key]
+    assert error is None, f"{key} differs from its torch reference under TRITON_INTERPRET=1:\n{error}"
+
+
+def test_mlp_chain_compiles_for_sm90():
+    """The persistent launch (STAGE -1) compiled for the H200: the barrier's count a release atomic
+    and its wait an acquire load at gpu scope, the product's loads after it through L2 (ld.global.cg:
+    L1 is not coherent with the other SMs' stores), gemvp's PTX word sums, nothing spilled."""
+    from pagedllm.kernels import wna16_chain_triton as c
+    from pagedllm.kernels.inspect_sm90 import compile_sm90, resources
+
+    sig = {"x_ptr": "*bf16", "gw_ptr": "*i32", "gs_ptr": "*bf16", "gz_ptr": "*bf16", "dw_ptr": "*i32",
+           "ds_ptr": "*bf16", "dz_ptr": "*bf16", "act_ptr": "*bf16", "out_ptr": "*bf16", "bar_ptr": "*i32",
+           "INTER": "i32", "H": "i32", "KW_GU": "i32", "KW_D": "i32", "stride_gw": "i32", "stride_gs": "i32",
+           "stride_dw": "i32", "stride_ds": "i32"}  # fmt: skip
+    bn_gu, bkw_gu, bn_d, bkw_d, warps = c.DEFAULT_CONFIG
+    const = {"GROUP_GU": 128, "GROUP_D": 128, "HAS_ZERO": False, "BLOCK_N_GU": bn_gu, "BLOCK_KW_GU": bkw_gu,
+             "BLOCK_N_D": bn_d, "BLOCK_KW_D": bkw_d, "ASM": True, "KPERM_GU": True, "KPERM_D": True, "STAGE": -1,
+             "PDL": True}  # fmt: skip
+    compiled = compile_sm90(c._mlp_chain_kernel, sig, const, warps, 2,
+                            aligned=("INTER", "H", "KW_GU", "KW_D", "stride_gw", "stride_gs", "stride_dw", "stride_ds"))
+    ptx = compiled.asm["ptx"]
+    # (the wait's atomic add of 0 is compiled as an acquire load: what a spin wants)
+    assert re.search(r"(red|atom)\.global\.gpu\.release\.add", ptx), "the barrier's count"
+    assert re.search(r"ld\.global\.gpu\.acquire|atom\.global\.gpu\.acquire", ptx), "the barrier's wait"
+    assert "ld.global.cg" in ptx and "griddepcontrol.wait" in ptx
+    r = resources(compiled)
+    if r is None:
+        pytest.skip("Triton's cuobjdump is not there")
+    assert r["stack"] == 0, r
