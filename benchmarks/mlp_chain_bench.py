@@ -6,7 +6,8 @@ one's input) in a CUDA graph, distinct weights a layer (none from L2), us a laye
                kernels (gemvp, PDL where the engine takes it)
     staged     wna16_mlp_chain a stage a launch (two kernels, no barrier)
     chain ...  wna16_mlp_chain's persistent kernel (kernels/wna16_chain_triton.py) at the configs
-               given (BLOCK_N_GU, BLOCK_KW_GU, BLOCK_N_D, BLOCK_KW_D, warps)
+               given (BLOCK_N_GU, BLOCK_KW_GU, BLOCK_N_D, BLOCK_KW_D, warps,
+               programs an SM)
 
 Each variant is checked against the engine's output on the first layer first; the variants are timed
 in rotated order, `--rounds` rounds, medians printed last.
@@ -33,7 +34,9 @@ from pagedllm.kernels.wna16 import wna16_linear  # noqa: E402
 from pagedllm.kernels.wna16_chain_triton import DEFAULT_CONFIG, wna16_mlp_chain  # noqa: E402
 
 HIDDEN, INTER, LAYERS = 4096, 14336, 32
-CONFIGS = [DEFAULT_CONFIG, (32, 128, 32, 64, 8), (16, 128, 16, 128, 8), (16, 64, 32, 64, 8), (8, 128, 32, 64, 4)]
+# (each compiles for sm_90 under its register cap without spills, Triton 3.9)
+CONFIGS = [DEFAULT_CONFIG, (16, 128, 32, 64, 8, 1), (8, 256, 16, 256, 8, 2), (16, 64, 16, 128, 4, 3),
+           (8, 128, 16, 128, 4, 4), (16, 128, 16, 256, 8, 1)]  # fmt: skip
 
 
 def _layer(dev: str, g: torch.Generator) -> tuple[tuple, tuple]:

@@ -13,9 +13,9 @@ SiLU-and-mul kernel is gone: each gate_up unit is BLOCK_N_GU gate columns and th
 columns (one tile of 2 * BLOCK_N_GU), whose epilogue writes silu(gate) * up itself.
 
 Stage 0 (gate_up): units of BLOCK_N_GU output pairs, unit j to program j mod P; stage 1 (down):
-units of BLOCK_N_D outputs, likewise, each over the whole K (no split-K: Llama-3.1-8B's 4,096
-outputs make 128 units of 32 for the 132 SMs). P is at most the SMs (all resident: the barrier
-needs every program running). STAGE -1 runs both stages with the barrier; 0 / 1 one stage (a
+units of BLOCK_N_D outputs, likewise, each over the whole K (no split-K). P is a few programs an SM
+(DEFAULT_CONFIG), all resident at once -- the barrier needs every program running: their register
+cap (ptxas maxnreg) leaves room for as many an SM, and they use little shared memory. STAGE -1 runs both stages with the barrier; 0 / 1 one stage (a
 launch each: the interpreter, whose programs run one after another, and the GPU test's reference).
 """
 
@@ -33,9 +33,13 @@ from pagedllm.kernels.pdl_triton import pdl_release, pdl_wait
 from pagedllm.kernels.wna16 import group_width
 from pagedllm.kernels.wna16_gemv_triton import _gemvp_acc
 
-# (BLOCK_N_GU, BLOCK_KW_GU, BLOCK_N_D, BLOCK_KW_D, num_warps): gate_up in tiles of 16 + 16 columns x
-# 1,024 inputs (gemvp's 32 x 1,024), down 32 columns x 512 inputs (gemvp's down tile)
-DEFAULT_CONFIG = (16, 128, 32, 64, 8)
+# (BLOCK_N_GU, BLOCK_KW_GU, BLOCK_N_D, BLOCK_KW_D, num_warps, programs an SM): gate_up in tiles of 16 + 16
+# columns x 1,024 inputs (gemvp's 32 x 1,024), down 16 columns x 2,048 inputs, two programs an SM. A program
+# keeps two tiles of words in flight (gemvp's register prefetch), so an SM streams at the memory's pace
+# only with 32-64 KB of them: down's 4,096 outputs make 256 units of 16 for 264 programs (of 32, 128
+# units would leave one program an SM at most).
+DEFAULT_CONFIG = (16, 128, 16, 256, 8, 2)
+_REGISTERS_PER_SM = 65536
 
 
 @triton.jit
@@ -114,20 +118,22 @@ def wna16_mlp_chain(
     i, h = i2 // 2, dw.shape[1]
     assert gw.shape[0] * 8 == k and dw.shape[0] * 8 == i and (gz is None) == (dz is None)
     assert gw.stride(1) == 1 and dw.stride(1) == 1 and gs.stride(1) == 1 and ds.stride(1) == 1
-    bn_gu, bkw_gu, bn_d, bkw_d, warps = config
+    bn_gu, bkw_gu, bn_d, bkw_d, warps, per_sm = config
     if (kperm_gu and bkw_gu % 16) or (kperm_d and bkw_d % 16):
         raise ValueError(f"config {config}: the steps-permuted layout is read in tiles of whole steps (16 words)")
     act = torch.empty(i, dtype=x.dtype, device=x.device)
     out = torch.empty((1, h), dtype=x.dtype, device=x.device)
     units = max(triton.cdiv(i, bn_gu), triton.cdiv(h, bn_d))
     interpret = not x.is_cuda
-    programs = min(units, 4 if interpret else num_sms(x.device))
+    programs = min(units, 4 if interpret else per_sm * num_sms(x.device))
     if stages is None:
         stages = interpret
+    # every program resident at once (the barrier waits for all): per_sm of them fit an SM's registers
+    cap = {} if interpret else {"maxnreg": min(255, _REGISTERS_PER_SM // (per_sm * warps * 32) // 8 * 8)}
     common = dict(GROUP_GU=group_width(k, gs.shape[0], 8), GROUP_D=group_width(i, ds.shape[0], 8),
                   HAS_ZERO=gz is not None, BLOCK_N_GU=bn_gu, BLOCK_KW_GU=bkw_gu, BLOCK_N_D=bn_d, BLOCK_KW_D=bkw_d,
                   ASM=inline_ptx(x.device, x.dtype) if asm is None else asm, KPERM_GU=kperm_gu, KPERM_D=kperm_d,
-                  num_warps=warps)  # fmt: skip
+                  num_warps=warps, **cap)  # fmt: skip
     bar = counters(x.device, 2)
     args = (x, gw, gs, gz if gz is not None else gs, dw, ds, dz if dz is not None else ds, act, out, bar, i, h,
             gw.shape[0], dw.shape[0], gw.stride(0), gs.stride(0), dw.stride(0), ds.stride(0))  # fmt: skip

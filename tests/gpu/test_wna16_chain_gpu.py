@@ -68,10 +68,11 @@ def test_mlp_chain(dtype, k, i, h, group_k, symmetric, kperm):
     check_mlp_chain("cuda", dtype, k, i, h, group_k, symmetric, kperm)
 
 
-@pytest.mark.parametrize("config", [(16, 128, 32, 64, 8), (32, 64, 16, 128, 4), (8, 256, 64, 32, 8)])
+@pytest.mark.parametrize("config", [(16, 128, 32, 64, 8, 1), (16, 64, 16, 128, 4, 3), (8, 256, 64, 32, 8, 2),
+                                    (8, 128, 16, 128, 4, 4)])  # fmt: skip
 def test_mlp_chain_configs(config):
-    """Other tiles: units of 32 / 8 output pairs, down's 16 / 64 columns (more or fewer units than
-    programs), 4 warps."""
+    """Other tiles and programs an SM: units of 16 / 8 output pairs, down's 16 / 32 / 64 columns (64: fewer
+    units than programs), 4 warps 3 / 4 programs an SM."""
     check_mlp_chain("cuda", torch.bfloat16, 4096, 14336, 4096, 128, True, True, config)
 
 

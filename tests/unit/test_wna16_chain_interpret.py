@@ -18,14 +18,14 @@ from test_kernels_interpret import run_under_interpreter
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 
-# (k, i, h) + kwargs; config: (BLOCK_N_GU, BLOCK_KW_GU, BLOCK_N_D, BLOCK_KW_D, warps), 4 programs
+# (k, i, h) + kwargs; config: (BLOCK_N_GU, BLOCK_KW_GU, BLOCK_N_D, BLOCK_KW_D, warps, programs an SM), 4 programs
 _CASES = {
     "g32_asym_ragged": ("check_mlp_chain", [256, 96, 40], {"group_k": 32, "symmetric": False,
-                                                           "config": [64, 16, 16, 4, 4]}),
+                                                           "config": [64, 16, 16, 4, 4, 1]}),
     "g128_sym_kperm": ("check_mlp_chain", [256, 256, 48], {"group_k": 128, "kperm": True,
-                                                           "config": [16, 16, 8, 16, 4]}),
+                                                           "config": [16, 16, 8, 16, 4, 1]}),
     "channel_asym_k_tail": ("check_mlp_chain", [192, 40, 24], {"group_k": None, "symmetric": False,
-                                                               "config": [8, 16, 8, 4, 4], "calls": 1}),
+                                                               "config": [8, 16, 8, 4, 4, 1], "calls": 1}),
 }
 
 
@@ -57,11 +57,11 @@ def test_mlp_chain_compiles_for_sm90():
            "ds_ptr": "*bf16", "dz_ptr": "*bf16", "act_ptr": "*bf16", "out_ptr": "*bf16", "bar_ptr": "*i32",
            "INTER": "i32", "H": "i32", "KW_GU": "i32", "KW_D": "i32", "stride_gw": "i32", "stride_gs": "i32",
            "stride_dw": "i32", "stride_ds": "i32"}  # fmt: skip
-    bn_gu, bkw_gu, bn_d, bkw_d, warps = c.DEFAULT_CONFIG
+    bn_gu, bkw_gu, bn_d, bkw_d, warps, per_sm = c.DEFAULT_CONFIG
     const = {"GROUP_GU": 128, "GROUP_D": 128, "HAS_ZERO": False, "BLOCK_N_GU": bn_gu, "BLOCK_KW_GU": bkw_gu,
              "BLOCK_N_D": bn_d, "BLOCK_KW_D": bkw_d, "ASM": True, "KPERM_GU": True, "KPERM_D": True, "STAGE": -1,
              "PDL": True}  # fmt: skip
-    compiled = compile_sm90(c._mlp_chain_kernel, sig, const, warps, 2,
+    compiled = compile_sm90(c._mlp_chain_kernel, sig, const, warps, 2, maxnreg=65536 // (per_sm * warps * 32),
                             aligned=("INTER", "H", "KW_GU", "KW_D", "stride_gw", "stride_gs", "stride_dw", "stride_ds"))
     ptx = compiled.asm["ptx"]
     # (the wait's atomic add of 0 is compiled as an acquire load: what a spin wants)
