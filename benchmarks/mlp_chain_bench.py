@@ -9,10 +9,12 @@ one's input) in a CUDA graph, distinct weights a layer (none from L2), us a laye
                given (BLOCK_N_GU, BLOCK_KW_GU, BLOCK_N_D, BLOCK_KW_D, warps,
                programs an SM)
 
-Each variant is checked against the engine's output on the first layer first; the variants are timed
-in rotated order, `--rounds` rounds, medians printed last.
+--with-o puts Llama's o projection, the residual add and the RMSNorm before each MLP (the engine's
+wna16_linear + fused_add_rms_norm; the chain kernel's o stage). Each variant is checked against the
+engine's output on the first layer first; the variants are timed in rotated order, `--rounds` rounds,
+medians printed last.
 
-    PYTHONPATH=. python benchmarks/mlp_chain_bench.py [--rounds 3]
+    PYTHONPATH=. python benchmarks/mlp_chain_bench.py [--rounds 3] [--with-o]
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -30,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
 from pagedllm.kernels.activation import silu_and_mul  # noqa: E402
+from pagedllm.kernels.norm import fused_add_rms_norm  # noqa: E402
 from pagedllm.kernels.wna16 import wna16_linear  # noqa: E402
 from pagedllm.kernels.wna16_chain_triton import DEFAULT_CONFIG, wna16_mlp_chain  # noqa: E402
 
@@ -39,36 +43,50 @@ CONFIGS = [DEFAULT_CONFIG, (16, 128, 32, 64, 8, 1), (8, 256, 16, 256, 8, 2), (16
            (8, 128, 16, 128, 4, 4), (16, 128, 16, 256, 8, 1)]  # fmt: skip
 
 
-def _layer(dev: str, g: torch.Generator) -> tuple[tuple, tuple]:
+def _layer(dev: str, g: torch.Generator) -> tuple[tuple, tuple, tuple]:
     def proj(n: int, k: int) -> tuple:
         words = torch.randint(-(2**31), 2**31 - 1, (k // 8, n), generator=g, dtype=torch.int32).to(dev)
         scales = (torch.rand(k // 128, n, generator=g) * 0.5 + 0.5) / (8 * k**0.5)
         return words, scales.to(dev, torch.bfloat16), None, True
 
-    return proj(2 * INTER, HIDDEN), proj(HIDDEN, INTER)
+    return proj(2 * INTER, HIDDEN), proj(HIDDEN, INTER), proj(HIDDEN, HIDDEN)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--with-o", action="store_true", help="o, the residual add and RMSNorm before each MLP "
+                    "(the engine: wna16_linear(o) and fused_add_rms_norm first; the chain: its o stage)")  # fmt: skip
     args = ap.parse_args()
     dev = "cuda"
     g = torch.Generator().manual_seed(0)
     layers = [_layer(dev, g) for _ in range(LAYERS)]
     x0 = torch.randn(1, HIDDEN, generator=g).to(dev, torch.bfloat16)
+    res0 = torch.randn(1, HIDDEN, generator=g).to(dev, torch.bfloat16)
+    norm = (torch.ones(HIDDEN, device=dev, dtype=torch.bfloat16), 1e-5)
 
-    def engine(x: torch.Tensor, gu: tuple, dn: tuple) -> torch.Tensor:
+    # a variant: (x, residual, gate_up, down, o) -> (the next layer's x, residual)
+    def engine(x: torch.Tensor, res: torch.Tensor, gu: tuple, dn: tuple, o: tuple) -> tuple:
+        if args.with_o:
+            x, res = fused_add_rms_norm(wna16_linear(x, o[0], o[1], o[2], 4, kperm=True), res, *norm)
         h = wna16_linear(x, gu[0], gu[1], gu[2], 4, kperm=True)
-        return wna16_linear(silu_and_mul(h), dn[0], dn[1], dn[2], 4, kperm=True)
+        return wna16_linear(silu_and_mul(h), dn[0], dn[1], dn[2], 4, kperm=True), res
 
-    variants = {"engine": engine,
-                "staged": lambda x, gu, dn: wna16_mlp_chain(x, gu, dn, DEFAULT_CONFIG, stages=True)}  # fmt: skip
+    def chain(cfg: tuple, **kw) -> Callable:
+        def run(x: torch.Tensor, res: torch.Tensor, gu: tuple, dn: tuple, o: tuple) -> tuple:
+            if args.with_o:
+                return wna16_mlp_chain(x, gu, dn, cfg, o=o, residual=res, norm=norm, **kw)
+            return wna16_mlp_chain(x, gu, dn, cfg, **kw), res
+
+        return run
+
+    variants = {"engine": engine, "staged": chain(DEFAULT_CONFIG, stages=True)}
     for cfg in CONFIGS:
-        variants[f"chain {cfg}"] = lambda x, gu, dn, cfg=cfg: wna16_mlp_chain(x, gu, dn, cfg)
-    ref = engine(x0, *layers[0]).float()
+        variants[f"chain {cfg}"] = chain(cfg)
+    ref = engine(x0, res0, *layers[0])[0].float()
     for name, fn in list(variants.items()):
         try:
-            out = fn(x0, *layers[0]).float()
+            out = fn(x0, res0, *layers[0])[0].float()
             torch.cuda.synchronize()
             err = ((out - ref).abs().max() / ref.abs().max().clamp(min=1e-6)).item()
             print(f"{name:40s} first layer: max |diff| / max |ref| {err:.2e}", flush=True)
@@ -85,9 +103,9 @@ def main() -> None:
             fn = variants[name]
 
             def step(fn=fn) -> None:
-                x = x0
-                for gu, dn in layers:
-                    x = fn(x, gu, dn)
+                x, res = x0, res0
+                for layer in layers:
+                    x, res = fn(x, res, *layer)
 
             times[name].append(common.graph_time(step, LAYERS))
     print(f"\n{torch.cuda.get_device_name(dev)}: us a layer (median of {args.rounds} rounds; the rounds)")

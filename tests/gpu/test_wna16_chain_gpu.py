@@ -40,22 +40,41 @@ def _reference(x, gu, dn):
     return wna16_linear_torch(silu_and_mul_torch(wna16_linear_torch(x, *gu, 4)), *dn, 4)
 
 
-def check_mlp_chain(device, dtype, k, i, h, group_k=128, symmetric=True, kperm=False, config=None, calls=2, seed=0):
+def check_mlp_chain(device, dtype, k, i, h, group_k=128, symmetric=True, kperm=False, config=None, calls=2, seed=0,
+                    with_o=False):  # fmt: skip
     """wna16_mlp_chain against the reference, `calls` times on new rows (its counters back at zero
-    after each call); on a GPU the persistent launch also against the stage-a-launch one, bit for bit."""
+    after each call); on a GPU the persistent launch also against the stage-a-launch one, bit for bit.
+    with_o: x [1, k] is the attention's output and o [h, k] and the residual add + RMSNorm come first
+    (the MLP's input then h wide)."""
+    from pagedllm.kernels.norm import fused_add_rms_norm_torch
     from pagedllm.kernels.wna16_chain_triton import DEFAULT_CONFIG, wna16_mlp_chain
 
     g = torch.Generator().manual_seed(seed)
-    gu, dn, gu_k, dn_k = _mlp(k, i, h, group_k, symmetric, kperm, device, g)
+    gu, dn, gu_k, dn_k = _mlp(h if with_o else k, i, h, group_k, symmetric, kperm, device, g)
+    extra = {}
+    if with_o:
+        o = _weights(h, k, 4, group_k, symmetric, device, g)
+        nw = (1 + 0.1 * torch.randn(h, generator=g)).to(device=device, dtype=dtype)
+        extra = dict(o=(kperm_pack(o[0]) if kperm else o[0], o[1], o[2], kperm), norm=(nw, 1e-5))
     cfg = tuple(config) if config else DEFAULT_CONFIG
     for _ in range(calls):
         x = torch.randn(1, k, generator=g).to(device=device, dtype=dtype)
-        out = wna16_mlp_chain(x, gu_k, dn_k, cfg)
+        if with_o:
+            extra["residual"] = torch.randn(1, h, generator=g).to(device=device, dtype=dtype)
+            mlp_in, res_ref = fused_add_rms_norm_torch(wna16_linear_torch(x, *o, 4), extra["residual"], nw, 1e-5)
+            out, res = wna16_mlp_chain(x, gu_k, dn_k, cfg, **extra)
+            assert res.dtype == dtype and res.shape == (1, h)
+            _close(res, res_ref, dtype)
+        else:
+            mlp_in = x
+            out = wna16_mlp_chain(x, gu_k, dn_k, cfg)
         assert out.dtype == dtype and out.shape == (1, h)
-        _close(out, _reference(x, gu, dn), dtype)
+        _close(out, _reference(mlp_in, gu, dn), dtype)
         if torch.device(device).type == "cuda":
-            staged = wna16_mlp_chain(x, gu_k, dn_k, cfg, stages=True)
-            assert torch.equal(out, staged), "the persistent launch differs from a launch a stage"
+            staged = wna16_mlp_chain(x, gu_k, dn_k, cfg, stages=True, **extra)
+            assert all(torch.equal(a, b) for a, b in zip((out, res) if with_o else (out,),
+                                                          staged if with_o else (staged,), strict=True)), \
+                "the persistent launch differs from a launch a stage"  # fmt: skip
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -66,6 +85,14 @@ def test_mlp_chain(dtype, k, i, h, group_k, symmetric, kperm):
     if kperm and (k % 128 or i % 128):
         pytest.skip("the steps-permuted layout takes whole steps of 128 inputs")
     check_mlp_chain("cuda", dtype, k, i, h, group_k, symmetric, kperm)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("group_k,symmetric,kperm", [(128, True, True), (32, False, False)])
+def test_mlp_chain_with_o(dtype, group_k, symmetric, kperm):
+    """o, the residual add and RMSNorm in front (Llama-3.1-8B's o and MLP): the persistent launch's
+    last o program norms the row for the others."""
+    check_mlp_chain("cuda", dtype, 4096, 14336, 4096, group_k, symmetric, kperm, with_o=True)
 
 
 @pytest.mark.parametrize("config", [(16, 128, 32, 64, 8, 1), (16, 64, 16, 128, 4, 3), (8, 256, 64, 32, 8, 2),
