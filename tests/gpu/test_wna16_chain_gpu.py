@@ -123,12 +123,14 @@ def test_mlp_chain_under_cuda_graph():
         _close(y, _reference(x, gu, dn), torch.bfloat16)
 
 
-def test_engine_mlp_chain_decodes_the_same_tokens(tmp_path, tokenizer_dir, monkeypatch):
-    """A tiny GPTQ checkpoint (groups of 64, 4 bits) on the GPU with PAGEDLLM_FUSED_MLP_CHAIN=1: its
-    decode steps of one request run the MLPs through the persistent kernel (counted), the prompts'
-    first tokens come from the same prefill as without it, and the greedy tokens that follow are the
-    same nearly everywhere (the kernel's float32 sums run in another order than gemvp's split-K;
-    one flipped near-tie of a random model's logits changes the rest of a sequence)."""
+@pytest.mark.parametrize("option", ["MLP_CHAIN", "O_CHAIN"])
+def test_engine_mlp_chain_decodes_the_same_tokens(tmp_path, tokenizer_dir, monkeypatch, option):
+    """A tiny GPTQ checkpoint (groups of 64, 4 bits) on the GPU with PAGEDLLM_FUSED_MLP_CHAIN=1 (or
+    O_CHAIN: o and the add + norm in the kernel too): its decode steps of one request run the MLPs
+    through the persistent kernel (counted), the prompts' first tokens come from the same prefill as
+    without it, and the greedy tokens that follow are the same nearly everywhere (the kernel's float32
+    sums run in another order than gemvp's split-K; one flipped near-tie of a random model's logits
+    changes the rest of a sequence)."""
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
@@ -146,7 +148,7 @@ def test_engine_mlp_chain_decodes_the_same_tokens(tmp_path, tokenizer_dir, monke
     path = write_checkpoint(plain, str(tmp_path / "ckpt"), FORMATS["gptq-g64-sym"])
     tokens = {}
     for on in ("0", "1"):
-        monkeypatch.setenv("PAGEDLLM_FUSED_MLP_CHAIN", on)
+        monkeypatch.setenv(f"PAGEDLLM_FUSED_{option}", on)
         calls.clear()
         llm = LLM(path, kv_cache_memory="64MiB", max_model_len=256)
         # one request at a time: every decode step is of one row
