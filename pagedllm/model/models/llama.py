@@ -170,7 +170,8 @@ class LlamaDecoderLayer(nn.Module):
                         and type(self).run_mlp is LlamaDecoderLayer.run_mlp
                         and type(self.self_attn).forward is LlamaAttention.forward
                         and type(self.mlp).forward is LlamaMLP.forward
-                        and type(self.post_attention_layernorm) is RMSNorm and not self.mlp.act_fn.gelu_tanh)  # fmt: skip
+                        and type(self.post_attention_layernorm) is RMSNorm
+                        and not self.mlp.act_fn.gelu_tanh)  # fmt: skip
 
     def norm_input(self, x: torch.Tensor, residual: torch.Tensor | None,
                    linear: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
