@@ -157,6 +157,7 @@ class LlamaDecoderLayer(nn.Module):
     attention_cls = LlamaAttention
     mlp_cls: type[nn.Module] = LlamaMLP
     norm_cls: type[nn.Module] = RMSNorm  # built as norm_cls(hidden_size, eps)
+    o_chain = False  # (set by __init__; a subclass with an __init__ of its own keeps the plain forward)
 
     def __init__(self, cfg: Any, ps: ParallelState):
         super().__init__()
