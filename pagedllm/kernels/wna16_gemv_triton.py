@@ -294,8 +294,9 @@ def _gemvp_acc(
     x_row, w_ptr, s_ptr, z_ptr, rn, n_mask, kw_lo, kw_hi, stride_wk, stride_sg, bar_ptr, bar_target,
     GROUP_K: tl.constexpr, HAS_ZERO: tl.constexpr, EVEN: tl.constexpr, BLOCK_KW: tl.constexpr, ASM: tl.constexpr,
     PDL: tl.constexpr, PREFETCH: tl.constexpr, LOOP_STAGES: tl.constexpr, KPERM: tl.constexpr,
-    BARRIER: tl.constexpr = False,  # wait for grid_wait(bar_ptr, bar_target) where PDL would wait
-    X_CACHE: tl.constexpr = "",  # the activations' loads (".cg" where other programs of the kernel wrote them)
+    BARRIER: tl.constexpr,  # wait for grid_wait(bar_ptr, bar_target) where PDL would wait
+    X_CACHE: tl.constexpr,  # the activations' loads' cache modifier, "" or ".cg" (other programs of the kernel
+    # wrote them); every caller passes both (Triton 3.6 does not take a string default of a jit function)
 ):  # fmt: skip
     """gemvp's partial sums [BLOCK_KW, len(rn)] (float32, group scales applied) of the activation row
     x_row (16-bit) against the words of columns rn, word rows [kw_lo, kw_hi): the kernel's loop, shared
@@ -430,7 +431,7 @@ def _wna16_gemv_packed_kernel(
     kw_hi = tl.minimum(kw_lo + KW_PER_SPLIT, KW)
     acc = _gemvp_acc(x_ptr + m * stride_xm, w_ptr, s_ptr, z_ptr, rn, n_mask, kw_lo, kw_hi, stride_wk,
                      stride_sg, count_ptr, 0, GROUP_K, HAS_ZERO, EVEN, BLOCK_KW, ASM, PDL, PREFETCH, LOOP_STAGES,
-                     KPERM)  # fmt: skip
+                     KPERM, False, "")  # fmt: skip
     _gemv_finish(acc, s_ptr, b_ptr, out_ptr, ws_ptr, count_ptr, m, rn, n_mask, pid_k, stride_om, M, N, GROUP_K,
                  HAS_BIAS, SPLIT_K, LAST)  # fmt: skip
 
