@@ -46,8 +46,7 @@
 # gptq at gemvp configs that split the projections so that more of their weights load before the PDL wait;
 # $W2GEMVP_CFGS), moeswapcfg (Qwen3-30B-A3B batch 1 at swap-AB configs for q/k/v and o; $MOESWAP_CFGS),
 # ropetests (the decode kernel doing qkv_rope's work: its GPU tests; gemvp's dispatch and engine tests), moerope
-# and w2rope (Qwen3-30B-A3B batch 1 / W2 gptq: A the defaults, B PAGEDLLM_FUSED_ROPE_DECODE=0), w2chain (W2 gptq: A
-# the defaults, B PAGEDLLM_FUSED_MLP_CHAIN=1, gate_up -> SiLU-and-mul -> down in one persistent kernel).
+# and w2rope (Qwen3-30B-A3B batch 1 / W2 gptq: A the defaults, B PAGEDLLM_FUSED_ROPE_DECODE=0).
 # Logs in one archive in $OUT; a summary last.
 #     OUT=$OUT bash benchmarks/where_gpu.sh
 #     STEPS="moeprof w1order" bash benchmarks/where_gpu.sh   # any of moeprof w2int4prof w1fp8prof order w1order
@@ -288,7 +287,6 @@ w2ab w2kperm PAGEDLLM_WNA16_KPERM=0 "--quantization gptq"  # W2 gptq: gemvp on t
 w2ab w2pdl PAGEDLLM_WNA16_PDL=0 "--quantization gptq"  # W2 gptq: gemvp under PDL (the default) against without
 w2ab w2rope PAGEDLLM_FUSED_ROPE_DECODE=0 "--quantization gptq"  # W2 gptq: B rotary + store-KV in their own kernel
 w2ab w2greedy PAGEDLLM_GREEDY_TRITON=0 "--quantization gptq"  # W2 gptq: the fused sampler's argmax against torch's
-w2ab w2chain PAGEDLLM_FUSED_MLP_CHAIN=1 "--quantization gptq"  # W2 gptq: B the MLPs in the persistent kernel
 [ -d "${A_PATH:-}" ] && w2ab w2tree "PYTHONPATH=$(cd "$A_PATH" && pwd):$PWD" "--quantization gptq"  # W2 gptq: this tree (A) against $A_PATH's (B)
 w2ab w2dtype "" "--quantization gptq" "--dtype float16"  # W2 gptq: bf16 (A) against fp16 (B): is gemvp issue-bound?
 w2gptq() { w2run "$1" "$2" "$3" --quantization gptq; }  # name env round: W2 gptq in that environment

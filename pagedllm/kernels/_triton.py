@@ -71,10 +71,7 @@ def fusion_enabled(option: str, default: bool = True) -> bool:
     NORM_FP8: RMSNorm writing the qkv and gate/up products' FP8 rows (layernorm.py `norm_into`), off.
     ROPE_DECODE: in a step of decodes only, the decode attention kernel doing ROPE_KV's work itself
     (attention_decode.py, ROPE: one kernel a layer less), on by default (Qwen3-30B-A3B batch 1 x0.991 on the
-    H100; W2 gptq x1.00). MLP_CHAIN: a Llama-style MLP of 4-bit layers at one row (a decode step of batch 1)
-    in one persistent kernel, gate_up -> SiLU-and-mul -> down with a grid barrier between
-    (kernels/wna16_chain_triton.py), off. O_CHAIN: the same kernel with the o projection and the residual
-    add + RMSNorm in front (model/models/llama.py LlamaDecoderLayer), off."""
+    H100; W2 gptq x1.00)."""
     value = os.environ.get(f"PAGEDLLM_FUSED_{option}", "").strip()
     return default if not value else value != "0"
 

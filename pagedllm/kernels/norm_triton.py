@@ -22,20 +22,6 @@ from pagedllm.kernels.pdl_triton import pdl_release, pdl_wait
 
 
 @triton.jit
-def add_rms_norm_row(x, r, w, hidden, eps, HAS_RESIDUAL: tl.constexpr):
-    """(w * rms_norm(x + r) in float32, before the output's rounding; x + r rounded to x's dtype) of one
-    row (masked columns 0), the reference's steps (module docstring); without HAS_RESIDUAL r is not read.
-    Also the persistent chain kernel's norm (wna16_chain_triton.py)."""
-    in_dtype = x.dtype
-    if HAS_RESIDUAL:
-        x = (x.to(tl.float32) + r.to(tl.float32)).to(in_dtype)
-    xf = x.to(tl.float32)
-    var = tl.sum(xf * xf, axis=0) / hidden
-    y = (xf * tl.rsqrt(var + eps)).to(in_dtype).to(tl.float32)
-    return w * y, x
-
-
-@triton.jit
 def _rms_norm_kernel(
     x_ptr,  # [T, H]
     res_ptr,  # [T, H] residual in (only read when HAS_RESIDUAL)
@@ -68,19 +54,19 @@ def _rms_norm_kernel(
     in_dtype = x.dtype
     if HAS_RESIDUAL:
         r = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0)
-    else:
-        r = x
-    wy, x = add_rms_norm_row(x, r, w, hidden, eps, HAS_RESIDUAL)
-    if HAS_RESIDUAL:
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(in_dtype)
         tl.store(res_out_ptr + row * stride_res_out + cols, x, mask=mask)
+    xf = x.to(tl.float32)
+    var = tl.sum(xf * xf, axis=0) / hidden
+    y = (xf * tl.rsqrt(var + eps)).to(in_dtype).to(tl.float32)
     if QUANT:  # per_token_quant's arithmetic on the output rounded to x's dtype (masked columns are 0)
-        o = wy.to(in_dtype).to(tl.float32)
+        o = (w * y).to(in_dtype).to(tl.float32)
         scale = tl.maximum(tl.max(tl.abs(o), axis=0) / FP8_MAX_, MIN_SCALE_)
         q = tl.clamp(o / scale, -FP8_MAX_, FP8_MAX_)
         tl.store(out_ptr + row * stride_out + cols, q.to(out_ptr.dtype.element_ty), mask=mask)
         tl.store(s_ptr + row, scale)
     else:
-        tl.store(out_ptr + row * stride_out + cols, wy.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(out_ptr + row * stride_out + cols, (w * y).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def _strided_rows(x: torch.Tensor) -> tuple[torch.Tensor, int, int, int]:

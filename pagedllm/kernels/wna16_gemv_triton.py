@@ -25,7 +25,6 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedllm.kernels.grid_triton import grid_wait
 from pagedllm.kernels.pdl_triton import pdl_release, pdl_wait
 
 
@@ -290,22 +289,51 @@ def _gemvp_x_offsets(rows, KPERM: tl.constexpr):
 
 
 @triton.jit
-def _gemvp_acc(
-    x_row, w_ptr, s_ptr, z_ptr, rn, n_mask, kw_lo, kw_hi, stride_wk, stride_sg, bar_ptr, bar_target,
-    GROUP_K: tl.constexpr, HAS_ZERO: tl.constexpr, EVEN: tl.constexpr, BLOCK_KW: tl.constexpr, ASM: tl.constexpr,
-    PDL: tl.constexpr, PREFETCH: tl.constexpr, LOOP_STAGES: tl.constexpr, KPERM: tl.constexpr,
-    BARRIER: tl.constexpr,  # wait for grid_wait(bar_ptr, bar_target) where PDL would wait
-    X_CACHE: tl.constexpr,  # the activations' loads' cache modifier, "" or ".cg" (other programs of the kernel
-    # wrote them); every caller passes both (Triton 3.6 does not take a string default of a jit function)
+def _wna16_gemv_packed_kernel(
+    x_ptr,  # [M, K] activations, float16 or bfloat16 (rows 4-byte aligned: read as int32 pairs)
+    w_ptr,  # [K/8, N] int32, 4-bit values
+    s_ptr,  # [G, N] scales
+    z_ptr,  # [G, N] zeros (read when HAS_ZERO)
+    b_ptr,  # [N] bias (read when HAS_BIAS)
+    out_ptr,  # [M, N] (float32 when SPLIT_K > 1 and not LAST: atomically summed)
+    ws_ptr,  # [SPLIT_K, M, N] float32 (read when LAST)
+    count_ptr,  # int32 counters, zero between calls (LAST: one per row and column block)
+    M, N, KW, KW_PER_SPLIT,
+    stride_xm, stride_wk, stride_sg, stride_om,
+    GROUP_K: tl.constexpr,  # 0: one scale row (per channel)
+    HAS_ZERO: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, EVEN: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr,
+    ASM: tl.constexpr = True,  # False: the PTX's steps in Triton ops (_gemvp_word_emulated; the interpreter,
+    # bfloat16 before sm_90: _triton.inline_ptx)
+    PDL: tl.constexpr = False,  # kernels/pdl_triton.py
+    LAST: tl.constexpr = False,  # (SPLIT_K > 1) the last split of a row's column block adds them (_gemv_store)
+    PREFETCH: tl.constexpr = False,  # each iteration loads the next tile's words before it uses its own
+    LOOP_STAGES: tl.constexpr = 1,  # > 1: Triton's software pipeline of the loop's loads (cp.async
+    # through shared memory, LOOP_STAGES - 1 tiles ahead); PREFETCH then off
+    KPERM: tl.constexpr = False,  # the steps-permuted layout: nibbles i, i + 4 of a word are x's pair
 ):  # fmt: skip
-    """gemvp's partial sums [BLOCK_KW, len(rn)] (float32, group scales applied) of the activation row
-    x_row (16-bit) against the words of columns rn, word rows [kw_lo, kw_hi): the kernel's loop, shared
-    with the persistent decode kernels (wna16_chain_triton.py). With PREFETCH the first tile's words
-    load before the wait (PDL's, or the grid barrier's: they do not depend on it), the rest after."""
-    act: tl.constexpr = x_row.dtype.element_ty
-    BLOCK_N: tl.constexpr = rn.shape[0]
+    """The 4-bit GEMV in packed 16-bit arithmetic (`gemvp`). The gemv kernel spends about 42
+    instructions a word in float32 (sm_90 SASS), more than the SM issues at the memory's pace;
+    here a word costs about 16 (fp16) / 19 (bf16) in _GEMVP_ASM_*: one lop3 takes two values as
+    16-bit floats MAGIC + q, one subtraction (or fma) gives q - zero exactly, and the products
+    with the activation pairs add up two lanes at a time over the word's eight inputs (rounded
+    as 16-bit products and sums are), then in float32. The activation pairs (x_j, x_j+4) are
+    assembled once per word row from the row read as int32 (x_2i, x_2i+1) pairs; in the
+    steps-permuted layout (KPERM) those pairs are the activations of word j's nibbles (i, i + 4)
+    themselves, int32 (16i + j) of j's step. Under PDL with
+    PREFETCH the first tile's words (weights, which no kernel writes) are loaded before the wait,
+    through L2 (pdl_triton.py's rule 1), while the kernel before finishes."""
+    pdl_release(PDL)
+    act: tl.constexpr = x_ptr.dtype.element_ty
+    m = tl.program_id(0).to(tl.int64)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    pid_k = tl.program_id(2)
+    n_mask = rn < N
     ri = tl.arange(0, BLOCK_KW)
+    x_row = x_ptr + m * stride_xm
     x_words = x_row.to(tl.pointer_type(tl.int32))
+    kw_lo = pid_k * KW_PER_SPLIT
+    kw_hi = tl.minimum(kw_lo + KW_PER_SPLIT, KW)
     if GROUP_K == 0:
         if HAS_ZERO:
             zero = tl.load(z_ptr + rn, mask=n_mask, other=0.0, cache_modifier=".cg" if PDL else "")
@@ -328,8 +356,6 @@ def _gemvp_acc(
     if NEST:
         s_next = (kw_lo * 8 // GROUP_K + ri * 8 // GROUP_K)[:, None] * stride_sg + rn[None, :]
     pdl_wait(PDL)
-    if BARRIER:  # (a persistent kernel) the grid barrier its input waits for (none where bar_target is 0)
-        grid_wait(bar_ptr, bar_target)
     for kw0 in tl.range(kw_lo, kw_hi, BLOCK_KW, num_stages=LOOP_STAGES):
         rows = kw0 + ri
         if EVEN:
@@ -366,15 +392,15 @@ def _gemvp_acc(
             else:
                 zero = tl.full([BLOCK_KW, BLOCK_N], 8.0, tl.float32)
         if KPERM:
-            x04 = tl.load(x_ptrs, mask=r_mask, other=0, cache_modifier=X_CACHE)[:, None]
-            x15 = tl.load(x_ptrs + 16, mask=r_mask, other=0, cache_modifier=X_CACHE)[:, None]
-            x26 = tl.load(x_ptrs + 32, mask=r_mask, other=0, cache_modifier=X_CACHE)[:, None]
-            x37 = tl.load(x_ptrs + 48, mask=r_mask, other=0, cache_modifier=X_CACHE)[:, None]
+            x04 = tl.load(x_ptrs, mask=r_mask, other=0)[:, None]
+            x15 = tl.load(x_ptrs + 16, mask=r_mask, other=0)[:, None]
+            x26 = tl.load(x_ptrs + 32, mask=r_mask, other=0)[:, None]
+            x37 = tl.load(x_ptrs + 48, mask=r_mask, other=0)[:, None]
         else:
-            xw0 = tl.load(x_ptrs, mask=r_mask, other=0, cache_modifier=X_CACHE)  # (x0, x1) of each word row
-            xw1 = tl.load(x_ptrs + 1, mask=r_mask, other=0, cache_modifier=X_CACHE)  # (x2, x3)
-            xw2 = tl.load(x_ptrs + 2, mask=r_mask, other=0, cache_modifier=X_CACHE)  # (x4, x5)
-            xw3 = tl.load(x_ptrs + 3, mask=r_mask, other=0, cache_modifier=X_CACHE)  # (x6, x7)
+            xw0 = tl.load(x_ptrs, mask=r_mask, other=0)  # (x0, x1) of each word row
+            xw1 = tl.load(x_ptrs + 1, mask=r_mask, other=0)  # (x2, x3)
+            xw2 = tl.load(x_ptrs + 2, mask=r_mask, other=0)  # (x4, x5)
+            xw3 = tl.load(x_ptrs + 3, mask=r_mask, other=0)  # (x6, x7)
             x04 = _pair_bits(xw0, xw2)[:, None]
             x15 = _pair_bits(xw0 >> 16, xw2 >> 16)[:, None]
             x26 = _pair_bits(xw1, xw3)[:, None]
@@ -384,54 +410,6 @@ def _gemvp_acc(
             acc += wsum * tl.load(s_ptr + s_off, mask=s_mask, other=0.0).to(tl.float32)
         else:
             acc += wsum
-    return acc
-
-
-@triton.jit
-def _wna16_gemv_packed_kernel(
-    x_ptr,  # [M, K] activations, float16 or bfloat16 (rows 4-byte aligned: read as int32 pairs)
-    w_ptr,  # [K/8, N] int32, 4-bit values
-    s_ptr,  # [G, N] scales
-    z_ptr,  # [G, N] zeros (read when HAS_ZERO)
-    b_ptr,  # [N] bias (read when HAS_BIAS)
-    out_ptr,  # [M, N] (float32 when SPLIT_K > 1 and not LAST: atomically summed)
-    ws_ptr,  # [SPLIT_K, M, N] float32 (read when LAST)
-    count_ptr,  # int32 counters, zero between calls (LAST: one per row and column block)
-    M, N, KW, KW_PER_SPLIT,
-    stride_xm, stride_wk, stride_sg, stride_om,
-    GROUP_K: tl.constexpr,  # 0: one scale row (per channel)
-    HAS_ZERO: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, EVEN: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr,
-    ASM: tl.constexpr = True,  # False: the PTX's steps in Triton ops (_gemvp_word_emulated; the interpreter,
-    # bfloat16 before sm_90: _triton.inline_ptx)
-    PDL: tl.constexpr = False,  # kernels/pdl_triton.py
-    LAST: tl.constexpr = False,  # (SPLIT_K > 1) the last split of a row's column block adds them (_gemv_store)
-    PREFETCH: tl.constexpr = False,  # each iteration loads the next tile's words before it uses its own
-    LOOP_STAGES: tl.constexpr = 1,  # > 1: Triton's software pipeline of the loop's loads (cp.async
-    # through shared memory, LOOP_STAGES - 1 tiles ahead); PREFETCH then off
-    KPERM: tl.constexpr = False,  # the steps-permuted layout: nibbles i, i + 4 of a word are x's pair
-):  # fmt: skip
-    """The 4-bit GEMV in packed 16-bit arithmetic (`gemvp`). The gemv kernel spends about 42
-    instructions a word in float32 (sm_90 SASS), more than the SM issues at the memory's pace;
-    here a word costs about 16 (fp16) / 19 (bf16) in _GEMVP_ASM_*: one lop3 takes two values as
-    16-bit floats MAGIC + q, one subtraction (or fma) gives q - zero exactly, and the products
-    with the activation pairs add up two lanes at a time over the word's eight inputs (rounded
-    as 16-bit products and sums are), then in float32. The activation pairs (x_j, x_j+4) are
-    assembled once per word row from the row read as int32 (x_2i, x_2i+1) pairs; in the
-    steps-permuted layout (KPERM) those pairs are the activations of word j's nibbles (i, i + 4)
-    themselves, int32 (16i + j) of j's step. Under PDL with
-    PREFETCH the first tile's words (weights, which no kernel writes) are loaded before the wait,
-    through L2 (pdl_triton.py's rule 1), while the kernel before finishes."""
-    pdl_release(PDL)
-    m = tl.program_id(0).to(tl.int64)
-    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    pid_k = tl.program_id(2)
-    n_mask = rn < N
-    kw_lo = pid_k * KW_PER_SPLIT
-    kw_hi = tl.minimum(kw_lo + KW_PER_SPLIT, KW)
-    acc = _gemvp_acc(x_ptr + m * stride_xm, w_ptr, s_ptr, z_ptr, rn, n_mask, kw_lo, kw_hi, stride_wk,
-                     stride_sg, count_ptr, 0, GROUP_K, HAS_ZERO, EVEN, BLOCK_KW, ASM, PDL, PREFETCH, LOOP_STAGES,
-                     KPERM, False, "")  # fmt: skip
     _gemv_finish(acc, s_ptr, b_ptr, out_ptr, ws_ptr, count_ptr, m, rn, n_mask, pid_k, stride_om, M, N, GROUP_K,
                  HAS_BIAS, SPLIT_K, LAST)  # fmt: skip
 

@@ -20,8 +20,6 @@ class SiluAndMul(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.fp8_rows = fusion_enabled("ACT_FP8")  # act_into may quantize in this kernel
-        # 4-bit gate_up -> silu_and_mul -> down at one row in one persistent kernel (LlamaMLP.forward)
-        self.mlp_chain = not self.gelu_tanh and fusion_enabled("MLP_CHAIN", default=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return silu_and_mul(x)

@@ -34,7 +34,6 @@ from pagedllm.model.layers.linear import (
     default_weight_loader,
 )
 from pagedllm.model.layers.partial_rotary import partial_rotary_permutation, permuted_head_rows
-from pagedllm.model.layers.quantization.wna16 import layer_chain, mlp_chain
 from pagedllm.model.layers.rotary import RotaryEmbedding, get_rotary_embedding, rope_parameters, rotary_dim_of
 
 
@@ -101,13 +100,9 @@ class LlamaAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         # x: [T, H]
-        return self.o_proj(self.attend(positions, x, batch))
-
-    def attend(self, positions: torch.Tensor, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        """forward without o_proj: the attention's output [T, Hq * D] (LlamaDecoderLayer's o chain)."""
         qkv = self.qkv_proj(x)
         if self.fuse_rope_kv and self.attn.can_store_qkv(qkv):
-            return self.fused_attention(positions, qkv, batch)
+            return self.o_proj(self.fused_attention(positions, qkv, batch))
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(-1, self.num_heads, self.head_dim)  # [T, Hq, D]
         k = k.reshape(-1, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
@@ -117,7 +112,7 @@ class LlamaAttention(nn.Module):
             k = self.k_norm(k)
         if self.rotary_emb is not None:
             q, k = self.rotary_emb(positions, q, k)
-        return self.attn(q, k, v, batch)
+        return self.o_proj(self.attn(q, k, v, batch))
 
     def fused_attention(self, positions: torch.Tensor, qkv: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         # qkv: [T, (Hq + 2 Hkv) * D] -> [T, Hq * D]
@@ -146,10 +141,6 @@ class LlamaMLP(nn.Module):
         return self.gate_up_proj if type(self).forward is LlamaMLP.forward else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.act_fn.mlp_chain:  # 4-bit layers at one row: the persistent kernel, where it applies
-            y = mlp_chain(self.gate_up_proj, self.down_proj, x)
-            if y is not None:
-                return y
         return act_into(self.act_fn, self.down_proj, self.gate_up_proj(x))
 
 
@@ -157,7 +148,6 @@ class LlamaDecoderLayer(nn.Module):
     attention_cls = LlamaAttention
     mlp_cls: type[nn.Module] = LlamaMLP
     norm_cls: type[nn.Module] = RMSNorm  # built as norm_cls(hidden_size, eps)
-    o_chain = False  # (set by __init__; a subclass with an __init__ of its own keeps the plain forward)
 
     def __init__(self, cfg: Any, ps: ParallelState):
         super().__init__()
@@ -165,14 +155,6 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = self.mlp_cls(cfg, ps)
         self.input_layernorm = self.norm_cls(cfg.hidden_size, norm_eps(cfg))
         self.post_attention_layernorm = self.norm_cls(cfg.hidden_size, norm_eps(cfg))
-        # PAGEDLLM_FUSED_O_CHAIN=1: the MLP's chain kernel with o and the add + norm in front, for the
-        # plain Llama attention, RMSNorm and MLP (a subclass with its own forward keeps it)
-        self.o_chain = (fusion_enabled("O_CHAIN", default=False)
-                        and type(self).run_mlp is LlamaDecoderLayer.run_mlp
-                        and type(self.self_attn).forward is LlamaAttention.forward
-                        and type(self.mlp).forward is LlamaMLP.forward
-                        and type(self.post_attention_layernorm) is RMSNorm
-                        and not self.mlp.act_fn.gelu_tanh)  # fmt: skip
 
     def norm_input(self, x: torch.Tensor, residual: torch.Tensor | None,
                    linear: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -183,15 +165,7 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward(self, positions, x, residual, batch):
         x, residual = self.norm_input(x, residual, getattr(self.self_attn, "input_linear", None))
-        if self.o_chain:  # o, the add + norm and a 4-bit MLP at one row in one kernel, where it applies
-            a = self.self_attn.attend(positions, x, batch)
-            out = layer_chain(self.self_attn.o_proj, self.post_attention_layernorm, self.mlp.gate_up_proj,
-                              self.mlp.down_proj, a, residual)  # fmt: skip
-            if out is not None:
-                return out
-            x = self.self_attn.o_proj(a)
-        else:
-            x = self.self_attn(positions, x, batch)
+        x = self.self_attn(positions, x, batch)
         plain_mlp = type(self).run_mlp is LlamaDecoderLayer.run_mlp  # (MoE layers route first)
         mlp_linear = getattr(self.mlp, "input_linear", None) if plain_mlp else None
         x, residual = norm_into(self.post_attention_layernorm, x, residual, mlp_linear)

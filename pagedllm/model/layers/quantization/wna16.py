@@ -324,47 +324,6 @@ class WNA16LinearMethod(LinearMethod):
         return self.config.describe()
 
 
-def _chain_operands(x: torch.Tensor, *layers: nn.Module) -> list[tuple] | None:
-    """The layers' (qweight, scales, zeros, kperm) for the chain kernels (kernels/wna16_chain_triton.py)
-    where each is this method's 4-bit K-packed layer (no bias, no desc_act permutation, zeros in all or
-    none) and x is one 16-bit row on CUDA; else None."""
-    if (x.shape[0] != 1 or not x.is_cuda or x.dtype not in (torch.float16, torch.bfloat16) or x.stride(-1) != 1
-            or x.data_ptr() % 4 or len({layer.zeros is None for layer in layers}) != 1):  # fmt: skip
-        return None
-    for layer in layers:
-        m = layer.quant_method
-        if (not isinstance(m, WNA16LinearMethod) or m.config.bits != 4 or m.int4_nk or layer.perm is not None
-                or layer.bias is not None):  # fmt: skip
-            return None
-    return [(layer.qweight, layer.scales, layer.zeros, layer.kperm) for layer in layers]
-
-
-def mlp_chain(gate_up: nn.Module, down: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
-    """down(silu(gate) * up) of a decode step of batch 1 in one persistent kernel where _chain_operands
-    takes both projections; None elsewhere (the caller runs the three kernels)."""
-    ops = _chain_operands(x, gate_up, down)
-    if ops is None:
-        return None
-    from pagedllm.kernels.wna16_chain_triton import wna16_mlp_chain
-
-    return down.ps.all_reduce(wna16_mlp_chain(x, *ops))
-
-
-def layer_chain(o_proj: nn.Module, norm: nn.Module, gate_up: nn.Module, down: nn.Module, a: torch.Tensor,
-                residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor] | None:  # fmt: skip
-    """(mlp(norm(o_proj(a) + residual)), o_proj(a) + residual) in one persistent kernel where
-    _chain_operands takes the three projections, the residual is there and nothing is split over ranks
-    (o's output would need its all-reduce before the norm); None elsewhere."""
-    if residual is None or o_proj.ps.tp_size != 1:
-        return None
-    ops = _chain_operands(a, o_proj, gate_up, down)
-    if ops is None:
-        return None
-    from pagedllm.kernels.wna16_chain_triton import wna16_mlp_chain
-
-    return wna16_mlp_chain(a, ops[1], ops[2], o=ops[0], residual=residual, norm=(norm.weight, norm.eps))
-
-
 def _unpack_cols(packed: torch.Tensor, bits: int, order: tuple[int, ...] | None = None) -> torch.Tensor:
     """[R, C/P] int32 packed along columns -> [R, C] values; `order`: value i of a word is
     column P*c + order[i] (AWQ), else column P*c + i."""
