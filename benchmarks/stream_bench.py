@@ -17,6 +17,14 @@ first tile's words loaded before the wait as gemvp's are): against gemvp's ~1.86
 H100 (RESULTS.md eighteenth session) that is how much of the GEMVs' time the pattern sets.
 
     PYTHONPATH=. python benchmarks/stream_bench.py [--quick]
+
+--persistent llama|moe streams a whole step (Llama-3.1-8B's int4 words x 32 layers; Qwen3-30B-A3B's bf16
+weights a token reads at batch 1, 48 layers) in one persistent launch, each projection split evenly over
+its programs, without and with a grid barrier between projections (the next projection's first words
+loaded before the wait), against flat's chain of one kernel a projection -- what fewer, longer kernels
+could gain (RESULTS.md, twenty-ninth session):
+
+    PYTHONPATH=. python benchmarks/stream_bench.py --persistent llama moe
 """
 
 from __future__ import annotations
