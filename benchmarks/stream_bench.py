@@ -93,7 +93,7 @@ def _persistent_kernel(ptrs_ptr, sizes_ptr, cnt_ptr, out_ptr, S, P, BLOCK: tl.co
     offs = tl.arange(0, BLOCK)
     pre_offs = tl.arange(0, PRE)
     acc = tl.zeros([BLOCK], dtype=tl.int32)
-    acc_pre = tl.sum(tl.zeros([PRE], dtype=tl.int32), axis=0)
+    acc_pre = tl.full([], 0, tl.int32)  # the prefetched words' sum
     for s in range(S):
         w = tl.load(ptrs_ptr + s).to(tl.pointer_type(tl.int32))
         total = tl.load(sizes_ptr + s)
