@@ -42,7 +42,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--quantization", default=None, help="fp8: FP8 weights (quantized at load)")
     p.add_argument("--kv-cache-dtype", default="auto", help="auto | fp8")
-    p.add_argument("--trace", default=None, help="write a Chrome trace of the window here")
+    p.add_argument("--trace", default=None, help="write a Chrome trace of the window here (benchmarks/trace_path.py "
+                   "reads it: what each kernel adds to a step when kernels overlap)")
+    p.add_argument("--max-model-len", type=int, default=None, help="w1: 4096, w2: 2048 (latency.py's W2 takes "
+                   "400, moe_bench.py's 4096: the decode graphs' split count follows it)")
     p.add_argument("--output-kind", choices=("final", "delta", "cumulative"), default="final",
                    help="the requests' RequestOutputKind: final (FINAL_ONLY, what LLM.generate and so W1 "
                         "ask for; the default), delta (a streamed server request), cumulative "
@@ -66,7 +69,8 @@ def main(argv: list[str] | None = None) -> None:
     tok = common.synthetic_tokenizer(cfg.vocab_size, common.first_eos(cfg), tmp)
     engine = LLMEngine.from_engine_args(EngineArgs(
         model=model, tokenizer=tok, load_format="dummy", dtype=args.dtype,
-        max_model_len=4096 if args.load == "w1" else 2048, enforce_eager=args.enforce_eager, seed=0,
+        max_model_len=args.max_model_len or (4096 if args.load == "w1" else 2048),
+        enforce_eager=args.enforce_eager, seed=0,
         quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype))
     rng = random.Random(0)
     for i in range(n):

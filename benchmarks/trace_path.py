@@ -1,0 +1,93 @@
+"""What each kernel adds to a step's wall time when kernels overlap (PDL): reads a Chrome trace written by
+`profile_gpu.py --trace`, takes the GPU kernels in start order, cuts them into steps where the device sat
+idle longer than --step-gap us, and charges each kernel the time by which it moved the step's latest end
+forward ("exposed"), the GPU's idle time before it ("idle"), and how far it started before the kernels
+before it had ended ("early", what PDL bought it). A kernel is named with the kernels before and after
+it (a layer's q/k/v, o and router GEMMs are one kernel in three places). Exposed + idle over a step's
+kernels is the step's span; the time between steps is the host's.
+
+    python3 benchmarks/trace_path.py trace.json [--top 30] [--step-gap 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+from collections import defaultdict
+
+
+def short(name: str) -> str:
+    """A kernel's name without its template arguments and signature."""
+    name = re.sub(r"<.*", "", name.split("(")[0]).replace("void ", "")
+    return name.rsplit("::", 1)[-1][:40]
+
+
+def kernels(trace: dict) -> list[tuple[float, float, str]]:
+    """(start us, end us, short name) of the trace's GPU kernels, by start."""
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    out = [(e["ts"], e["ts"] + e.get("dur", 0), short(e["name"])) for e in events
+           if e.get("ph") == "X" and e.get("cat") == "kernel"]  # fmt: skip
+    return sorted(out)
+
+
+def steps(ks: list[tuple[float, float, str]], gap: float) -> list[list[tuple[float, float, str]]]:
+    """Cut the kernels where the device was idle more than gap us (between graph replays)."""
+    out: list[list] = []
+    end = float("-inf")
+    for k in ks:
+        if k[0] - end > gap:
+            out.append([])
+        out[-1].append(k)
+        end = max(end, k[1])
+    return out
+
+
+def charge(step: list[tuple[float, float, str]]) -> list[tuple[str, float, float, float, float]]:
+    """(context name, duration, exposed, idle, early) for each kernel of a step."""
+    rows = []
+    latest = step[0][0]
+    for i, (s, e, _name) in enumerate(step):
+        ctx = "{} > {} > {}".format(step[i - 1][2] if i else "^", step[i][2], step[i + 1][2] if i + 1 < len(step) else "$")
+        rows.append((ctx, e - s, max(0.0, e - max(latest, s)), max(0.0, s - latest), max(0.0, latest - s)))
+        latest = max(latest, e)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("trace")
+    ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--step-gap", type=float, default=20.0, help="idle us that separates two steps")
+    args = ap.parse_args(argv)
+    with open(args.trace) as f:
+        ks = kernels(json.load(f))
+    if not ks:
+        raise SystemExit(f"{args.trace}: no GPU kernels in the trace")
+    cut = [s for s in steps(ks, args.step_gap) if len(s) > 1]
+    # the window's most common kernel count a step: the decode steps (a prefill or a warm-up step differs)
+    common_len = statistics.mode(len(s) for s in cut)
+    decode = [s for s in cut if len(s) == common_len]
+    spans = [max(e for _, e, _ in s) - s[0][0] for s in decode]
+    between = [b[0][0] - max(e for _, e, _ in a) for a, b in zip(cut, cut[1:])]
+    print(f"{len(decode)} steps of {common_len} kernels (of {len(cut)} cut at {args.step_gap:g} us idle): span "
+          f"{statistics.median(spans):.1f} us a step (median); host between steps {statistics.median(between):.1f} us")
+    acc: dict[str, list[list[float]]] = defaultdict(lambda: [[], [], [], []])
+    for s in decode:
+        for ctx, dur, exp, idle, early in charge(s):
+            for lst, v in zip(acc[ctx], (dur, exp, idle, early)):
+                lst.append(v)
+    n = len(decode)
+    total = {k: sum(v[1]) / n + sum(v[2]) / n for k, v in acc.items()}
+    print(f"\n{'kernel (before > it > after)':<96} {'/step':>6} {'dur us':>7} {'exposed':>8} {'idle':>6} "
+          f"{'early':>6} {'us/step':>8}")  # fmt: skip
+    for k in sorted(total, key=lambda k: -total[k])[: args.top]:
+        dur, exp, idle, early = (statistics.mean(v) for v in acc[k])
+        print(f"{k[:96]:<96} {len(acc[k][0]) / n:>6.1f} {dur:>7.2f} {exp:>8.2f} {idle:>6.2f} {early:>6.2f} "
+              f"{total[k]:>8.1f}")  # fmt: skip
+    print(f"{'sum of exposed + idle (= span)':<96} {'':>6} {'':>7} {'':>8} {'':>6} {'':>6} {sum(total.values()):>8.1f}")
+
+
+if __name__ == "__main__":
+    main()
