@@ -48,8 +48,9 @@ def charge(step: list[tuple[float, float, str]]) -> list[tuple[str, float, float
     """(context name, duration, exposed, idle, early) for each kernel of a step."""
     rows = []
     latest = step[0][0]
-    for i, (s, e, _name) in enumerate(step):
-        ctx = "{} > {} > {}".format(step[i - 1][2] if i else "^", step[i][2], step[i + 1][2] if i + 1 < len(step) else "$")
+    for i, (s, e, name) in enumerate(step):
+        before = step[i - 1][2] if i else "^"
+        ctx = f"{before} > {name} > {step[i + 1][2] if i + 1 < len(step) else '$'}"
         rows.append((ctx, e - s, max(0.0, e - max(latest, s)), max(0.0, s - latest), max(0.0, latest - s)))
         latest = max(latest, e)
     return rows
