@@ -24,15 +24,20 @@ def short(name: str) -> str:
     return name.rsplit("::", 1)[-1][:40]
 
 
-def kernels(trace: dict) -> list[tuple[float, float, str]]:
-    """(start us, end us, short name) of the trace's GPU kernels, by start."""
+def kernels(trace: dict) -> list[tuple[float, float, str, str]]:
+    """(start us, end us, short name, "grid x regs") of the trace's GPU kernels, by start."""
     events = trace["traceEvents"] if isinstance(trace, dict) else trace
-    out = [(e["ts"], e["ts"] + e.get("dur", 0), short(e["name"])) for e in events
-           if e.get("ph") == "X" and e.get("cat") == "kernel"]  # fmt: skip
+    out = []
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") == "kernel":
+            a = e.get("args", {})
+            grid = "x".join(str(g) for g in a.get("grid", [])) or "?"
+            regs = a.get("registers per thread", "?")
+            out.append((e["ts"], e["ts"] + e.get("dur", 0), short(e["name"]), f"{grid} r{regs}"))
     return sorted(out)
 
 
-def steps(ks: list[tuple[float, float, str]], gap: float) -> list[list[tuple[float, float, str]]]:
+def steps(ks: list[tuple], gap: float) -> list[list[tuple]]:
     """Cut the kernels where the device was idle more than gap us (between graph replays)."""
     out: list[list] = []
     end = float("-inf")
@@ -44,13 +49,13 @@ def steps(ks: list[tuple[float, float, str]], gap: float) -> list[list[tuple[flo
     return out
 
 
-def charge(step: list[tuple[float, float, str]]) -> list[tuple[str, float, float, float, float]]:
+def charge(step: list[tuple]) -> list[tuple[str, float, float, float, float]]:
     """(context name, duration, exposed, idle, early) for each kernel of a step."""
     rows = []
     latest = step[0][0]
-    for i, (s, e, name) in enumerate(step):
+    for i, (s, e, name, launch) in enumerate(step):
         before = step[i - 1][2] if i else "^"
-        ctx = f"{before} > {name} > {step[i + 1][2] if i + 1 < len(step) else '$'}"
+        ctx = f"{before} > {name} > {step[i + 1][2] if i + 1 < len(step) else '$'} [{launch}]"
         rows.append((ctx, e - s, max(0.0, e - max(latest, s)), max(0.0, s - latest), max(0.0, latest - s)))
         latest = max(latest, e)
     return rows
@@ -70,8 +75,8 @@ def main(argv: list[str] | None = None) -> None:
     # the window's most common kernel count a step: the decode steps (a prefill or a warm-up step differs)
     common_len = statistics.mode(len(s) for s in cut)
     decode = [s for s in cut if len(s) == common_len]
-    spans = [max(e for _, e, _ in s) - s[0][0] for s in decode]
-    between = [b[0][0] - max(e for _, e, _ in a) for a, b in zip(cut, cut[1:])]
+    spans = [max(k[1] for k in s) - s[0][0] for s in decode]
+    between = [b[0][0] - max(k[1] for k in a) for a, b in zip(cut, cut[1:])]
     print(f"{len(decode)} steps of {common_len} kernels (of {len(cut)} cut at {args.step_gap:g} us idle): span "
           f"{statistics.median(spans):.1f} us a step (median); host between steps {statistics.median(between):.1f} us")
     acc: dict[str, list[list[float]]] = defaultdict(lambda: [[], [], [], []])
@@ -81,13 +86,13 @@ def main(argv: list[str] | None = None) -> None:
                 lst.append(v)
     n = len(decode)
     total = {k: sum(v[1]) / n + sum(v[2]) / n for k, v in acc.items()}
-    print(f"\n{'kernel (before > it > after)':<96} {'/step':>6} {'dur us':>7} {'exposed':>8} {'idle':>6} "
-          f"{'early':>6} {'us/step':>8}")  # fmt: skip
+    head = "kernel (before > it > after) [grid, registers]"
+    print(f"\n{head:<110} {'/step':>6} {'dur us':>7} {'exposed':>8} {'idle':>6} {'early':>6} {'us/step':>8}")
     for k in sorted(total, key=lambda k: -total[k])[: args.top]:
         dur, exp, idle, early = (statistics.mean(v) for v in acc[k])
-        print(f"{k[:96]:<96} {len(acc[k][0]) / n:>6.1f} {dur:>7.2f} {exp:>8.2f} {idle:>6.2f} {early:>6.2f} "
+        print(f"{k[:110]:<110} {len(acc[k][0]) / n:>6.1f} {dur:>7.2f} {exp:>8.2f} {idle:>6.2f} {early:>6.2f} "
               f"{total[k]:>8.1f}")  # fmt: skip
-    print(f"{'sum of exposed + idle (= span)':<96} {'':>6} {'':>7} {'':>8} {'':>6} {'':>6} {sum(total.values()):>8.1f}")
+    print(f"{'sum of exposed + idle (= span)':<110} {sum(total.values()):>47.1f}")
 
 
 if __name__ == "__main__":
