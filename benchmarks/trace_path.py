@@ -6,7 +6,7 @@ before it had ended ("early", what PDL bought it). A kernel is named with the ke
 it (a layer's q/k/v, o and router GEMMs are one kernel in three places). Exposed + idle over a step's
 kernels is the step's span; the time between steps is the host's.
 
-    python3 benchmarks/trace_path.py trace.json [--top 30] [--step-gap 20]
+    python3 benchmarks/trace_path.py trace.json [--top 30] [--step-gap 20] [--step-last REGEX]
 """
 
 from __future__ import annotations
@@ -37,15 +37,19 @@ def kernels(trace: dict) -> list[tuple[float, float, str, str]]:
     return sorted(out)
 
 
-def steps(ks: list[tuple], gap: float) -> list[list[tuple]]:
-    """Cut the kernels where the device was idle more than gap us (between graph replays)."""
+def steps(ks: list[tuple], gap: float, last: str | None = None) -> list[list[tuple]]:
+    """Cut the kernels where the device was idle more than gap us (between graph replays), and after
+    each kernel whose name matches `last` (a step's last kernel, where the host's next launch
+    arrives before the device is idle)."""
     out: list[list] = []
     end = float("-inf")
+    cut = True
     for k in ks:
-        if k[0] - end > gap:
+        if cut or k[0] - end > gap:
             out.append([])
         out[-1].append(k)
         end = max(end, k[1])
+        cut = last is not None and re.search(last, k[2]) is not None
     return out
 
 
@@ -66,18 +70,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("trace")
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--step-gap", type=float, default=20.0, help="idle us that separates two steps")
+    ap.add_argument("--step-last", default=r"^_sample_reduce_kernel$|^reduce_kernel$",
+                    help="a regex of the kernel names that end a step (the sampler's)")  # fmt: skip
     args = ap.parse_args(argv)
     with open(args.trace) as f:
         ks = kernels(json.load(f))
     if not ks:
         raise SystemExit(f"{args.trace}: no GPU kernels in the trace")
-    cut = [s for s in steps(ks, args.step_gap) if len(s) > 1]
+    cut = [s for s in steps(ks, args.step_gap, args.step_last) if len(s) > 1]
     # the window's most common kernel count a step: the decode steps (a prefill or a warm-up step differs)
     common_len = statistics.mode(len(s) for s in cut)
     decode = [s for s in cut if len(s) == common_len]
     spans = [max(k[1] for k in s) - s[0][0] for s in decode]
     between = [b[0][0] - max(k[1] for k in a) for a, b in zip(cut, cut[1:])]
-    print(f"{len(decode)} steps of {common_len} kernels (of {len(cut)} cut at {args.step_gap:g} us idle): span "
+    print(f"{len(decode)} steps of {common_len} kernels (of {len(cut)}, cut at {args.step_gap:g} us idle and after --step-last): span "
           f"{statistics.median(spans):.1f} us a step (median); host between steps {statistics.median(between):.1f} us")
     acc: dict[str, list[list[float]]] = defaultdict(lambda: [[], [], [], []])
     for s in decode:
