@@ -83,8 +83,9 @@ def main(argv: list[str] | None = None) -> None:
     decode = [s for s in cut if len(s) == common_len]
     spans = [max(k[1] for k in s) - s[0][0] for s in decode]
     between = [b[0][0] - max(k[1] for k in a) for a, b in zip(cut, cut[1:])]
-    print(f"{len(decode)} steps of {common_len} kernels (of {len(cut)}, cut at {args.step_gap:g} us idle and after --step-last): span "
-          f"{statistics.median(spans):.1f} us a step (median); host between steps {statistics.median(between):.1f} us")
+    print(f"{len(decode)} steps of {common_len} kernels (of {len(cut)}, cut at {args.step_gap:g} us idle and after "
+          f"--step-last): span {statistics.median(spans):.1f} us a step (median); host between steps "
+          f"{statistics.median(between):.1f} us")
     acc: dict[str, list[list[float]]] = defaultdict(lambda: [[], [], [], []])
     for s in decode:
         for ctx, dur, exp, idle, early in charge(s):
