@@ -46,7 +46,9 @@
 # gptq at gemvp configs that split the projections so that more of their weights load before the PDL wait;
 # $W2GEMVP_CFGS), moeswapcfg (Qwen3-30B-A3B batch 1 at swap-AB configs for q/k/v and o; $MOESWAP_CFGS),
 # ropetests (the decode kernel doing qkv_rope's work: its GPU tests; gemvp's dispatch and engine tests), moerope
-# and w2rope (Qwen3-30B-A3B batch 1 / W2 gptq: A the defaults, B PAGEDLLM_FUSED_ROPE_DECODE=0).
+# and w2rope (Qwen3-30B-A3B batch 1 / W2 gptq: A the defaults, B PAGEDLLM_FUSED_ROPE_DECODE=0), trace (kernel
+# timelines with PDL on: Qwen3-30B-A3B batch 1 (at moe_bench.py's 4,096-token bound), W2 gptq and W2 bf16 (at
+# latency.py's 400), each kernel charged what it adds to a step by benchmarks/trace_path.py; TRACE_LOADS picks).
 # Logs in one archive in $OUT; a summary last.
 #     OUT=$OUT bash benchmarks/where_gpu.sh
 #     STEPS="moeprof w1order" bash benchmarks/where_gpu.sh   # any of moeprof w2int4prof w1fp8prof order w1order
@@ -58,6 +60,17 @@ STEPS=${STEPS:-moeprof w2int4prof w1fp8prof order w1order}
 BUDGET=${BUDGET:-570}
 . benchmarks/gpu_common.sh
 step() { [[ " $STEPS " == *" $1 "* ]] && fits "$2" "$1"; }
+if [[ " $STEPS " == *" trace "* ]]; then  # what each kernel adds to a step when PDL overlaps them
+  for v in ${TRACE_LOADS:-moe w2gptq w2bf16}; do
+    fits 120 "trace $v" || continue
+    case $v in moe) a="--model benchmarks/configs/qwen3-30b-a3b --max-model-len 4096";;
+      w2gptq) a="--quantization gptq --max-model-len 400";; *) a="--max-model-len 400";; esac
+    # shellcheck disable=SC2086  # the load's arguments are meant to split
+    timeout 120 $PY benchmarks/profile_gpu.py --load w2 --skip-steps 10 --steps 6 --top 14 --trace "$OUT/trace_$v.json" \
+      $a > "$OUT/trace_$v.log" 2>&1; echo "trace $v rc=$? at ${SECONDS} s"
+    $PY benchmarks/trace_path.py "$OUT/trace_$v.json" --top 26 > "$OUT/trace_${v}_path.txt" 2>&1 && rm -f "$OUT/trace_$v.json"
+  done
+fi
 if step moeprof 120; then
   timeout 150 $PY benchmarks/profile_gpu.py --load w2 --model benchmarks/configs/qwen3-30b-a3b --skip-steps 10 \
     --steps 10 --top 22 > "$OUT/moeprof.log" 2>&1; echo "moeprof rc=$? at ${SECONDS} s"
@@ -380,6 +393,9 @@ if [[ " $STEPS " == *" w3act "* ]]; then  # W3 at inf: bf16, FP8 + FP8 KV with P
     echo "w3act $v rc=$? at ${SECONDS} s: $(grep -iE "total token|output token" "$OUT/w3act_$v.log" | tr -s ' ' | head -2 | tr '\n' ';')"
   done
 fi
+for v in moe w2gptq w2bf16; do
+  [ -f "$OUT/trace_${v}_path.txt" ] && { echo "=== trace $v ==="; grep -E "^wall|^without" "$OUT/trace_$v.log"; cut -c1-90,111- "$OUT/trace_${v}_path.txt"; }
+done
 for f in moeprof moeprof0 w2int4prof w1fp8prof w2prof0 w2gptqprof0 w2fp16prof0 w3prof_bf16 w3prof_fp8; do
   [ -f "$OUT/$f.log" ] && { echo "=== $f ==="; grep -E "wall per step|device busy" "$OUT/$f.log";
     grep -A14 "calls/step" "$OUT/$f.log" | cut -c1-50,80-; }
