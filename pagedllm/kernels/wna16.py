@@ -163,7 +163,8 @@ def wna16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
     """y = x @ w.T (+ bias) with an integer weight; x [M, K] -> [M, N]. CUDA: the Triton kernels
     below DENSE_MIN_ROWS rows; 4-bit weights from kpairs_min_rows (GEMV_MAX_ROWS + 1 unless set) up to
     SWAP_GEMM_MAX_ROWS rows the kpairs tensor-core GEMM on sm_90+ (large_gemm: the default, or
-    PAGEDLLM_WNA16_GEMM=pairs), else from DENSE_MIN_ROWS a dequantized weight and cuBLAS. kpairs is
+    PAGEDLLM_WNA16_GEMM=pairs; PAGEDLLM_WNA16_DENSE_FROM takes small weights from a row count on to the
+    dequantized weight instead, `dense_from`), else from DENSE_MIN_ROWS a dequantized weight and cuBLAS. kpairs is
     Hopper's: its tiles are sized to sm_90's 227 KB of shared memory (its 256-row tiles compiled for
     sm_80 take 172 KB, more than an A100's 163, and its 128-row ones 107 KB, more than an L4's 99), so
     sm_80-89 take the few-row kernels and the dequantized weight there (the interpreter's tests, CPU
@@ -174,8 +175,10 @@ def wna16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
         from pagedllm.kernels.wna16_triton import dequantize_wna16_triton, wna16_gemm_triton
 
         m = x.shape[0]
+        dense = dense_from()
         if (bits == 4 and (large_gemm() or LAYOUT_DEFAULT["k_packed"]) == "pairs"
                 and kpairs_min_rows() <= m <= SWAP_GEMM_MAX_ROWS
+                and not (dense and m >= dense[0] and qweight.numel() * 8 <= dense[1])
                 and (not x.is_cuda or capability_major(x.device.index or 0) >= 9)):  # fmt: skip
             from pagedllm.kernels.wna16_kpairs_triton import wna16_kpairs_gemm
 
@@ -245,6 +248,29 @@ def kpairs_min_rows() -> int:
         raise ValueError(f"PAGEDLLM_WNA16_KPAIRS_FROM={value!r}: expected a row count from 2 to "
                          f"{SWAP_GEMM_MAX_ROWS + 1}")
     return int(value)
+
+
+# PAGEDLLM_WNA16_DENSE_FROM's default bound on the weight: Llama-3.1-8B's q/k/v (25.2M) and o (16.8M)
+DENSE_FROM_MAX_WEIGHT = 1 << 25
+
+
+@functools.cache
+def dense_from() -> tuple[int, int] | None:
+    """PAGEDLLM_WNA16_DENSE_FROM=ROWS[:WEIGHTS] (read once; unset or empty: off): 4-bit linears of at
+    least ROWS rows (DENSE_MIN_ROWS to SWAP_GEMM_MAX_ROWS) whose weight has at most WEIGHTS values (N x K;
+    default DENSE_FROM_MAX_WEIGHT) take the dequantized weight and cuBLAS instead of kpairs. At 160-256
+    rows kpairs' q/k/v and o take about twice cuBLAS's bf16 time (RESULTS.md twentieth session), while
+    dequantizing their weights is a bandwidth-bound write of 2 bytes a value, which the H200's faster
+    memory shortens: an opt-in for issue 19's W1, not yet timed. Returns (ROWS, WEIGHTS) or None."""
+    value = os.environ.get("PAGEDLLM_WNA16_DENSE_FROM", "").strip()
+    if not value:
+        return None
+    rows, sep, weights = value.partition(":")
+    if (not rows.isdigit() or not DENSE_MIN_ROWS <= int(rows) <= SWAP_GEMM_MAX_ROWS
+            or (sep and not weights.isdigit())):  # fmt: skip
+        raise ValueError(f"PAGEDLLM_WNA16_DENSE_FROM={value!r}: expected ROWS[:WEIGHTS], ROWS from "
+                         f"{DENSE_MIN_ROWS} to {SWAP_GEMM_MAX_ROWS}, WEIGHTS a count of weight values")
+    return int(rows), int(weights) if sep else DENSE_FROM_MAX_WEIGHT
 
 
 # ---- the N-major interleaved int4 layout of the swap-AB kernel --------------------------------

@@ -164,6 +164,50 @@ def check_wna16_dispatch(device, dtype, n, k, rows, group_k=128, symmetric=False
         wna16_kpairs_triton.stream_k_enabled.cache_clear()
 
 
+def check_wna16_dense_from(device, dtype, n, k, rows, value):
+    """PAGEDLLM_WNA16_DENSE_FROM=value: wna16_linear at each of `rows` is bit for bit the dequantized
+    weight's GEMM (x @ dequantize_wna16_triton) where the rows reach ROWS and the weight has at most
+    WEIGHTS values, else kpairs' direct call (below SWAP_GEMM_MAX_ROWS rows) -- and within tolerance
+    of the reference either way; on the CPU the CUDA dispatch, run by Triton's interpreter."""
+    from pagedllm.kernels import wna16
+    from pagedllm.kernels.wna16_kpairs_triton import wna16_kpairs_gemm
+    from pagedllm.kernels.wna16_triton import dequantize_wna16_triton
+
+    g = torch.Generator().manual_seed(0)
+    qw, s, z = _weights(n, k, 4, 128, False, device, g)
+    tol = torch.float16 if dtype == torch.float32 else dtype
+    old_value, old_use = os.environ.get("PAGEDLLM_WNA16_DENSE_FROM"), wna16.use_triton
+    os.environ["PAGEDLLM_WNA16_DENSE_FROM"] = value
+    wna16.dense_from.cache_clear()
+    if device == "cpu":
+        wna16.use_triton = lambda x: True
+    try:
+        from_rows, weights = wna16.dense_from()
+        for m in rows:
+            x = torch.randn(m, k, generator=g).to(device=device, dtype=dtype)
+            out = wna16_linear(x, qw, s, z, 4)
+            if m >= from_rows and n * k <= weights:
+                assert torch.equal(out, x @ dequantize_wna16_triton(qw, s, z, 4, x.dtype)), (m, "dense")
+            else:
+                assert torch.equal(out, wna16_kpairs_gemm(x, qw, s, z)), (m, "kpairs")
+            _close(out, wna16_linear_torch(x, qw, s, z, 4), tol)
+    finally:
+        wna16.use_triton = old_use
+        if old_value is None:
+            os.environ.pop("PAGEDLLM_WNA16_DENSE_FROM")
+        else:
+            os.environ["PAGEDLLM_WNA16_DENSE_FROM"] = old_value
+        wna16.dense_from.cache_clear()
+
+
+@pytest.mark.parametrize("value", ["128", "64:20000000"])
+def test_wna16_linear_dispatch_dense_from(value):
+    """PAGEDLLM_WNA16_DENSE_FROM at Llama-3.1-8B's o (16.8M weights: dense from the bound's rows) and
+    gate/up (117M: kpairs at both bounds), 48-256 rows."""
+    for n, k in ((4096, 4096), (28672, 4096)):
+        check_wna16_dense_from("cuda", torch.bfloat16, n, k, [48, 64, 128, 256], value)
+
+
 _SHAPES = [(1, 4096, 4096), (3, 1000, 2048), (1, 4096, 14336), (2, 6144, 4096), (16, 4096, 14336), (200, 768, 1024)]
 
 

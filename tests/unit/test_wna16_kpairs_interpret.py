@@ -62,6 +62,10 @@ _CASES = {
     "dispatch_g128_asym": ("check_wna16_dispatch", [64, 256, [1, 3, 5, 20, 48, 100, 300], 128, False], {}),
     "dispatch_channel_from2": ("check_wna16_dispatch", [64, 256, [2, 5, 20, 40], None, True], {"kpairs_from": 2}),
     "dispatch_g128_asym_stream_k": ("check_wna16_dispatch", [64, 256, [100, 200], 128, False], {"stream_k": True}),
+    # PAGEDLLM_WNA16_DENSE_FROM: the dequantized weight's GEMM from 64 rows (64 x 256 weights), not past a
+    # bound of 10,000 weights (kpairs then)
+    "dense_from_64": ("check_wna16_dense_from", [64, 256, [48, 64, 200], "64"], {}),
+    "dense_from_64_bounded": ("check_wna16_dense_from", [64, 256, [64, 200], "64:10000"], {}),
     # stream-K (SwapConfig.stream_k programs): 6 tiles x 4 K steps over 5 programs (a tile's tail, whole
     # tiles, a head), over 11 (programs inside one tile, three to a tile), over 48 (capped at the 24 units)
     "g128_sk5_bm64": ("check_wna16_kpairs", [100, 192, 512, 128, True],
@@ -261,6 +265,26 @@ def test_kpairs_from_switch(monkeypatch):
     for m, block_m in ((5, 16), (16, 16), (17, 32), (32, 32), (33, 64)):
         cfg = kp.default_config(m, 6144, 4096, 128)
         assert (cfg.block_m, cfg.num_warps) == (block_m, 4), (m, cfg)
+
+
+def test_dense_from_switch(monkeypatch):
+    """PAGEDLLM_WNA16_DENSE_FROM: unset or empty, off; ROWS (DENSE_MIN_ROWS to SWAP_GEMM_MAX_ROWS) with
+    DENSE_FROM_MAX_WEIGHT, or ROWS:WEIGHTS; anything else a ValueError naming the variable."""
+    from pagedllm.kernels import wna16
+
+    try:
+        for value, want in (("", None), ("128", (128, wna16.DENSE_FROM_MAX_WEIGHT)), ("48:1000", (48, 1000)),
+                            ("256:0", (256, 0))):  # fmt: skip
+            monkeypatch.setenv("PAGEDLLM_WNA16_DENSE_FROM", value)
+            wna16.dense_from.cache_clear()
+            assert wna16.dense_from() == want, value
+        for value in ("47", "257", "128:", "128:1e6", "rows", "-64", "64:-1"):
+            monkeypatch.setenv("PAGEDLLM_WNA16_DENSE_FROM", value)
+            wna16.dense_from.cache_clear()
+            with pytest.raises(ValueError, match="PAGEDLLM_WNA16_DENSE_FROM"):
+                wna16.dense_from()
+    finally:
+        wna16.dense_from.cache_clear()
 
 
 def test_stream_k_switch(monkeypatch):
