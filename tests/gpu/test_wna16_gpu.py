@@ -123,6 +123,14 @@ def check_wna16_kpairs(device, dtype, m, n, k, group_k=128, symmetric=True, bias
     _close(out, wna16_linear_torch(x, qw, s, z, 4, b), torch.float16 if dtype == torch.float32 else dtype)
 
 
+def _restore_env(name, old):
+    """Puts an environment variable back as it was (old None: unset)."""
+    if old is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = old
+
+
 def check_wna16_dispatch(device, dtype, n, k, rows, group_k=128, symmetric=False, kpairs_from=None, stream_k=False):
     """wna16_linear, the engine's dispatch (gemvp, the dot GEMM, kpairs from kpairs_from rows, the
     dequantized weight), at each of `rows` on the plain and the steps-permuted K-packed layouts
@@ -152,14 +160,8 @@ def check_wna16_dispatch(device, dtype, n, k, rows, group_k=128, symmetric=False
             _close(wna16_linear(x, qk, s, z, 4, kperm=True), ref, tol)
     finally:
         wna16.use_triton = old_use
-        if old_from is None:
-            os.environ.pop("PAGEDLLM_WNA16_KPAIRS_FROM")
-        else:
-            os.environ["PAGEDLLM_WNA16_KPAIRS_FROM"] = old_from
-        if old_sk is None:
-            os.environ.pop("PAGEDLLM_KPAIRS_STREAM_K")
-        else:
-            os.environ["PAGEDLLM_KPAIRS_STREAM_K"] = old_sk
+        _restore_env("PAGEDLLM_WNA16_KPAIRS_FROM", old_from)
+        _restore_env("PAGEDLLM_KPAIRS_STREAM_K", old_sk)
         wna16.kpairs_min_rows.cache_clear()
         wna16_kpairs_triton.stream_k_enabled.cache_clear()
 
@@ -193,10 +195,7 @@ def check_wna16_dense_from(device, dtype, n, k, rows, value):
             _close(out, wna16_linear_torch(x, qw, s, z, 4), tol)
     finally:
         wna16.use_triton = old_use
-        if old_value is None:
-            os.environ.pop("PAGEDLLM_WNA16_DENSE_FROM")
-        else:
-            os.environ["PAGEDLLM_WNA16_DENSE_FROM"] = old_value
+        _restore_env("PAGEDLLM_WNA16_DENSE_FROM", old_value)
         wna16.dense_from.cache_clear()
 
 

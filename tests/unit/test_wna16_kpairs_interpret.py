@@ -242,6 +242,23 @@ def test_steps_permuted_layout_holds_the_same_weight(group_k, symmetric):
     assert not kperm_applies(512, 64) and not kperm_applies(320, 0)
 
 
+def _check_switch(monkeypatch, name, read, good, bad):
+    """An environment switch read once through the functools.cache'd `read`: each (value, result) of
+    `good` read as that result, each value of `bad` a ValueError naming the variable."""
+    try:
+        for value, want in good:
+            monkeypatch.setenv(name, value)
+            read.cache_clear()
+            assert read() == want, value
+        for value in bad:
+            monkeypatch.setenv(name, value)
+            read.cache_clear()
+            with pytest.raises(ValueError, match=name):
+                read()
+    finally:
+        read.cache_clear()
+
+
 def test_kpairs_from_switch(monkeypatch):
     """PAGEDLLM_WNA16_KPAIRS_FROM: unset, kpairs from 5 rows, the one after gemvp's last (the bound W1
     was measured with); a row count from 2 to
@@ -250,18 +267,8 @@ def test_kpairs_from_switch(monkeypatch):
     from pagedllm.kernels import wna16
     from pagedllm.kernels import wna16_kpairs_triton as kp
 
-    try:
-        for value, rows in (("", 5), ("48", 48), ("257", 257)):
-            monkeypatch.setenv("PAGEDLLM_WNA16_KPAIRS_FROM", value)
-            wna16.kpairs_min_rows.cache_clear()
-            assert wna16.kpairs_min_rows() == rows
-        for value in ("1", "258", "16 rows", "-4"):
-            monkeypatch.setenv("PAGEDLLM_WNA16_KPAIRS_FROM", value)
-            wna16.kpairs_min_rows.cache_clear()
-            with pytest.raises(ValueError, match="PAGEDLLM_WNA16_KPAIRS_FROM"):
-                wna16.kpairs_min_rows()
-    finally:
-        wna16.kpairs_min_rows.cache_clear()
+    _check_switch(monkeypatch, "PAGEDLLM_WNA16_KPAIRS_FROM", wna16.kpairs_min_rows,
+                  (("", 5), ("48", 48), ("257", 257)), ("1", "258", "16 rows", "-4"))  # fmt: skip
     for m, block_m in ((5, 16), (16, 16), (17, 32), (32, 32), (33, 64)):
         cfg = kp.default_config(m, 6144, 4096, 128)
         assert (cfg.block_m, cfg.num_warps) == (block_m, 4), (m, cfg)
@@ -272,19 +279,10 @@ def test_dense_from_switch(monkeypatch):
     DENSE_FROM_MAX_WEIGHT, or ROWS:WEIGHTS; anything else a ValueError naming the variable."""
     from pagedllm.kernels import wna16
 
-    try:
-        for value, want in (("", None), ("128", (128, wna16.DENSE_FROM_MAX_WEIGHT)), ("48:1000", (48, 1000)),
-                            ("256:0", (256, 0))):  # fmt: skip
-            monkeypatch.setenv("PAGEDLLM_WNA16_DENSE_FROM", value)
-            wna16.dense_from.cache_clear()
-            assert wna16.dense_from() == want, value
-        for value in ("47", "257", "128:", "128:1e6", "rows", "-64", "64:-1"):
-            monkeypatch.setenv("PAGEDLLM_WNA16_DENSE_FROM", value)
-            wna16.dense_from.cache_clear()
-            with pytest.raises(ValueError, match="PAGEDLLM_WNA16_DENSE_FROM"):
-                wna16.dense_from()
-    finally:
-        wna16.dense_from.cache_clear()
+    _check_switch(monkeypatch, "PAGEDLLM_WNA16_DENSE_FROM", wna16.dense_from,
+                  (("", None), ("128", (128, wna16.DENSE_FROM_MAX_WEIGHT)), ("48:1000", (48, 1000)),
+                   ("256:0", (256, 0))),
+                  ("47", "257", "128:", "128:1e6", "rows", "-64", "64:-1"))  # fmt: skip
 
 
 def test_stream_k_switch(monkeypatch):
