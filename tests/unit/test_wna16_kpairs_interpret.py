@@ -1,5 +1,6 @@
 """The K-packed layout's kpairs GEMM (kernels/wna16_kpairs_triton.py) on the CPU: the GPU checks of
-tests/gpu/test_wna16_gpu.py through Triton's interpreter at small shapes against the float32
+tests/gpu/test_wna16_gpu.py (and of wna16_linear's dispatch, test_wna16_dispatch_gpu.py) through Triton's
+interpreter at small shapes against the float32
 reference (a group a K step, a group a word, per channel through the split-K reduce; zeros, bias;
 K not a multiple of the step; 32-, 64- and 128-row tiles; float32 activations through fp16
 operands), which runs the pairs' plain ops (the interpreter cannot run PTX); x's permutation; and
@@ -58,14 +59,6 @@ _CASES = {
     # default_config's 16- and 32-row tiles (PAGEDLLM_WNA16_KPAIRS_FROM below 33 rows)
     "default_config_m5": ("check_wna16_kpairs", [5, 64, 256, 128, True], {}),
     "default_config_m24_channel_bias": ("check_wna16_kpairs", [24, 96, 384, None, False], {"bias": True}),
-    # the engine's dispatch at every row class, both layouts (kpairs from 48 rows; from 2)
-    "dispatch_g128_asym": ("check_wna16_dispatch", [64, 256, [1, 3, 5, 20, 48, 100, 300], 128, False], {}),
-    "dispatch_channel_from2": ("check_wna16_dispatch", [64, 256, [2, 5, 20, 40], None, True], {"kpairs_from": 2}),
-    "dispatch_g128_asym_stream_k": ("check_wna16_dispatch", [64, 256, [100, 200], 128, False], {"stream_k": True}),
-    # PAGEDLLM_WNA16_DENSE_FROM: the dequantized weight's GEMM from 64 rows (64 x 256 weights), not past a
-    # bound of 10,000 weights (kpairs then)
-    "dense_from_64": ("check_wna16_dense_from", [64, 256, [48, 64, 200], "64"], {}),
-    "dense_from_64_bounded": ("check_wna16_dense_from", [64, 256, [64, 200], "64:10000"], {}),
     # stream-K (SwapConfig.stream_k programs): 6 tiles x 4 K steps over 5 programs (a tile's tail, whole
     # tiles, a head), over 11 (programs inside one tile, three to a tile), over 48 (capped at the 24 units)
     "g128_sk5_bm64": ("check_wna16_kpairs", [100, 192, 512, 128, True],
@@ -83,8 +76,20 @@ _CASES = {
     "split_past_the_end": ("check_wna16_kpairs", [24, 64, 384, 128, False],
                            {"config": [64, 128, 2, 4, 1, "kernel", 32, True], "nan_past_end": True}),
 }
+# wna16_linear's dispatch over the kernels (tests/gpu/test_wna16_dispatch_gpu.py)
+_DISPATCH_CASES = {
+    # the engine's dispatch at every row class, both layouts (kpairs from 5 rows, the default; from 2)
+    "dispatch_g128_asym": ("check_wna16_dispatch", [64, 256, [1, 3, 5, 20, 48, 100, 300], 128, False], {}),
+    "dispatch_channel_from2": ("check_wna16_dispatch", [64, 256, [2, 5, 20, 40], None, True], {"kpairs_from": 2}),
+    "dispatch_g128_asym_stream_k": ("check_wna16_dispatch", [64, 256, [100, 200], 128, False], {"stream_k": True}),
+    # PAGEDLLM_WNA16_DENSE_FROM: the dequantized weight's GEMM from 64 rows (64 x 256 weights), not past a
+    # bound of 10,000 weights (kpairs then)
+    "dense_from_64": ("check_wna16_dense_from", [64, 256, [48, 64, 200], "64"], {}),
+    "dense_from_64_bounded": ("check_wna16_dense_from", [64, 256, [64, 200], "64:10000"], {}),
+}
 _DTYPES = ["bfloat16", "float16", "float32"]
 _KEYS = [f"{name}:{dt}" for name in _CASES for dt in _DTYPES]
+_DISPATCH_KEYS = [f"{name}:{dt}" for name in _DISPATCH_CASES for dt in _DTYPES]
 
 
 @pytest.fixture(scope="module")
@@ -92,10 +97,23 @@ def interpreter_results() -> dict[str, str | None]:
     return run_under_interpreter("test_wna16_gpu.py", {key: _CASES[key.split(":")[0]] for key in _KEYS})
 
 
+@pytest.fixture(scope="module")
+def dispatch_results() -> dict[str, str | None]:
+    cases = {key: _DISPATCH_CASES[key.split(":")[0]] for key in _DISPATCH_KEYS}
+    return run_under_interpreter("test_wna16_dispatch_gpu.py", cases)
+
+
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 @pytest.mark.parametrize("key", _KEYS)
 def test_wna16_kpairs_under_interpreter(interpreter_results, key):
     err = interpreter_results[key]
+    assert err is None, err
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+@pytest.mark.parametrize("key", _DISPATCH_KEYS)
+def test_wna16_dispatch_under_interpreter(dispatch_results, key):
+    err = dispatch_results[key]
     assert err is None, err
 
 
