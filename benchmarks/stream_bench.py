@@ -114,6 +114,61 @@ def _persistent_kernel(ptrs_ptr, sizes_ptr, cnt_ptr, out_ptr, S, P, BLOCK: tl.co
     tl.store(out_ptr + pid, tl.sum(acc, axis=0) + acc_pre)
 
 
+@triton.jit
+def _tma_kernel(desc, out_ptr, ROWS, PER_PROGRAM, BLOCK_R: tl.constexpr, COLS: tl.constexpr, STAGES: tl.constexpr):
+    """flat's streaming through the Hopper's tensor memory accelerator: the words viewed as [ROWS, COLS],
+    program p reading rows [p * PER_PROGRAM, (p + 1) * PER_PROGRAM) in [BLOCK_R, COLS] boxes, STAGES boxes in
+    flight in shared memory (no registers held by the loads in flight; rows past ROWS read as zeros)."""
+    lo = tl.program_id(0) * PER_PROGRAM
+    acc = tl.zeros([BLOCK_R, COLS], dtype=tl.int32)
+    for r in tl.range(lo, tl.minimum(lo + PER_PROGRAM, ROWS), BLOCK_R, num_stages=STAGES):
+        acc += desc.load([r, 0])
+    tl.store(out_ptr + tl.program_id(0), tl.sum(tl.sum(acc, axis=1), axis=0))
+
+
+def tma_desc(w: torch.Tensor, block_r: int, cols: int = 256):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    v = w.view(-1, cols)
+    return TensorDescriptor(v, list(v.shape), list(v.stride()), [block_r, cols])
+
+
+def tma(desc, rows: int, out: torch.Tensor, cfg: tuple) -> None:
+    programs, block_r, warps, stages = cfg
+    per = triton.cdiv(triton.cdiv(rows, programs), block_r) * block_r
+    _tma_kernel[(triton.cdiv(rows, per),)](desc, out, rows, per, BLOCK_R=block_r, COLS=desc.block_shape[1],
+                                             STAGES=stages, num_warps=warps)  # fmt: skip
+
+
+def tma_chain(seq: list[torch.Tensor], label: str, sms: int, quick: bool) -> None:
+    """A step's projections (seq, in order) streamed by a chain of kernels, one a projection: flat's register
+    loads against TMA boxes (_tma_kernel) at several depths (ms a step; the sums checked once)."""
+    out = torch.empty(8 * sms, dtype=torch.int32, device=seq[0].device)
+    total = sum(w.numel() * 4 for w in seq)
+    print(f"{label}: {len(seq)} projections, {total / 1e9:.2f} GB a step; a chain of one kernel a projection")
+    for cfg in [(sms, 2048, 8, 3), (2 * sms, 2048, 8, 3), (2 * sms, 4096, 8, 3)][: 1 if quick else 3]:
+        t = common.graph_time(lambda cfg=cfg: [flat(w, out, cfg) for w in seq])
+        print(f"  flat {str(cfg):26s} {t / 1000:.3f} ms a step ({total / t / 1e6:.2f} TB/s)")
+    # (programs, BLOCK_R rows of 256 words, warps, stages): 32 KB boxes, 2-6 in flight a program
+    cfgs = [(sms, 32, 4, 3), (sms, 32, 4, 4), (sms, 32, 8, 5), (sms, 16, 4, 6), (2 * sms, 16, 4, 4),
+            (2 * sms, 32, 4, 3), (sms, 64, 8, 3), (4 * sms, 16, 4, 3)]  # fmt: skip
+    for cfg in cfgs[: 2 if quick else None]:
+        descs = [tma_desc(w, cfg[1]) for w in seq]
+        rows = [w.numel() // 256 for w in seq]
+        try:
+            tma(descs[0], rows[0], out, cfg)
+            torch.cuda.synchronize()
+            n = triton.cdiv(rows[0], triton.cdiv(triton.cdiv(rows[0], cfg[0]), cfg[1]) * cfg[1])
+            got = int(out[:n].sum(dtype=torch.int64)) % (1 << 32)
+            assert got == int(seq[0].sum(dtype=torch.int64)) % (1 << 32), "TMA sums differ"
+            t = common.graph_time(lambda cfg=cfg, descs=descs, rows=rows: [tma(d, r, out, cfg)
+                                                                           for d, r in zip(descs, rows)])
+        except Exception as e:  # noqa: BLE001  (a config the compiler refuses)
+            print(f"  tma {cfg}: {type(e).__name__}: {str(e)[:200]}")
+            continue
+        print(f"  tma  {str(cfg):26s} {t / 1000:.3f} ms a step ({total / t / 1e6:.2f} TB/s)")
+
+
 def persistent(ptrs: torch.Tensor, sizes: torch.Tensor, cnt: torch.Tensor, out: torch.Tensor, cfg: tuple,
                sync: bool) -> None:  # fmt: skip
     programs, block, pre, warps, stages = cfg
@@ -183,6 +238,9 @@ def flat(w: torch.Tensor, out: torch.Tensor, cfg: tuple) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer configs")
+    ap.add_argument("--tma", nargs="+", choices=["llama", "moe"],
+                    help="only the step (as --persistent's) as a chain of one kernel a projection: flat's register "
+                    "loads against TMA boxes")  # fmt: skip
     ap.add_argument("--persistent", nargs="+", choices=["llama", "moe"],
                     help="only the step (Llama-3.1-8B int4 / Qwen3-30B-A3B bf16 at batch 1) in one persistent kernel "
                     "against flat's chain of kernels")  # fmt: skip
@@ -203,11 +261,21 @@ def main() -> None:
         flat_cfgs = flat_cfgs[:2]
     best: dict[str, dict[str, tuple[float, tuple]]] = {}
     words: dict[str, list[torch.Tensor]] = {}
-    if args.persistent:
+    if args.persistent or args.tma:
 
         def rand(*shape: int) -> torch.Tensor:
             return torch.randint(-(2**31), 2**31 - 1, shape, dtype=torch.int32, device=dev)
 
+        if args.tma:
+            triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=dev))
+            if "llama" in args.tma:
+                seq = [rand(k // 8, n) for _ in range(LAYERS) for n, k in SHAPES.values()]
+                tma_chain(seq, f"Llama-3.1-8B int4 words, {LAYERS} layers", sms, args.quick)
+                del seq
+            if "moe" in args.tma:
+                seq = [rand(n) for _ in range(MOE_LAYERS) for n in MOE_STAGES.values()]
+                tma_chain(seq, f"Qwen3-30B-A3B bf16 at batch 1, {MOE_LAYERS} layers", sms, args.quick)
+            return
         if "llama" in args.persistent:
             seq = [rand(k // 8, n) for _ in range(LAYERS) for n, k in SHAPES.values()]
             persistent_chain(seq, f"Llama-3.1-8B int4 words, {LAYERS} layers", sms, args.quick)

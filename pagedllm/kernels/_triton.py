@@ -211,3 +211,23 @@ def pdl_weights(x: torch.Tensor, weight: torch.Tensor, block_k: int, tiles: int 
     ):
         opts["PREFETCH_K"] = tiles * block_k
     return opts
+
+
+_DESCRIPTORS: dict[tuple, object] = {}
+
+
+def tma_descriptor(weight, rows: int, cols: int):
+    """A host TensorDescriptor (the tensor memory accelerator's) of a 2-D weight in [rows, cols] boxes, made
+    once a weight and box and kept (weights do not move, and the descriptor holds the address: graphs
+    replay it). A ValueError where TMA cannot read the weight (address or row stride not 16-byte aligned)."""
+    key = (weight.data_ptr(), tuple(weight.shape), weight.stride(0), weight.dtype, rows, cols)
+    desc = _DESCRIPTORS.get(key)
+    if desc is None:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        size = weight.element_size()
+        if weight.dim() != 2 or weight.stride(1) != 1 or weight.data_ptr() % 16 or weight.stride(0) * size % 16:
+            raise ValueError("TMA loads need a 2-D weight of unit stride along its rows, its address and row "
+                             "stride 16-byte aligned")
+        desc = _DESCRIPTORS[key] = TensorDescriptor(weight, list(weight.shape), list(weight.stride()), [rows, cols])
+    return desc

@@ -45,13 +45,14 @@ def _inputs(m, n, k, dtype, device, bias, seed):
     return x, w, b, g
 
 
-def check_small_m_linear(device, dtype, m, n, k, bias=False, out_dtype=None, config=None, seed=0):
-    """small_m_linear equals small_m_linear_torch; `config`: SwapConfig fields (None: the default)."""
+def check_small_m_linear(device, dtype, m, n, k, bias=False, out_dtype=None, config=None, seed=0, tma=False):
+    """small_m_linear equals small_m_linear_torch; `config`: SwapConfig fields (None: the default);
+    tma: the config's weight tiles loaded by TMA (SwapConfig.tma)."""
     from pagedllm.kernels.small_m import small_m_linear, small_m_linear_torch
     from pagedllm.kernels.swap_gemm_triton import SwapConfig
 
     out_dtype = getattr(torch, out_dtype) if isinstance(out_dtype, str) else out_dtype
-    cfg = SwapConfig(*config) if config is not None else None
+    cfg = SwapConfig(*config, tma=tma) if config is not None else None
     x, w, b, g = _inputs(m, n, k, dtype, device, bias, seed)
     out = small_m_linear(x, w, b, out_dtype, cfg)
     assert out.dtype == (out_dtype or dtype) and out.shape == (m, n)
@@ -110,7 +111,8 @@ def check_last_reduce(device, dtype, m, n, k, bias=False, out_dtype=None, config
         torch.testing.assert_close(got, small_m_linear_torch(x, w, b, out_dtype), atol=atol, rtol=rtol)
 
 
-def check_router_topk(device, dtype, m, e, k, top_k, renormalize, config=None, ties=False, calls=2, seed=0):
+def check_router_topk(device, dtype, m, e, k, top_k, renormalize, config=None, ties=False, calls=2, seed=0,
+                      tma=False):
     """The fused router (swap_gemm_topk): its logits are small_m_linear's with the same config, bit for
     bit; its routing is topk_softmax's of those logits (the Triton kernel's ids exactly, ties to the
     lowest id; the weights within float32 rounding of the torch reference); `calls` in a row."""
@@ -119,7 +121,7 @@ def check_router_topk(device, dtype, m, e, k, top_k, renormalize, config=None, t
     from pagedllm.kernels.small_m import default_config, heuristic_config, small_m_linear, small_m_linear_torch
     from pagedllm.kernels.swap_gemm_triton import SwapConfig, swap_gemm_topk
 
-    cfg = SwapConfig(*config) if config is not None else default_config(m, e, k) or heuristic_config(m, e, k)
+    cfg = SwapConfig(*config, tma=tma) if config is not None else default_config(m, e, k) or heuristic_config(m, e, k)
     for call in range(calls):
         x, w, _, _ = _inputs(m, e, k, dtype, device, False, seed + call)
         if ties:  # experts in pairs of equal gate rows: equal logits compete for the last places

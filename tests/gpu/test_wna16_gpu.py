@@ -54,37 +54,44 @@ def _close(out, ref, dtype):
 
 
 @contextlib.contextmanager
-def _prefetch(on: bool):
-    """PAGEDLLM_WNA16_PREFETCH set for the GEMVs inside (read once per process: the cache cleared
-    on the way in and out), as it was after."""
+def _switch(name: str, value: str):
+    """The wna16_triton switch read once per process from the environment variable `name` (its cache
+    cleared on the way in and out) set to `value` inside, as it was after."""
     from pagedllm.kernels import wna16_triton
 
-    old = os.environ.get("PAGEDLLM_WNA16_PREFETCH")
-    os.environ["PAGEDLLM_WNA16_PREFETCH"] = "1" if on else "0"
-    wna16_triton.gemv_prefetch.cache_clear()
+    reader = {"PAGEDLLM_WNA16_PREFETCH": wna16_triton.gemv_prefetch, "PAGEDLLM_WNA16_TMA": wna16_triton.gemv_tma}[name]
+    old = os.environ.get(name)
+    os.environ[name] = value
+    reader.cache_clear()
     try:
         yield
     finally:
         if old is None:
-            os.environ.pop("PAGEDLLM_WNA16_PREFETCH")
+            os.environ.pop(name)
         else:
-            os.environ["PAGEDLLM_WNA16_PREFETCH"] = old
-        wna16_triton.gemv_prefetch.cache_clear()
+            os.environ[name] = old
+        reader.cache_clear()
+
+
+def _prefetch(on: bool):
+    """PAGEDLLM_WNA16_PREFETCH=1 (gemvp's register prefetch on every shape) or 0 inside."""
+    return _switch("PAGEDLLM_WNA16_PREFETCH", "1" if on else "0")
 
 
 def check_wna16_gemm(device, dtype, m, n, k, bits=4, group_k=128, symmetric=True, bias=False, config=None, seed=0,
-                     reduce_last=None, calls=1, prefetch=False, kperm=False):
+                     reduce_last=None, calls=1, prefetch=False, kperm=False, tma=0):
     """reduce_last: split-K summed by the last split (True) or by float32 atomics (False);
     calls: run again on new activations (the last split leaves its counters at zero); prefetch:
     with PAGEDLLM_WNA16_PREFETCH=1 (gemvp loads the next tile's words first); kperm: the weight
-    in the steps-permuted layout (against the reference on the plain one)."""
+    in the steps-permuted layout (against the reference on the plain one); tma: PAGEDLLM_WNA16_TMA
+    (gemvp's words through TMA, that many stages)."""
     from pagedllm.kernels import wna16_triton
 
     g = torch.Generator().manual_seed(seed)
     qw, s, z = _weights(n, k, bits, group_k, symmetric, device, g)
     qk = kperm_pack(qw) if kperm else qw
     b = (torch.randn(n, generator=g) * 0.1).to(device=device, dtype=dtype) if bias else None
-    with _prefetch(prefetch):
+    with _prefetch(prefetch), _switch("PAGEDLLM_WNA16_TMA", str(tma)):
         for _ in range(calls):
             x = torch.randn(m, k, generator=g).to(device=device, dtype=dtype)
             out = wna16_triton.wna16_gemm_triton(x, qk, s, z, bits, b, config=tuple(config) if config else None,
