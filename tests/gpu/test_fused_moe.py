@@ -80,16 +80,18 @@ def _second_rank_experts(w13, w2, ep_ranks: int):
 
 
 def check_fused_experts(device, dtype, num_tokens, hidden, inter, num_experts, top_k, skew="uniform",
-                        ties=False, ep_ranks=1, seed=0, path="auto", tiles=None, calls=1, preload=True):
+                        ties=False, ep_ranks=1, seed=0, path="auto", tiles=None, calls=1, preload=True, tma=False):
     """path: "auto" (fused_experts_triton's choice), "grouped" or "small"; tiles: the small
     path's (gate/up, down) tiles, its defaults if None; calls: checked that many times in a row on
     new inputs (seeds seed, seed + 1, ...: the small down kernel's counters must be back at zero);
-    preload: PAGEDLLM_MOE_PRELOAD, on by default (the down kernel's first tile before its wait, added last)."""
+    preload: PAGEDLLM_MOE_PRELOAD, on by default (the down kernel's first tile before its wait, added last);
+    tma: PAGEDLLM_MOE_TMA (the gate/up kernel's weight tiles through TMA)."""
     from test_small_m_gpu import env_switch
 
     from pagedllm.kernels import fused_moe_small_triton as small
 
-    with env_switch("PAGEDLLM_MOE_PRELOAD", "1" if preload else "0", small.down_preload):
+    with (env_switch("PAGEDLLM_MOE_PRELOAD", "1" if preload else "0", small.down_preload),
+          env_switch("PAGEDLLM_MOE_TMA", "1" if tma else "0", small.moe_tma)):
         for s in range(seed, seed + calls):
             _check_fused_experts_once(
                 device, dtype, num_tokens, hidden, inter, num_experts, top_k, skew, ties, ep_ranks, s, path, tiles

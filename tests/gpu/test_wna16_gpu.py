@@ -10,7 +10,6 @@ test_wna16_kpairs_interpret.py run them on the CPU through Triton's interpreter 
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import os
 import sys
@@ -20,6 +19,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_kernels import nan_past_the_end  # noqa: E402
+from test_small_m_gpu import env_switch  # noqa: E402
 
 from pagedllm.kernels.wna16 import (  # noqa: E402
     dequantize_wna16_torch,
@@ -53,29 +53,11 @@ def _close(out, ref, dtype):
     torch.testing.assert_close(out.float() / scale, ref.float() / scale, atol=atol, rtol=rtol)
 
 
-@contextlib.contextmanager
-def _switch(name: str, value: str):
-    """The wna16_triton switch read once per process from the environment variable `name` (its cache
-    cleared on the way in and out) set to `value` inside, as it was after."""
-    from pagedllm.kernels import wna16_triton
-
-    reader = {"PAGEDLLM_WNA16_PREFETCH": wna16_triton.gemv_prefetch, "PAGEDLLM_WNA16_TMA": wna16_triton.gemv_tma}[name]
-    old = os.environ.get(name)
-    os.environ[name] = value
-    reader.cache_clear()
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(name)
-        else:
-            os.environ[name] = old
-        reader.cache_clear()
-
-
 def _prefetch(on: bool):
     """PAGEDLLM_WNA16_PREFETCH=1 (gemvp's register prefetch on every shape) or 0 inside."""
-    return _switch("PAGEDLLM_WNA16_PREFETCH", "1" if on else "0")
+    from pagedllm.kernels import wna16_triton
+
+    return env_switch("PAGEDLLM_WNA16_PREFETCH", "1" if on else "0", wna16_triton.gemv_prefetch)
 
 
 def check_wna16_gemm(device, dtype, m, n, k, bits=4, group_k=128, symmetric=True, bias=False, config=None, seed=0,
@@ -91,7 +73,7 @@ def check_wna16_gemm(device, dtype, m, n, k, bits=4, group_k=128, symmetric=True
     qw, s, z = _weights(n, k, bits, group_k, symmetric, device, g)
     qk = kperm_pack(qw) if kperm else qw
     b = (torch.randn(n, generator=g) * 0.1).to(device=device, dtype=dtype) if bias else None
-    with _prefetch(prefetch), _switch("PAGEDLLM_WNA16_TMA", str(tma)):
+    with _prefetch(prefetch), env_switch("PAGEDLLM_WNA16_TMA", str(tma), wna16_triton.gemv_tma):
         for _ in range(calls):
             x = torch.randn(m, k, generator=g).to(device=device, dtype=dtype)
             out = wna16_triton.wna16_gemm_triton(x, qk, s, z, bits, b, config=tuple(config) if config else None,
