@@ -315,8 +315,9 @@ def small_gate_up(
     h = torch.empty((num_tokens * top_k, inter), dtype=x.dtype, device=x.device)
     flat = topk_ids.reshape(-1)
     tma = moe_tma()
+    w = tma_descriptor(w13, 1, block_n, block_k) if tma else w13
     _small_gate_up_kernel[(flat.numel(), triton.cdiv(inter, block_n))](
-        x, tma_descriptor(w13, 1, block_n, block_k) if tma else w13, h, flat, expert_map if expert_map is not None else flat,
+        x, w, h, flat, expert_map if expert_map is not None else flat,
         expert_load if expert_load is not None else flat, slot_mapping if slot_mapping is not None else flat,
         inter, hidden, top_k, x.stride(0), w13.stride(0), w13.stride(1), h.stride(0),
         HAS_MAP=expert_map is not None, HAS_LOAD=expert_load is not None, HAS_SLOTS=slot_mapping is not None,
