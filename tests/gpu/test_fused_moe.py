@@ -207,6 +207,16 @@ def test_fused_experts_small(dtype, num_tokens, top_k, ep_ranks):
     check_fused_experts("cuda", dtype, 4, 256, 64, 16, 2, skew="repeat", path="small")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("ep_ranks", [1, 2])
+def test_fused_experts_small_tma(dtype, ep_ranks):
+    """PAGEDLLM_MOE_TMA: the gate/up kernel's weight tiles through TMA boxes, at its default tiles and a
+    ragged intermediate size (the gate box past it reads up rows, whose outputs are not stored)."""
+    for inter, tiles in ((192, None), (200, ((64, 128, 4, 2), (64, 128, 4, 2)))):
+        check_fused_experts("cuda", dtype, 1, 512, inter, 32, 8, skew="hot", ep_ranks=ep_ranks, path="small",
+                            tiles=tiles, calls=2, tma=True)
+
+
 def test_small_path_replays_in_cuda_graph():
     """Captured once at 2 tokens (the small path: 16 pairs), replayed twice on new inputs and routing:
     the reference's output, and each replay adds its pairs to the load counters. The down kernel's

@@ -165,6 +165,17 @@ def test_configs_ragged_shape_bias(config, dtype, out_dtype):
         check_small_m_linear("cuda", dtype, m, 1000, 1992, bias=True, out_dtype=out_dtype, config=config)
 
 
+@pytest.mark.parametrize("config", [(64, 256, 1, 4, 4), (64, 256, 4, 4, 3, "last"), (32, 128, 8, 4, 6)])
+@pytest.mark.parametrize("m", [1, 3, 16])
+def test_tma_weight_tiles(config, m):
+    """SwapConfig.tma (PAGEDLLM_SWAP_TMA): the weight's tiles through TMA boxes, on Qwen3-30B-A3B's o
+    projection and a ragged shape with bias (rows and inputs past the weight read as zeros); the router."""
+    check_small_m_linear("cuda", torch.bfloat16, m, 2048, 4096, config=config, tma=True)
+    check_small_m_linear("cuda", torch.bfloat16, m, 1000, 1992, bias=True, config=config, tma=True)
+    if m <= 4:
+        check_router_topk("cuda", torch.bfloat16, m, 128, 2048, 8, True, config=config[:5], tma=True)
+
+
 @pytest.mark.parametrize("reduce", ["kernel", "last"])
 def test_cuda_graph_replay(reduce):
     """Captured once (the workspace from the graph's pool), replayed on new rows."""

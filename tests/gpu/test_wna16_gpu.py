@@ -172,6 +172,18 @@ def test_wna16_gemvp(dtype, m, n, k, group_k, symmetric, tile):
                      config=("gemvp", 1, bn, bk, warps, 2, split))
 
 
+@pytest.mark.parametrize("stages", [3, 4, 6])
+@pytest.mark.parametrize("m,n,k,group_k,kperm", [(1, 6144, 4096, 128, True), (1, 4096, 14336, 128, True),
+                                                 (2, 1000, 3584, 32, False), (1, 4096, 4096, None, False)])
+def test_wna16_gemvp_tma(stages, m, n, k, group_k, kperm):
+    """PAGEDLLM_WNA16_TMA: gemvp's words through TMA boxes at its engine configs (Llama-3.1-8B's q/k/v and
+    down, steps-permuted) and at ragged N and K with split-K (boxes past the words read as zeros)."""
+    check_wna16_gemm("cuda", torch.bfloat16, m, n, k, 4, group_k, False, bias=True, kperm=kperm, tma=stages)
+    if n == 1000:
+        check_wna16_gemm("cuda", torch.float16, m, n, k, 4, group_k, True, config=("gemvp", 1, 64, 512, 4, 2, 3),
+                         tma=stages, calls=2)
+
+
 @pytest.mark.parametrize("kind", ["gemv", "gemvp"])
 @pytest.mark.parametrize("reduce_last", [True, False])
 def test_wna16_gemv_split_k(kind, reduce_last):
