@@ -224,6 +224,7 @@ def _small_down_kernel(
     PDL: tl.constexpr = False,  # kernels/pdl_triton.py
     PRELOAD: tl.constexpr = False,  # (one expert a program, after a RELEASE_LATE gate/up kernel) the
     # routing and the expert's first weight tile read before the wait, that tile's product added last
+    TMA_W: tl.constexpr = False,  # w2_ptr a host TensorDescriptor of w2 in [1, BLOCK_N, BLOCK_K] boxes
 ):  # fmt: skip
     pdl_release(PDL)
     if not PRELOAD:
@@ -236,7 +237,8 @@ def _small_down_kernel(
     rk = tl.arange(0, BLOCK_K)
     rc = tl.arange(0, PAD_COLS)
     col0 = (rc == 0)[None, :]
-    w_rows = w2_ptr + rn.to(tl.int64)[:, None] * stride_wn  # [BLOCK_N, 1]
+    if not TMA_W:
+        w_rows = w2_ptr + rn.to(tl.int64)[:, None] * stride_wn  # [BLOCK_N, 1]
     dtype = out_ptr.dtype.element_ty
     # [BLOCK_N, PAD_COLS] like the products: the epilogue stays in the MMA layout (columns
     # 1.. hold zeros through it), reduced to column 0 once at the end
@@ -260,12 +262,22 @@ def _small_down_kernel(
                       cache_modifier=".cg" if PRELOAD else "")  # fmt: skip
     num_k = tl.cdiv(inter, BLOCK_K)
     if PRELOAD:  # the expert's first weight tile (a weight: rule 1 of pdl_triton.py), then the wait
-        w_first = _down_tile(w_rows, experts, ko, 0, rk, n_mask, inter, stride_we, EVEN_K)
+        if TMA_W:  # (the descriptor is read here, not in a called function: Triton 3.9 cannot pass it)
+            e0, k_mask0 = _k_mask(experts, ko, 0, rk, inter, EVEN_K)
+            w_first = w2_ptr.load([tl.maximum(e0, 0).to(tl.int32), pid_n * BLOCK_N, 0]).reshape(BLOCK_N, BLOCK_K)
+            w_first = tl.where(k_mask0[None, :], w_first, 0.0)
+        else:
+            w_first = _down_tile(w_rows, experts, ko, 0, rk, n_mask, inter, stride_we, EVEN_K)
         pdl_wait(PDL)
     for it in range(1 if PRELOAD else 0, group_size * num_k):
         k = it // num_k
         k0 = (it % num_k) * BLOCK_K
-        w = _down_tile(w_rows, experts, ko, k, k0 + rk, n_mask, inter, stride_we, EVEN_K)
+        if TMA_W:  # (rows past hidden and inputs past inter read as zeros; experts off this rank masked)
+            e, k_mask = _k_mask(experts, ko, k, k0 + rk, inter, EVEN_K)
+            w = w2_ptr.load([tl.maximum(e, 0).to(tl.int32), pid_n * BLOCK_N, k0]).reshape(BLOCK_N, BLOCK_K)
+            w = tl.where(k_mask[None, :], w, 0.0)
+        else:
+            w = _down_tile(w_rows, experts, ko, k, k0 + rk, n_mask, inter, stride_we, EVEN_K)
         acc = _down_step(acc, w, h_ptr, token * top_k + first + k, experts, ko, k, k0 + rk, rc, col0, inter,
                          stride_hm, EVEN_K, DOT_PRECISION)  # fmt: skip
         if not PRELOAD:  # (PRELOAD: one expert, finished after the loop)
@@ -372,12 +384,15 @@ def small_down(
     counts = counters(h.device, num_tokens * num_n) if split else out
     flat = topk_ids.reshape(-1)
     weights = topk_weights.reshape(-1).to(torch.float32)
+    tma = moe_tma()
+    w = tma_descriptor(w2, 1, block_n, block_k) if tma else w2
     _small_down_kernel[(num_tokens, num_n, num_groups)](
-        h, w2, out, part, counts, flat, weights, expert_map if expert_map is not None else flat,
+        h, w, out, part, counts, flat, weights, expert_map if expert_map is not None else flat,
         hidden, inter, top_k, h.stride(0), w2.stride(0), w2.stride(1), out.stride(0), part.stride(0),
         HAS_MAP=expert_map is not None, EVEN_K=inter % block_k == 0, DOT_PRECISION=_dot_precision(h.dtype),
         SPLIT=split, EXPERTS_PER_PROGRAM=per_program, BLOCK_EXPERTS=next_power_of_2(per_program),
-        BLOCK_N=block_n, BLOCK_K=block_k, PAD_COLS=_PAD_COLS, num_warps=num_warps, PRELOAD=preload, **pdl(h),
+        BLOCK_N=block_n, BLOCK_K=block_k, PAD_COLS=_PAD_COLS, num_warps=num_warps, PRELOAD=preload, TMA_W=tma,
+        **pdl(h),
         num_stages=stages_for(h.device, num_stages, stage_bytes(block_n, block_k, w2.element_size(),
                                                                  h.element_size())),
     )  # fmt: skip
@@ -409,8 +424,8 @@ def fused_experts_small(
 
 @functools.cache
 def moe_tma() -> bool:
-    """PAGEDLLM_MOE_TMA=1 (read once; off by default): the gate/up kernel's weight tiles loaded by TMA
-    on CUDA."""
+    """PAGEDLLM_MOE_TMA=1 (read once; off by default): the gate/up and down kernels' weight tiles loaded by
+    TMA (host descriptors of w13 / w2 in [1, BLOCK_N, BLOCK_K] boxes)."""
     return env_flag("PAGEDLLM_MOE_TMA", default=False)
 
 
