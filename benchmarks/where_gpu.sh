@@ -50,7 +50,7 @@
 # timelines with PDL on: Qwen3-30B-A3B batch 1 (at moe_bench.py's 4,096-token bound), W2 gptq and W2 bf16 (at
 # latency.py's 400), each kernel charged what it adds to a step by benchmarks/trace_path.py; TRACE_LOADS picks),
 # tmabench (stream_bench.py --tma, small_m_bench.py --tma, wna16_bench.py --rows 1 at PAGEDLLM_WNA16_TMA=0/3/4/6), moetma
-# (Qwen3-30B-A3B batch 1: A default, PAGEDLLM_SWAP_TMA=1, PAGEDLLM_MOE_TMA=1, both), w2tma (W2 gptq: A default, B PAGEDLLM_WNA16_TMA=$W2TMA, 4).
+# (Qwen3-30B-A3B batch 1: A default, B PAGEDLLM_SWAP_TMA=1 PAGEDLLM_MOE_TMA=1), moetmaeach (A, each of the two alone), w2tma (W2 gptq: A default, B PAGEDLLM_WNA16_TMA=$W2TMA, 4).
 # Logs in one archive in $OUT; a summary last.
 #     OUT=$OUT bash benchmarks/where_gpu.sh
 #     STEPS="moeprof w1order" bash benchmarks/where_gpu.sh   # any of moeprof w2int4prof w1fp8prof order w1order
@@ -148,8 +148,9 @@ if step tmabench 240; then  # TMA loads: pure streaming chains, the swap-AB GEMM
     echo "gemvp TMA=$v rc=$? at ${SECONDS} s: $(grep -A2 "^ *rows" "$OUT/tma_gemvp$v.log" | tail -1)"
   done
 fi
-# TMA weight tiles: the swap-AB GEMM's (q/k/v, o, the router), the MoE gate/up kernel's, both
-moevariants moetma "A:" "swap:PAGEDLLM_SWAP_TMA=1" "gateup:PAGEDLLM_MOE_TMA=1" "both:PAGEDLLM_SWAP_TMA=1,PAGEDLLM_MOE_TMA=1"
+# TMA weight tiles: the swap-AB GEMM's (q/k/v, o, the router) and the MoE experts' (gate/up, down) together; each alone
+moeab moetma "PAGEDLLM_SWAP_TMA=1 PAGEDLLM_MOE_TMA=1"
+moevariants moetmaeach "A:" "swap:PAGEDLLM_SWAP_TMA=1" "experts:PAGEDLLM_MOE_TMA=1"
 if step moesweep 200; then  # the small MoE kernels' tiles (the gate/up kernel's split-K among them)
   timeout 200 $PY benchmarks/moe_bench.py --skip-latency --skip-w1 --skip-peer --small-sweep \
     --output-json "$OUT/moesweep.json" > "$OUT/moesweep.log" 2>&1; echo "moesweep rc=$? at ${SECONDS} s"
