@@ -106,42 +106,7 @@ def stage2(best: list) -> list:
 
 def fields(cfg) -> tuple:
     f = (cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_warps, cfg.num_stages)
-    f = f + (cfg.reduce,) if cfg.reduce != "kernel" else f
-    return f + ("tma",) if cfg.tma else f
-
-
-def tma_ab(timed: bool, shapes: list[str]) -> dict:
-    """--tma: per shape at 1 and 4 rows, cuBLAS, the table's config, the same with its weight tiles loaded
-    by TMA (SwapConfig.tma), and TMA at deeper pipelines / other tiles (us per layer)."""
-    from dataclasses import replace
-
-    from pagedllm.kernels import small_m
-
-    sizes = {name: SHAPES[name] for name in shapes} if timed else {"tiny_qkv": (96, 1024)}
-    results = {}
-    for name, (n, k) in sizes.items():
-        layers = max(2, min(MAX_LAYERS, math.ceil(WEIGHT_BYTES / (n * k * 2)))) if timed else 1
-        run = ShapeRun(name, n, k, "cuda" if timed else "cpu", layers, timed)
-        base = small_m.default_config(1, n, k) or small_m.heuristic_config(1, n, k)
-        cfgs = [base, replace(base, tma=True)]
-        sk = base.split_k
-        for bn, bk, split, stages in ((64, 256, sk, 5), (32, 256, sk, 6), (64, 128, sk, 6), (128, 128, sk, 4),
-                                      (64, 256, 2 * sk, 4)):  # fmt: skip
-            c = replace(base, block_n=bn, block_k=bk, split_k=split, num_stages=stages, tma=True)
-            if c not in cfgs and shared_bytes(c) <= MAX_SHARED and k >= 2 * bk * split:
-                cfgs.append(c)
-        for m in (1, 4):
-            t_cublas = run.time(m, None)
-            line = [f"{name:16s} m={m:2d} cuBLAS {t_cublas:7.2f}"]
-            for c in cfgs:
-                t = run.time(m, c)
-                results[f"{name}:{m}:{fields(c)}"] = t
-                line.append(f"{fields(c)} {t if t is None else round(t, 2)}")
-            print("  ".join(line), flush=True)
-        del run
-        if timed:
-            torch.cuda.empty_cache()
-    return results
+    return f + (cfg.reduce,) if cfg.reduce != "kernel" else f
 
 
 class ShapeRun:
@@ -287,17 +252,10 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=120.0, help="after this, the remaining shapes sweep as --quick")
     ap.add_argument("--last-reduce", action="store_true",
                     help="only the split-K shapes: reduce kernel against the last split's reduce")
-    ap.add_argument("--tma", action="store_true", help="only the table's configs against TMA weight loads")
     args = ap.parse_args()
     timed = torch.cuda.is_available()
     if not timed:
         os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported (pagedllm imports it lazily)
-    if args.tma:
-        results = tma_ab(timed, args.shapes or ["qwen3moe_qkv", "qwen3moe_o", "llama8b_qkv", "llama8b_o"])
-        if args.output_json:
-            with open(args.output_json, "w") as fh:
-                json.dump({"device": torch.cuda.get_device_name() if timed else "cpu", "tma": results}, fh, indent=1)
-        return
     if args.last_reduce:
         start = time.perf_counter()
         results = last_reduce_ab(timed)

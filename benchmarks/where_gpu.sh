@@ -48,9 +48,7 @@
 # ropetests (the decode kernel doing qkv_rope's work: its GPU tests; gemvp's dispatch and engine tests), moerope
 # and w2rope (Qwen3-30B-A3B batch 1 / W2 gptq: A the defaults, B PAGEDLLM_FUSED_ROPE_DECODE=0), trace (kernel
 # timelines with PDL on: Qwen3-30B-A3B batch 1 (at moe_bench.py's 4,096-token bound), W2 gptq and W2 bf16 (at
-# latency.py's 400), each kernel charged what it adds to a step by benchmarks/trace_path.py; TRACE_LOADS picks),
-# tmabench (stream_bench.py --tma, small_m_bench.py --tma, wna16_bench.py --rows 1 at PAGEDLLM_WNA16_TMA=0/3/4/6), moetma
-# (Qwen3-30B-A3B batch 1: A default, B PAGEDLLM_SWAP_TMA=1 PAGEDLLM_MOE_TMA=1), moetmaeach (A, each of the two alone), w2tma (W2 gptq: A default, B PAGEDLLM_WNA16_TMA=$W2TMA, 4).
+# latency.py's 400), each kernel charged what it adds to a step by benchmarks/trace_path.py; TRACE_LOADS picks).
 # Logs in one archive in $OUT; a summary last.
 #     OUT=$OUT bash benchmarks/where_gpu.sh
 #     STEPS="moeprof w1order" bash benchmarks/where_gpu.sh   # any of moeprof w2int4prof w1fp8prof order w1order
@@ -138,19 +136,6 @@ if step preloadtests 170; then  # the MoE down kernel's preload (on by default):
 fi
 moeab moepre PAGEDLLM_MOE_PRELOAD=0  # the MoE down kernel's routing and first expert tile after its PDL wait
 moeab moerope PAGEDLLM_FUSED_ROPE_DECODE=0  # B: q/k norm + rotary + store-KV in their own kernel again
-if step tmabench 240; then  # TMA loads: pure streaming chains, the swap-AB GEMM's tiles, gemvp's words at 3 / 4 / 6 stages
-  timeout 100 $PY benchmarks/stream_bench.py --tma moe llama > "$OUT/tma_stream.log" 2>&1; echo "tma stream rc=$? at ${SECONDS} s"
-  grep -E "ms a step|projections|: " "$OUT/tma_stream.log" | grep -v Warn
-  timeout 120 $PY benchmarks/small_m_bench.py --tma > "$OUT/tma_swap.log" 2>&1; echo "tma swap rc=$? at ${SECONDS} s"
-  grep -E "m= " "$OUT/tma_swap.log" | cut -c1-330
-  for v in 0 3 4 6; do
-    PAGEDLLM_WNA16_TMA=$v timeout 60 $PY benchmarks/wna16_bench.py --rows 1 --no-sweep --skip-check > "$OUT/tma_gemvp$v.log" 2>&1
-    echo "gemvp TMA=$v rc=$? at ${SECONDS} s: $(grep -A2 "^ *rows" "$OUT/tma_gemvp$v.log" | tail -1)"
-  done
-fi
-# TMA weight tiles: the swap-AB GEMM's (q/k/v, o, the router) and the MoE experts' (gate/up, down) together; each alone
-moeab moetma "PAGEDLLM_SWAP_TMA=1 PAGEDLLM_MOE_TMA=1"
-moevariants moetmaeach "A:" "swap:PAGEDLLM_SWAP_TMA=1" "experts:PAGEDLLM_MOE_TMA=1"
 if step moesweep 200; then  # the small MoE kernels' tiles (the gate/up kernel's split-K among them)
   timeout 200 $PY benchmarks/moe_bench.py --skip-latency --skip-w1 --skip-peer --small-sweep \
     --output-json "$OUT/moesweep.json" > "$OUT/moesweep.log" 2>&1; echo "moesweep rc=$? at ${SECONDS} s"
@@ -314,7 +299,6 @@ w2ab w2prefetch PAGEDLLM_WNA16_PREFETCH=1 "--quantization gptq"  # W2 gptq: gemv
 w2ab w2kperm PAGEDLLM_WNA16_KPERM=0 "--quantization gptq"  # W2 gptq: gemvp on the steps-permuted (the default) against the plain layout
 w2ab w2pdl PAGEDLLM_WNA16_PDL=0 "--quantization gptq"  # W2 gptq: gemvp under PDL (the default) against without
 w2ab w2rope PAGEDLLM_FUSED_ROPE_DECODE=0 "--quantization gptq"  # W2 gptq: B rotary + store-KV in their own kernel
-w2ab w2tma PAGEDLLM_WNA16_TMA=${W2TMA:-4} "--quantization gptq"  # W2 gptq: gemvp's words through TMA (no PDL)
 w2ab w2greedy PAGEDLLM_GREEDY_TRITON=0 "--quantization gptq"  # W2 gptq: the fused sampler's argmax against torch's
 [ -d "${A_PATH:-}" ] && w2ab w2tree "PYTHONPATH=$(cd "$A_PATH" && pwd):$PWD" "--quantization gptq"  # W2 gptq: this tree (A) against $A_PATH's (B)
 w2ab w2dtype "" "--quantization gptq" "--dtype float16"  # W2 gptq: bf16 (A) against fp16 (B): is gemvp issue-bound?

@@ -211,25 +211,3 @@ def pdl_weights(x: torch.Tensor, weight: torch.Tensor, block_k: int, tiles: int 
     ):
         opts["PREFETCH_K"] = tiles * block_k
     return opts
-
-
-_DESCRIPTORS: dict[tuple, object] = {}
-
-
-def tma_descriptor(weight, *block: int):
-    """A host TensorDescriptor (the tensor memory accelerator's) of a weight in boxes of `block`, made
-    once a weight and box and kept (weights do not move, and the descriptor holds the address: graphs
-    replay it). A ValueError where TMA cannot read the weight (not unit stride along its last dimension,
-    its address or another stride not 16-byte aligned)."""
-    key = (weight.data_ptr(), tuple(weight.shape), weight.stride(), weight.dtype, block)
-    desc = _DESCRIPTORS.get(key)
-    if desc is None:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
-        size = weight.element_size()
-        if (len(block) != weight.dim() or weight.stride(-1) != 1 or weight.data_ptr() % 16
-                or any(st * size % 16 for st in weight.stride()[:-1])):
-            raise ValueError(f"TMA loads need unit stride along the last dimension, the address and the other "
-                             f"strides 16-byte aligned, and a box of the weight's rank (got {block})")
-        desc = _DESCRIPTORS[key] = TensorDescriptor(weight, list(weight.shape), list(weight.stride()), list(block))
-    return desc

@@ -46,7 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedllm.kernels._triton import env_flag, next_power_of_2, pdl, stages_for, tma_descriptor
+from pagedllm.kernels._triton import env_flag, next_power_of_2, pdl, stages_for
 from pagedllm.kernels.attention import _dot_precision
 from pagedllm.kernels.counters import counters
 from pagedllm.kernels.pdl_triton import pdl_release, pdl_wait
@@ -97,8 +97,6 @@ def _small_gate_up_kernel(
     PDL: tl.constexpr = False,  # kernels/pdl_triton.py (the weights' addresses need the routing)
     RELEASE_LATE: tl.constexpr = False,  # the next kernel released after the wait: the routing is then
     # written when it starts (the down kernel's PRELOAD reads it before its own wait)
-    TMA_W: tl.constexpr = False,  # w13_ptr a host TensorDescriptor of w13 in [1, BLOCK_N, BLOCK_K] boxes
-    # (moe_tma()): the weight tiles through the tensor memory accelerator
 ):  # fmt: skip
     if RELEASE_LATE:
         pdl_wait(PDL)
@@ -126,9 +124,8 @@ def _small_gate_up_kernel(
     rk = tl.arange(0, BLOCK_K)
     rc = tl.arange(0, PAD_COLS)
     col0 = (rc == 0)[None, :]  # [1, PAD_COLS]
-    if not TMA_W:
-        gate_rows = w13_ptr + e.to(tl.int64) * stride_we + rn.to(tl.int64)[:, None] * stride_wn  # [BLOCK_N, 1]
-        up_rows = gate_rows + inter * stride_wn
+    gate_rows = w13_ptr + e.to(tl.int64) * stride_we + rn.to(tl.int64)[:, None] * stride_wn  # [BLOCK_N, 1]
+    up_rows = gate_rows + inter * stride_wn
     # [1, PAD_COLS]: the token's row in column 0, masked rows after it in the others (loaded as
     # the MMA operand itself, so that the loads are pipelined with the weights')
     x_cols = x_ptr + (token.to(tl.int64) + rc[None, :]) * stride_xm
@@ -142,12 +139,8 @@ def _small_gate_up_kernel(
         else:
             w_mask = n_mask[:, None] & (kk < hidden)[None, :]
             xt = tl.load(x_cols + kk[:, None], mask=col0 & (kk < hidden)[:, None], other=0.0)
-        if TMA_W:  # (rows past inter: the gate box reads up rows, the up box zeros; their outputs are not stored)
-            w_gate = w13_ptr.load([e.to(tl.int32), pid_n * BLOCK_N, k0]).reshape(BLOCK_N, BLOCK_K)
-            w_up = w13_ptr.load([e.to(tl.int32), inter + pid_n * BLOCK_N, k0]).reshape(BLOCK_N, BLOCK_K)
-        else:
-            w_gate = tl.load(gate_rows + kk[None, :], mask=w_mask, other=0.0)
-            w_up = tl.load(up_rows + kk[None, :], mask=w_mask, other=0.0)
+        w_gate = tl.load(gate_rows + kk[None, :], mask=w_mask, other=0.0)
+        w_up = tl.load(up_rows + kk[None, :], mask=w_mask, other=0.0)
         acc_gate = tl.dot(w_gate, xt, acc_gate, input_precision=DOT_PRECISION)
         acc_up = tl.dot(w_up, xt, acc_up, input_precision=DOT_PRECISION)
     dtype = h_ptr.dtype.element_ty
@@ -224,7 +217,6 @@ def _small_down_kernel(
     PDL: tl.constexpr = False,  # kernels/pdl_triton.py
     PRELOAD: tl.constexpr = False,  # (one expert a program, after a RELEASE_LATE gate/up kernel) the
     # routing and the expert's first weight tile read before the wait, that tile's product added last
-    TMA_W: tl.constexpr = False,  # w2_ptr a host TensorDescriptor of w2 in [1, BLOCK_N, BLOCK_K] boxes
 ):  # fmt: skip
     pdl_release(PDL)
     if not PRELOAD:
@@ -237,8 +229,7 @@ def _small_down_kernel(
     rk = tl.arange(0, BLOCK_K)
     rc = tl.arange(0, PAD_COLS)
     col0 = (rc == 0)[None, :]
-    if not TMA_W:
-        w_rows = w2_ptr + rn.to(tl.int64)[:, None] * stride_wn  # [BLOCK_N, 1]
+    w_rows = w2_ptr + rn.to(tl.int64)[:, None] * stride_wn  # [BLOCK_N, 1]
     dtype = out_ptr.dtype.element_ty
     # [BLOCK_N, PAD_COLS] like the products: the epilogue stays in the MMA layout (columns
     # 1.. hold zeros through it), reduced to column 0 once at the end
@@ -262,22 +253,12 @@ def _small_down_kernel(
                       cache_modifier=".cg" if PRELOAD else "")  # fmt: skip
     num_k = tl.cdiv(inter, BLOCK_K)
     if PRELOAD:  # the expert's first weight tile (a weight: rule 1 of pdl_triton.py), then the wait
-        if TMA_W:  # (the descriptor is read here, not in a called function: Triton 3.9 cannot pass it)
-            e0, k_mask0 = _k_mask(experts, ko, 0, rk, inter, EVEN_K)
-            w_first = w2_ptr.load([tl.maximum(e0, 0).to(tl.int32), pid_n * BLOCK_N, 0]).reshape(BLOCK_N, BLOCK_K)
-            w_first = tl.where(k_mask0[None, :], w_first, 0.0)
-        else:
-            w_first = _down_tile(w_rows, experts, ko, 0, rk, n_mask, inter, stride_we, EVEN_K)
+        w_first = _down_tile(w_rows, experts, ko, 0, rk, n_mask, inter, stride_we, EVEN_K)
         pdl_wait(PDL)
     for it in range(1 if PRELOAD else 0, group_size * num_k):
         k = it // num_k
         k0 = (it % num_k) * BLOCK_K
-        if TMA_W:  # (rows past hidden and inputs past inter read as zeros; experts off this rank masked)
-            e, k_mask = _k_mask(experts, ko, k, k0 + rk, inter, EVEN_K)
-            w = w2_ptr.load([tl.maximum(e, 0).to(tl.int32), pid_n * BLOCK_N, k0]).reshape(BLOCK_N, BLOCK_K)
-            w = tl.where(k_mask[None, :], w, 0.0)
-        else:
-            w = _down_tile(w_rows, experts, ko, k, k0 + rk, n_mask, inter, stride_we, EVEN_K)
+        w = _down_tile(w_rows, experts, ko, k, k0 + rk, n_mask, inter, stride_we, EVEN_K)
         acc = _down_step(acc, w, h_ptr, token * top_k + first + k, experts, ko, k, k0 + rk, rc, col0, inter,
                          stride_hm, EVEN_K, DOT_PRECISION)  # fmt: skip
         if not PRELOAD:  # (PRELOAD: one expert, finished after the loop)
@@ -326,15 +307,13 @@ def small_gate_up(
     assert w13.stride(2) == 1 and x.stride(1) == 1
     h = torch.empty((num_tokens * top_k, inter), dtype=x.dtype, device=x.device)
     flat = topk_ids.reshape(-1)
-    tma = moe_tma()
-    w = tma_descriptor(w13, 1, block_n, block_k) if tma else w13
     _small_gate_up_kernel[(flat.numel(), triton.cdiv(inter, block_n))](
-        x, w, h, flat, expert_map if expert_map is not None else flat,
+        x, w13, h, flat, expert_map if expert_map is not None else flat,
         expert_load if expert_load is not None else flat, slot_mapping if slot_mapping is not None else flat,
         inter, hidden, top_k, x.stride(0), w13.stride(0), w13.stride(1), h.stride(0),
         HAS_MAP=expert_map is not None, HAS_LOAD=expert_load is not None, HAS_SLOTS=slot_mapping is not None,
         EVEN_K=hidden % block_k == 0, DOT_PRECISION=_dot_precision(x.dtype), BLOCK_N=block_n, BLOCK_K=block_k,
-        PAD_COLS=_PAD_COLS, num_warps=num_warps, RELEASE_LATE=release_late, TMA_W=tma, **pdl(x),
+        PAD_COLS=_PAD_COLS, num_warps=num_warps, RELEASE_LATE=release_late, **pdl(x),
         num_stages=stages_for(x.device, num_stages, stage_bytes(block_n, block_k, 2 * w13.element_size(),
                                                                  x.element_size())),
     )  # fmt: skip
@@ -384,15 +363,12 @@ def small_down(
     counts = counters(h.device, num_tokens * num_n) if split else out
     flat = topk_ids.reshape(-1)
     weights = topk_weights.reshape(-1).to(torch.float32)
-    tma = moe_tma()
-    w = tma_descriptor(w2, 1, block_n, block_k) if tma else w2
     _small_down_kernel[(num_tokens, num_n, num_groups)](
-        h, w, out, part, counts, flat, weights, expert_map if expert_map is not None else flat,
+        h, w2, out, part, counts, flat, weights, expert_map if expert_map is not None else flat,
         hidden, inter, top_k, h.stride(0), w2.stride(0), w2.stride(1), out.stride(0), part.stride(0),
         HAS_MAP=expert_map is not None, EVEN_K=inter % block_k == 0, DOT_PRECISION=_dot_precision(h.dtype),
         SPLIT=split, EXPERTS_PER_PROGRAM=per_program, BLOCK_EXPERTS=next_power_of_2(per_program),
-        BLOCK_N=block_n, BLOCK_K=block_k, PAD_COLS=_PAD_COLS, num_warps=num_warps, PRELOAD=preload, TMA_W=tma,
-        **pdl(h),
+        BLOCK_N=block_n, BLOCK_K=block_k, PAD_COLS=_PAD_COLS, num_warps=num_warps, PRELOAD=preload, **pdl(h),
         num_stages=stages_for(h.device, num_stages, stage_bytes(block_n, block_k, w2.element_size(),
                                                                  h.element_size())),
     )  # fmt: skip
@@ -420,13 +396,6 @@ def fused_experts_small(
     preload = down_preload() and experts_per_program(down_tiles, topk_ids.shape[1]) == 1
     h = small_gate_up(x, w13, topk_ids, expert_map, expert_load, slot_mapping, gate_up_tiles, release_late=preload)
     return small_down(h, w2, topk_weights, topk_ids, expert_map, down_tiles, preload=preload)
-
-
-@functools.cache
-def moe_tma() -> bool:
-    """PAGEDLLM_MOE_TMA=1 (read once; off by default): the gate/up and down kernels' weight tiles loaded by
-    TMA (host descriptors of w13 / w2 in [1, BLOCK_N, BLOCK_K] boxes)."""
-    return env_flag("PAGEDLLM_MOE_TMA", default=False)
 
 
 @functools.cache

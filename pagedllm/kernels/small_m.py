@@ -28,7 +28,7 @@ import os
 
 import torch
 
-from pagedllm.kernels._triton import env_flag, next_power_of_2, shape_configs, triton_available
+from pagedllm.kernels._triton import next_power_of_2, shape_configs, triton_available
 
 # the kernel's padded row count (swap_gemm_triton.SWAP_BLOCK_M): products of more rows stay on cuBLAS
 MAX_ROWS = 16
@@ -102,21 +102,9 @@ def last_reduce() -> bool:
     return os.environ.get("PAGEDLLM_SWAP_LAST_REDUCE", "1").strip() != "0"
 
 
-@functools.cache
-def swap_tma() -> bool:
-    """PAGEDLLM_SWAP_TMA=1 (read once; off by default): the swap-AB kernel's weight tiles loaded by TMA
-    (SwapConfig.tma) at every config the table or the heuristic gives."""
-    return env_flag("PAGEDLLM_SWAP_TMA", default=False)
-
-
 def _with_reduce(cfg):
-    """cfg, its workspace split-K reduced by its last program when last_reduce() is on (and its weight
-    tiles loaded by TMA under swap_tma())."""
-    if cfg is None:
-        return cfg
-    if swap_tma():
-        cfg = dataclasses.replace(cfg, tma=True)
-    if cfg.split_k == 1 or not last_reduce():
+    """cfg, its workspace split-K reduced by its last program when last_reduce() is on."""
+    if cfg is None or cfg.split_k == 1 or not last_reduce():
         return cfg
     return dataclasses.replace(cfg, reduce="last")
 

@@ -49,7 +49,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedllm.kernels._triton import next_power_of_2, pdl, pdl_weights, stages_for, tma_descriptor
+from pagedllm.kernels._triton import next_power_of_2, pdl, pdl_weights, stages_for
 from pagedllm.kernels.counters import counters
 from pagedllm.kernels.pdl_triton import pdl_release, pdl_wait, prefetch_rows_l2
 
@@ -76,7 +76,6 @@ class SwapConfig:
     # built in the MMA's register layout, four dots a K step (BLOCK_K a multiple of 64)
     dots: str = "chain"  # (the kpairs GEMM) how a K step's four dots run: DOTS_MODES (wna16_kpairs_triton.py)
     stream_k: int = 0  # (the kpairs GEMM) > 0: stream-K over this many programs (split_k unused), one an SM
-    tma: bool = False  # (the 16-bit / FP8 swap-AB kernel) the weight's tiles loaded by TMA (_swap_kernel's TMA_W)
 
     def __post_init__(self) -> None:
         if self.reduce not in REDUCES:
@@ -161,8 +160,6 @@ def _swap_kernel(
     PDL: tl.constexpr = False,  # kernels/pdl_triton.py
     PREFETCH_K: tl.constexpr = 0,  # > 0 (with PDL): the first PREFETCH_K columns of the weight rows
     # are asked of L2 before the wait
-    TMA_W: tl.constexpr = False,  # w_ptr is a host TensorDescriptor of the weight, [BLOCK_N, BLOCK_K] boxes
-    # (SwapConfig.tma): its tiles stream through the tensor memory accelerator, zeros past N and K
 ):  # fmt: skip
     pdl_release(PDL)
     pid_n = tl.program_id(0)
@@ -173,8 +170,7 @@ def _swap_kernel(
     rm = tl.arange(0, BLOCK_M)
     m_mask = rm < M
     rk = tl.arange(0, BLOCK_K)
-    if not TMA_W:
-        w_rows = w_ptr + rn64[:, None] * stride_wn  # [BLOCK_N, 1]
+    w_rows = w_ptr + rn64[:, None] * stride_wn  # [BLOCK_N, 1]
     x_cols = x_ptr + rm.to(tl.int64)[None, :] * stride_xm  # [1, BLOCK_M]: x.T's columns
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     k_start = pid_k * K_SPLIT
@@ -183,10 +179,7 @@ def _swap_kernel(
     pdl_wait(PDL)
     for k0 in range(k_start, tl.minimum(k_start + K_SPLIT, K), BLOCK_K):  # (the last split may end early)
         kk = k0 + rk
-        if TMA_W:
-            w = w_ptr.load([pid_n * BLOCK_N, k0])
-            xt = tl.load(x_cols + kk[:, None], mask=m_mask[None, :] & (kk < K)[:, None], other=0.0)
-        elif EVEN_K:
+        if EVEN_K:
             w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None], other=0.0)
             xt = tl.load(x_cols + kk[:, None], mask=m_mask[None, :], other=0.0)
         else:
@@ -292,15 +285,6 @@ def _stages(cfg: SwapConfig, x: torch.Tensor, weight: torch.Tensor) -> int:
     return stages_for(x.device, cfg.num_stages, stage_bytes(cfg, x.element_size(), weight.element_size()))
 
 
-def _weight_operand(x: torch.Tensor, weight: torch.Tensor, cfg: SwapConfig) -> tuple:
-    """(the kernel's w_ptr, its PDL / TMA options): the weight itself, or its TMA descriptor (cfg.tma;
-    the L2 prefetch of PREFETCH_K then off, TMA being the loads)."""
-    opts = pdl_weights(x, weight, cfg.block_k)
-    if not cfg.tma:
-        return weight, opts
-    return tma_descriptor(weight, cfg.block_n, cfg.block_k), {**opts, "TMA_W": True, "PREFETCH_K": 0}
-
-
 def swap_gemm(
     x: torch.Tensor,  # [M, K], M <= SWAP_BLOCK_M, unit stride along K
     weight: torch.Tensor,  # [N, K] e4m3 (with weight_scale) or 16-bit, unit stride along K
@@ -323,15 +307,14 @@ def swap_gemm(
     ws = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device) if workspace else out
     num_n = triton.cdiv(n, cfg.block_n)
     count = counters(x.device, num_n) if last else out
-    w, opts = _weight_operand(x, weight, cfg)
     _swap_kernel[(num_n, split_k)](
-        x, w, s, b, out, ws, count, out, out, m, n, k, k_split,
+        x, weight, s, b, out, ws, count, out, out, m, n, k, k_split,
         x.stride(0), weight.stride(0), s.stride(0), out.stride(0),
         SCALED=scaled, GROUP_K=group_k, HAS_BIAS=bias is not None, EVEN_K=k_split * split_k == k,
         SPLIT_K=split_k, WORKSPACE=workspace, LAST=last, TOP_K=0, RENORMALIZE=False, BLOCK_E=1,
         BLOCK_TOPK=1, BLOCK_M=SWAP_BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         OPERANDS=_operands(x, weight, weight_scale), FP16_MAX_=FP16_MAX, num_warps=cfg.num_warps,
-        num_stages=_stages(cfg, x, weight), **opts,
+        num_stages=_stages(cfg, x, weight), **pdl_weights(x, weight, cfg.block_k),
     )  # fmt: skip
     if workspace and not last:
         block = 1024
@@ -365,14 +348,13 @@ def swap_gemm_topk(
     weights = torch.empty((m, top_k), dtype=torch.float32, device=x.device)
     ids = torch.empty((m, top_k), dtype=torch.int64, device=x.device)
     ws = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
-    w, opts = _weight_operand(x, weight, cfg)
     _swap_kernel[(triton.cdiv(n, cfg.block_n), split_k)](
-        x, w, weight, weight, logits, ws, counters(x.device, 1), weights, ids, m, n, k, k_split,
+        x, weight, weight, weight, logits, ws, counters(x.device, 1), weights, ids, m, n, k, k_split,
         x.stride(0), weight.stride(0), 0, logits.stride(0),
         SCALED=False, GROUP_K=0, HAS_BIAS=False, EVEN_K=k_split * split_k == k, SPLIT_K=split_k,
         WORKSPACE=True, LAST=False, TOP_K=top_k, RENORMALIZE=renormalize, BLOCK_E=next_power_of_2(n),
         BLOCK_TOPK=next_power_of_2(top_k), BLOCK_M=SWAP_BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         OPERANDS=_operands(x, weight, None), FP16_MAX_=FP16_MAX, num_warps=cfg.num_warps,
-        num_stages=_stages(cfg, x, weight), **opts,
+        num_stages=_stages(cfg, x, weight), **pdl_weights(x, weight, cfg.block_k),
     )  # fmt: skip
     return weights, ids

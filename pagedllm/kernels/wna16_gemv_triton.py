@@ -311,8 +311,6 @@ def _wna16_gemv_packed_kernel(
     LOOP_STAGES: tl.constexpr = 1,  # > 1: Triton's software pipeline of the loop's loads (cp.async
     # through shared memory, LOOP_STAGES - 1 tiles ahead); PREFETCH then off
     KPERM: tl.constexpr = False,  # the steps-permuted layout: nibbles i, i + 4 of a word are x's pair
-    TMA_W: tl.constexpr = False,  # w_ptr a host TensorDescriptor of the words in [BLOCK_KW, BLOCK_N] boxes:
-    # the loop's tiles through the tensor memory accelerator, LOOP_STAGES deep (zeros past N and KW)
 ):  # fmt: skip
     """The 4-bit GEMV in packed 16-bit arithmetic (`gemvp`). The gemv kernel spends about 42
     instructions a word in float32 (sm_90 SASS), more than the SM issues at the memory's pace;
@@ -374,9 +372,6 @@ def _wna16_gemv_packed_kernel(
                 w_next = tl.load(w_ptrs, mask=((rows + BLOCK_KW) < kw_hi)[:, None] & n_mask[None, :], other=0)
             x_ptrs = x_words + x_next
             x_next += BLOCK_KW * 4
-        elif TMA_W:  # (a split's range is whole tiles but the last's: no box reaches another split's rows)
-            w = w_ptr.load([kw0, tl.program_id(1) * BLOCK_N])
-            x_ptrs = x_words + _gemvp_x_offsets(rows, KPERM)
         else:
             w = tl.load(w_ptr + rows[:, None] * stride_wk + rn[None, :], mask=r_mask[:, None] & n_mask[None, :],
                         other=0)

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedllm.kernels._triton import env_flag, inline_ptx, next_power_of_2, pdl, shape_configs, tma_descriptor
+from pagedllm.kernels._triton import env_flag, inline_ptx, next_power_of_2, pdl, shape_configs
 from pagedllm.kernels.counters import counters
 from pagedllm.kernels.small_m import last_reduce
 from pagedllm.kernels.wna16 import GEMV_MAX_ROWS, group_width, kperm_applies, pack_factor
@@ -217,17 +217,6 @@ def gemv_prefetch() -> int | None:
 
 
 @functools.cache
-def gemv_tma() -> int:
-    """PAGEDLLM_WNA16_TMA=STAGES (read once; 0 or unset: off): gemvp's words loaded through the tensor
-    memory accelerator in its [BLOCK_KW, BLOCK_N] tiles, a STAGES-deep pipeline (2-6) in shared memory,
-    on every shape (no PDL: the pipeline's first loads come after the wait)."""
-    value = os.environ.get("PAGEDLLM_WNA16_TMA", "").strip() or "0"
-    if value not in ("0", "2", "3", "4", "5", "6"):
-        raise ValueError(f"PAGEDLLM_WNA16_TMA={value!r}: expected 0 or 2-6 (pipeline stages)")
-    return int(value)
-
-
-@functools.cache
 def gemv_pdl() -> bool:
     """gemvp launched with programmatic dependent launch (PAGEDLLM_PDL on too) where it runs
     gemv_prefetch's register prefetch, its first tile's words loaded before it waits for the kernel
@@ -343,7 +332,6 @@ def wna16_gemm_triton(
             return out.to(x.dtype)
         ws = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device) if last else out
         count = counters(x.device, m * n_blocks) if last else qweight
-        words = qweight
         common = dict(GROUP_K=group_k, HAS_ZERO=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=split_k,
                       EVEN=kw_per_split * split_k == kw, BLOCK_N=block_n, BLOCK_KW=block_kw, LAST=last,
                       KPERM=kperm, num_warps=num_warps, num_stages=num_stages)  # PDL only where the first
@@ -360,15 +348,12 @@ def wna16_gemm_triton(
             mode = num_stages if num_stages >= 3 and (given or forced is None) else (1 if forced is None else forced)
             common["PREFETCH"] = mode == 1
             common["LOOP_STAGES"] = mode if mode >= 3 else 1
-            if gemv_tma():
-                common.update(PREFETCH=False, LOOP_STAGES=gemv_tma(), TMA_W=True)
-                words = tma_descriptor(qweight, block_kw, block_n)
-            elif gemv_pdl() and mode == 1:  # (the pipelined or plain loops would wait first: no overlap)
+            if gemv_pdl() and mode == 1:  # (the pipelined or plain loops would wait first: no overlap)
                 common.update(pdl(x))
         else:
             common["BITS"] = bits
         (_wna16_gemv_packed_kernel if packed else _wna16_gemv_kernel)[(m, n_blocks, split_k)](
-            x, words, scales, z, b, out, ws, count, m, n, kw, kw_per_split,
+            x, qweight, scales, z, b, out, ws, count, m, n, kw, kw_per_split,
             x.stride(0), qweight.stride(0), scales.stride(0), out.stride(0), **common,
         )  # fmt: skip
         return out.to(x.dtype) if atomics else out

@@ -80,18 +80,16 @@ def _second_rank_experts(w13, w2, ep_ranks: int):
 
 
 def check_fused_experts(device, dtype, num_tokens, hidden, inter, num_experts, top_k, skew="uniform",
-                        ties=False, ep_ranks=1, seed=0, path="auto", tiles=None, calls=1, preload=True, tma=False):
+                        ties=False, ep_ranks=1, seed=0, path="auto", tiles=None, calls=1, preload=True):
     """path: "auto" (fused_experts_triton's choice), "grouped" or "small"; tiles: the small
     path's (gate/up, down) tiles, its defaults if None; calls: checked that many times in a row on
     new inputs (seeds seed, seed + 1, ...: the small down kernel's counters must be back at zero);
-    preload: PAGEDLLM_MOE_PRELOAD, on by default (the down kernel's first tile before its wait, added last);
-    tma: PAGEDLLM_MOE_TMA (the gate/up kernel's weight tiles through TMA)."""
+    preload: PAGEDLLM_MOE_PRELOAD, on by default (the down kernel's first tile before its wait, added last)."""
     from test_small_m_gpu import env_switch
 
     from pagedllm.kernels import fused_moe_small_triton as small
 
-    with (env_switch("PAGEDLLM_MOE_PRELOAD", "1" if preload else "0", small.down_preload),
-          env_switch("PAGEDLLM_MOE_TMA", "1" if tma else "0", small.moe_tma)):
+    with env_switch("PAGEDLLM_MOE_PRELOAD", "1" if preload else "0", small.down_preload):
         for s in range(seed, seed + calls):
             _check_fused_experts_once(
                 device, dtype, num_tokens, hidden, inter, num_experts, top_k, skew, ties, ep_ranks, s, path, tiles
@@ -205,16 +203,6 @@ def test_fused_experts_small(dtype, num_tokens, top_k, ep_ranks):
         check_fused_experts("cuda", dtype, num_tokens, 512, 192, 32, top_k, skew="hot", ep_ranks=ep_ranks,
                             path="small", tiles=tiles, calls=2)
     check_fused_experts("cuda", dtype, 4, 256, 64, 16, 2, skew="repeat", path="small")
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("ep_ranks", [1, 2])
-def test_fused_experts_small_tma(dtype, ep_ranks):
-    """PAGEDLLM_MOE_TMA: the gate/up kernel's weight tiles through TMA boxes, at its default tiles and a
-    ragged intermediate size (the gate box past it reads up rows, whose outputs are not stored)."""
-    for inter, tiles in ((192, None), (200, ((64, 128, 4, 2), (64, 128, 4, 2)))):
-        check_fused_experts("cuda", dtype, 1, 512, inter, 32, 8, skew="hot", ep_ranks=ep_ranks, path="small",
-                            tiles=tiles, calls=2, tma=True)
 
 
 def test_small_path_replays_in_cuda_graph():

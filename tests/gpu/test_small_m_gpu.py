@@ -45,14 +45,13 @@ def _inputs(m, n, k, dtype, device, bias, seed):
     return x, w, b, g
 
 
-def check_small_m_linear(device, dtype, m, n, k, bias=False, out_dtype=None, config=None, seed=0, tma=False):
-    """small_m_linear equals small_m_linear_torch; `config`: SwapConfig fields (None: the default);
-    tma: the config's weight tiles loaded by TMA (SwapConfig.tma)."""
+def check_small_m_linear(device, dtype, m, n, k, bias=False, out_dtype=None, config=None, seed=0):
+    """small_m_linear equals small_m_linear_torch; `config`: SwapConfig fields (None: the default)."""
     from pagedllm.kernels.small_m import small_m_linear, small_m_linear_torch
     from pagedllm.kernels.swap_gemm_triton import SwapConfig
 
     out_dtype = getattr(torch, out_dtype) if isinstance(out_dtype, str) else out_dtype
-    cfg = SwapConfig(*config, tma=tma) if config is not None else None
+    cfg = SwapConfig(*config) if config is not None else None
     x, w, b, g = _inputs(m, n, k, dtype, device, bias, seed)
     out = small_m_linear(x, w, b, out_dtype, cfg)
     assert out.dtype == (out_dtype or dtype) and out.shape == (m, n)
@@ -111,8 +110,7 @@ def check_last_reduce(device, dtype, m, n, k, bias=False, out_dtype=None, config
         torch.testing.assert_close(got, small_m_linear_torch(x, w, b, out_dtype), atol=atol, rtol=rtol)
 
 
-def check_router_topk(device, dtype, m, e, k, top_k, renormalize, config=None, ties=False, calls=2, seed=0,
-                      tma=False):
+def check_router_topk(device, dtype, m, e, k, top_k, renormalize, config=None, ties=False, calls=2, seed=0):
     """The fused router (swap_gemm_topk): its logits are small_m_linear's with the same config, bit for
     bit; its routing is topk_softmax's of those logits (the Triton kernel's ids exactly, ties to the
     lowest id; the weights within float32 rounding of the torch reference); `calls` in a row."""
@@ -121,7 +119,7 @@ def check_router_topk(device, dtype, m, e, k, top_k, renormalize, config=None, t
     from pagedllm.kernels.small_m import default_config, heuristic_config, small_m_linear, small_m_linear_torch
     from pagedllm.kernels.swap_gemm_triton import SwapConfig, swap_gemm_topk
 
-    cfg = SwapConfig(*config, tma=tma) if config is not None else default_config(m, e, k) or heuristic_config(m, e, k)
+    cfg = SwapConfig(*config) if config is not None else default_config(m, e, k) or heuristic_config(m, e, k)
     for call in range(calls):
         x, w, _, _ = _inputs(m, e, k, dtype, device, False, seed + call)
         if ties:  # experts in pairs of equal gate rows: equal logits compete for the last places
@@ -163,17 +161,6 @@ def test_configs_ragged_shape_bias(config, dtype, out_dtype):
     """N not a multiple of BLOCK_N, K not of BLOCK_K (nor of the split's range), 3 and 16 rows."""
     for m in (3, 16):
         check_small_m_linear("cuda", dtype, m, 1000, 1992, bias=True, out_dtype=out_dtype, config=config)
-
-
-@pytest.mark.parametrize("config", [(64, 256, 1, 4, 4), (64, 256, 4, 4, 3, "last"), (32, 128, 8, 4, 6)])
-@pytest.mark.parametrize("m", [1, 3, 16])
-def test_tma_weight_tiles(config, m):
-    """SwapConfig.tma (PAGEDLLM_SWAP_TMA): the weight's tiles through TMA boxes, on Qwen3-30B-A3B's o
-    projection and a ragged shape with bias (rows and inputs past the weight read as zeros); the router."""
-    check_small_m_linear("cuda", torch.bfloat16, m, 2048, 4096, config=config, tma=True)
-    check_small_m_linear("cuda", torch.bfloat16, m, 1000, 1992, bias=True, config=config, tma=True)
-    if m <= 4:
-        check_router_topk("cuda", torch.bfloat16, m, 128, 2048, 8, True, config=config[:5], tma=True)
 
 
 @pytest.mark.parametrize("reduce", ["kernel", "last"])

@@ -61,19 +61,18 @@ def _prefetch(on: bool):
 
 
 def check_wna16_gemm(device, dtype, m, n, k, bits=4, group_k=128, symmetric=True, bias=False, config=None, seed=0,
-                     reduce_last=None, calls=1, prefetch=False, kperm=False, tma=0):
+                     reduce_last=None, calls=1, prefetch=False, kperm=False):
     """reduce_last: split-K summed by the last split (True) or by float32 atomics (False);
     calls: run again on new activations (the last split leaves its counters at zero); prefetch:
     with PAGEDLLM_WNA16_PREFETCH=1 (gemvp loads the next tile's words first); kperm: the weight
-    in the steps-permuted layout (against the reference on the plain one); tma: PAGEDLLM_WNA16_TMA
-    (gemvp's words through TMA, that many stages)."""
+    in the steps-permuted layout (against the reference on the plain one)."""
     from pagedllm.kernels import wna16_triton
 
     g = torch.Generator().manual_seed(seed)
     qw, s, z = _weights(n, k, bits, group_k, symmetric, device, g)
     qk = kperm_pack(qw) if kperm else qw
     b = (torch.randn(n, generator=g) * 0.1).to(device=device, dtype=dtype) if bias else None
-    with _prefetch(prefetch), env_switch("PAGEDLLM_WNA16_TMA", str(tma), wna16_triton.gemv_tma):
+    with _prefetch(prefetch):
         for _ in range(calls):
             x = torch.randn(m, k, generator=g).to(device=device, dtype=dtype)
             out = wna16_triton.wna16_gemm_triton(x, qk, s, z, bits, b, config=tuple(config) if config else None,
@@ -170,18 +169,6 @@ def test_wna16_gemvp(dtype, m, n, k, group_k, symmetric, tile):
     bn, bk, warps, split = tile
     check_wna16_gemm("cuda", dtype, m, n, k, 4, group_k, symmetric, bias=m % 2 == 0,
                      config=("gemvp", 1, bn, bk, warps, 2, split))
-
-
-@pytest.mark.parametrize("stages", [3, 4, 6])
-@pytest.mark.parametrize("m,n,k,group_k,kperm", [(1, 6144, 4096, 128, True), (1, 4096, 14336, 128, True),
-                                                 (2, 1000, 3584, 32, False), (1, 4096, 4096, None, False)])
-def test_wna16_gemvp_tma(stages, m, n, k, group_k, kperm):
-    """PAGEDLLM_WNA16_TMA: gemvp's words through TMA boxes at its engine configs (Llama-3.1-8B's q/k/v and
-    down, steps-permuted) and at ragged N and K with split-K (boxes past the words read as zeros)."""
-    check_wna16_gemm("cuda", torch.bfloat16, m, n, k, 4, group_k, False, bias=True, kperm=kperm, tma=stages)
-    if n == 1000:
-        check_wna16_gemm("cuda", torch.float16, m, n, k, 4, group_k, True, config=("gemvp", 1, 64, 512, 4, 2, 3),
-                         tma=stages, calls=2)
 
 
 @pytest.mark.parametrize("kind", ["gemv", "gemvp"])

@@ -52,12 +52,6 @@ _CASES = {
                                          {"ep_ranks": 2, "tiles": _TILES_16, **_S}),
     "small_no_preload_twice:float32": ("check_fused_experts", [1, 64, 32, 16, 8],
                                        {"tiles": _TILES_16, "calls": 2, "preload": False, **_S}),
-    # PAGEDLLM_MOE_TMA: the gate/up weight tiles through TMA boxes (ragged I: the gate box reads up rows,
-    # the up box zeros past the expert; experts of another rank; K not a multiple of BLOCK_K)
-    "small_tma_ep2_ragged:float16": ("check_fused_experts", [2, 48, 24, 16, 8],
-                                     {"ep_ranks": 2, "tiles": _TILES_16, "tma": True, **_S}),
-    "small_tma_one_token:float32": ("check_fused_experts", [1, 64, 32, 16, 8],
-                                    {"tiles": _TILES_16, "tma": True, **_S}),
     # fused_experts_triton's choice by the pair count (3 x 2 pairs: the small path)
     "experts_auto:float32": ("check_fused_experts", [3, 32, 16, 8, 2], {}),
     "align:int64": ("check_align", [30, 16, 4, 16], {}),

@@ -41,12 +41,6 @@ _CASES = {
     "router_topk_ties_renorm": ("check_router_topk", [5, 20, 96, 3, True],
                                 {"config": [16, 32, 3, 4, 1], "ties": True}),
     "router_topk_one_split": ("check_router_topk", [2, 12, 64, 2, True], {"config": [16, 32, 1, 4, 1]}),
-    # the weight's tiles through TMA boxes (SwapConfig.tma): ragged N and K read as zeros, split-K, the router
-    "tma_rows3_bias_ragged_k": ("check_small_m_linear", [3, 72, 200], {"bias": True, "config": [32, 64, 1, 4, 2],
-                                                                      "tma": True}),
-    "tma_float32_out_split3": ("check_small_m_linear", [2, 40, 192],
-                               {"out_dtype": "float32", "config": [16, 32, 3, 4, 3], "tma": True}),
-    "tma_router_topk": ("check_router_topk", [3, 24, 128, 4, True], {"config": [16, 32, 2, 4, 2], "tma": True}),
 }
 _DTYPES = ["bfloat16", "float16"]
 _KEYS = [f"{name}:{dt}" for name in _CASES for dt in _DTYPES]

@@ -37,11 +37,6 @@ _CASES = {
     # a config's 3 stages: Triton's software pipeline of the loop's loads (ragged K range, split-K)
     "gemvp_stages3_g32_asym_split": ("check_wna16_gemm", [2, 40, 320, 4, 32, False],
                                      {"config": ["gemvp", 1, 16, 128, 4, 3, 2], "bias": True}),
-    # PAGEDLLM_WNA16_TMA: the words' tiles through TMA boxes (ragged K range, split-K; zeros past N and K)
-    "gemvp_tma3_g32_asym_split_ragged": ("check_wna16_gemm", [2, 40, 320, 4, 32, False],
-                                         {"config": ["gemvp", 1, 16, 128, 4, 2, 2], "bias": True, "tma": 3}),
-    "gemvp_tma4_g128_kperm_split4": ("check_wna16_gemm", [1, 48, 1024, 4, 128, True],
-                                     {"config": ["gemvp", 1, 32, 128, 4, 2, 4], "kperm": True, "tma": 4}),
     "gemv_g64_asym_split_bias": ("check_wna16_gemm", [2, 40, 256, 4, 64, False],
                                  {"bias": True, "config": ["gemv", 1, 16, 64, 4, 1, 2]}),
     "gemv_channel_asym": ("check_wna16_gemm", [1, 32, 128, 4, None, False], {"config": ["gemv", 1, 32, 256, 4, 1, 1]}),
