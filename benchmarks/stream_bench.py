@@ -25,6 +25,11 @@ loaded before the wait), against flat's chain of one kernel a projection -- what
 could gain (RESULTS.md, twenty-ninth session):
 
     PYTHONPATH=. python benchmarks/stream_bench.py --persistent llama moe
+
+--tma llama|moe streams the same steps as a chain of one kernel a projection, flat's register loads against
+TMA boxes in shared memory at several depths (RESULTS.md, thirty-first session: TMA 2-5% slower on the H100):
+
+    PYTHONPATH=. python benchmarks/stream_bench.py --tma llama moe
 """
 
 from __future__ import annotations
@@ -266,23 +271,14 @@ def main() -> None:
         def rand(*shape: int) -> torch.Tensor:
             return torch.randint(-(2**31), 2**31 - 1, shape, dtype=torch.int32, device=dev)
 
-        if args.tma:
-            triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=dev))
-            if "llama" in args.tma:
-                seq = [rand(k // 8, n) for _ in range(LAYERS) for n, k in SHAPES.values()]
-                tma_chain(seq, f"Llama-3.1-8B int4 words, {LAYERS} layers", sms, args.quick)
-                del seq
-            if "moe" in args.tma:
-                seq = [rand(n) for _ in range(MOE_LAYERS) for n in MOE_STAGES.values()]
-                tma_chain(seq, f"Qwen3-30B-A3B bf16 at batch 1, {MOE_LAYERS} layers", sms, args.quick)
-            return
-        if "llama" in args.persistent:
-            seq = [rand(k // 8, n) for _ in range(LAYERS) for n, k in SHAPES.values()]
-            persistent_chain(seq, f"Llama-3.1-8B int4 words, {LAYERS} layers", sms, args.quick)
-            del seq
-        if "moe" in args.persistent:
-            seq = [rand(n) for _ in range(MOE_LAYERS) for n in MOE_STAGES.values()]
-            persistent_chain(seq, f"Qwen3-30B-A3B bf16 at batch 1, {MOE_LAYERS} layers", sms, args.quick)
+        run = tma_chain if args.tma else persistent_chain
+        steps = {"llama": (lambda: [rand(k // 8, n) for _ in range(LAYERS) for n, k in SHAPES.values()],
+                           f"Llama-3.1-8B int4 words, {LAYERS} layers"),
+                 "moe": (lambda: [rand(n) for _ in range(MOE_LAYERS) for n in MOE_STAGES.values()],
+                         f"Qwen3-30B-A3B bf16 at batch 1, {MOE_LAYERS} layers")}  # fmt: skip
+        for name in args.tma or args.persistent:
+            make, label = steps[name]
+            run(make(), label, sms, args.quick)  # (each step's words freed before the next's)
         return
     for name, (n, k) in SHAPES.items():
         kw = k // 8
