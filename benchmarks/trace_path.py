@@ -25,15 +25,23 @@ def short(name: str) -> str:
 
 
 def kernels(trace: dict) -> list[tuple[float, float, str, str]]:
-    """(start us, end us, short name, "grid x regs") of the trace's GPU kernels, by start."""
+    """(start us, end us, short name, "grid / threads a block, registers, occupancy") of the trace's GPU
+    kernels, by start. The occupancy is the profiler's estimate (warps resident an SM over the most it
+    holds): with the grid and registers it tells a kernel whose programs do not all fit at once."""
     events = trace["traceEvents"] if isinstance(trace, dict) else trace
     out = []
     for e in events:
         if e.get("ph") == "X" and e.get("cat") == "kernel":
             a = e.get("args", {})
             grid = "x".join(str(g) for g in a.get("grid", [])) or "?"
-            regs = a.get("registers per thread", "?")
-            out.append((e["ts"], e["ts"] + e.get("dur", 0), short(e["name"]), f"{grid} r{regs}"))
+            threads = 1
+            for b in a.get("block", []) or [0]:
+                threads *= b
+            occupancy = a.get("est. achieved occupancy %")
+            launch = f"{grid}/{threads or '?'} r{a.get('registers per thread', '?')}"
+            if occupancy is not None:
+                launch += f" occ{occupancy}"
+            out.append((e["ts"], e["ts"] + e.get("dur", 0), short(e["name"]), launch))
     return sorted(out)
 
 
@@ -93,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
                 lst.append(v)
     n = len(decode)
     total = {k: sum(v[1]) / n + sum(v[2]) / n for k, v in acc.items()}
-    head = "kernel (before > it > after) [grid, registers]"
+    head = "kernel (before > it > after) [grid/threads, registers, occupancy %]"
     print(f"\n{head:<110} {'/step':>6} {'dur us':>7} {'exposed':>8} {'idle':>6} {'early':>6} {'us/step':>8}")
     for k in sorted(total, key=lambda k: -total[k])[: args.top]:
         dur, exp, idle, early = (statistics.mean(v) for v in acc[k])
