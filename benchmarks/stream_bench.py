@@ -154,7 +154,7 @@ def tma_chain(seq: list[torch.Tensor], label: str, sms: int, quick: bool) -> Non
     for cfg in [(sms, 2048, 8, 3), (2 * sms, 2048, 8, 3), (2 * sms, 4096, 8, 3)][: 1 if quick else 3]:
         t = common.graph_time(lambda cfg=cfg: [flat(w, out, cfg) for w in seq])
         print(f"  flat {str(cfg):26s} {t / 1000:.3f} ms a step ({total / t / 1e6:.2f} TB/s)")
-    # (programs, BLOCK_R rows of 256 words, warps, stages): 32 KB boxes, 2-6 in flight a program
+    # (programs, BLOCK_R rows of 256 words, warps, stages): 16-64 KB boxes, 2-5 in flight a program
     cfgs = [(sms, 32, 4, 3), (sms, 32, 4, 4), (sms, 32, 8, 5), (sms, 16, 4, 6), (2 * sms, 16, 4, 4),
             (2 * sms, 32, 4, 3), (sms, 64, 8, 3), (4 * sms, 16, 4, 3)]  # fmt: skip
     for cfg in cfgs[: 2 if quick else None]:
