@@ -138,11 +138,14 @@ def tma_desc(w: torch.Tensor, block_r: int, cols: int = 256):
     return TensorDescriptor(v, list(v.shape), list(v.stride()), [block_r, cols])
 
 
-def tma(desc, rows: int, out: torch.Tensor, cfg: tuple) -> None:
+def tma(desc, rows: int, out: torch.Tensor, cfg: tuple) -> int:
+    """Launches _tma_kernel over rows [0, rows) of desc; returns its program count (out's sums written)."""
     programs, block_r, warps, stages = cfg
     per = triton.cdiv(triton.cdiv(rows, programs), block_r) * block_r
-    _tma_kernel[(triton.cdiv(rows, per),)](desc, out, rows, per, BLOCK_R=block_r, COLS=desc.block_shape[1],
-                                             STAGES=stages, num_warps=warps)  # fmt: skip
+    launched = triton.cdiv(rows, per)
+    _tma_kernel[(launched,)](desc, out, rows, per, BLOCK_R=block_r, COLS=desc.block_shape[1], STAGES=stages,
+                             num_warps=warps)  # fmt: skip
+    return launched
 
 
 def tma_chain(seq: list[torch.Tensor], label: str, sms: int, quick: bool) -> None:
@@ -161,9 +164,8 @@ def tma_chain(seq: list[torch.Tensor], label: str, sms: int, quick: bool) -> Non
         descs = [tma_desc(w, cfg[1]) for w in seq]
         rows = [w.numel() // 256 for w in seq]
         try:
-            tma(descs[0], rows[0], out, cfg)
+            n = tma(descs[0], rows[0], out, cfg)
             torch.cuda.synchronize()
-            n = triton.cdiv(rows[0], triton.cdiv(triton.cdiv(rows[0], cfg[0]), cfg[1]) * cfg[1])
             got = int(out[:n].sum(dtype=torch.int64)) % (1 << 32)
             assert got == int(seq[0].sum(dtype=torch.int64)) % (1 << 32), "TMA sums differ"
             t = common.graph_time(lambda cfg=cfg, descs=descs, rows=rows: [tma(d, r, out, cfg)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import statistics
 from collections import defaultdict
@@ -34,11 +35,9 @@ def kernels(trace: dict) -> list[tuple[float, float, str, str]]:
         if e.get("ph") == "X" and e.get("cat") == "kernel":
             a = e.get("args", {})
             grid = "x".join(str(g) for g in a.get("grid", [])) or "?"
-            threads = 1
-            for b in a.get("block", []) or [0]:
-                threads *= b
+            threads = math.prod(a.get("block", [])) if a.get("block") else "?"
             occupancy = a.get("est. achieved occupancy %")
-            launch = f"{grid}/{threads or '?'} r{a.get('registers per thread', '?')}"
+            launch = f"{grid}/{threads} r{a.get('registers per thread', '?')}"
             if occupancy is not None:
                 launch += f" occ{occupancy}"
             out.append((e["ts"], e["ts"] + e.get("dur", 0), short(e["name"]), launch))
