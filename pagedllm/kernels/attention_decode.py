@@ -31,6 +31,7 @@ from pagedllm.kernels._triton import next_power_of_2, num_sms, pdl
 from pagedllm.kernels.attention import (
     _LOG2E,
     _attend_keys,
+    _attend_tile,
     _dot_precision,
     _last_dim_contiguous,
     dot_dtype_fp16,
@@ -130,6 +131,9 @@ def _decode_kernel(
     slot_ptr=None,  # [B] int64 cache slots, -1 = not stored
     stride_cos=0, stride_sin=0, eps=0.0,
     HAS_NORM: tl.constexpr = False,
+    # (ROPE, not V_T) the split's first tile of keys and values loaded before the PDL wait: only
+    # the step's own key is new, and it comes from this kernel's registers (see preload_first_tile)
+    PRELOAD: tl.constexpr = False,
 ):  # fmt: skip
     pdl_release(PDL)
     # The split count is the grid's third dimension, a runtime value: a new count (it follows
@@ -152,25 +156,45 @@ def _decode_kernel(
         slot = tl.load(slot_ptr + req, cache_modifier=".cg").to(tl.int64)
         # whether this split holds the last key, the step's own (none for padding: seq_len 0, slot -1)
         new_key = (start < end) & (end == tl.load(seq_lens_ptr + req, cache_modifier=".cg")) & (slot >= 0)
+    bt_row = block_tables_ptr + req * stride_bt
+    offs_n = tl.arange(0, BLOCK_N)
+    if PRELOAD:  # the keys [start, start + BLOCK_N): earlier steps stored them (rule 1's exception, above)
+        keys0 = start + offs_n
+        mask0 = keys0 < end
+        page0 = tl.load(bt_row + keys0 // BLOCK_SIZE, mask=mask0, other=0, cache_modifier=".cg").to(tl.int64)
+        tile_mask = mask0[:, None] & dim_mask[None, :]
+        row0 = page0[:, None] * stride_kb + (keys0 % BLOCK_SIZE)[:, None] * stride_ks + kv_head * stride_kh
+        k0 = tl.load(k_cache_ptr + row0 + dims[None, :], mask=tile_mask, other=0.0, cache_modifier=".cg")
+        row0 = page0[:, None] * stride_vb + (keys0 % BLOCK_SIZE)[:, None] * stride_vs + kv_head * stride_vh
+        v0 = tl.load(v_cache_ptr + row0 + dims[None, :], mask=tile_mask, other=0.0, cache_modifier=".cg")
     pdl_wait(PDL)
 
     if ROPE:
         row = q_ptr + req * stride_qt
         q = _norm_rope_heads(row, heads, g_mask, dims, dim_mask, cos, sin, qw_ptr, eps, stride_qh, HEAD_DIM,
                              HAS_NORM)  # fmt: skip
-        if new_key:  # store it before the loop reads it
-            kh = kv_head + tl.arange(0, 1)
+        kh = kv_head + tl.arange(0, 1)
+        cdt = k_cache_ptr.dtype.element_ty
+        if PRELOAD:  # the preloaded tile holds the step's own key (new_key) stale: put this one in its place
             k_new = _norm_rope_heads(row + GROUP * num_kv_heads * stride_qh, kh, kh >= 0, dims, dim_mask, cos,
-                                     sin, kw_ptr, eps, stride_qh, HEAD_DIM, HAS_NORM)  # fmt: skip
+                                     sin, kw_ptr, eps, stride_qh, HEAD_DIM, HAS_NORM).to(cdt)  # fmt: skip
             v_new = tl.load(row + (GROUP + 1) * num_kv_heads * stride_qh + kh[:, None] * stride_qh + dims[None, :],
-                            mask=dim_mask[None, :], other=0.0)  # fmt: skip
+                            mask=dim_mask[None, :], other=0.0).to(cdt)  # fmt: skip
+            own = (new_key & (keys0 == end - 1))[:, None]
+            k0 = tl.where(own, k_new, k0)
+            v0 = tl.where(own, v_new, v0)
+        if new_key:  # store it before the loop reads it
+            if not PRELOAD:
+                k_new = _norm_rope_heads(row + GROUP * num_kv_heads * stride_qh, kh, kh >= 0, dims, dim_mask, cos,
+                                         sin, kw_ptr, eps, stride_qh, HEAD_DIM, HAS_NORM).to(cdt)  # fmt: skip
+                v_new = tl.load(row + (GROUP + 1) * num_kv_heads * stride_qh + kh[:, None] * stride_qh
+                                + dims[None, :], mask=dim_mask[None, :], other=0.0).to(cdt)  # fmt: skip
             block = slot // BLOCK_SIZE
             offset = slot % BLOCK_SIZE
-            cdt = k_cache_ptr.dtype.element_ty
             tl.store(k_cache_ptr + block * stride_kb + offset * stride_ks + kh[:, None] * stride_kh + dims[None, :],
-                     k_new.to(cdt), mask=dim_mask[None, :])  # fmt: skip
+                     k_new, mask=dim_mask[None, :])  # fmt: skip
             tl.store(v_cache_ptr + block * stride_vb + offset * stride_vs + kh[:, None] * stride_vh + dims[None, :],
-                     v_new.to(cdt), mask=dim_mask[None, :])  # fmt: skip
+                     v_new, mask=dim_mask[None, :])  # fmt: skip
             tl.debug_barrier()  # every thread's stores before any thread's loads of the tiles
     else:
         q = tl.load(
@@ -180,15 +204,19 @@ def _decode_kernel(
         )
     if Q_AS_FP16:
         q = q.to(tl.float16)  # FP8 caches: the dots run in fp16 (see dot_dtype_fp16)
-    bt_row = block_tables_ptr + req * stride_bt
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    offs_n = tl.arange(0, BLOCK_N)
     win_lo = 0
     if SLIDING and V_T:  # the partitions start on a block boundary below the window: mask those keys
         win_lo = tl.maximum(tl.load(seq_lens_ptr + req) - window, 0)
-    for n0 in range(start, end, BLOCK_N):
+    first = start
+    if PRELOAD:
+        if start < end:
+            acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, k0, v0, mask0[None, :], qk_scale, DOT_PRECISION,
+                                         soft_cap, SOFT_CAP)  # fmt: skip
+        first = start + BLOCK_N
+    for n0 in range(first, end, BLOCK_N):
         keys = n0 + offs_n
         key_mask = keys < end
         valid = key_mask[None, :]
@@ -287,6 +315,28 @@ def decode_config(cache_itemsize: int) -> tuple[int, int, int, int | None]:
     return block_n, warps, stages, maxnreg
 
 
+# The decode kernel doing qkv_rope's work (ROPE) loads its split's first tile before its PDL wait
+# when the grid has at most this many programs a multiprocessor: batch-1 decodes (Qwen3-30B-A3B's
+# 4 kv heads x 32 splits, Llama-3.1-8B's 8 x 4), which then take the tile while the q/k/v projection
+# still streams; a full grid (W1's 256 requests) keeps the registers the tile would hold.
+PRELOAD_MAX_WAVES = 2
+
+
+@functools.cache
+def _preload_forced() -> bool | None:
+    """PAGEDLLM_DECODE_PRELOAD: 1 always (with ROPE), 0 never, unset the rule above (read once)."""
+    value = os.environ.get("PAGEDLLM_DECODE_PRELOAD", "").strip()
+    if value not in ("", "0", "1"):
+        raise ValueError(f"PAGEDLLM_DECODE_PRELOAD={value!r}: expected 0 or 1")
+    return None if not value else value == "1"
+
+
+def decode_preload(programs: int, num_sms_: int) -> bool:
+    """Whether a ROPE decode grid of `programs` programs preloads its first tile (PRELOAD)."""
+    forced = _preload_forced()
+    return programs <= PRELOAD_MAX_WAVES * num_sms_ if forced is None else forced
+
+
 def rope_decode_ok(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
     """Whether the decode kernel can take a step's qkv rows itself (ROPE): a cache of the
     activations' own dtype (16-bit or float32: not FP8, whose scales and key-major V blocks it
@@ -318,6 +368,7 @@ def decode_attention_triton(
     last_reduce: bool | None = None,  # with splits: the last split merges them (None: decode_last_reduce)
     merge_unroll: int | None = None,  # (last_reduce) splits merged a round (None: MERGE_UNROLL)
     rope: DecodeRope | None = None,  # q is qkv[:, :Hq * D] viewed [B, Hq, D]: norm, rotate, store K/V here
+    preload: bool | None = None,  # (rope) the first tile before the PDL wait (None: decode_preload)
 ) -> torch.Tensor:
     b, hq, d = q.shape
     _, bs, hkv, _ = k_cache.shape
@@ -331,8 +382,8 @@ def decode_attention_triton(
         assert rope_decode_ok(q, k_cache, v_cache)
     q = _last_dim_contiguous(q)
     group = hq // hkv
+    num_sms_ = num_sms(q.device.index or 0) if q.is_cuda else 1
     if num_splits is None:
-        num_sms_ = num_sms(q.device.index or 0) if q.is_cuda else 1
         span = max_seq_len if sliding_window is None else min(max_seq_len, sliding_window)
         num_splits = decode_num_splits(b, hkv, span, num_sms_)
     itemsize = 4 if q.dtype == torch.float32 else k_cache.element_size()
@@ -370,7 +421,8 @@ def decode_attention_triton(
         has_norm = rope.q_norm_weight is not None
         common.update(ROPE=True, pos_ptr=rope.positions, cos_ptr=cos, sin_ptr=sin, slot_ptr=rope.slot_mapping,
                       qw_ptr=rope.q_norm_weight if has_norm else cos, kw_ptr=rope.k_norm_weight if has_norm else cos,
-                      stride_cos=cos.stride(0), stride_sin=sin.stride(0), eps=rope.eps, HAS_NORM=has_norm)
+                      stride_cos=cos.stride(0), stride_sin=sin.stride(0), eps=rope.eps, HAS_NORM=has_norm,
+                      PRELOAD=decode_preload(b * hkv * num_splits, num_sms_) if preload is None else preload)
     if last:
         common.update(BLOCK_S=MERGE_BLOCK_S, MERGE_UNROLL=merge_unroll or MERGE_UNROLL)
     grid = (b, hkv, num_splits) if order is None else (hkv, b, num_splits)

@@ -47,6 +47,15 @@ _CASES = {
                                      {"qk_norm": True, "num_splits": 4, "order": "desc", "last_reduce": True,
                                       "sliding_window": 20, "pad": 2}),
     "decode_rope_odd_half": ("check_decode_rope", [[5, 33], 4, 1, 24, 16], {"qk_norm": True, "num_splits": 2}),
+    # each split's first tile loaded before the new key is made (PRELOAD): the new key inside the
+    # first tile, at its end, in a later tile; a window; the reduce kernel and the last split
+    "decode_rope_preload": ("check_decode_rope", [[1, 70, 17, 33], 4, 2, 16, 16],
+                            {"qk_norm": True, "num_splits": 1, "preload": True}),
+    "decode_rope_preload_splits": ("check_decode_rope", [[1, 70, 17, 40], 8, 2, 16, 16],
+                                   {"num_splits": 3, "order": "desc", "last_reduce": True, "sliding_window": 20,
+                                    "pad": 1, "preload": True}),
+    "decode_rope_preload_reduce": ("check_decode_rope", [[70, 5], 4, 2, 16, 16],
+                                   {"qk_norm": True, "num_splits": 2, "last_reduce": False, "preload": True}),
 }
 _DTYPES = ["float32", "float16", "bfloat16"]
 
@@ -134,3 +143,9 @@ def test_decode_rope_compiles_for_sm90(group, split):
     plain = got[(False, False)]
     for key, r in got.items():
         assert r["stack"] == 0 and r["regs"] <= plain["regs"], (key, got)
+    # PRELOAD (the first tile before the PDL wait, for grids of at most PRELOAD_MAX_WAVES waves)
+    # holds the tile across the wait: no spills, and three CTAs of 4 warps still fit an SM
+    constexprs.update(PRELOAD=True, PDL=True)
+    r = resources(compile_sm90(ad._decode_kernel, signature, constexprs, num_warps=warps, num_stages=stages,
+                               aligned=DECODE_STRIDES))  # fmt: skip
+    assert r["stack"] == 0 and 3 * r["regs"] * 32 * warps <= 65536, r
