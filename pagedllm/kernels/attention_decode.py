@@ -93,6 +93,18 @@ def _partition(seq_lens_ptr, order_ptr, window, BLOCK_N: tl.constexpr, SLIDING: 
 
 
 @triton.jit
+def _new_key(row, kh, dims, dim_mask, cos, sin, kw_ptr, eps, stride_qh, num_q_heads, num_kv_heads,
+             cdt: tl.constexpr, HEAD_DIM: tl.constexpr, HAS_NORM: tl.constexpr):  # fmt: skip
+    """The step's own key (normed, rotated) and value of kv head `kh` [1] from its qkv row (q heads,
+    then k, then v), in the cache's dtype `cdt` -> ([1, BLOCK_D], [1, BLOCK_D])."""
+    k_new = _norm_rope_heads(row + num_q_heads * stride_qh, kh, kh >= 0, dims, dim_mask, cos, sin, kw_ptr, eps,
+                             stride_qh, HEAD_DIM, HAS_NORM)  # fmt: skip
+    v_new = tl.load(row + (num_q_heads + num_kv_heads + kh[:, None]) * stride_qh + dims[None, :],
+                    mask=dim_mask[None, :], other=0.0)  # fmt: skip
+    return k_new.to(cdt), v_new.to(cdt)
+
+
+@triton.jit
 def _decode_kernel(
     q_ptr,  # [B, Hq, D], one query token per request
     k_cache_ptr,  # [N, bs, Hkv, D]
@@ -176,19 +188,15 @@ def _decode_kernel(
         kh = kv_head + tl.arange(0, 1)
         cdt = k_cache_ptr.dtype.element_ty
         if PRELOAD:  # the preloaded tile holds the step's own key (new_key) stale: put this one in its place
-            k_new = _norm_rope_heads(row + GROUP * num_kv_heads * stride_qh, kh, kh >= 0, dims, dim_mask, cos,
-                                     sin, kw_ptr, eps, stride_qh, HEAD_DIM, HAS_NORM).to(cdt)  # fmt: skip
-            v_new = tl.load(row + (GROUP + 1) * num_kv_heads * stride_qh + kh[:, None] * stride_qh + dims[None, :],
-                            mask=dim_mask[None, :], other=0.0).to(cdt)  # fmt: skip
+            k_new, v_new = _new_key(row, kh, dims, dim_mask, cos, sin, kw_ptr, eps, stride_qh, GROUP * num_kv_heads,
+                                    num_kv_heads, cdt, HEAD_DIM, HAS_NORM)  # fmt: skip
             own = (new_key & (keys0 == end - 1))[:, None]
             k0 = tl.where(own, k_new, k0)
             v0 = tl.where(own, v_new, v0)
         if new_key:  # store it before the loop reads it
             if not PRELOAD:
-                k_new = _norm_rope_heads(row + GROUP * num_kv_heads * stride_qh, kh, kh >= 0, dims, dim_mask, cos,
-                                         sin, kw_ptr, eps, stride_qh, HEAD_DIM, HAS_NORM).to(cdt)  # fmt: skip
-                v_new = tl.load(row + (GROUP + 1) * num_kv_heads * stride_qh + kh[:, None] * stride_qh
-                                + dims[None, :], mask=dim_mask[None, :], other=0.0).to(cdt)  # fmt: skip
+                k_new, v_new = _new_key(row, kh, dims, dim_mask, cos, sin, kw_ptr, eps, stride_qh,
+                                        GROUP * num_kv_heads, num_kv_heads, cdt, HEAD_DIM, HAS_NORM)  # fmt: skip
             block = slot // BLOCK_SIZE
             offset = slot % BLOCK_SIZE
             tl.store(k_cache_ptr + block * stride_kb + offset * stride_ks + kh[:, None] * stride_kh + dims[None, :],
