@@ -15,7 +15,10 @@ The merge of the partials -- the reduce kernel, or the last split of each (reque
 merging them (decode_last_reduce) -- lives in attention_merge.py.
 
 ROPE (a `DecodeRope`; on by default, PAGEDLLM_FUSED_ROPE_DECODE=0 off): the kernel reads its query heads from the qkv
-projection's rows and does qkv_rope's work for a step of decodes itself (see the kernel).
+projection's rows and does qkv_rope's work for a step of decodes itself (see the kernel). With it, PRELOAD
+(PAGEDLLM_DECODE_PRELOAD=1, small grids) loads each split's first tile of keys and values before the PDL
+wait: in such a step no other kernel stores this layer's keys, and the tile's row of the step's own key,
+stale until this kernel stores it, is replaced by that key from registers.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedllm.kernels._triton import next_power_of_2, num_sms, pdl
+from pagedllm.kernels._triton import env_flag, next_power_of_2, num_sms, pdl
 from pagedllm.kernels.attention import (
     _LOG2E,
     _attend_keys,
@@ -144,7 +147,7 @@ def _decode_kernel(
     stride_cos=0, stride_sin=0, eps=0.0,
     HAS_NORM: tl.constexpr = False,
     # (ROPE, not V_T) the split's first tile of keys and values loaded before the PDL wait: only
-    # the step's own key is new, and it comes from this kernel's registers (see preload_first_tile)
+    # the step's own key is new, and it comes from this kernel's registers (PAGEDLLM_DECODE_PRELOAD)
     PRELOAD: tl.constexpr = False,
 ):  # fmt: skip
     pdl_release(PDL)
@@ -323,26 +326,24 @@ def decode_config(cache_itemsize: int) -> tuple[int, int, int, int | None]:
     return block_n, warps, stages, maxnreg
 
 
-# The decode kernel doing qkv_rope's work (ROPE) loads its split's first tile before its PDL wait
-# when the grid has at most this many programs a multiprocessor: batch-1 decodes (Qwen3-30B-A3B's
-# 4 kv heads x 32 splits, Llama-3.1-8B's 8 x 4), which then take the tile while the q/k/v projection
-# still streams; a full grid (W1's 256 requests) keeps the registers the tile would hold.
+# PAGEDLLM_DECODE_PRELOAD=1 (opt-in, not yet timed on a GPU): the decode kernel doing qkv_rope's
+# work (ROPE) loads its split's first tile before its PDL wait when the grid has at most this many
+# programs a multiprocessor: batch-1 decodes (Qwen3-30B-A3B's 4 kv heads x 32 splits, Llama-3.1-8B's
+# 8 x 4), which would then take the tile while the q/k/v projection still streams, instead of after
+# it (the tile's block-table and cache loads on the step's chain, about 1 us a layer to win); a
+# full grid (W1's 256 requests) keeps the registers the tile holds (168 against 96 on sm_90).
 PRELOAD_MAX_WAVES = 2
 
 
 @functools.cache
-def _preload_forced() -> bool | None:
-    """PAGEDLLM_DECODE_PRELOAD: 1 always (with ROPE), 0 never, unset the rule above (read once)."""
-    value = os.environ.get("PAGEDLLM_DECODE_PRELOAD", "").strip()
-    if value not in ("", "0", "1"):
-        raise ValueError(f"PAGEDLLM_DECODE_PRELOAD={value!r}: expected 0 or 1")
-    return None if not value else value == "1"
+def _preload_on() -> bool:
+    """PAGEDLLM_DECODE_PRELOAD: 1 the rule above, 0 or unset never (read once)."""
+    return env_flag("PAGEDLLM_DECODE_PRELOAD")
 
 
 def decode_preload(programs: int, num_sms_: int) -> bool:
     """Whether a ROPE decode grid of `programs` programs preloads its first tile (PRELOAD)."""
-    forced = _preload_forced()
-    return programs <= PRELOAD_MAX_WAVES * num_sms_ if forced is None else forced
+    return _preload_on() and programs <= PRELOAD_MAX_WAVES * num_sms_
 
 
 def rope_decode_ok(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:

@@ -146,7 +146,8 @@ def test_decode_rope_under_cuda_graph():
 def test_engine_rope_in_decode_greedy(tmp_path, tokenizer_dir, monkeypatch, arch):
     """PAGEDLLM_FUSED_ROPE_DECODE=1 (float32): the decode steps (CUDA graphs, 1-6 requests) norm,
     rotate and store inside the decode kernel (its calls with DecodeRope counted) and give the
-    tokens of the two-kernel path and of transformers; prefill chunks keep the two kernels."""
+    tokens of the two-kernel path and of transformers; prefill chunks keep the two kernels. With
+    PAGEDLLM_DECODE_PRELOAD=1 too (its first KV tile before the PDL wait), the same tokens."""
     from pagedllm.attention import triton_backend
 
     calls = []
@@ -166,6 +167,19 @@ def test_engine_rope_in_decode_greedy(tmp_path, tokenizer_dir, monkeypatch, arch
                              prompts, dtype="float32")  # fmt: skip
         assert any(calls) == (on == "1") and not all(calls), (on, len(calls), sum(calls))
     assert outs["1"] == outs["0"]
+    # PAGEDLLM_DECODE_PRELOAD=1: the small decode grids take their first KV tile before the PDL wait
+    from pagedllm.kernels import attention_decode
+
+    monkeypatch.setenv("PAGEDLLM_DECODE_PRELOAD", "1")
+    attention_decode._preload_on.cache_clear()
+    rule, preloads = attention_decode.decode_preload, []
+    monkeypatch.setattr(attention_decode, "decode_preload", lambda *a: preloads.append(rule(*a)) or preloads[-1])
+    try:
+        outs["preload"] = _generate(path, monkeypatch, {"PAGEDLLM_FUSED_ROPE_KV": "1",
+                                                        "PAGEDLLM_FUSED_ROPE_DECODE": "1"}, prompts, dtype="float32")
+    finally:
+        attention_decode._preload_on.cache_clear()
+    assert any(preloads) and outs["preload"] == outs["0"]
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda().eval()
