@@ -37,6 +37,7 @@ from pagedllm.kernels.attention import (
     _attend_tile,
     _dot_precision,
     _last_dim_contiguous,
+    _load_kv_tile,
     dot_dtype_fp16,
     v_layout_ok,
     v_transposed,
@@ -93,18 +94,6 @@ def _partition(seq_lens_ptr, order_ptr, window, BLOCK_N: tl.constexpr, SLIDING: 
     part_len = tl.cdiv(tl.cdiv(seq_len - first, num_splits), BLOCK_N) * BLOCK_N
     start = first + split * part_len
     return req, kv_head, num_kv_heads, split, num_splits, start, tl.minimum(start + part_len, seq_len)
-
-
-@triton.jit
-def _new_key(row, kh, dims, dim_mask, cos, sin, kw_ptr, eps, stride_qh, num_q_heads, num_kv_heads,
-             cdt: tl.constexpr, HEAD_DIM: tl.constexpr, HAS_NORM: tl.constexpr):  # fmt: skip
-    """The step's own key (normed, rotated) and value of kv head `kh` [1] from its qkv row (q heads,
-    then k, then v), in the cache's dtype `cdt` -> ([1, BLOCK_D], [1, BLOCK_D])."""
-    k_new = _norm_rope_heads(row + num_q_heads * stride_qh, kh, kh >= 0, dims, dim_mask, cos, sin, kw_ptr, eps,
-                             stride_qh, HEAD_DIM, HAS_NORM)  # fmt: skip
-    v_new = tl.load(row + (num_q_heads + num_kv_heads + kh[:, None]) * stride_qh + dims[None, :],
-                    mask=dim_mask[None, :], other=0.0)  # fmt: skip
-    return k_new.to(cdt), v_new.to(cdt)
 
 
 @triton.jit
@@ -176,30 +165,27 @@ def _decode_kernel(
     if PRELOAD:  # the keys [start, start + BLOCK_N): earlier steps stored them (rule 1's exception, above)
         keys0 = start + offs_n
         mask0 = keys0 < end
-        page0 = tl.load(bt_row + keys0 // BLOCK_SIZE, mask=mask0, other=0, cache_modifier=".cg").to(tl.int64)
-        tile_mask = mask0[:, None] & dim_mask[None, :]
-        row0 = page0[:, None] * stride_kb + (keys0 % BLOCK_SIZE)[:, None] * stride_ks + kv_head * stride_kh
-        k0 = tl.load(k_cache_ptr + row0 + dims[None, :], mask=tile_mask, other=0.0, cache_modifier=".cg")
-        row0 = page0[:, None] * stride_vb + (keys0 % BLOCK_SIZE)[:, None] * stride_vs + kv_head * stride_vh
-        v0 = tl.load(v_cache_ptr + row0 + dims[None, :], mask=tile_mask, other=0.0, cache_modifier=".cg")
+        k0 = _load_kv_tile(k_cache_ptr, bt_row, keys0, mask0, kv_head, dims, dim_mask, stride_kb, stride_ks,
+                           stride_kh, BLOCK_SIZE, ".cg")  # fmt: skip
+        v0 = _load_kv_tile(v_cache_ptr, bt_row, keys0, mask0, kv_head, dims, dim_mask, stride_vb, stride_vs,
+                           stride_vh, BLOCK_SIZE, ".cg")  # fmt: skip
     pdl_wait(PDL)
 
     if ROPE:
         row = q_ptr + req * stride_qt
         q = _norm_rope_heads(row, heads, g_mask, dims, dim_mask, cos, sin, qw_ptr, eps, stride_qh, HEAD_DIM,
                              HAS_NORM)  # fmt: skip
-        kh = kv_head + tl.arange(0, 1)
-        cdt = k_cache_ptr.dtype.element_ty
-        if PRELOAD:  # the preloaded tile holds the step's own key (new_key) stale: put this one in its place
-            k_new, v_new = _new_key(row, kh, dims, dim_mask, cos, sin, kw_ptr, eps, stride_qh, GROUP * num_kv_heads,
-                                    num_kv_heads, cdt, HEAD_DIM, HAS_NORM)  # fmt: skip
-            own = (new_key & (keys0 == end - 1))[:, None]
-            k0 = tl.where(own, k_new, k0)
-            v0 = tl.where(own, v_new, v0)
         if new_key:  # store it before the loop reads it
-            if not PRELOAD:
-                k_new, v_new = _new_key(row, kh, dims, dim_mask, cos, sin, kw_ptr, eps, stride_qh,
-                                        GROUP * num_kv_heads, num_kv_heads, cdt, HEAD_DIM, HAS_NORM)  # fmt: skip
+            kh = kv_head + tl.arange(0, 1)
+            cdt = k_cache_ptr.dtype.element_ty
+            k_new = _norm_rope_heads(row + GROUP * num_kv_heads * stride_qh, kh, kh >= 0, dims, dim_mask, cos,
+                                     sin, kw_ptr, eps, stride_qh, HEAD_DIM, HAS_NORM).to(cdt)  # fmt: skip
+            v_new = tl.load(row + (GROUP + 1) * num_kv_heads * stride_qh + kh[:, None] * stride_qh + dims[None, :],
+                            mask=dim_mask[None, :], other=0.0).to(cdt)  # fmt: skip
+            if PRELOAD:  # the preloaded tile holds the slot's stale row (if the key is in it): this key instead
+                own = (keys0 == end - 1)[:, None]
+                k0 = tl.where(own, k_new, k0)
+                v0 = tl.where(own, v_new, v0)
             block = slot // BLOCK_SIZE
             offset = slot % BLOCK_SIZE
             tl.store(k_cache_ptr + block * stride_kb + offset * stride_ks + kh[:, None] * stride_kh + dims[None, :],
@@ -331,7 +317,7 @@ def decode_config(cache_itemsize: int) -> tuple[int, int, int, int | None]:
 # programs a multiprocessor: batch-1 decodes (Qwen3-30B-A3B's 4 kv heads x 32 splits, Llama-3.1-8B's
 # 8 x 4), which would then take the tile while the q/k/v projection still streams, instead of after
 # it (the tile's block-table and cache loads on the step's chain, about 1 us a layer to win); a
-# full grid (W1's 256 requests) keeps the registers the tile holds (168 against 96 on sm_90).
+# full grid (W1's 256 requests) keeps the registers the tile holds (158-160 against 95-96 on sm_90).
 PRELOAD_MAX_WAVES = 2
 
 
