@@ -143,7 +143,7 @@ def test_decode_rope_compiles_for_sm90(group, split):
     plain = got[(False, False)]
     for key, r in got.items():
         assert r["stack"] == 0 and r["regs"] <= plain["regs"], (key, got)
-    # PRELOAD (the first tile before the PDL wait, for grids of at most PRELOAD_MAX_WAVES waves)
+    # PRELOAD (the first tile before the PDL wait, for grids of at most PRELOAD_MAX_WAVES programs an SM)
     # holds the tile across the wait: no spills, and three CTAs of 4 warps still fit an SM
     constexprs.update(PRELOAD=True, PDL=True)
     r = resources(compile_sm90(ad._decode_kernel, signature, constexprs, num_warps=warps, num_stages=stages,
