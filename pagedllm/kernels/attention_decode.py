@@ -316,8 +316,8 @@ def decode_config(cache_itemsize: int) -> tuple[int, int, int, int | None]:
 # work (ROPE) loads its split's first tile before its PDL wait when the grid has at most this many
 # programs a multiprocessor: batch-1 decodes (Qwen3-30B-A3B's 4 kv heads x 32 splits, Llama-3.1-8B's
 # 8 x 4), which would then take the tile while the q/k/v projection still streams, instead of after
-# it (the tile's block-table and cache loads on the step's chain, about 1 us a layer to win); a
-# full grid (W1's 256 requests) keeps the registers the tile holds (158-160 against 95-96 on sm_90).
+# it (the tile's block-table and cache loads on the step's chain, about 1 us a layer to win, estimated); a
+# full grid (W1's 256 requests) keeps the registers the tile holds (158-160 against 95-96 on sm_90, Triton 3.9).
 PRELOAD_MAX_WAVES = 2
 
 
