@@ -138,6 +138,10 @@ fi
 moeab moepre PAGEDLLM_MOE_PRELOAD=0  # the MoE down kernel's routing and first expert tile after its PDL wait
 moeab moerope PAGEDLLM_FUSED_ROPE_DECODE=0  # B: q/k norm + rotary + store-KV in their own kernel again
 moeab moepreload PAGEDLLM_DECODE_PRELOAD=1  # B: the decode kernel's first KV tile before its PDL wait (opt-in)
+# moeenvs: Qwen3-30B-A3B batch 1 in each of $MOE_VARIANTS ("name:VAR=value,VAR=value ..."; a PYTHONPATH=tree:$PWD
+# runs another tree), the order rotated by round
+# shellcheck disable=SC2086  # one word a variant
+moevariants moeenvs ${MOE_VARIANTS:-}
 if step moesweep 200; then  # the small MoE kernels' tiles (the gate/up kernel's split-K among them)
   timeout 200 $PY benchmarks/moe_bench.py --skip-latency --skip-w1 --skip-peer --small-sweep \
     --output-json "$OUT/moesweep.json" > "$OUT/moesweep.log" 2>&1; echo "moesweep rc=$? at ${SECONDS} s"
