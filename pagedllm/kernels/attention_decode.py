@@ -97,6 +97,28 @@ def _partition(seq_lens_ptr, order_ptr, window, BLOCK_N: tl.constexpr, SLIDING: 
 
 
 @triton.jit
+def _rows_weights(qw_ptr, kw_ptr, g, dims, dim_mask, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+                  PARTNER: tl.constexpr):  # fmt: skip
+    """[BLOCK_G, BLOCK_D] float32 for the q/k/v tile: q_norm's weights on the query rows (g < GROUP),
+    k_norm's on the others, at each column (PARTNER: at its rotary partner's, d +- D/2). Loaded whole
+    in the tile's shape, so that they come in its layout."""
+    cols = dims
+    if PARTNER:
+        half: tl.constexpr = HEAD_DIM // 2
+        cols = tl.where(dims < half, dims + half, dims - half)
+    offs = cols[None, :] + 0 * g[:, None]
+    qw = tl.load(qw_ptr + offs, mask=dim_mask[None, :], other=0.0, cache_modifier=".cg")  # (before the wait)
+    kw = tl.load(kw_ptr + offs, mask=dim_mask[None, :], other=0.0, cache_modifier=".cg")
+    return tl.where((g < GROUP)[:, None], qw, kw).to(tl.float32)
+
+
+@triton.jit
+def _tile_row(tile, row):
+    """The row of tile [R, C] where row [R] is true, as [C] (exactly: -0.0 too)."""
+    return tl.max(tl.where(row[:, None], tile.to(tl.float32), float("-inf")), axis=0).to(tile.dtype)
+
+
+@triton.jit
 def _decode_kernel(
     q_ptr,  # [B, Hq, D], one query token per request
     k_cache_ptr,  # [N, bs, Hkv, D]
@@ -129,6 +151,7 @@ def _decode_kernel(
     # then k, then v), and this kernel does qkv_rope's work for its decodes: norms (HAS_NORM) and
     # rotates its query heads, and the program whose split holds the request's last key norms,
     # rotates and stores that key and its value into the cache (of q's dtype) before it attends
+    # (BLOCK_G >= GROUP + 2: the key and value are the tile's two rows after the query heads)
     ROPE: tl.constexpr = False,
     pos_ptr=None, cos_ptr=None, sin_ptr=None,  # [B] positions; [max_pos, D] float32 tables
     qw_ptr=None, kw_ptr=None,  # [D] q_norm / k_norm weights (HAS_NORM)
@@ -147,7 +170,7 @@ def _decode_kernel(
     # (pdl_triton.py, rule 1), off the critical path.
     req, kv_head, num_kv_heads, split, num_splits, start, end = _partition(
         seq_lens_ptr, order_ptr, window, BLOCK_N, SLIDING, ORDERED, BLOCK_SIZE if V_T else 1)
-    g = tl.arange(0, BLOCK_G)  # rows: the query heads of this kv head's group (padded to >= 16)
+    g = tl.arange(0, BLOCK_G)  # rows: the query heads of this kv head's group (padded to >= 16; ROPE: + 2)
     g_mask = g < GROUP
     heads = kv_head * GROUP + g
     dims = tl.arange(0, BLOCK_D)
@@ -160,6 +183,19 @@ def _decode_kernel(
         slot = tl.load(slot_ptr + req, cache_modifier=".cg").to(tl.int64)
         # whether this split holds the last key, the step's own (none for padding: seq_len 0, slot -1)
         new_key = (start < end) & (end == tl.load(seq_lens_ptr + req, cache_modifier=".cg")) & (slot >= 0)
+        # One tile of the qkv row's heads (BLOCK_G >= GROUP + 2): this kv head's query heads, then its key
+        # (row GROUP) and value (row GROUP + 1), loaded, normed and rotated together after the wait, in
+        # the layout q keeps (the key's own [1, D] row took a second round of loads after q's and a
+        # layout conversion of every vector it met)
+        k_row = g == GROUP
+        v_row = g == GROUP + 1
+        qkv_heads = tl.where(g_mask, heads, tl.where(k_row, GROUP * num_kv_heads + kv_head,
+                                                     (GROUP + 1) * num_kv_heads + kv_head))  # fmt: skip
+        w = cos  # (unused without the norms)
+        w_partner = cos
+        if HAS_NORM:  # the norms' weights: q_norm's on the query rows, k_norm's on the key row
+            w = _rows_weights(qw_ptr, kw_ptr, g, dims, dim_mask, GROUP, HEAD_DIM, False)
+            w_partner = _rows_weights(qw_ptr, kw_ptr, g, dims, dim_mask, GROUP, HEAD_DIM, True)
     bt_row = block_tables_ptr + req * stride_bt
     offs_n = tl.arange(0, BLOCK_N)
     if PRELOAD:  # the keys [start, start + BLOCK_N): earlier steps stored them (rule 1's exception, above)
@@ -172,26 +208,24 @@ def _decode_kernel(
     pdl_wait(PDL)
 
     if ROPE:
-        row = q_ptr + req * stride_qt
-        q = _norm_rope_heads(row, heads, g_mask, dims, dim_mask, cos, sin, qw_ptr, eps, stride_qh, HEAD_DIM,
-                             HAS_NORM)  # fmt: skip
-        if new_key:  # store it before the loop reads it
-            kh = kv_head + tl.arange(0, 1)
+        src = q_ptr + req * stride_qt + qkv_heads[:, None] * stride_qh
+        x, rotated = _norm_rope_heads(src, g < GROUP + 2, dims, dim_mask, cos, sin, w, w_partner, eps, HEAD_DIM,
+                                      HAS_NORM)  # fmt: skip
+        q = tl.where(g_mask[:, None], rotated, 0.0).to(x.dtype)
+        if new_key:  # store them before the loop reads them
             cdt = k_cache_ptr.dtype.element_ty
-            k_new = _norm_rope_heads(row + GROUP * num_kv_heads * stride_qh, kh, kh >= 0, dims, dim_mask, cos,
-                                     sin, kw_ptr, eps, stride_qh, HEAD_DIM, HAS_NORM).to(cdt)  # fmt: skip
-            v_new = tl.load(row + (GROUP + 1) * num_kv_heads * stride_qh + kh[:, None] * stride_qh + dims[None, :],
-                            mask=dim_mask[None, :], other=0.0).to(cdt)  # fmt: skip
-            if PRELOAD:  # the preloaded tile holds the slot's stale row (if the key is in it): this key instead
-                own = (keys0 == end - 1)[:, None]
-                k0 = tl.where(own, k_new, k0)
-                v0 = tl.where(own, v_new, v0)
+            kv = tl.where(v_row[:, None], x, rotated).to(cdt)  # the key normed and rotated, the value as it is
             block = slot // BLOCK_SIZE
             offset = slot % BLOCK_SIZE
-            tl.store(k_cache_ptr + block * stride_kb + offset * stride_ks + kh[:, None] * stride_kh + dims[None, :],
-                     k_new, mask=dim_mask[None, :])  # fmt: skip
-            tl.store(v_cache_ptr + block * stride_vb + offset * stride_vs + kh[:, None] * stride_vh + dims[None, :],
-                     v_new, mask=dim_mask[None, :])  # fmt: skip
+            cols = dims[None, :] + 0 * g[:, None]  # (every row at the slot's address: one row stores)
+            tl.store(k_cache_ptr + block * stride_kb + offset * stride_ks + kv_head * stride_kh + cols, kv,
+                     mask=k_row[:, None] & dim_mask[None, :])  # fmt: skip
+            tl.store(v_cache_ptr + block * stride_vb + offset * stride_vs + kv_head * stride_vh + cols, kv,
+                     mask=v_row[:, None] & dim_mask[None, :])  # fmt: skip
+            if PRELOAD:  # the preloaded tile holds the slot's stale row (if the key is in it): this key instead
+                own = (keys0 == end - 1)[:, None]
+                k0 = tl.where(own, _tile_row(kv, k_row)[None, :], k0)
+                v0 = tl.where(own, _tile_row(kv, v_row)[None, :], v0)
             tl.debug_barrier()  # every thread's stores before any thread's loads of the tiles
     else:
         q = tl.load(
@@ -422,7 +456,8 @@ def decode_attention_triton(
         common.update(BLOCK_S=MERGE_BLOCK_S, MERGE_UNROLL=merge_unroll or MERGE_UNROLL)
     grid = (b, hkv, num_splits) if order is None else (hkv, b, num_splits)
     _decode_kernel[grid](
-        *args, BLOCK_G=max(16, next_power_of_2(group)), DOT_PRECISION=_dot_precision(q.dtype),
+        *args, BLOCK_G=max(16, next_power_of_2(group + (2 if rope is not None else 0))),
+        DOT_PRECISION=_dot_precision(q.dtype),
         Q_AS_FP16=dot_dtype_fp16(q.dtype, k_cache.dtype), **common, **pdl(q),
     )  # fmt: skip
     if num_splits > 1 and not last:

@@ -67,28 +67,27 @@ def _weighted(a, r, w, act: tl.constexpr):
 
 @triton.jit
 def _norm_rope_heads(
-    row_ptr, heads, head_mask, dims, dim_mask, cos, sin, w_ptr, eps, stride_h,
-    HEAD_DIM: tl.constexpr, HAS_NORM: tl.constexpr,
+    src, head_mask, dims, dim_mask, cos, sin, w, w_partner, eps, HEAD_DIM: tl.constexpr, HAS_NORM: tl.constexpr,
 ):  # fmt: skip
-    """`_norm_rotate` on whole heads: heads `heads` [H] at row_ptr + head * stride_h, normed
-    (HAS_NORM) and rotated -> [H, BLOCK_D] in the activation dtype, for a kernel that holds a
-    head as one row (the decode kernel's q). Each column is paired with its rotary partner d +- D/2,
-    loaded a second time, and `cos` / `sin` are the position's whole rows ([BLOCK_D], rounded to
-    the activation dtype): out[d] = x[d] cos[d] -+ x[partner] sin[d]. The same roundings as
+    """`_norm_rotate` on whole heads, for a kernel that holds a head as one row (the decode kernel's
+    q/k/v tile): the heads at src [H, 1] (pointers to their first element), normed (HAS_NORM, by the
+    weights w and w_partner [H, BLOCK_D] of each column and of its partner, float32) and rotated ->
+    [H, BLOCK_D] in the activation dtype. Each column is paired with its rotary partner d +- D/2,
+    loaded a second time, and `cos` / `sin` are the position's whole rows ([BLOCK_D], rounded to the
+    activation dtype): out[d] = x[d] cos[d] -+ x[partner] sin[d]. The same roundings as
     `_norm_rotate`; the head's sum of squares is added in another order."""
     half: tl.constexpr = HEAD_DIM // 2
     first = dims < half
     partner = tl.where(first, dims + half, dims - half)
     mask = head_mask[:, None] & dim_mask[None, :]
-    src = row_ptr + heads[:, None] * stride_h
     x = tl.load(src + dims[None, :], mask=mask, other=0.0)
     a = x.to(tl.float32)
     b = tl.load(src + partner[None, :], mask=mask, other=0.0).to(tl.float32)
     if HAS_NORM:
         r = tl.rsqrt(tl.sum(a * a, axis=1) / HEAD_DIM + eps)[:, None]
-        a = _weighted(a, r, tl.load(w_ptr + dims, mask=dim_mask, other=0.0).to(tl.float32)[None, :], x.dtype)
-        b = _weighted(b, r, tl.load(w_ptr + partner, mask=dim_mask, other=0.0).to(tl.float32)[None, :], x.dtype)
-    return (a * cos[None, :] + b * tl.where(first, -sin, sin)[None, :]).to(x.dtype)
+        a = _weighted(a, r, w, x.dtype)
+        b = _weighted(b, r, w_partner, x.dtype)
+    return x, (a * cos[None, :] + b * tl.where(first, -sin, sin)[None, :]).to(x.dtype)
 
 
 @triton.jit

@@ -174,21 +174,25 @@ def test_pdl_kernel_waits_before_it_touches_data(name):
         assert prefetch < 0
 
 
-@pytest.mark.parametrize("preload", [False, True])
-def test_decode_preload_loads_its_tile_before_the_wait(preload):
+def test_decode_preload_loads_its_tile_before_the_wait():
     """The decode kernel with ROPE: PRELOAD takes the split's first tile of keys and values (16-byte
-    loads through L2) before the PDL wait; without it nothing but the step's inputs comes first.
-    The earlier steps stored those keys (pdl_triton's rule 1 exception); the step's own key, which
-    this kernel stores after the wait, replaces its stale row in registers (test_fused_interpret's
-    decode_rope_preload cases, whose caches hold random values in the new keys' slots)."""
+    loads through L2) before the PDL wait; without it only the step's inputs and the q/k norms'
+    weights (16-byte loads of the q/k/v tile's shape) come first. The earlier steps stored those keys
+    (pdl_triton's rule 1 exception); the step's own key, which this kernel stores after the wait,
+    replaces its stale row in registers (test_fused_interpret's decode_rope_preload cases, whose
+    caches hold random values in the new keys' slots)."""
     from pagedllm.kernels.inspect_sm90 import DECODE_STRIDES, compile_sm90
 
     _, kernel, signature, constexprs, warps, _ = next(c for c in _cases() if c[0] == "decode_rope_preload")
-    ptx = compile_sm90(kernel, signature, {**constexprs, "PDL": True, "PRELOAD": preload}, num_warps=warps,
-                       num_stages=2, aligned=DECODE_STRIDES).asm["ptx"]  # fmt: skip
-    wait = ptx.find("griddepcontrol.wait")
-    tiles = [m.start() for m in re.finditer(r"ld\.global\.cg\.v4", ptx)]
-    assert any(t < wait for t in tiles) == preload, (preload, len(tiles))
+    before = {}
+    for preload in (False, True):
+        ptx = compile_sm90(kernel, signature, {**constexprs, "PDL": True, "PRELOAD": preload}, num_warps=warps,
+                           num_stages=2, aligned=DECODE_STRIDES).asm["ptx"]  # fmt: skip
+        wait = ptx.find("griddepcontrol.wait")
+        before[preload] = sum(m.start() < wait for m in re.finditer(r"ld\.global\.cg\.v4", ptx))
+    # the K and V tiles, [BLOCK_N, D] each, in 16-byte loads over the program's threads
+    tile_loads = 2 * constexprs["BLOCK_N"] * constexprs["BLOCK_D"] * 2 // (16 * 32 * warps)
+    assert before[True] - before[False] >= tile_loads, (before, tile_loads)
 
 
 def test_without_pdl_the_kernel_is_unchanged():
