@@ -219,16 +219,16 @@ def _attend_keys(
         block_mask = blk * BLOCK_SIZE < kv_end
         page = tl.load(bt_row + blk, mask=block_mask, other=0).to(tl.int64)
         offset = keys % BLOCK_SIZE
-        k = _kv_rows(k_cache_ptr, page, offset, key_mask, kv_head, dims, dim_mask, stride_kb, stride_ks, stride_kh)
+        k = _kv_rows(k_cache_ptr, page, offset, key_mask, kv_head, dims, dim_mask, stride_kb, stride_ks, stride_kh, "")
         RUN: tl.constexpr = BLOCK_SIZE if BLOCK_SIZE < keys.shape[0] else keys.shape[0]
         offs = page[:, None] * stride_vb + offset[:, None] + kv_head * stride_vh + dims[None, :] * BLOCK_SIZE
         offs = tl.max_contiguous(tl.multiple_of(offs, [RUN, 1]), [RUN, 1])
         v = tl.load(v_cache_ptr + offs, mask=block_mask[:, None] & dim_mask[None, :], other=0.0)
     else:
         k = _load_kv_tile(k_cache_ptr, bt_row, keys, key_mask, kv_head, dims, dim_mask,
-                          stride_kb, stride_ks, stride_kh, BLOCK_SIZE)  # fmt: skip
+                          stride_kb, stride_ks, stride_kh, BLOCK_SIZE, "")  # fmt: skip
         v = _load_kv_tile(v_cache_ptr, bt_row, keys, key_mask, kv_head, dims, dim_mask,
-                          stride_vb, stride_vs, stride_vh, BLOCK_SIZE)  # fmt: skip
+                          stride_vb, stride_vs, stride_vh, BLOCK_SIZE, "")  # fmt: skip
     return _attend_tile(q, acc, m_i, l_i, k, v, valid, qk_scale, DOT_PRECISION, soft_cap, SOFT_CAP)
 
 
