@@ -50,7 +50,8 @@ def omitted_defaults(package: Path) -> list[str]:
             for params in defaults[call.func.id]:
                 missing = [n for i, n in params if i >= len(call.args) and n not in keywords]
                 if missing:
-                    found.append(f"{path.relative_to(package.parent)}:{call.lineno} {call.func.id}({', '.join(missing)})")
+                    where = f"{path.relative_to(package.parent)}:{call.lineno}"
+                    found.append(f"{where} {call.func.id}({', '.join(missing)})")
     return found
 
 
