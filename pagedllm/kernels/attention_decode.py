@@ -53,7 +53,7 @@ from pagedllm.kernels.attention_merge import (
 from pagedllm.kernels.counters import counters
 from pagedllm.kernels.pdl_triton import pdl_release, pdl_wait
 from pagedllm.kernels.qkv_rope import DecodeRope
-from pagedllm.kernels.qkv_rope_triton import _norm_rope_heads, _rounded_row
+from pagedllm.kernels.qkv_rope_triton import _norm_rope_heads, _qkv_norm_weights, _rounded_row, _tile_row
 
 
 @triton.jit
@@ -94,28 +94,6 @@ def _partition(seq_lens_ptr, order_ptr, window, BLOCK_N: tl.constexpr, SLIDING: 
     part_len = tl.cdiv(tl.cdiv(seq_len - first, num_splits), BLOCK_N) * BLOCK_N
     start = first + split * part_len
     return req, kv_head, num_kv_heads, split, num_splits, start, tl.minimum(start + part_len, seq_len)
-
-
-@triton.jit
-def _rows_weights(qw_ptr, kw_ptr, g, dims, dim_mask, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-                  PARTNER: tl.constexpr):  # fmt: skip
-    """[BLOCK_G, BLOCK_D] float32 for the q/k/v tile: q_norm's weights on the query rows (g < GROUP),
-    k_norm's on the others, at each column (PARTNER: at its rotary partner's, d +- D/2). Loaded whole
-    in the tile's shape, so that they come in its layout."""
-    cols = dims
-    if PARTNER:
-        half: tl.constexpr = HEAD_DIM // 2
-        cols = tl.where(dims < half, dims + half, dims - half)
-    offs = cols[None, :] + 0 * g[:, None]
-    qw = tl.load(qw_ptr + offs, mask=dim_mask[None, :], other=0.0, cache_modifier=".cg")  # (before the wait)
-    kw = tl.load(kw_ptr + offs, mask=dim_mask[None, :], other=0.0, cache_modifier=".cg")
-    return tl.where((g < GROUP)[:, None], qw, kw).to(tl.float32)
-
-
-@triton.jit
-def _tile_row(tile, row):
-    """The row of tile [R, C] where row [R] is true, as [C] (exactly: -0.0 too)."""
-    return tl.max(tl.where(row[:, None], tile.to(tl.float32), float("-inf")), axis=0).to(tile.dtype)
 
 
 @triton.jit
@@ -191,11 +169,7 @@ def _decode_kernel(
         v_row = g == GROUP + 1
         qkv_heads = tl.where(g_mask, heads, tl.where(k_row, GROUP * num_kv_heads + kv_head,
                                                      (GROUP + 1) * num_kv_heads + kv_head))  # fmt: skip
-        w = cos  # (unused without the norms)
-        w_partner = cos
-        if HAS_NORM:  # the norms' weights: q_norm's on the query rows, k_norm's on the key row
-            w = _rows_weights(qw_ptr, kw_ptr, g, dims, dim_mask, GROUP, HEAD_DIM, False)
-            w_partner = _rows_weights(qw_ptr, kw_ptr, g, dims, dim_mask, GROUP, HEAD_DIM, True)
+        w, w_partner = _qkv_norm_weights(qw_ptr, kw_ptr, g, dims, dim_mask, GROUP, HEAD_DIM, HAS_NORM)
     bt_row = block_tables_ptr + req * stride_bt
     offs_n = tl.arange(0, BLOCK_N)
     if PRELOAD:  # the keys [start, start + BLOCK_N): earlier steps stored them (rule 1's exception, above)
@@ -351,7 +325,8 @@ def decode_config(cache_itemsize: int) -> tuple[int, int, int, int | None]:
 # programs a multiprocessor: batch-1 decodes (Qwen3-30B-A3B's 4 kv heads x 32 splits, Llama-3.1-8B's
 # 8 x 4), which would then take the tile while the q/k/v projection still streams, instead of after
 # it (the tile's block-table and cache loads on the step's chain, about 1 us a layer to win, estimated); a
-# full grid (W1's 256 requests) keeps the registers the tile holds (158-160 against 95-96 on sm_90, Triton 3.9).
+# full grid (W1's 256 requests) keeps the registers the tile holds (sm_90, Qwen3-30B-A3B's group: 143 against
+# 90 with Triton 3.9, 128 against 96 with the device's 3.6).
 PRELOAD_MAX_WAVES = 2
 
 
