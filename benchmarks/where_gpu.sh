@@ -365,7 +365,7 @@ if [[ " $STEPS " == *" w2tiles "* ]] && [ -d "${A_PATH:-}" ]; then  # W2 gptq: A
   done
 fi
 if [[ " $STEPS " == *" w2 "* ]]; then  # W2 Llama-3.1-8B batch 1: bf16, FP8 weights, dummy gptq 4-bit weights
-  for q in bf16 fp8 gptq; do
+  for q in ${W2_LOADS:-bf16 fp8 gptq}; do
     fits 45 "w2 $q" || continue
     flag=$([ $q = bf16 ] || echo "--quantization $q")
     timeout 45 $PY benchmarks/latency.py --peer none --iters 2 $flag --output-json "$OUT/w2_$q.json" \
