@@ -119,10 +119,6 @@ def test_last_program_modes_compile_for_sm90(mode, block_n, block_k, split_k, wa
     ptx = compiled.asm["ptx"]
     assert "wgmma.mma_async" in ptx and "cp.async" in ptx
     check_last_program_ptx(ptx)
-    if mode == "router":  # the routing's picks stay in the logits' layout: a barrier or two a pick, not
-        # four and two trips through shared memory (37 barriers after the count before, 9 now)
-        routing = ptx[ptx.index("atom."):]
-        assert len(re.findall(r"\bbar\.sync", routing)) <= 12, routing.count("bar.sync")
     r = resources(compiled)
     if r is not None:
         assert r["stack"] == 0, r
