@@ -15,10 +15,7 @@ The merge of the partials -- the reduce kernel, or the last split of each (reque
 merging them (decode_last_reduce) -- lives in attention_merge.py.
 
 ROPE (a `DecodeRope`; on by default, PAGEDLLM_FUSED_ROPE_DECODE=0 off): the kernel reads its query heads from the qkv
-projection's rows and does qkv_rope's work for a step of decodes itself (see the kernel). With it, PRELOAD
-(PAGEDLLM_DECODE_PRELOAD=1, small grids) loads each split's first tile of keys and values before the PDL
-wait: in such a step no other kernel stores this layer's keys, and the tile's row of the step's own key,
-stale until this kernel stores it, is replaced by that key from registers.
+projection's rows and does qkv_rope's work for a step of decodes itself (see the kernel).
 """
 
 from __future__ import annotations
@@ -30,14 +27,12 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedllm.kernels._triton import env_flag, next_power_of_2, num_sms, pdl
+from pagedllm.kernels._triton import next_power_of_2, num_sms, pdl
 from pagedllm.kernels.attention import (
     _LOG2E,
     _attend_keys,
-    _attend_tile,
     _dot_precision,
     _last_dim_contiguous,
-    _load_kv_tile,
     dot_dtype_fp16,
     v_layout_ok,
     v_transposed,
@@ -53,7 +48,7 @@ from pagedllm.kernels.attention_merge import (
 from pagedllm.kernels.counters import counters
 from pagedllm.kernels.pdl_triton import pdl_release, pdl_wait
 from pagedllm.kernels.qkv_rope import DecodeRope
-from pagedllm.kernels.qkv_rope_triton import _norm_rope_heads, _qkv_norm_weights, _rounded_row, _tile_row
+from pagedllm.kernels.qkv_rope_triton import _norm_rope_heads, _qkv_norm_weights, _rounded_row
 
 
 @triton.jit
@@ -136,9 +131,6 @@ def _decode_kernel(
     slot_ptr=None,  # [B] int64 cache slots, -1 = not stored
     stride_cos=0, stride_sin=0, eps=0.0,
     HAS_NORM: tl.constexpr = False,
-    # (ROPE, not V_T) the split's first tile of keys and values loaded before the PDL wait: only
-    # the step's own key is new, and it comes from this kernel's registers (PAGEDLLM_DECODE_PRELOAD)
-    PRELOAD: tl.constexpr = False,
 ):  # fmt: skip
     pdl_release(PDL)
     # The split count is the grid's third dimension, a runtime value: a new count (it follows
@@ -170,15 +162,6 @@ def _decode_kernel(
         qkv_heads = tl.where(g_mask, heads, tl.where(k_row, GROUP * num_kv_heads + kv_head,
                                                      (GROUP + 1) * num_kv_heads + kv_head))  # fmt: skip
         w, w_partner = _qkv_norm_weights(qw_ptr, kw_ptr, g, dims, dim_mask, GROUP, HEAD_DIM, HAS_NORM)
-    bt_row = block_tables_ptr + req * stride_bt
-    offs_n = tl.arange(0, BLOCK_N)
-    if PRELOAD:  # the keys [start, start + BLOCK_N): earlier steps stored them (rule 1's exception, above)
-        keys0 = start + offs_n
-        mask0 = keys0 < end
-        k0 = _load_kv_tile(k_cache_ptr, bt_row, keys0, mask0, kv_head, dims, dim_mask, stride_kb, stride_ks,
-                           stride_kh, BLOCK_SIZE, ".cg")  # fmt: skip
-        v0 = _load_kv_tile(v_cache_ptr, bt_row, keys0, mask0, kv_head, dims, dim_mask, stride_vb, stride_vs,
-                           stride_vh, BLOCK_SIZE, ".cg")  # fmt: skip
     pdl_wait(PDL)
 
     if ROPE:
@@ -196,10 +179,6 @@ def _decode_kernel(
                      mask=k_row[:, None] & dim_mask[None, :])  # fmt: skip
             tl.store(v_cache_ptr + block * stride_vb + offset * stride_vs + kv_head * stride_vh + cols, kv,
                      mask=v_row[:, None] & dim_mask[None, :])  # fmt: skip
-            if PRELOAD:  # the preloaded tile holds the slot's stale row (if the key is in it): this key instead
-                own = (keys0 == end - 1)[:, None]
-                k0 = tl.where(own, _tile_row(kv, k_row)[None, :], k0)
-                v0 = tl.where(own, _tile_row(kv, v_row)[None, :], v0)
             tl.debug_barrier()  # every thread's stores before any thread's loads of the tiles
     else:
         q = tl.load(
@@ -215,13 +194,9 @@ def _decode_kernel(
     win_lo = 0
     if SLIDING and V_T:  # the partitions start on a block boundary below the window: mask those keys
         win_lo = tl.maximum(tl.load(seq_lens_ptr + req) - window, 0)
-    first = start
-    if PRELOAD:
-        if start < end:
-            acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, k0, v0, mask0[None, :], qk_scale, DOT_PRECISION,
-                                         soft_cap, SOFT_CAP)  # fmt: skip
-        first = start + BLOCK_N
-    for n0 in range(first, end, BLOCK_N):
+    bt_row = block_tables_ptr + req * stride_bt
+    offs_n = tl.arange(0, BLOCK_N)
+    for n0 in range(start, end, BLOCK_N):
         keys = n0 + offs_n
         key_mask = keys < end
         valid = key_mask[None, :]
@@ -320,27 +295,6 @@ def decode_config(cache_itemsize: int) -> tuple[int, int, int, int | None]:
     return block_n, warps, stages, maxnreg
 
 
-# PAGEDLLM_DECODE_PRELOAD=1 (opt-in, not yet timed on a GPU): the decode kernel doing qkv_rope's
-# work (ROPE) loads its split's first tile before its PDL wait when the grid has at most this many
-# programs a multiprocessor: batch-1 decodes (Qwen3-30B-A3B's 4 kv heads x 32 splits, Llama-3.1-8B's
-# 8 x 4), which would then take the tile while the q/k/v projection still streams, instead of after
-# it (the tile's block-table and cache loads on the step's chain, about 1 us a layer to win, estimated); a
-# full grid (W1's 256 requests) keeps the registers the tile holds (sm_90, Qwen3-30B-A3B's group: 143 against
-# 90 with Triton 3.9, 128 against 96 with the device's 3.6).
-PRELOAD_MAX_WAVES = 2
-
-
-@functools.cache
-def _preload_on() -> bool:
-    """PAGEDLLM_DECODE_PRELOAD: 1 the rule above, 0 or unset never (read once)."""
-    return env_flag("PAGEDLLM_DECODE_PRELOAD")
-
-
-def decode_preload(programs: int, num_sms_: int) -> bool:
-    """Whether a ROPE decode grid of `programs` programs preloads its first tile (PRELOAD)."""
-    return _preload_on() and programs <= PRELOAD_MAX_WAVES * num_sms_
-
-
 def rope_decode_ok(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
     """Whether the decode kernel can take a step's qkv rows itself (ROPE): a cache of the
     activations' own dtype (16-bit or float32: not FP8, whose scales and key-major V blocks it
@@ -372,7 +326,6 @@ def decode_attention_triton(
     last_reduce: bool | None = None,  # with splits: the last split merges them (None: decode_last_reduce)
     merge_unroll: int | None = None,  # (last_reduce) splits merged a round (None: MERGE_UNROLL)
     rope: DecodeRope | None = None,  # q is qkv[:, :Hq * D] viewed [B, Hq, D]: norm, rotate, store K/V here
-    preload: bool | None = None,  # (rope) the first tile before the PDL wait (None: decode_preload)
 ) -> torch.Tensor:
     b, hq, d = q.shape
     _, bs, hkv, _ = k_cache.shape
@@ -425,8 +378,7 @@ def decode_attention_triton(
         has_norm = rope.q_norm_weight is not None
         common.update(ROPE=True, pos_ptr=rope.positions, cos_ptr=cos, sin_ptr=sin, slot_ptr=rope.slot_mapping,
                       qw_ptr=rope.q_norm_weight if has_norm else cos, kw_ptr=rope.k_norm_weight if has_norm else cos,
-                      stride_cos=cos.stride(0), stride_sin=sin.stride(0), eps=rope.eps, HAS_NORM=has_norm,
-                      PRELOAD=decode_preload(b * hkv * num_splits, num_sms_) if preload is None else preload)
+                      stride_cos=cos.stride(0), stride_sin=sin.stride(0), eps=rope.eps, HAS_NORM=has_norm)
     if last:
         common.update(BLOCK_S=MERGE_BLOCK_S, MERGE_UNROLL=merge_unroll or MERGE_UNROLL)
     grid = (b, hkv, num_splits) if order is None else (hkv, b, num_splits)

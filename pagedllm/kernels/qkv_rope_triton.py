@@ -98,12 +98,6 @@ def _rows_weights(qw_ptr, kw_ptr, q_rows, offs, dim_mask):
 
 
 @triton.jit
-def _tile_row(tile, row):
-    """The row of tile [R, C] where row [R] is true, as [C] (exactly: -0.0 too)."""
-    return tl.max(tl.where(row[:, None], tile.to(tl.float32), float("-inf")), axis=0).to(tile.dtype)
-
-
-@triton.jit
 def _norm_rope_heads(
     src, head_mask, dims, dim_mask, cos, sin, w, w_partner, eps, HEAD_DIM: tl.constexpr, HAS_NORM: tl.constexpr,
 ):  # fmt: skip

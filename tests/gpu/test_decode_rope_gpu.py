@@ -22,15 +22,13 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs CU
 
 
 def check_decode_rope(device, dtype, seq_lens, hq, hkv, head_dim, block_size, qk_norm=False, num_splits=None,
-                      order=None, last_reduce=None, sliding_window=None, pad=0, preload=None, seed=0):  # fmt: skip
+                      order=None, last_reduce=None, sliding_window=None, pad=0, seed=0):  # fmt: skip
     """The decode kernel doing qkv_rope's work (DecodeRope): from a step's qkv rows it norms and
     rotates q, stores each request's new K/V into the cache and attends. Against qkv_rope's torch
     reference followed by paged attention: the output within the attention tolerance, the new
     keys within the norm / rotary one and the new values equal, every other cache slot unchanged.
     `pad` rows of CUDA-graph padding (seq_len 0, slot -1) store nothing and give zeros; `order`
-    "desc" the programs taking the requests longest first; `preload` each split's first tile
-    loaded before the kernel computes the new key (None: the kernel's rule) -- the cache's slot of
-    the new key holds random values before, which the output must not see."""
+    "desc" the programs taking the requests longest first."""
     from test_kernels import ATTENTION_TOL, make_batch
 
     from pagedllm.attention.torch_backend import paged_attention_torch
@@ -63,9 +61,9 @@ def check_decode_rope(device, dtype, seq_lens, hq, hkv, head_dim, block_size, qk
     decode_attention_triton(
         qkv[:, : hq * head_dim].view(b + pad, hq, head_dim), kc, vc, padded(batch.block_tables, 0), seq_lens_t,
         out, head_dim**-0.5, max_seq_len=max(seq_lens), num_splits=num_splits, order=order_t,
-        last_reduce=last_reduce, sliding_window=sliding_window, rope=rope, preload=preload,
+        last_reduce=last_reduce, sliding_window=sliding_window, rope=rope,
     )  # fmt: skip
-    _close(out[:b], ref, ATTENTION_TOL, f"decode with rope, splits={num_splits}, preload={preload}")
+    _close(out[:b], ref, ATTENTION_TOL, f"decode with rope, splits={num_splits}")
     assert torch.equal(out[b:], torch.zeros_like(out[b:])), "padding rows"
     assert torch.equal(qkv, before), "qkv must not be written"
     new = batch.slot_mapping
@@ -85,12 +83,6 @@ def check_decode_rope(device, dtype, seq_lens, hq, hkv, head_dim, block_size, qk
     ([1, 17, 700, 64, 2049, 130], 32, 4, True, {"order": "desc"}),  # mixed contexts, longest first
     ([1, 17, 700, 64], 16, 8, True, {"num_splits": 9, "last_reduce": False}),  # the reduce kernel
     ([1, 17, 700, 64], 16, 8, False, {"num_splits": 5, "last_reduce": True, "sliding_window": 100}),
-    # the first tile before the PDL wait, forced on: one tile a split (the new key in it, at its
-    # end or inside), several (the new key in a later tile), with the reduce kernel and with padding
-    ([300], 32, 4, True, {"num_splits": 32, "preload": True}),
-    ([1, 17, 700, 64, 2049, 130], 32, 8, True, {"order": "desc", "preload": True, "pad": 2}),
-    ([1, 17, 700, 64], 16, 8, False, {"num_splits": 9, "last_reduce": False, "preload": True,
-                                      "sliding_window": 100}),
 ])  # fmt: skip
 def test_decode_rope(dtype, seq_lens, hq, hkv, qk_norm, opts):
     check_decode_rope("cuda", dtype, seq_lens, hq, hkv, 128, 16, qk_norm, **opts)
@@ -146,8 +138,7 @@ def test_decode_rope_under_cuda_graph():
 def test_engine_rope_in_decode_greedy(tmp_path, tokenizer_dir, monkeypatch, arch):
     """PAGEDLLM_FUSED_ROPE_DECODE=1 (float32): the decode steps (CUDA graphs, 1-6 requests) norm,
     rotate and store inside the decode kernel (its calls with DecodeRope counted) and give the
-    tokens of the two-kernel path and of transformers; prefill chunks keep the two kernels. With
-    PAGEDLLM_DECODE_PRELOAD=1 too (its first KV tile before the PDL wait), the same tokens."""
+    tokens of the two-kernel path and of transformers; prefill chunks keep the two kernels."""
     from pagedllm.attention import triton_backend
 
     calls = []
@@ -167,19 +158,6 @@ def test_engine_rope_in_decode_greedy(tmp_path, tokenizer_dir, monkeypatch, arch
                              prompts, dtype="float32")  # fmt: skip
         assert any(calls) == (on == "1") and not all(calls), (on, len(calls), sum(calls))
     assert outs["1"] == outs["0"]
-    # PAGEDLLM_DECODE_PRELOAD=1: the small decode grids take their first KV tile before the PDL wait
-    from pagedllm.kernels import attention_decode
-
-    monkeypatch.setenv("PAGEDLLM_DECODE_PRELOAD", "1")
-    attention_decode._preload_on.cache_clear()
-    rule, preloads = attention_decode.decode_preload, []
-    monkeypatch.setattr(attention_decode, "decode_preload", lambda *a: preloads.append(rule(*a)) or preloads[-1])
-    try:
-        outs["preload"] = _generate(path, monkeypatch, {"PAGEDLLM_FUSED_ROPE_KV": "1",
-                                                        "PAGEDLLM_FUSED_ROPE_DECODE": "1"}, prompts, dtype="float32")
-    finally:
-        attention_decode._preload_on.cache_clear()
-    assert any(preloads) and outs["preload"] == outs["0"]
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda().eval()

@@ -50,16 +50,7 @@ _CASES = {
     # the key and value ride in the tile's two rows after the query heads: a group of 14 fills 16 rows,
     # one of 16 (Qwen3-235B-A22B's) takes 32
     "decode_rope_group_14": ("check_decode_rope", [[5, 40], 14, 1, 16, 16], {"qk_norm": True, "num_splits": 2}),
-    "decode_rope_group_16": ("check_decode_rope", [[1, 70, 17], 32, 2, 16, 16], {"qk_norm": True, "preload": True}),
-    # each split's first tile loaded before the new key is made (PRELOAD): the new key inside the
-    # first tile, at its end, in a later tile; a window; the reduce kernel and the last split
-    "decode_rope_preload": ("check_decode_rope", [[1, 70, 17, 33], 4, 2, 16, 16],
-                            {"qk_norm": True, "num_splits": 1, "preload": True}),
-    "decode_rope_preload_splits": ("check_decode_rope", [[1, 70, 17, 40], 8, 2, 16, 16],
-                                   {"num_splits": 3, "order": "desc", "last_reduce": True, "sliding_window": 20,
-                                    "pad": 1, "preload": True}),
-    "decode_rope_preload_reduce": ("check_decode_rope", [[70, 5], 4, 2, 16, 16],
-                                   {"qk_norm": True, "num_splits": 2, "last_reduce": False, "preload": True}),
+    "decode_rope_group_16": ("check_decode_rope", [[1, 70, 17], 32, 2, 16, 16], {"qk_norm": True}),
 }
 _DTYPES = ["float32", "float16", "bfloat16"]
 
@@ -151,9 +142,3 @@ def test_decode_rope_compiles_for_sm90(group, split):
     plain = got[(False, False)]
     for key, r in got.items():
         assert r["stack"] == 0 and r["regs"] <= plain["regs"], (key, got)
-    # PRELOAD (the first tile before the PDL wait, for grids of at most PRELOAD_MAX_WAVES programs an SM)
-    # holds the tile across the wait: no spills, and three CTAs of 4 warps still fit an SM
-    constexprs.update(PRELOAD=True, PDL=True)
-    r = resources(compile_sm90(ad._decode_kernel, signature, constexprs, num_warps=warps, num_stages=stages,
-                               aligned=DECODE_STRIDES))  # fmt: skip
-    assert r["stack"] == 0 and 3 * r["regs"] * 32 * warps <= 65536, r
