@@ -9,7 +9,8 @@
 # PAGEDLLM_DECODE_LAST_REDUCE=1), alternated),
 # pdltests (tests/gpu/test_pdl_gpu.py), moetree (A the tree at $A_PATH, B this one), w3 (W3 at inf,
 # bf16 then FP8 weights + FP8 KV; the server's wheels installed first), moesweep (moe_bench.py
-# --small-sweep), w2 (latency.py bf16 / fp8 / gptq), w2prof0 (W2 bf16's profile, PDL off), w1kv (W1 bf16 KV (A) against FP8 KV (B), ab_w1.sh),
+# --small-sweep), w2 (latency.py bf16 / fp8 / gptq; $W2_LOADS picks), moeenvs (Qwen3-30B-A3B batch 1 in each of
+# $MOE_VARIANTS, rotated by round), w2prof0 (W2 bf16's profile, PDL off), w1kv (W1 bf16 KV (A) against FP8 KV (B), ab_w1.sh),
 # maxnreg (decode_sweep.py --maxnreg-ab), w1maxnreg (W1 FP8 KV: the default (A) against the decode
 # kernel capped at 96 registers (B), five CTAs an SM), w3prof (profiles of Llama-3.1-8B's prefill-heavy first steps, bf16 and FP8 + FP8 KV: where W3's
 # 1.4x must come from), w1int4 (W1 on Llama-3.1-8B: bf16 (A) against dummy gptq 4-bit weights (B), issue 19's 0.9x),

@@ -5,7 +5,9 @@ the 3.9 here does: a string default reaches the callee as a plain str and compil
 ("'str' object has no attribute 'type'"); the same kernels compile here. So a helper's default
 that its callers leave out is a kernel that works on this machine and on no GPU: every decode
 kernel failed to compile on the H200 from 3148ace (the K/V loads' `CACHE` left to its default
-"") until 72849f4. Launches (`kernel[grid](...)`) bind defaults on the host and are not checked.
+"") until 72849f4. Only a string default was seen to fail (an int one compiled); the check asks every
+defaulted constexpr to be passed, which costs the callers nothing. Launches (`kernel[grid](...)`) bind
+defaults on the host and are not checked.
 """
 
 from __future__ import annotations
