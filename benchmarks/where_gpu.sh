@@ -47,7 +47,8 @@
 # gptq at gemvp configs that split the projections so that more of their weights load before the PDL wait;
 # $W2GEMVP_CFGS), moeswapcfg (Qwen3-30B-A3B batch 1 at swap-AB configs for q/k/v and o; $MOESWAP_CFGS),
 # ropetests (the decode kernel doing qkv_rope's work: its GPU tests; gemvp's dispatch and engine tests), moerope
-# and w2rope (Qwen3-30B-A3B batch 1 / W2 gptq: A the defaults, B PAGEDLLM_FUSED_ROPE_DECODE=0), trace (kernel
+# and w2rope (Qwen3-30B-A3B batch 1 / W2 gptq: A the defaults, B PAGEDLLM_FUSED_ROPE_DECODE=0), moepreload and
+# w2preload (the same, B PAGEDLLM_DECODE_PRELOAD=0: the decode kernel's first KV tile after its wait), trace (kernel
 # timelines with PDL on: Qwen3-30B-A3B batch 1 (at moe_bench.py's 4,096-token bound), W2 gptq and W2 bf16 (at
 # latency.py's 400), each kernel charged what it adds to a step by benchmarks/trace_path.py; TRACE_LOADS picks).
 # Logs in one archive in $OUT; a summary last.
@@ -137,6 +138,7 @@ if step preloadtests 170; then  # the MoE down kernel's preload (on by default):
 fi
 moeab moepre PAGEDLLM_MOE_PRELOAD=0  # the MoE down kernel's routing and first expert tile after its PDL wait
 moeab moerope PAGEDLLM_FUSED_ROPE_DECODE=0  # B: q/k norm + rotary + store-KV in their own kernel again
+moeab moepreload PAGEDLLM_DECODE_PRELOAD=0  # B: the decode kernel's first KV tile after its PDL wait (A: before, the default)
 # moeenvs: Qwen3-30B-A3B batch 1 in each of $MOE_VARIANTS ("name:VAR=value,VAR=value ..."; a PYTHONPATH=tree:$PWD
 # runs another tree), the order rotated by round
 # shellcheck disable=SC2086  # one word a variant
@@ -304,6 +306,7 @@ w2ab w2prefetch PAGEDLLM_WNA16_PREFETCH=1 "--quantization gptq"  # W2 gptq: gemv
 w2ab w2kperm PAGEDLLM_WNA16_KPERM=0 "--quantization gptq"  # W2 gptq: gemvp on the steps-permuted (the default) against the plain layout
 w2ab w2pdl PAGEDLLM_WNA16_PDL=0 "--quantization gptq"  # W2 gptq: gemvp under PDL (the default) against without
 w2ab w2rope PAGEDLLM_FUSED_ROPE_DECODE=0 "--quantization gptq"  # W2 gptq: B rotary + store-KV in their own kernel
+w2ab w2preload PAGEDLLM_DECODE_PRELOAD=0 "--quantization gptq"  # W2 gptq: B the decode's first KV tile after its wait
 w2ab w2greedy PAGEDLLM_GREEDY_TRITON=0 "--quantization gptq"  # W2 gptq: the fused sampler's argmax against torch's
 [ -d "${A_PATH:-}" ] && w2ab w2tree "PYTHONPATH=$(cd "$A_PATH" && pwd):$PWD" "--quantization gptq"  # W2 gptq: this tree (A) against $A_PATH's (B)
 w2ab w2dtype "" "--quantization gptq" "--dtype float16"  # W2 gptq: bf16 (A) against fp16 (B): is gemvp issue-bound?

@@ -157,19 +157,21 @@ def store_kv_triton(
 @triton.jit
 def _load_kv_tile(
     cache_ptr, bt_row_ptr, keys, key_mask, kv_head, dims, dim_mask,
-    stride_b, stride_s, stride_h, BLOCK_SIZE: tl.constexpr,
+    stride_b, stride_s, stride_h, BLOCK_SIZE: tl.constexpr, CACHE: tl.constexpr = "",
 ):  # fmt: skip
-    """Gathers the rows `keys` [BLOCK_N] of one kv head through the block table -> [BLOCK_N, BLOCK_D]."""
-    page = tl.load(bt_row_ptr + keys // BLOCK_SIZE, mask=key_mask, other=0).to(tl.int64)
+    """Gathers the rows `keys` [BLOCK_N] of one kv head through the block table -> [BLOCK_N, BLOCK_D]
+    (CACHE: the loads' cache modifier, ".cg" before a PDL wait)."""
+    page = tl.load(bt_row_ptr + keys // BLOCK_SIZE, mask=key_mask, other=0, cache_modifier=CACHE).to(tl.int64)
     return _kv_rows(cache_ptr, page, keys % BLOCK_SIZE, key_mask, kv_head, dims, dim_mask, stride_b, stride_s,
-                    stride_h)  # fmt: skip
+                    stride_h, CACHE)  # fmt: skip
 
 
 @triton.jit
-def _kv_rows(cache_ptr, page, offset, key_mask, kv_head, dims, dim_mask, stride_b, stride_s, stride_h):
+def _kv_rows(cache_ptr, page, offset, key_mask, kv_head, dims, dim_mask, stride_b, stride_s, stride_h,
+             CACHE: tl.constexpr = ""):  # fmt: skip
     """The rows at (page, offset) [BLOCK_N] of one kv head -> [BLOCK_N, BLOCK_D] (head_dim contiguous)."""
     ptrs = cache_ptr + page[:, None] * stride_b + offset[:, None] * stride_s + kv_head * stride_h + dims[None, :]
-    return tl.load(ptrs, mask=key_mask[:, None] & dim_mask[None, :], other=0.0)
+    return tl.load(ptrs, mask=key_mask[:, None] & dim_mask[None, :], other=0.0, cache_modifier=CACHE)
 
 
 @triton.jit
@@ -217,16 +219,16 @@ def _attend_keys(
         block_mask = blk * BLOCK_SIZE < kv_end
         page = tl.load(bt_row + blk, mask=block_mask, other=0).to(tl.int64)
         offset = keys % BLOCK_SIZE
-        k = _kv_rows(k_cache_ptr, page, offset, key_mask, kv_head, dims, dim_mask, stride_kb, stride_ks, stride_kh)
+        k = _kv_rows(k_cache_ptr, page, offset, key_mask, kv_head, dims, dim_mask, stride_kb, stride_ks, stride_kh, "")
         RUN: tl.constexpr = BLOCK_SIZE if BLOCK_SIZE < keys.shape[0] else keys.shape[0]
         offs = page[:, None] * stride_vb + offset[:, None] + kv_head * stride_vh + dims[None, :] * BLOCK_SIZE
         offs = tl.max_contiguous(tl.multiple_of(offs, [RUN, 1]), [RUN, 1])
         v = tl.load(v_cache_ptr + offs, mask=block_mask[:, None] & dim_mask[None, :], other=0.0)
     else:
         k = _load_kv_tile(k_cache_ptr, bt_row, keys, key_mask, kv_head, dims, dim_mask,
-                          stride_kb, stride_ks, stride_kh, BLOCK_SIZE)  # fmt: skip
+                          stride_kb, stride_ks, stride_kh, BLOCK_SIZE, "")  # fmt: skip
         v = _load_kv_tile(v_cache_ptr, bt_row, keys, key_mask, kv_head, dims, dim_mask,
-                          stride_vb, stride_vs, stride_vh, BLOCK_SIZE)  # fmt: skip
+                          stride_vb, stride_vs, stride_vh, BLOCK_SIZE, "")  # fmt: skip
     return _attend_tile(q, acc, m_i, l_i, k, v, valid, qk_scale, DOT_PRECISION, soft_cap, SOFT_CAP)
 
 

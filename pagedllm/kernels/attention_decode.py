@@ -15,7 +15,10 @@ The merge of the partials -- the reduce kernel, or the last split of each (reque
 merging them (decode_last_reduce) -- lives in attention_merge.py.
 
 ROPE (a `DecodeRope`; on by default, PAGEDLLM_FUSED_ROPE_DECODE=0 off): the kernel reads its query heads from the qkv
-projection's rows and does qkv_rope's work for a step of decodes itself (see the kernel).
+projection's rows and does qkv_rope's work for a step of decodes itself (see the kernel). With it, PRELOAD
+(small grids; on by default, PAGEDLLM_DECODE_PRELOAD=0 off) loads each split's first tile of keys and values before the PDL
+wait: in such a step no other kernel stores this layer's keys, and the tile's row of the step's own key,
+stale until this kernel stores it, is replaced by that key from registers.
 """
 
 from __future__ import annotations
@@ -27,12 +30,14 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedllm.kernels._triton import next_power_of_2, num_sms, pdl
+from pagedllm.kernels._triton import env_flag, next_power_of_2, num_sms, pdl
 from pagedllm.kernels.attention import (
     _LOG2E,
     _attend_keys,
+    _attend_tile,
     _dot_precision,
     _last_dim_contiguous,
+    _load_kv_tile,
     dot_dtype_fp16,
     v_layout_ok,
     v_transposed,
@@ -48,7 +53,7 @@ from pagedllm.kernels.attention_merge import (
 from pagedllm.kernels.counters import counters
 from pagedllm.kernels.pdl_triton import pdl_release, pdl_wait
 from pagedllm.kernels.qkv_rope import DecodeRope
-from pagedllm.kernels.qkv_rope_triton import _norm_rope_heads, _qkv_norm_weights, _rounded_row
+from pagedllm.kernels.qkv_rope_triton import _norm_rope_heads, _rounded_row
 
 
 @triton.jit
@@ -124,13 +129,15 @@ def _decode_kernel(
     # then k, then v), and this kernel does qkv_rope's work for its decodes: norms (HAS_NORM) and
     # rotates its query heads, and the program whose split holds the request's last key norms,
     # rotates and stores that key and its value into the cache (of q's dtype) before it attends
-    # (BLOCK_G >= GROUP + 2: the key and value are the tile's two rows after the query heads)
     ROPE: tl.constexpr = False,
     pos_ptr=None, cos_ptr=None, sin_ptr=None,  # [B] positions; [max_pos, D] float32 tables
     qw_ptr=None, kw_ptr=None,  # [D] q_norm / k_norm weights (HAS_NORM)
     slot_ptr=None,  # [B] int64 cache slots, -1 = not stored
     stride_cos=0, stride_sin=0, eps=0.0,
     HAS_NORM: tl.constexpr = False,
+    # (ROPE, not V_T) the split's first tile of keys and values loaded before the PDL wait: only
+    # the step's own key is new, and it comes from this kernel's registers (PAGEDLLM_DECODE_PRELOAD)
+    PRELOAD: tl.constexpr = False,
 ):  # fmt: skip
     pdl_release(PDL)
     # The split count is the grid's third dimension, a runtime value: a new count (it follows
@@ -140,7 +147,7 @@ def _decode_kernel(
     # (pdl_triton.py, rule 1), off the critical path.
     req, kv_head, num_kv_heads, split, num_splits, start, end = _partition(
         seq_lens_ptr, order_ptr, window, BLOCK_N, SLIDING, ORDERED, BLOCK_SIZE if V_T else 1)
-    g = tl.arange(0, BLOCK_G)  # rows: the query heads of this kv head's group (padded to >= 16; ROPE: + 2)
+    g = tl.arange(0, BLOCK_G)  # rows: the query heads of this kv head's group (padded to >= 16)
     g_mask = g < GROUP
     heads = kv_head * GROUP + g
     dims = tl.arange(0, BLOCK_D)
@@ -153,32 +160,38 @@ def _decode_kernel(
         slot = tl.load(slot_ptr + req, cache_modifier=".cg").to(tl.int64)
         # whether this split holds the last key, the step's own (none for padding: seq_len 0, slot -1)
         new_key = (start < end) & (end == tl.load(seq_lens_ptr + req, cache_modifier=".cg")) & (slot >= 0)
-        # One tile of the qkv row's heads (BLOCK_G >= GROUP + 2): this kv head's query heads, then its key
-        # (row GROUP) and value (row GROUP + 1), loaded, normed and rotated together after the wait, in
-        # the layout q keeps (the key's own [1, D] row took a second round of loads after q's and a
-        # layout conversion of every vector it met)
-        k_row = g == GROUP
-        v_row = g == GROUP + 1
-        qkv_heads = tl.where(g_mask, heads, tl.where(k_row, GROUP * num_kv_heads + kv_head,
-                                                     (GROUP + 1) * num_kv_heads + kv_head))  # fmt: skip
-        w, w_partner = _qkv_norm_weights(qw_ptr, kw_ptr, g, dims, dim_mask, GROUP, HEAD_DIM, HAS_NORM)
+    bt_row = block_tables_ptr + req * stride_bt
+    offs_n = tl.arange(0, BLOCK_N)
+    if PRELOAD:  # the keys [start, start + BLOCK_N): earlier steps stored them (rule 1's exception, above)
+        keys0 = start + offs_n
+        mask0 = keys0 < end
+        k0 = _load_kv_tile(k_cache_ptr, bt_row, keys0, mask0, kv_head, dims, dim_mask, stride_kb, stride_ks,
+                           stride_kh, BLOCK_SIZE, ".cg")  # fmt: skip
+        v0 = _load_kv_tile(v_cache_ptr, bt_row, keys0, mask0, kv_head, dims, dim_mask, stride_vb, stride_vs,
+                           stride_vh, BLOCK_SIZE, ".cg")  # fmt: skip
     pdl_wait(PDL)
 
     if ROPE:
-        src = q_ptr + req * stride_qt + qkv_heads[:, None] * stride_qh
-        x, rotated = _norm_rope_heads(src, g < GROUP + 2, dims, dim_mask, cos, sin, w, w_partner, eps, HEAD_DIM,
-                                      HAS_NORM)  # fmt: skip
-        q = tl.where(g_mask[:, None], rotated, 0.0).to(x.dtype)
-        if new_key:  # store them before the loop reads them
+        row = q_ptr + req * stride_qt
+        q = _norm_rope_heads(row, heads, g_mask, dims, dim_mask, cos, sin, qw_ptr, eps, stride_qh, HEAD_DIM,
+                             HAS_NORM)  # fmt: skip
+        if new_key:  # store it before the loop reads it
+            kh = kv_head + tl.arange(0, 1)
             cdt = k_cache_ptr.dtype.element_ty
-            kv = tl.where(v_row[:, None], x, rotated).to(cdt)  # the key normed and rotated, the value as it is
+            k_new = _norm_rope_heads(row + GROUP * num_kv_heads * stride_qh, kh, kh >= 0, dims, dim_mask, cos,
+                                     sin, kw_ptr, eps, stride_qh, HEAD_DIM, HAS_NORM).to(cdt)  # fmt: skip
+            v_new = tl.load(row + (GROUP + 1) * num_kv_heads * stride_qh + kh[:, None] * stride_qh + dims[None, :],
+                            mask=dim_mask[None, :], other=0.0).to(cdt)  # fmt: skip
+            if PRELOAD:  # the preloaded tile holds the slot's stale row (if the key is in it): this key instead
+                own = (keys0 == end - 1)[:, None]
+                k0 = tl.where(own, k_new, k0)
+                v0 = tl.where(own, v_new, v0)
             block = slot // BLOCK_SIZE
             offset = slot % BLOCK_SIZE
-            cols = dims[None, :] + 0 * g[:, None]  # (every row at the slot's address: one row stores)
-            tl.store(k_cache_ptr + block * stride_kb + offset * stride_ks + kv_head * stride_kh + cols, kv,
-                     mask=k_row[:, None] & dim_mask[None, :])  # fmt: skip
-            tl.store(v_cache_ptr + block * stride_vb + offset * stride_vs + kv_head * stride_vh + cols, kv,
-                     mask=v_row[:, None] & dim_mask[None, :])  # fmt: skip
+            tl.store(k_cache_ptr + block * stride_kb + offset * stride_ks + kh[:, None] * stride_kh + dims[None, :],
+                     k_new, mask=dim_mask[None, :])  # fmt: skip
+            tl.store(v_cache_ptr + block * stride_vb + offset * stride_vs + kh[:, None] * stride_vh + dims[None, :],
+                     v_new, mask=dim_mask[None, :])  # fmt: skip
             tl.debug_barrier()  # every thread's stores before any thread's loads of the tiles
     else:
         q = tl.load(
@@ -194,9 +207,13 @@ def _decode_kernel(
     win_lo = 0
     if SLIDING and V_T:  # the partitions start on a block boundary below the window: mask those keys
         win_lo = tl.maximum(tl.load(seq_lens_ptr + req) - window, 0)
-    bt_row = block_tables_ptr + req * stride_bt
-    offs_n = tl.arange(0, BLOCK_N)
-    for n0 in range(start, end, BLOCK_N):
+    first = start
+    if PRELOAD:
+        if start < end:
+            acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, k0, v0, mask0[None, :], qk_scale, DOT_PRECISION,
+                                         soft_cap, SOFT_CAP)  # fmt: skip
+        first = start + BLOCK_N
+    for n0 in range(first, end, BLOCK_N):
         keys = n0 + offs_n
         key_mask = keys < end
         valid = key_mask[None, :]
@@ -295,6 +312,27 @@ def decode_config(cache_itemsize: int) -> tuple[int, int, int, int | None]:
     return block_n, warps, stages, maxnreg
 
 
+# PRELOAD (on by default, PAGEDLLM_DECODE_PRELOAD=0 off): the decode kernel doing qkv_rope's
+# work (ROPE) loads its split's first tile before its PDL wait when the grid has at most this many
+# programs a multiprocessor: batch-1 decodes (Qwen3-30B-A3B's 4 kv heads x 32 splits, Llama-3.1-8B's
+# 8 x 4), which would then take the tile while the q/k/v projection still streams, instead of after
+# it (the tile's block-table and cache loads on the step's chain): W2 gptq 2.60 -> 2.565 ms/token on an H100,
+# Qwen3-30B-A3B batch 1 even (3.235 / 3.24; RESULTS.md, thirty-fifth session); a full grid (W1's 256 requests)
+# keeps the registers the tile holds (158-160 against 95-96 on sm_90, Triton 3.9).
+PRELOAD_MAX_WAVES = 2
+
+
+@functools.cache
+def _preload_on() -> bool:
+    """PAGEDLLM_DECODE_PRELOAD: 1 or unset the rule above, 0 never (read once)."""
+    return env_flag("PAGEDLLM_DECODE_PRELOAD", default=True)
+
+
+def decode_preload(programs: int, num_sms_: int) -> bool:
+    """Whether a ROPE decode grid of `programs` programs preloads its first tile (PRELOAD)."""
+    return _preload_on() and programs <= PRELOAD_MAX_WAVES * num_sms_
+
+
 def rope_decode_ok(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
     """Whether the decode kernel can take a step's qkv rows itself (ROPE): a cache of the
     activations' own dtype (16-bit or float32: not FP8, whose scales and key-major V blocks it
@@ -326,6 +364,7 @@ def decode_attention_triton(
     last_reduce: bool | None = None,  # with splits: the last split merges them (None: decode_last_reduce)
     merge_unroll: int | None = None,  # (last_reduce) splits merged a round (None: MERGE_UNROLL)
     rope: DecodeRope | None = None,  # q is qkv[:, :Hq * D] viewed [B, Hq, D]: norm, rotate, store K/V here
+    preload: bool | None = None,  # (rope) the first tile before the PDL wait (None: decode_preload)
 ) -> torch.Tensor:
     b, hq, d = q.shape
     _, bs, hkv, _ = k_cache.shape
@@ -378,13 +417,13 @@ def decode_attention_triton(
         has_norm = rope.q_norm_weight is not None
         common.update(ROPE=True, pos_ptr=rope.positions, cos_ptr=cos, sin_ptr=sin, slot_ptr=rope.slot_mapping,
                       qw_ptr=rope.q_norm_weight if has_norm else cos, kw_ptr=rope.k_norm_weight if has_norm else cos,
-                      stride_cos=cos.stride(0), stride_sin=sin.stride(0), eps=rope.eps, HAS_NORM=has_norm)
+                      stride_cos=cos.stride(0), stride_sin=sin.stride(0), eps=rope.eps, HAS_NORM=has_norm,
+                      PRELOAD=decode_preload(b * hkv * num_splits, num_sms_) if preload is None else preload)
     if last:
         common.update(BLOCK_S=MERGE_BLOCK_S, MERGE_UNROLL=merge_unroll or MERGE_UNROLL)
     grid = (b, hkv, num_splits) if order is None else (hkv, b, num_splits)
     _decode_kernel[grid](
-        *args, BLOCK_G=max(16, next_power_of_2(group + (2 if rope is not None else 0))),
-        DOT_PRECISION=_dot_precision(q.dtype),
+        *args, BLOCK_G=max(16, next_power_of_2(group)), DOT_PRECISION=_dot_precision(q.dtype),
         Q_AS_FP16=dot_dtype_fp16(q.dtype, k_cache.dtype), **common, **pdl(q),
     )  # fmt: skip
     if num_splits > 1 and not last:

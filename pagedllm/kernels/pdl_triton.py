@@ -16,7 +16,10 @@ The rules a kernel with a PDL switch keeps (`PDL: tl.constexpr`, launched with
    order), which only work without PDL (copies, torch ops) writes before the step's first PDL
    kernel, may come first. A kernel starts only after every program of the kernel before it has
    started, so by induction after that non-PDL work has finished. Such loads go through the L2
-   (`.cg`), never a line an SM's L1 kept from an earlier step.
+   (`.cg`), never a line an SM's L1 kept from an earlier step. The same holds for what earlier
+   steps stored: the decode kernel's PRELOAD reads its first tile of the KV cache before its wait,
+   in a step of decodes where it alone stores the step's keys (after its wait; the tile's stale
+   row of the new key is replaced in registers, attention_decode.py).
 2. `pdl_release` may come anywhere (first, here): it only lets the next kernel be scheduled,
    whose own `pdl_wait` still waits for all of this one.
 Waiting is transitive: a kernel's wait returns once the kernel before it has finished, and that

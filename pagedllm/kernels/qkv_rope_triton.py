@@ -66,59 +66,29 @@ def _weighted(a, r, w, act: tl.constexpr):
 
 
 @triton.jit
-def _rotary_partner(dims, HEAD_DIM: tl.constexpr):
-    """Each column's rotary partner in a whole head: d + D/2 in the first half, d - D/2 in the second."""
-    half: tl.constexpr = HEAD_DIM // 2
-    return tl.where(dims < half, dims + half, dims - half)
-
-
-@triton.jit
-def _qkv_norm_weights(qw_ptr, kw_ptr, g, dims, dim_mask, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-                      HAS_NORM: tl.constexpr):  # fmt: skip
-    """The norms' weights for the decode kernel's q/k/v tile (rows g: its GROUP query heads, then the key
-    and the value), each column's and its rotary partner's: ([BLOCK_G, BLOCK_D] float32) x 2, q_norm's on
-    the query rows and k_norm's on the others, loaded whole in the tile's shape so that they come in its
-    layout (through L2: they may be read before the PDL wait). Without HAS_NORM, unused zeros."""
-    w = 0.0
-    w_partner = 0.0
-    if HAS_NORM:
-        q_rows = (g < GROUP)[:, None]
-        rows0 = 0 * g[:, None]
-        w = _rows_weights(qw_ptr, kw_ptr, q_rows, rows0 + dims[None, :], dim_mask)
-        w_partner = _rows_weights(qw_ptr, kw_ptr, q_rows, rows0 + _rotary_partner(dims, HEAD_DIM)[None, :], dim_mask)
-    return w, w_partner
-
-
-@triton.jit
-def _rows_weights(qw_ptr, kw_ptr, q_rows, offs, dim_mask):
-    """q_norm's weights at offs [R, C] on the q_rows [R, 1], k_norm's elsewhere, float32."""
-    qw = tl.load(qw_ptr + offs, mask=dim_mask[None, :], other=0.0, cache_modifier=".cg")
-    kw = tl.load(kw_ptr + offs, mask=dim_mask[None, :], other=0.0, cache_modifier=".cg")
-    return tl.where(q_rows, qw, kw).to(tl.float32)
-
-
-@triton.jit
 def _norm_rope_heads(
-    src, head_mask, dims, dim_mask, cos, sin, w, w_partner, eps, HEAD_DIM: tl.constexpr, HAS_NORM: tl.constexpr,
+    row_ptr, heads, head_mask, dims, dim_mask, cos, sin, w_ptr, eps, stride_h,
+    HEAD_DIM: tl.constexpr, HAS_NORM: tl.constexpr,
 ):  # fmt: skip
-    """`_norm_rotate` on whole heads, for a kernel that holds a head as one row (the decode kernel's
-    q/k/v tile): the heads at src [H, 1] (pointers to their first element), normed (HAS_NORM, by the
-    weights w and w_partner [H, BLOCK_D] of each column and of its partner, float32) and rotated ->
-    [H, BLOCK_D] in the activation dtype. Each column is paired with its rotary partner d +- D/2,
-    loaded a second time, and `cos` / `sin` are the position's whole rows ([BLOCK_D], rounded to the
-    activation dtype): out[d] = x[d] cos[d] -+ x[partner] sin[d]. The same roundings as
+    """`_norm_rotate` on whole heads: heads `heads` [H] at row_ptr + head * stride_h, normed
+    (HAS_NORM) and rotated -> [H, BLOCK_D] in the activation dtype, for a kernel that holds a
+    head as one row (the decode kernel's q). Each column is paired with its rotary partner d +- D/2,
+    loaded a second time, and `cos` / `sin` are the position's whole rows ([BLOCK_D], rounded to
+    the activation dtype): out[d] = x[d] cos[d] -+ x[partner] sin[d]. The same roundings as
     `_norm_rotate`; the head's sum of squares is added in another order."""
-    first = dims < HEAD_DIM // 2
-    partner = _rotary_partner(dims, HEAD_DIM)
+    half: tl.constexpr = HEAD_DIM // 2
+    first = dims < half
+    partner = tl.where(first, dims + half, dims - half)
     mask = head_mask[:, None] & dim_mask[None, :]
+    src = row_ptr + heads[:, None] * stride_h
     x = tl.load(src + dims[None, :], mask=mask, other=0.0)
     a = x.to(tl.float32)
     b = tl.load(src + partner[None, :], mask=mask, other=0.0).to(tl.float32)
     if HAS_NORM:
         r = tl.rsqrt(tl.sum(a * a, axis=1) / HEAD_DIM + eps)[:, None]
-        a = _weighted(a, r, w, x.dtype)
-        b = _weighted(b, r, w_partner, x.dtype)
-    return x, (a * cos[None, :] + b * tl.where(first, -sin, sin)[None, :]).to(x.dtype)
+        a = _weighted(a, r, tl.load(w_ptr + dims, mask=dim_mask, other=0.0).to(tl.float32)[None, :], x.dtype)
+        b = _weighted(b, r, tl.load(w_ptr + partner, mask=dim_mask, other=0.0).to(tl.float32)[None, :], x.dtype)
+    return (a * cos[None, :] + b * tl.where(first, -sin, sin)[None, :]).to(x.dtype)
 
 
 @triton.jit

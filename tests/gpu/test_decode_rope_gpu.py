@@ -22,13 +22,15 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs CU
 
 
 def check_decode_rope(device, dtype, seq_lens, hq, hkv, head_dim, block_size, qk_norm=False, num_splits=None,
-                      order=None, last_reduce=None, sliding_window=None, pad=0, seed=0):  # fmt: skip
+                      order=None, last_reduce=None, sliding_window=None, pad=0, preload=None, seed=0):  # fmt: skip
     """The decode kernel doing qkv_rope's work (DecodeRope): from a step's qkv rows it norms and
     rotates q, stores each request's new K/V into the cache and attends. Against qkv_rope's torch
     reference followed by paged attention: the output within the attention tolerance, the new
     keys within the norm / rotary one and the new values equal, every other cache slot unchanged.
     `pad` rows of CUDA-graph padding (seq_len 0, slot -1) store nothing and give zeros; `order`
-    "desc" the programs taking the requests longest first."""
+    "desc" the programs taking the requests longest first; `preload` each split's first tile
+    loaded before the kernel computes the new key (None: the kernel's rule) -- the cache's slot of
+    the new key holds random values before, which the output must not see."""
     from test_kernels import ATTENTION_TOL, make_batch
 
     from pagedllm.attention.torch_backend import paged_attention_torch
@@ -61,9 +63,9 @@ def check_decode_rope(device, dtype, seq_lens, hq, hkv, head_dim, block_size, qk
     decode_attention_triton(
         qkv[:, : hq * head_dim].view(b + pad, hq, head_dim), kc, vc, padded(batch.block_tables, 0), seq_lens_t,
         out, head_dim**-0.5, max_seq_len=max(seq_lens), num_splits=num_splits, order=order_t,
-        last_reduce=last_reduce, sliding_window=sliding_window, rope=rope,
+        last_reduce=last_reduce, sliding_window=sliding_window, rope=rope, preload=preload,
     )  # fmt: skip
-    _close(out[:b], ref, ATTENTION_TOL, f"decode with rope, splits={num_splits}")
+    _close(out[:b], ref, ATTENTION_TOL, f"decode with rope, splits={num_splits}, preload={preload}")
     assert torch.equal(out[b:], torch.zeros_like(out[b:])), "padding rows"
     assert torch.equal(qkv, before), "qkv must not be written"
     new = batch.slot_mapping
@@ -83,6 +85,12 @@ def check_decode_rope(device, dtype, seq_lens, hq, hkv, head_dim, block_size, qk
     ([1, 17, 700, 64, 2049, 130], 32, 4, True, {"order": "desc"}),  # mixed contexts, longest first
     ([1, 17, 700, 64], 16, 8, True, {"num_splits": 9, "last_reduce": False}),  # the reduce kernel
     ([1, 17, 700, 64], 16, 8, False, {"num_splits": 5, "last_reduce": True, "sliding_window": 100}),
+    # the first tile before the PDL wait, forced on: one tile a split (the new key in it, at its
+    # end or inside), several (the new key in a later tile), with the reduce kernel and with padding
+    ([300], 32, 4, True, {"num_splits": 32, "preload": True}),
+    ([1, 17, 700, 64, 2049, 130], 32, 8, True, {"order": "desc", "preload": True, "pad": 2}),
+    ([1, 17, 700, 64], 16, 8, False, {"num_splits": 9, "last_reduce": False, "preload": True,
+                                      "sliding_window": 100}),
 ])  # fmt: skip
 def test_decode_rope(dtype, seq_lens, hq, hkv, qk_norm, opts):
     check_decode_rope("cuda", dtype, seq_lens, hq, hkv, 128, 16, qk_norm, **opts)
@@ -138,7 +146,10 @@ def test_decode_rope_under_cuda_graph():
 def test_engine_rope_in_decode_greedy(tmp_path, tokenizer_dir, monkeypatch, arch):
     """PAGEDLLM_FUSED_ROPE_DECODE=1 (float32): the decode steps (CUDA graphs, 1-6 requests) norm,
     rotate and store inside the decode kernel (its calls with DecodeRope counted) and give the
-    tokens of the two-kernel path and of transformers; prefill chunks keep the two kernels."""
+    tokens of the two-kernel path and of transformers; prefill chunks keep the two kernels. The
+    small grids take their first KV tile before the PDL wait (PRELOAD, the default); with
+    PAGEDLLM_DECODE_PRELOAD=0 they do not, and give the same tokens."""
+    from pagedllm.kernels import attention_decode
     from pagedllm.attention import triton_backend
 
     calls = []
@@ -149,6 +160,10 @@ def test_engine_rope_in_decode_greedy(tmp_path, tokenizer_dir, monkeypatch, arch
         return real(*args, **kwargs)
 
     monkeypatch.setattr(triton_backend, "decode_attention_triton", counted)
+    rule, preloads = attention_decode.decode_preload, []
+    monkeypatch.setattr(attention_decode, "decode_preload", lambda *a: preloads.append(rule(*a)) or preloads[-1])
+    monkeypatch.delenv("PAGEDLLM_DECODE_PRELOAD", raising=False)
+    attention_decode._preload_on.cache_clear()
     path = _tiny(arch, tmp_path, tokenizer_dir)
     prompts = _prompts()
     outs = {}
@@ -157,7 +172,16 @@ def test_engine_rope_in_decode_greedy(tmp_path, tokenizer_dir, monkeypatch, arch
         outs[on] = _generate(path, monkeypatch, {"PAGEDLLM_FUSED_ROPE_KV": "1", "PAGEDLLM_FUSED_ROPE_DECODE": on},
                              prompts, dtype="float32")  # fmt: skip
         assert any(calls) == (on == "1") and not all(calls), (on, len(calls), sum(calls))
-    assert outs["1"] == outs["0"]
+    assert outs["1"] == outs["0"] and any(preloads)
+    preloads.clear()
+    monkeypatch.setenv("PAGEDLLM_DECODE_PRELOAD", "0")
+    attention_decode._preload_on.cache_clear()
+    try:
+        outs["nopreload"] = _generate(path, monkeypatch, {"PAGEDLLM_FUSED_ROPE_KV": "1",
+                                                          "PAGEDLLM_FUSED_ROPE_DECODE": "1"}, prompts, dtype="float32")
+    finally:
+        attention_decode._preload_on.cache_clear()
+    assert preloads and not any(preloads) and outs["nopreload"] == outs["0"]
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda().eval()

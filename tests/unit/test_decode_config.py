@@ -55,3 +55,28 @@ def test_last_reduce_keeps_the_reduce_kernel_for_16_wide_heads(monkeypatch, env)
         assert attention_merge.decode_last_reduce(4, 2, 32) and attention_merge.decode_last_reduce(4, 2, 128)
     finally:
         attention_merge._last_reduce_forced.cache_clear()
+
+
+@pytest.mark.parametrize("env,want", [("1", {(128, 132): True, (264, 132): True, (265, 132): False,
+                                            (2048, 132): False}),
+                                      ("", {(128, 132): True, (2048, 132): False}), ("0", {(128, 132): False})])
+def test_preload_rule(monkeypatch, env, want):
+    """PAGEDLLM_DECODE_PRELOAD unset or 1: the ROPE decode kernel preloads its first tile for grids of at
+    most PRELOAD_MAX_WAVES programs an SM (batch-1 decodes), not full ones; 0 never."""
+    monkeypatch.setenv("PAGEDLLM_DECODE_PRELOAD", env)
+    attention_decode._preload_on.cache_clear()
+    try:
+        for (programs, sms), on in want.items():
+            assert attention_decode.decode_preload(programs, sms) == on, (programs, sms)
+    finally:
+        attention_decode._preload_on.cache_clear()
+
+
+def test_preload_switch_names_the_variable(monkeypatch):
+    monkeypatch.setenv("PAGEDLLM_DECODE_PRELOAD", "yes")
+    attention_decode._preload_on.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="PAGEDLLM_DECODE_PRELOAD"):
+            attention_decode.decode_preload(1, 132)
+    finally:
+        attention_decode._preload_on.cache_clear()

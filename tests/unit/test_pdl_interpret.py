@@ -124,13 +124,13 @@ def _cases():
          wna16_sig(wna16_triton._wna16_gemv_packed_kernel),
          {"GROUP_K": 128, "HAS_ZERO": True, "HAS_BIAS": False, "SPLIT_K": 1, "EVEN": True, "PREFETCH": True,
           "BLOCK_N": 32, "BLOCK_KW": 128}, 8, "inputs"),
-        # the decode kernel doing qkv_rope's work: the norms' weights may come before the wait
-        ("decode_rope", attention_decode._decode_kernel,
+        # the decode kernel doing qkv_rope's work, its first tile of keys and values before the wait
+        ("decode_rope_preload", attention_decode._decode_kernel,
          _signature(attention_decode._decode_kernel, block_tables_ptr="*i32", seq_lens_ptr="*i32",
                     order_ptr="*i32", part_out_ptr="*fp32", part_max_ptr="*fp32", part_sum_ptr="*fp32",
                     count_ptr="*i32", pos_ptr="*i64", cos_ptr="*fp32", sin_ptr="*fp32", slot_ptr="*i64"),
          {**decode, "LAST_REDUCE": True, "BLOCK_S": attention_merge.MERGE_BLOCK_S,
-          "MERGE_UNROLL": attention_merge.MERGE_UNROLL, "ROPE": True, "HAS_NORM": True}, 4,
+          "MERGE_UNROLL": attention_merge.MERGE_UNROLL, "ROPE": True, "HAS_NORM": True, "PRELOAD": True}, 4,
          "inputs"),
         # an FP8 cache as the engine lays it out: V blocks key-major
         ("decode_fp8_key_major", attention_decode._decode_kernel,
@@ -145,7 +145,7 @@ CASES = ["rms_norm", "act_and_mul", "qkv_rope", "decode", "decode_last_ordered",
          "swap_last", "swap_router_prefetch", "swap_fp8_prefetch", "splitk_reduce", "fp8_gemv", "fp8_gemv_unrolled",
          "fp8_gemv_blocks", "moe_gate_up", "moe_down", "moe_gate_up_release_late", "moe_down_preload", "wna16_gemv",
          "wna16_gemvp_split_last", "wna16_gemvp_prefetch",
-         "decode_rope", "decode_fp8_key_major"]
+         "decode_rope_preload", "decode_fp8_key_major"]
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -172,6 +172,23 @@ def test_pdl_kernel_waits_before_it_touches_data(name):
         assert 0 <= prefetch < wait, "the weight prefetch is not issued before the wait"
     else:
         assert prefetch < 0
+
+
+@pytest.mark.parametrize("preload", [False, True])
+def test_decode_preload_loads_its_tile_before_the_wait(preload):
+    """The decode kernel with ROPE: PRELOAD takes the split's first tile of keys and values (16-byte
+    loads through L2) before the PDL wait; without it nothing but the step's inputs comes first.
+    The earlier steps stored those keys (pdl_triton's rule 1 exception); the step's own key, which
+    this kernel stores after the wait, replaces its stale row in registers (test_fused_interpret's
+    decode_rope_preload cases, whose caches hold random values in the new keys' slots)."""
+    from pagedllm.kernels.inspect_sm90 import DECODE_STRIDES, compile_sm90
+
+    _, kernel, signature, constexprs, warps, _ = next(c for c in _cases() if c[0] == "decode_rope_preload")
+    ptx = compile_sm90(kernel, signature, {**constexprs, "PDL": True, "PRELOAD": preload}, num_warps=warps,
+                       num_stages=2, aligned=DECODE_STRIDES).asm["ptx"]  # fmt: skip
+    wait = ptx.find("griddepcontrol.wait")
+    tiles = [m.start() for m in re.finditer(r"ld\.global\.cg\.v4", ptx)]
+    assert any(t < wait for t in tiles) == preload, (preload, len(tiles))
 
 
 def test_without_pdl_the_kernel_is_unchanged():
