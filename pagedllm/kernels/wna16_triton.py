@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedllm.kernels._triton import env_flag, inline_ptx, next_power_of_2, pdl, shape_configs
+from pagedllm.kernels._triton import env_flag, inline_ptx, next_power_of_2, num_sms, pdl, shape_configs
 from pagedllm.kernels.counters import counters
 from pagedllm.kernels.small_m import last_reduce
 from pagedllm.kernels.wna16 import GEMV_MAX_ROWS, group_width, kperm_applies, pack_factor
@@ -260,6 +260,10 @@ def gemvp_overrides() -> dict[tuple[int, int], tuple]:
             shape_configs("PAGEDLLM_GEMVP_CONFIG", "block_n,block_k,warps,stages,split", valid).items()}
 
 
+# the 32-column, 1,024-input register-mode tile's programs an SM: 66 registers x 256 threads (sm_90, Triton 3.6)
+GEMVP_PROGRAMS_AN_SM = 3
+
+
 def gemvp_config(n: int, k: int) -> tuple:
     """gemvp's one-row config (the default_config tuple; num_stages 3 / 4: the loop's cp.async
     pipeline, 2: gemv_prefetch's register mode) where 4-bit weights meet 16-bit activations and no
@@ -267,17 +271,20 @@ def gemvp_config(n: int, k: int) -> tuple:
     --rows 1`, RESULTS.md eighteenth session, us a layer, Llama-3.1-8B int4 g128): the 14,336-input
     down projection split 4 ways with 8 warps (15.4 against 18.7 with 4). From whole W2 gptq decode
     steps under PDL (twenty-seventh session, H100: 2.64 -> 2.58 ms/token): a projection of at most
-    4,096 outputs (o: 128 programs of 32) in the register mode, 1,024-input tiles split 4 ways (its
-    first tile loads before the PDL wait; the 4-stage pipeline of 512-input tiles, 7.3 us against 8.5
-    alone, waits first), one of up to 8,192 (q/k/v: 96 programs of 64) split 2 ways; the rest as the
-    float32 gemv."""
+    4,096 outputs in the register mode, columns of 32, 1,024-input tiles (its first tile loads before
+    the PDL wait; the 4-stage pipeline of 512-input tiles, 7.3 us against 8.5 alone, waits first)
+    split 4 ways, or 2 where 4 would not start in one wave of GEMVP_PROGRAMS_AN_SM programs an SM
+    (Llama-3.1-8B's o: 256 programs, W2 gptq 2.57 -> 2.51 ms/token on an H100, thirty-fifth
+    session); one of up to 8,192 (q/k/v: 96 programs of 64) split 2 ways; the rest as the float32
+    gemv."""
     override = gemvp_overrides().get((n, k))
     if override is not None:
         return override
     if k >= 8192:
         return ("gemvp", 1, 32, 512, 8, 2, 4)
     if n <= 4096:
-        return ("gemvp", 1, 32, 1024, 8, 2, 4)
+        one_wave = triton.cdiv(n, 32) * 4 <= GEMVP_PROGRAMS_AN_SM * num_sms()
+        return ("gemvp", 1, 32, 1024, 8, 2, 4 if one_wave else 2)
     return ("gemvp", 1, 64 if n <= 8192 else 32, 1024, 8, 2, 2 if n <= 8192 else 1)
 
 

@@ -194,6 +194,20 @@ def test_gemv_switches(monkeypatch, switch, values):
     read.cache_clear()
 
 
+def test_gemvp_config_splits_in_one_wave(monkeypatch):
+    """A projection of at most 4,096 outputs splits its inputs 4 ways where its programs then start in
+    one wave (GEMVP_PROGRAMS_AN_SM an SM), else 2: Llama-3.1-8B's o (4,096 x 4,096) on 132 SMs 256
+    programs, a 2,048-output one 256 at 4 ways; on a device of 200 SMs o takes 4 ways too."""
+    from pagedllm.kernels import wna16_triton as w
+
+    monkeypatch.setattr(w, "num_sms", lambda: 132)
+    assert w.gemvp_config(4096, 4096) == ("gemvp", 1, 32, 1024, 8, 2, 2)
+    assert w.gemvp_config(2048, 2048) == ("gemvp", 1, 32, 1024, 8, 2, 4)
+    assert w.engine_config(1, 4096, 4096, 128, 4, torch.bfloat16)[-1] == 2
+    monkeypatch.setattr(w, "num_sms", lambda: 200)
+    assert w.gemvp_config(4096, 4096) == ("gemvp", 1, 32, 1024, 8, 2, 4)
+
+
 def test_gemvp_config_override(monkeypatch):
     """PAGEDLLM_GEMVP_CONFIG replaces gemvp_config's tiles for the shapes it names (others keep
     theirs, and engine_config takes them for one bf16 row); a malformed entry is a ValueError naming
