@@ -65,6 +65,20 @@ def context_bounds(sizes: list[int], max_model_len: int, split_counts) -> dict[i
     return bounds
 
 
+def attention_kinds(model: Any) -> list[tuple[int, int]]:
+    """(kv heads, sliding window or 0) of the model's distinct attention layers."""
+    from pagedllm.model.layers.attention import Attention
+
+    return sorted({(m.num_kv_heads, m.sliding_window or 0) for m in model.modules() if isinstance(m, Attention)})
+
+
+def decode_split_counts(kinds: list[tuple[int, int]], bs: int, bound: int, sms: int) -> tuple[int, ...]:
+    """The decode kernel's split count at batch bs and max_seq_len bound, per attention kind."""
+    from pagedllm.kernels.attention_decode import decode_num_splits
+
+    return tuple(decode_num_splits(bs, hkv, min(bound, window) if window else bound, sms) for hkv, window in kinds)
+
+
 class DecodeGraphs:
     def __init__(self, model: Any, buffers: StepBuffers, max_bs: int, max_model_len: int,
                  backend: AttentionBackend, block_size: int):  # fmt: skip
@@ -92,23 +106,12 @@ class DecodeGraphs:
 
     @functools.cached_property
     def _attention_kinds(self) -> list[tuple[int, int]]:
-        """(kv heads, sliding window or 0) of the model's distinct attention layers."""
-        from pagedllm.model.layers.attention import Attention
-
-        return sorted(
-            {(m.num_kv_heads, m.sliding_window or 0) for m in self.model.modules() if isinstance(m, Attention)}
-        )
+        return attention_kinds(self.model)
 
     def _split_counts(self, bs: int, bound: int) -> tuple[int, ...]:
-        """The decode kernel's split count at batch bs and max_seq_len bound, per attention kind."""
         from pagedllm.kernels._triton import num_sms
-        from pagedllm.kernels.attention_decode import decode_num_splits
 
-        sms = num_sms(self.device.index or 0)
-        return tuple(
-            decode_num_splits(bs, hkv, min(bound, window) if window else bound, sms)
-            for hkv, window in self._attention_kinds
-        )
+        return decode_split_counts(self._attention_kinds, bs, bound, num_sms(self.device.index or 0))
 
     def padded_size(self, n: int) -> int:
         return next(s for s in self.sizes if s >= n)

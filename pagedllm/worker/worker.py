@@ -257,7 +257,14 @@ class Worker:
             graphs.capture()
             logger.info("%sCUDA graphs captured in %.1fs", self._tag(), time.time() - t1)
             self.runner.graphs = graphs
-        self.expert_load_reader.reset()  # the profile run and graph captures routed nothing real
+        if self.device.type == "cuda" and self.backend.name == "triton" and self.ps.pp_size == 1:
+            from pagedllm.worker.warmup import warm_mixed_steps
+
+            assert self.runner.buffers is not None
+            sc = self.config.scheduler_config
+            warm_mixed_steps(self.model, self.backend, self.runner.buffers.block_tables, cc.block_size,
+                             sc.max_num_seqs - 1, mc.max_model_len)  # fmt: skip
+        self.expert_load_reader.reset()  # the profile run, graph captures and warm-up routed nothing real
 
     def release_graphs(self) -> None:
         """Drops the captured CUDA graphs (before a tensor-parallel group is torn down: NCCL
