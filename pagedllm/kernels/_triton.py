@@ -76,12 +76,27 @@ def fusion_enabled(option: str, default: bool = True) -> bool:
     return default if not value else value != "0"
 
 
+def _compiled_text(hook_kwargs: dict) -> str:
+    """The JIT cache hook's kernel: its repr up to the arguments (name and launch options), then
+    each constexpr argument's value (the repr's argument types say nothing of them)."""
+    text = str(hook_kwargs.get("repr", "?")).split("](", 1)[0] + "]"
+    try:
+        params = hook_kwargs["fn"].jit_function.params
+        constants = hook_kwargs["compile"]["constants"]
+        values = [f"{params[path[0]].name}={value}" for path, value in constants.items()
+                  if isinstance(path, tuple) and len(path) == 1 and params[path[0]].is_constexpr]  # fmt: skip
+    except (AttributeError, IndexError, KeyError, TypeError):  # another Triton's hook arguments
+        return str(hook_kwargs.get("repr", "?"))
+    return f"{text}({', '.join(values)})"
+
+
 @contextlib.contextmanager
 def recorded_compiles():
     """Yields the list of the Triton kernels this process compiles while inside (each the name
-    with its argument specialisation, from Triton's JIT cache hook), or None without triton. A
-    kernel compiled on the serving path (a specialisation no warm-up reached) stalls its step
-    for 30-100 ms."""
+    with its launch options and constexpr values, from Triton's JIT cache hook: _compiled_text),
+    or None without triton. A kernel compiled on the serving path (a specialisation no warm-up
+    reached) stalls its step for 30-100 ms from Triton's disk cache, about half a second where
+    that lacks it too (H100: two decode kernels, a 1,222 ms step, worker/warmup.py)."""
     try:
         from triton import knobs
 
@@ -92,7 +107,7 @@ def recorded_compiles():
     seen: list[str] = []
 
     def hook(*args, **kwargs) -> bool:
-        seen.append(str(kwargs.get("repr", "?")))
+        seen.append(_compiled_text(kwargs))
         return False  # True would skip the compile
 
     knobs.runtime.jit_cache_hook = hook

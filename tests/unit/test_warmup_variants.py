@@ -1,5 +1,5 @@
 """worker/warmup.py's enumeration of the decode kernel variants that mixed steps take (the warm-up
-itself runs on CUDA: tests/gpu/test_warmup_gpu.py)."""
+itself runs on CUDA: tests/gpu/test_warmup_gpu.py), and how recorded_compiles names a compile."""
 
 from __future__ import annotations
 
@@ -47,3 +47,22 @@ def test_every_mixed_step_takes_a_warmed_variant(kinds, max_decodes, max_model_l
         assert {k[1][0] for k in variants} == {(False, False), (True, True), (True, False)}
         assert len(variants) == 6  # each of the three, with one decode (unordered) and with more
     assert max(b for _, b in variants.values()) <= min(max_model_len, MIN_TOKENS_PER_SPLIT * MAX_SPLITS)
+
+
+def test_compiled_text_names_the_constexprs():
+    """recorded_compiles' line for a compile: the kernel's name and options, then its constexpr
+    arguments by name (Triton's repr gives neither value), from the JIT cache hook's arguments; a
+    Triton whose hook passes other arguments gets its repr as it is."""
+    pytest.importorskip("triton")
+    from triton.runtime.jit import JitFunctionInfo
+
+    from pagedllm.kernels._triton import _compiled_text
+    from pagedllm.kernels.attention_decode import _decode_kernel
+
+    index = {p.name: p.num for p in _decode_kernel.params}
+    repr_ = "_decode_kernel[num_warps=4, num_ctas=1, num_stages=2](q_ptr: (), k_cache_ptr: ()"
+    kwargs = {"repr": repr_, "fn": JitFunctionInfo(_decode_kernel.fn.__module__, "_decode_kernel", _decode_kernel),
+              "compile": {"constants": {(index["SPLIT"],): True, (index["ORDERED"],): False,
+                                        (index["q_ptr"],): None}}}  # fmt: skip
+    assert _compiled_text(kwargs) == "_decode_kernel[num_warps=4, num_ctas=1, num_stages=2](SPLIT=True, ORDERED=False)"
+    assert _compiled_text({"repr": repr_}) == repr_
