@@ -40,14 +40,19 @@ def mixed_step_variants(kinds: list[tuple[int, int, int, int]], max_decodes: int
     from pagedllm.kernels.attention_merge import decode_last_reduce
 
     bounds = sorted({min(max_model_len, MIN_TOKENS_PER_SPLIT * i) for i in range(1, MAX_SPLITS + 1)})
+    heads_windows = [(h, w) for h, w, _, _ in kinds]
     found: dict[VariantKey, tuple[int, int]] = {}
     for nd in range(1, max_decodes + 1):
         for bound in bounds:
-            splits = decode_split_counts([(h, w) for h, w, _, _ in kinds], nd, bound, sms)
+            splits = decode_split_counts(heads_windows, nd, bound, sms)
             key = (ordered and nd >= 2, tuple(
                 (s > 1, s > 1 and decode_last_reduce(s, itemsize, block_d))
                 for s, (_, _, itemsize, block_d) in zip(splits, kinds)))  # fmt: skip
             found.setdefault(key, (nd, bound))
+        # (split counts do not grow with the decodes: once none splits at the longest bound, more
+        # decodes take this nd's variant)
+        if nd >= 2 and all(s == 1 for s in decode_split_counts(heads_windows, nd, bounds[-1], sms)):
+            break
     return found
 
 

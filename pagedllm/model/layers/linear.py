@@ -108,7 +108,6 @@ class ColumnParallelLinear(LinearBase):
             return self.quant_method.apply(self, x, bias)
         return dense_linear(self, x, bias)
 
-
     def gated(self, x: torch.Tensor, gelu_tanh: bool) -> torch.Tensor | None:
         """act(gate) * up of forward's [gate | up] output in one kernel where the quantized product
         has one (quant_method.apply_gated: 4-bit GEMVs), else None."""

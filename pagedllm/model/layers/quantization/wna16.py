@@ -48,8 +48,8 @@ from pagedllm.kernels.wna16 import (
     swap_enabled,
     to_int4_nk,
     unpack_rows,
-    wna16_int4_nk_linear,
     wna16_gated_linear,
+    wna16_int4_nk_linear,
     wna16_linear,
 )
 from pagedllm.model.layers.linear import (
