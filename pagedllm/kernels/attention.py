@@ -157,10 +157,11 @@ def store_kv_triton(
 @triton.jit
 def _load_kv_tile(
     cache_ptr, bt_row_ptr, keys, key_mask, kv_head, dims, dim_mask,
-    stride_b, stride_s, stride_h, BLOCK_SIZE: tl.constexpr, CACHE: tl.constexpr = "",
+    stride_b, stride_s, stride_h, BLOCK_SIZE: tl.constexpr, CACHE: tl.constexpr,
 ):  # fmt: skip
     """Gathers the rows `keys` [BLOCK_N] of one kv head through the block table -> [BLOCK_N, BLOCK_D]
-    (CACHE: the loads' cache modifier, ".cg" before a PDL wait)."""
+    (CACHE: the loads' cache modifier, ".cg" before a PDL wait, "" elsewhere; no default: Triton 3.6
+    passes a called function's defaulted string constexpr on as a plain str, test_triton_calls.py)."""
     page = tl.load(bt_row_ptr + keys // BLOCK_SIZE, mask=key_mask, other=0, cache_modifier=CACHE).to(tl.int64)
     return _kv_rows(cache_ptr, page, keys % BLOCK_SIZE, key_mask, kv_head, dims, dim_mask, stride_b, stride_s,
                     stride_h, CACHE)  # fmt: skip
@@ -168,7 +169,7 @@ def _load_kv_tile(
 
 @triton.jit
 def _kv_rows(cache_ptr, page, offset, key_mask, kv_head, dims, dim_mask, stride_b, stride_s, stride_h,
-             CACHE: tl.constexpr = ""):  # fmt: skip
+             CACHE: tl.constexpr):  # fmt: skip
     """The rows at (page, offset) [BLOCK_N] of one kv head -> [BLOCK_N, BLOCK_D] (head_dim contiguous)."""
     ptrs = cache_ptr + page[:, None] * stride_b + offset[:, None] * stride_s + kv_head * stride_h + dims[None, :]
     return tl.load(ptrs, mask=key_mask[:, None] & dim_mask[None, :], other=0.0, cache_modifier=CACHE)

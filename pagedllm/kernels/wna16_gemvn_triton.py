@@ -4,7 +4,7 @@ batch 1; must equal `wna16_int4_nk_linear_torch` there.
 
 A program owns BLOCK_N output rows and a K range; its tile is [BLOCK_KW, BLOCK_N] words, each
 weight row's words contiguous (coalesced along K). The layout puts inputs 2i and 2i + 1 of a word in nibbles i
-and i + 4, so the packed 16-bit arithmetic of the K-packed gemvp (wna16_gemv_triton._GEMVP_ASM_*:
+and i + 4, so the packed 16-bit arithmetic of the K-packed gemvp (wna16_words_triton._GEMVP_ASM_*:
 one lop3 makes the pair MAGIC + q of two nibbles) meets the activations in their natural pairs:
 (x0, x1), (x2, x3), (x4, x5), (x6, x7) are the four int32 words of x at the word's eight inputs,
 read as they are -- no repacking of x. The products are summed per word in 16-bit pairs, then in
@@ -13,7 +13,7 @@ at the end. Split-K: the splits' partials added by the last of them (wna16_gemv_
 whatever PAGEDLLM_SWAP_LAST_REDUCE says).
 
 ASM False (the interpreter; bfloat16 before sm_90: `_triton.inline_ptx`) runs the PTX's steps in Triton
-ops (_gemvp_word_emulated).
+ops (wna16_words_triton._gemvp_word_emulated).
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ import triton.language as tl
 from pagedllm.kernels._triton import inline_ptx
 from pagedllm.kernels.counters import counters
 from pagedllm.kernels.wna16 import group_width
-from pagedllm.kernels.wna16_gemv_triton import _gemv_store, _rows_as_int32_pairs, gemvp_word_sums
+from pagedllm.kernels.wna16_gemv_triton import _gemv_store, _rows_as_int32_pairs
 from pagedllm.kernels.wna16_triton import gemv_prefetch
+from pagedllm.kernels.wna16_words_triton import gemvp_word_sums
 
 # rows the dispatcher sends here (wna16.wna16_int4_nk_linear); more go to the swap-AB kernel, which
 # reads the weight once for up to 16 rows

@@ -2,7 +2,7 @@
 reference there.
 
 - `wna16_gemm_triton`: x [M, K] @ dequant(qweight [K/P, N], scales, zeros).T, two kernels:
-    gemv / gemvp (few rows): wna16_gemv_triton.py.
+    gemv / gemvp (few rows): wna16_gemv_triton.py (one word's packed arithmetic: wna16_words_triton.py).
     dot (more rows): [BLOCK_M, BLOCK_K] x [BLOCK_K, BLOCK_N] through `tl.dot`; the weight tile is
       read as words (each word row serves P rows of the tile), dequantized to the activations'
       dtype with its group's scale, then multiplied.
