@@ -23,7 +23,7 @@
 # cp.async pipeline), PAGEDLLM_WNA16_PDL=0 (gemvp without PDL, on by default)), w2tiles (W2 gptq:
 # A the tree at $A_PATH, B this one, C this one with PAGEDLLM_WNA16_PDL=1; $ROUNDS rounds alternated), w3act
 # (W3 at inf: bf16, FP8 + FP8 KV with PAGEDLLM_FUSED_ACT_FP8=0, FP8 + FP8 KV; W3ACT_ORDER may add fp8_norm:
-# PAGEDLLM_FUSED_NORM_FP8=1), moebuckets (Qwen3-30B-A3B batch 1: A default, B PAGEDLLM_GRAPH_CONTEXT_BUCKETS=1), w1kvoff (W1 with an FP8
+# PAGEDLLM_FUSED_NORM_FP8=1), moebuckets (Qwen3-30B-A3B batch 1: A default (context buckets), B PAGEDLLM_GRAPH_CONTEXT_BUCKETS=0), w1kvoff (W1 with an FP8
 # cache: K as it is, PAGEDLLM_FP8_KV_OFFSET=0 (A), against K less its offset, the default (B)), w1int4dots (W1 gptq: A kpairs as it is, B
 # PAGEDLLM_KPAIRS_DOTS=$KPAIRS_DOTS, default accs), w1int4prof (W1 gptq's decode steps profiled: what kpairs and x's permutation take),
 # kpermtests (the GPU tests of the steps-permuted K-packed layout and of kpairs from 2 rows), kpermbench (wna16_bench.py --kperm: wna16_linear on the
@@ -114,7 +114,7 @@ if [[ " $STEPS " == *" moetree "* ]] && [ -d "${A_PATH:-}" ]; then
   done
 fi
 moeab moemerge PAGEDLLM_DECODE_LAST_REDUCE=1
-moeab moebuckets PAGEDLLM_GRAPH_CONTEXT_BUCKETS=1  # decode graphs for a 1,024-token bound too (8 splits, no reduce kernel)
+moeab moebuckets PAGEDLLM_GRAPH_CONTEXT_BUCKETS=0  # B: decode graphs for max_model_len only (32 splits and a reduce kernel at batch 1)
 if step defaulttests 300; then  # the defaults' GPU tests: kpairs (accs2 in its tiles of up to 128 rows), the
   # dispatch and the engine on the 4-bit layouts, gemvp's register prefetch, PDL, the MoE kernels
   timeout 300 $PY -m pytest -q tests/gpu/test_wna16_gpu.py tests/gpu/test_pdl_gpu.py tests/gpu/test_fused_moe.py \

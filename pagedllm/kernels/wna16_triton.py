@@ -268,6 +268,8 @@ GATED_MAXNREG = 64
 # the 32-column, 1,024-input register-mode tile's programs an SM split (the last split adding them): 66
 # registers x 256 threads (sm_90, Triton 3.6; 64 in one split)
 GEMVP_PROGRAMS_AN_SM = 3
+# the 32-column, 512-input tile of 4 warps: 64 registers x 128 threads, 8 programs an SM (sm_90, Triton 3.6)
+GEMVP_NARROW_PROGRAMS_AN_SM = 8
 
 
 def gemvp_config(n: int, k: int) -> tuple:
@@ -275,23 +277,33 @@ def gemvp_config(n: int, k: int) -> tuple:
     pipeline, 2: gemv_prefetch's register mode) where 4-bit weights meet 16-bit activations and no
     config was given (gemvp_overrides' where it names the shape). From the H100 sweep (`wna16_bench.py
     --rows 1`, RESULTS.md eighteenth session, us a layer, Llama-3.1-8B int4 g128): the 14,336-input
-    down projection split 4 ways with 8 warps (15.4 against 18.7 with 4). From whole W2 gptq decode
+    down projection split 4 ways with 8 warps (15.4 against 18.7 with 4); in whole W2 gptq steps
+    (thirty-sixth session, H100) at 1,024-input tiles split as many ways (up to 4) as start in one wave
+    (Llama-3.1-8B's down 3: 384 programs, 2.51 -> 2.46 ms/token; 512-input tiles split 3 2.61, the
+    1,024-input ones split 2 2.54), 512-input tiles split 4 where not even 2 ways fit. From whole W2 gptq decode
     steps under PDL (twenty-seventh session, H100: 2.64 -> 2.58 ms/token): a projection of at most
     4,096 outputs in the register mode, columns of 32, 1,024-input tiles (its first tile loads before
     the PDL wait; the 4-stage pipeline of 512-input tiles, 7.3 us against 8.5 alone, waits first)
     split 4 ways, or 2 where 4 would not start in one wave of GEMVP_PROGRAMS_AN_SM programs an SM
     (Llama-3.1-8B's o: 256 programs, W2 gptq 2.57 -> 2.51 ms/token on an H100, thirty-fifth
-    session); one of up to 8,192 (q/k/v: 96 programs of 64) split 2 ways; the rest as the float32
-    gemv."""
+    session); one of up to 8,192 (q/k/v: 96 programs of 64) split 2 ways; a wider one (gate/up) unsplit,
+    its 32-column tiles at 4 warps and 512 inputs where they start in one wave of
+    GEMVP_NARROW_PROGRAMS_AN_SM an SM (Llama-3.1-8B's 896: W2 gptq 2.47 -> 2.43 and 2.46 -> 2.45 ms/token
+    in two H100 calls, thirty-sixth session), else at 8 warps and 1,024."""
     override = gemvp_overrides().get((n, k))
     if override is not None:
         return override
+    # the splits of 32-column tiles whose programs all start in one wave (at most 4)
+    one_wave = min(4, GEMVP_PROGRAMS_AN_SM * num_sms() // triton.cdiv(n, 32))
     if k >= 8192:
-        return ("gemvp", 1, 32, 512, 8, 2, 4)
+        return ("gemvp", 1, 32, 1024, 8, 2, one_wave) if one_wave >= 2 else ("gemvp", 1, 32, 512, 8, 2, 4)
     if n <= 4096:
-        one_wave = triton.cdiv(n, 32) * 4 <= GEMVP_PROGRAMS_AN_SM * num_sms()
-        return ("gemvp", 1, 32, 1024, 8, 2, 4 if one_wave else 2)
-    return ("gemvp", 1, 64 if n <= 8192 else 32, 1024, 8, 2, 2 if n <= 8192 else 1)
+        return ("gemvp", 1, 32, 1024, 8, 2, 4 if one_wave == 4 else 2)
+    if n <= 8192:
+        return ("gemvp", 1, 64, 1024, 8, 2, 2)
+    if triton.cdiv(n, 32) <= GEMVP_NARROW_PROGRAMS_AN_SM * num_sms():
+        return ("gemvp", 1, 32, 512, 4, 2, 1)
+    return ("gemvp", 1, 32, 1024, 8, 2, 1)
 
 
 def engine_config(m: int, n: int, k: int, group_k: int, bits: int, dtype: torch.dtype, pairs: bool = True) -> tuple:

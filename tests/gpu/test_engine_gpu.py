@@ -171,7 +171,7 @@ def test_float32_penalties_and_min_tokens_with_graphs_and_async(tmp_path, tokeni
 
 
 def test_float32_greedy_equals_hf_with_context_buckets(tmp_path, tokenizer_dir, monkeypatch):
-    """PAGEDLLM_GRAPH_CONTEXT_BUCKETS=1 with max_model_len 4,096: small decode batches replay graphs
+    """Context buckets (PAGEDLLM_GRAPH_CONTEXT_BUCKETS, on by default) with max_model_len 4,096: small decode batches replay graphs
     captured for a 1,024-token bound (fewer decode splits) until a context passes it, then the
     max_model_len graph; the tokens equal transformers' float32 on both sides of the bound."""
     from transformers import AutoModelForCausalLM
@@ -179,7 +179,7 @@ def test_float32_greedy_equals_hf_with_context_buckets(tmp_path, tokenizer_dir, 
     from pagedllm import LLM, SamplingParams
     from pagedllm.worker import cuda_graph
 
-    monkeypatch.setenv("PAGEDLLM_GRAPH_CONTEXT_BUCKETS", "1")
+    monkeypatch.delenv("PAGEDLLM_GRAPH_CONTEXT_BUCKETS", raising=False)
     cuda_graph.context_buckets.cache_clear()
     try:
         path = save_tiny_model(tiny_config("llama", heads=4, kv_heads=2, hidden=128, max_pos=4096), str(tmp_path),

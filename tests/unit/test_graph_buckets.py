@@ -26,7 +26,7 @@ def test_context_bounds_follow_the_split_rule():
     assert cuda_graph.context_bounds([2], 4096, lambda bs, b: (1, min(b, 2048)))[2] == [1024, 4096]
 
 
-@pytest.mark.parametrize("value, on", [("", False), ("0", False), ("1", True), ("yes", None)])
+@pytest.mark.parametrize("value, on", [("", True), ("0", False), ("1", True), ("yes", None)])
 def test_context_buckets_switch(monkeypatch, value, on):
     monkeypatch.setenv("PAGEDLLM_GRAPH_CONTEXT_BUCKETS", value)
     cuda_graph.context_buckets.cache_clear()

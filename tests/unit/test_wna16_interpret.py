@@ -32,6 +32,9 @@ _CASES = {
     # no multiple of it (Qwen2.5-7B's o, 3,584 inputs: the last split's one tile half masked)
     "gemvp_prefetch_g128_tile1024_split4_ragged": ("check_wna16_gemm", [1, 32, 3584, 4, 128, False],
                                                    {"config": ["gemvp", 1, 32, 1024, 8, 2, 4], "prefetch": True}),
+    # the down projection's one-wave split of 3 (Llama-3.1-8B: 14 tiles as 5, 5, 4): 5 tiles as 2, 2, 1
+    "gemvp_prefetch_g128_tile1024_split3": ("check_wna16_gemm", [1, 32, 5120, 4, 128, True],
+                                            {"config": ["gemvp", 1, 32, 1024, 8, 2, 3], "prefetch": True}),
     "gemvp_prefetch_g48_unnested": ("check_wna16_gemm", [2, 32, 384, 4, 48, False],
                                     {"config": ["gemvp", 1, 16, 64, 4, 2, 1], "prefetch": True}),
     # a config's 3 stages: Triton's software pipeline of the loop's loads (ragged K range, split-K)
@@ -203,15 +206,25 @@ def test_gemv_switches(monkeypatch, switch, values):
 def test_gemvp_config_splits_in_one_wave(monkeypatch):
     """A projection of at most 4,096 outputs splits its inputs 4 ways where its programs then start in
     one wave (GEMVP_PROGRAMS_AN_SM an SM), else 2: Llama-3.1-8B's o (4,096 x 4,096) on 132 SMs 256
-    programs, a 2,048-output one 256 at 4 ways; on a device of 200 SMs o takes 4 ways too."""
+    programs, a 2,048-output one 256 at 4 ways; on a device of 200 SMs o takes 4 ways too. One of
+    8,192 inputs or more splits as many ways as start in one wave, up to 4."""
     from pagedllm.kernels import wna16_triton as w
 
     monkeypatch.setattr(w, "num_sms", lambda: 132)
     assert w.gemvp_config(4096, 4096) == ("gemvp", 1, 32, 1024, 8, 2, 2)
     assert w.gemvp_config(2048, 2048) == ("gemvp", 1, 32, 1024, 8, 2, 4)
     assert w.engine_config(1, 4096, 4096, 128, 4, torch.bfloat16)[-1] == 2
+    # 14,336 inputs (Llama-3.1-8B's down): as many ways as fit one wave, 3 (384 programs of 396); at
+    # 8,192 outputs not 2 ways (512 programs): 512-input tiles split 4
+    assert w.gemvp_config(4096, 14336) == ("gemvp", 1, 32, 1024, 8, 2, 3)
+    assert w.gemvp_config(2048, 14336) == ("gemvp", 1, 32, 1024, 8, 2, 4)
+    assert w.gemvp_config(8192, 28672) == ("gemvp", 1, 32, 512, 8, 2, 4)
+    # a gate/up wider than 8,192: 4-warp 512-input tiles where its 32-column ones fit one wave of 8 an SM
+    assert w.gemvp_config(28672, 4096) == ("gemvp", 1, 32, 512, 4, 2, 1)  # 896 programs of 1,056
+    assert w.gemvp_config(37888, 3584) == ("gemvp", 1, 32, 1024, 8, 2, 1)  # Qwen2.5-7B's 1,184: 8 warps
     monkeypatch.setattr(w, "num_sms", lambda: 200)
     assert w.gemvp_config(4096, 4096) == ("gemvp", 1, 32, 1024, 8, 2, 4)
+    assert w.gemvp_config(4096, 14336) == ("gemvp", 1, 32, 1024, 8, 2, 4)
 
 
 def test_gemvp_config_override(monkeypatch):
