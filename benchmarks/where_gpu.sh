@@ -48,8 +48,7 @@
 # $W2GEMVP_CFGS), moeswapcfg (Qwen3-30B-A3B batch 1 at swap-AB configs for q/k/v and o; $MOESWAP_CFGS),
 # ropetests (the decode kernel doing qkv_rope's work: its GPU tests; gemvp's dispatch and engine tests), moerope
 # and w2rope (Qwen3-30B-A3B batch 1 / W2 gptq: A the defaults, B PAGEDLLM_FUSED_ROPE_DECODE=0), moepreload and
-# w2preload (the same, B PAGEDLLM_DECODE_PRELOAD=0: the decode kernel's first KV tile after its wait), gatedtests
-# (gemvp's gated mode: its GPU tests), w2gated (W2 gptq: A the defaults, B PAGEDLLM_FUSED_GATED_GEMV=1), trace (kernel
+# w2preload (the same, B PAGEDLLM_DECODE_PRELOAD=0: the decode kernel's first KV tile after its wait), trace (kernel
 # timelines with PDL on: Qwen3-30B-A3B batch 1 (at moe_bench.py's 4,096-token bound), W2 gptq and W2 bf16 (at
 # latency.py's 400), each kernel charged what it adds to a step by benchmarks/trace_path.py; TRACE_LOADS picks).
 # Logs in one archive in $OUT; a summary last.
@@ -222,10 +221,6 @@ if step gemvptests "${GEMVPTESTS_S:=240}"; then  # gemvp against its reference (
     > "$OUT/gemvptests.log" 2>&1
   echo "gemvptests rc=$? at ${SECONDS} s: $(tail -1 "$OUT/gemvptests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/gemvptests.log" | head
 fi
-if step gatedtests 150; then  # gemvp's gated mode (PAGEDLLM_FUSED_GATED_GEMV=1) bit for bit; the engine's tokens with it
-  timeout 150 $PY -m pytest -q tests/gpu/test_wna16_gpu.py -k "gated" > "$OUT/gatedtests.log" 2>&1
-  echo "gatedtests rc=$? at ${SECONDS} s: $(tail -1 "$OUT/gatedtests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/gatedtests.log" | head
-fi
 if step argmaxtests 100; then  # greedy tokens equal transformers' with the fused argmax
   timeout 100 $PY -m pytest -q tests/gpu/test_engine_gpu.py -k "fused_argmax" > "$OUT/argmaxtests.log" 2>&1
   echo "argmaxtests rc=$? at ${SECONDS} s: $(tail -1 "$OUT/argmaxtests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/argmaxtests.log" | head
@@ -313,7 +308,6 @@ w2ab w2pdl PAGEDLLM_WNA16_PDL=0 "--quantization gptq"  # W2 gptq: gemvp under PD
 w2ab w2rope PAGEDLLM_FUSED_ROPE_DECODE=0 "--quantization gptq"  # W2 gptq: B rotary + store-KV in their own kernel
 w2ab w2preload PAGEDLLM_DECODE_PRELOAD=0 "--quantization gptq"  # W2 gptq: B the decode's first KV tile after its wait
 w2ab w2greedy PAGEDLLM_GREEDY_TRITON=0 "--quantization gptq"  # W2 gptq: the fused sampler's argmax against torch's
-w2ab w2gated PAGEDLLM_FUSED_GATED_GEMV=1 "--quantization gptq"  # W2 gptq: B gate/up's GEMV storing SiLU(gate) * up itself
 [ -d "${A_PATH:-}" ] && w2ab w2tree "PYTHONPATH=$(cd "$A_PATH" && pwd):$PWD" "--quantization gptq"  # W2 gptq: this tree (A) against $A_PATH's (B)
 w2ab w2dtype "" "--quantization gptq" "--dtype float16"  # W2 gptq: bf16 (A) against fp16 (B): is gemvp issue-bound?
 w2gptq() { w2run "$1" "$2" "$3" --quantization gptq; }  # name env round: W2 gptq in that environment

@@ -18,21 +18,6 @@ from pagedllm.kernels.pdl_triton import pdl_release, pdl_wait
 
 
 @triton.jit
-def act_and_mul(gate, up, GELU_TANH: tl.constexpr):
-    """act(gate) * up for 16-bit (or float32) gate and up, in their dtype: the activation in float32,
-    rounded to the dtype before the product (as torch does). Also the 4-bit GEMV's gated epilogue
-    (wna16_gemv_triton.py)."""
-    g = gate.to(tl.float32)
-    if GELU_TANH:
-        # 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))), tanh(u) = 1 - 2 / (e^2u + 1)
-        u = 0.7978845608028654 * (g + 0.044715 * g * g * g)
-        act = (0.5 * g * (2.0 - 2.0 / (tl.exp(2.0 * u) + 1.0))).to(gate.dtype).to(tl.float32)
-    else:
-        act = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)
-    return (act * up.to(tl.float32)).to(gate.dtype)
-
-
-@triton.jit
 def _act_and_mul_kernel(
     x_ptr,  # [T, 2 * d]
     out_ptr,  # [T, d] x's dtype, or e4m3 (QUANT)
@@ -54,7 +39,14 @@ def _act_and_mul_kernel(
     mask = cols < d
     gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     up = tl.load(x_ptr + row * stride_x + d + cols, mask=mask, other=0.0)
-    y = act_and_mul(gate, up, GELU_TANH)
+    g = gate.to(tl.float32)
+    if GELU_TANH:
+        # 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))), tanh(u) = 1 - 2 / (e^2u + 1)
+        u = 0.7978845608028654 * (g + 0.044715 * g * g * g)
+        act = (0.5 * g * (2.0 - 2.0 / (tl.exp(2.0 * u) + 1.0))).to(gate.dtype).to(tl.float32)
+    else:
+        act = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)
+    y = (act * up.to(tl.float32)).to(gate.dtype)
     if QUANT:  # per_token_quant's arithmetic on the rounded product (masked columns are 0)
         yf = y.to(tl.float32)
         scale = tl.maximum(tl.max(tl.abs(yf), axis=0) / FP8_MAX_, MIN_SCALE_)

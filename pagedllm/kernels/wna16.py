@@ -158,42 +158,6 @@ def wna16_linear_torch(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Ten
     return y.to(x.dtype)
 
 
-def _triton_route(x: torch.Tensor, qweight: torch.Tensor, bits: int) -> str:
-    """wna16_linear's product for x on the Triton path (its docstring): "kpairs", "dense" (the
-    dequantized weight and cuBLAS) or "gemm" (wna16_gemm_triton: the few-row kernels)."""
-    m = x.shape[0]
-    dense = dense_from()
-    if (bits == 4 and (large_gemm() or LAYOUT_DEFAULT["k_packed"]) == "pairs"
-            and kpairs_min_rows() <= m <= SWAP_GEMM_MAX_ROWS
-            and not (dense and m >= dense[0] and qweight.numel() * 8 <= dense[1])
-            and (not x.is_cuda or capability_major(x.device.index or 0) >= 9)):  # fmt: skip
-        return "kpairs"
-    return "dense" if m >= DENSE_MIN_ROWS else "gemm"
-
-
-def wna16_gated_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
-                       bits: int, bias: torch.Tensor | None = None, kperm: bool = False,
-                       gelu_tanh: bool = False) -> torch.Tensor | None:  # fmt: skip
-    """act(x @ gate.T) * (x @ up.T) for a [gate | up] weight ([T, N / 2]; act SiLU, or GELU(tanh)) from
-    the gemvp kernel alone, which then stores the product itself (no SiLU-and-mul kernel, nor the
-    [T, N] it reads); the values of wna16_linear and the activation kernel. None where wna16_linear
-    would not take gemvp in one split (4-bit weights, 16-bit activations, few rows: engine_config):
-    the caller runs the two steps."""
-    if bits != 4 or x.dtype not in (torch.float16, torch.bfloat16) or not use_triton(x):
-        return None
-    if _triton_route(x, qweight, bits) != "gemm":
-        return None
-    from pagedllm.kernels.wna16_triton import _rows_as_int32_pairs, engine_config, wna16_gemm_triton
-
-    k, n = qweight.shape[0] * pack_factor(bits), qweight.shape[1]
-    cfg = engine_config(x.shape[0], n, k, group_width(k, scales.shape[0], pack_factor(bits)), bits, x.dtype,
-                        _rows_as_int32_pairs(x))  # fmt: skip
-    if cfg[0] != "gemvp" or cfg[-1] != 1 or n % 2 or cfg[2] % 2:
-        return None
-    act = "gelu_tanh" if gelu_tanh else "silu"
-    return wna16_gemm_triton(x, qweight, scales, zeros, bits, bias, kperm=kperm, act=act)
-
-
 def wna16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
                  bits: int, bias: torch.Tensor | None = None, kperm: bool = False) -> torch.Tensor:
     """y = x @ w.T (+ bias) with an integer weight; x [M, K] -> [M, N]. CUDA: the Triton kernels
@@ -210,12 +174,16 @@ def wna16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
     if use_triton(x):
         from pagedllm.kernels.wna16_triton import dequantize_wna16_triton, wna16_gemm_triton
 
-        route = _triton_route(x, qweight, bits)
-        if route == "kpairs":
+        m = x.shape[0]
+        dense = dense_from()
+        if (bits == 4 and (large_gemm() or LAYOUT_DEFAULT["k_packed"]) == "pairs"
+                and kpairs_min_rows() <= m <= SWAP_GEMM_MAX_ROWS
+                and not (dense and m >= dense[0] and qweight.numel() * 8 <= dense[1])
+                and (not x.is_cuda or capability_major(x.device.index or 0) >= 9)):  # fmt: skip
             from pagedllm.kernels.wna16_kpairs_triton import wna16_kpairs_gemm
 
             return wna16_kpairs_gemm(x, qweight, scales, zeros, bias, kperm=kperm)
-        if route == "dense":
+        if m >= DENSE_MIN_ROWS:
             y = x @ dequantize_wna16_triton(qweight, scales, zeros, bits, x.dtype, kperm)
             return y if bias is None else y + bias
         return wna16_gemm_triton(x, qweight, scales, zeros, bits, bias, kperm=kperm)

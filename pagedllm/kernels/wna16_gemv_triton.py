@@ -25,7 +25,6 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedllm.kernels.activation_triton import act_and_mul
 from pagedllm.kernels.pdl_triton import pdl_release, pdl_wait
 from pagedllm.kernels.wna16_words_triton import _pair_bits, gemvp_word_sums
 
@@ -53,24 +52,6 @@ def _gemv_finish(acc, s_ptr, b_ptr, out_ptr, ws_ptr, count_ptr, m, rn, n_mask, p
         if pid_k == 0:
             y = y + tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
     _gemv_store(y, out_ptr, ws_ptr, count_ptr, m, rn, n_mask, stride_om, M, N, SPLIT_K, LAST)
-
-
-@triton.jit
-def _gemv_finish_gated(acc, s_ptr, b_ptr, out_ptr, m, rn, n_mask, stride_om, D, GROUP_K: tl.constexpr,
-                       HAS_BIAS: tl.constexpr, GELU_TANH: tl.constexpr):  # fmt: skip
-    """The gated GEMV's end (one split): the sums of the tile's gate and up columns (rn: its
-    first half gate, its second up) finished as _gemv_finish's, rounded to the output's dtype as
-    the plain GEMV stores them, then act(gate) * up (activation_triton.act_and_mul, the
-    SiLU-and-mul kernel's arithmetic) stored to out [M, D]: the same values as the two kernels."""
-    y = tl.sum(acc, axis=0)
-    if GROUP_K == 0:
-        y = y * tl.load(s_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
-    if HAS_BIAS:
-        y = y + tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
-    half: tl.constexpr = y.shape[0] // 2
-    gate, up = tl.split(tl.permute(tl.reshape(y.to(out_ptr.dtype.element_ty), [2, half]), [1, 0]))
-    cols = tl.program_id(1) * half + tl.arange(0, half)
-    tl.store(out_ptr + m * stride_om + cols, act_and_mul(gate, up, GELU_TANH), mask=cols < D)
 
 
 @triton.jit
@@ -217,9 +198,6 @@ def _wna16_gemv_packed_kernel(
     LOOP_STAGES: tl.constexpr = 1,  # > 1: Triton's software pipeline of the loop's loads (cp.async
     # through shared memory, LOOP_STAGES - 1 tiles ahead); PREFETCH then off
     KPERM: tl.constexpr = False,  # the steps-permuted layout: nibbles i, i + 4 of a word are x's pair
-    GATED: tl.constexpr = False,  # (SPLIT_K 1) w is [gate | up], N // 2 columns each: a program takes
-    # BLOCK_N // 2 of each and stores act(gate) * up, [M, N // 2] (_gemv_finish_gated)
-    GELU_TANH: tl.constexpr = False,  # (GATED) the activation: GELU(tanh), else SiLU
 ):  # fmt: skip
     """The 4-bit GEMV in packed 16-bit arithmetic (`gemvp`). The gemv kernel spends about 42
     instructions a word in float32 (sm_90 SASS), more than the SM issues at the memory's pace;
@@ -235,14 +213,9 @@ def _wna16_gemv_packed_kernel(
     pdl_release(PDL)
     act: tl.constexpr = x_ptr.dtype.element_ty
     m = tl.program_id(0).to(tl.int64)
-    if GATED:  # the tile's first half gate columns, its second the same columns of up, N // 2 on
-        col = tl.program_id(1) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N) % (BLOCK_N // 2)
-        rn = col + (tl.arange(0, BLOCK_N) // (BLOCK_N // 2)) * (N // 2)
-        n_mask = col < N // 2
-    else:
-        rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_mask = rn < N
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     pid_k = tl.program_id(2)
+    n_mask = rn < N
     ri = tl.arange(0, BLOCK_KW)
     x_row = x_ptr + m * stride_xm
     x_words = x_row.to(tl.pointer_type(tl.int32))
@@ -324,12 +297,8 @@ def _wna16_gemv_packed_kernel(
             acc += wsum * tl.load(s_ptr + s_off, mask=s_mask, other=0.0).to(tl.float32)
         else:
             acc += wsum
-    if GATED:
-        _gemv_finish_gated(acc, s_ptr, b_ptr, out_ptr, m, rn, n_mask, stride_om, N // 2, GROUP_K, HAS_BIAS,
-                           GELU_TANH)  # fmt: skip
-    else:
-        _gemv_finish(acc, s_ptr, b_ptr, out_ptr, ws_ptr, count_ptr, m, rn, n_mask, pid_k, stride_om, M, N, GROUP_K,
-                     HAS_BIAS, SPLIT_K, LAST)  # fmt: skip
+    _gemv_finish(acc, s_ptr, b_ptr, out_ptr, ws_ptr, count_ptr, m, rn, n_mask, pid_k, stride_om, M, N, GROUP_K,
+                 HAS_BIAS, SPLIT_K, LAST)  # fmt: skip
 
 
 def _rows_as_int32_pairs(x: torch.Tensor) -> bool:

@@ -260,13 +260,7 @@ def gemvp_overrides() -> dict[tuple[int, int], tuple]:
             shape_configs("PAGEDLLM_GEMVP_CONFIG", "block_n,block_k,warps,stages,split", valid).items()}
 
 
-# gemvp's gated mode at gate/up's tile (32 columns, 8 warps; Llama-3.1-8B's default): 66 registers
-# uncapped on sm_90 (Triton 3.6 and 3.9; its two column runs take a base address more), so 3 programs
-# an SM where the plain tile's 64 fit 4; capped at 64 it spills one word, reloaded once a loop
-# iteration (sm_90 SASS, 8 bytes of stack). Not yet timed either way.
-GATED_MAXNREG = 64
-# the 32-column, 1,024-input register-mode tile's programs an SM split (the last split adding them): 66
-# registers x 256 threads (sm_90, Triton 3.6; 64 in one split)
+# the 32-column, 1,024-input register-mode tile's programs an SM: 66 registers x 256 threads (sm_90, Triton 3.6)
 GEMVP_PROGRAMS_AN_SM = 3
 # the 32-column, 512-input tile of 4 warps: 64 registers x 128 threads, 8 programs an SM (sm_90, Triton 3.6)
 GEMVP_NARROW_PROGRAMS_AN_SM = 8
@@ -325,8 +319,6 @@ def wna16_gemm_triton(
     config: tuple | None = None,  # see default_config
     reduce_last: bool | None = None,  # gemv split-K: the last split adds the splits (None: small_m.last_reduce)
     kperm: bool = False,  # qweight in the steps-permuted layout (wna16.kperm_pack)
-    act: str | None = None,  # "silu" / "gelu_tanh": qweight is [gate | up]; act(gate) * up, [M, N / 2]
-    # (gemvp in one split: gated_gemv_ok)
 ) -> torch.Tensor:  # [M, N] in x's dtype
     p = pack_factor(bits)
     m, k = x.shape
@@ -353,15 +345,8 @@ def wna16_gemm_triton(
         n_blocks = triton.cdiv(n, block_n)
         last = split_k > 1 and (last_reduce() if reduce_last is None else reduce_last)
         atomics = split_k > 1 and not last
-        if act is not None:
-            if act not in ("silu", "gelu_tanh") or not packed or split_k > 1 or n % 2 or block_n % 2:
-                raise ValueError(f"the gated GEMV takes act 'silu' or 'gelu_tanh' on gemvp in one split with an "
-                                 f"even N, got act={act!r}, {kind} in {split_k} splits, N {n}, BLOCK_N {block_n}")
-            out = torch.empty((m, n // 2), dtype=x.dtype, device=x.device)
-        elif atomics:
-            out = torch.zeros((m, n), dtype=torch.float32, device=x.device)
-        else:
-            out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+        out = (torch.zeros((m, n), dtype=torch.float32, device=x.device) if atomics
+               else torch.empty((m, n), dtype=x.dtype, device=x.device))
         if m == 0:
             return out.to(x.dtype)
         ws = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device) if last else out
@@ -369,10 +354,6 @@ def wna16_gemm_triton(
         common = dict(GROUP_K=group_k, HAS_ZERO=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=split_k,
                       EVEN=kw_per_split * split_k == kw, BLOCK_N=block_n, BLOCK_KW=block_kw, LAST=last,
                       KPERM=kperm, num_warps=num_warps, num_stages=num_stages)  # PDL only where the first
-        if act is not None:
-            common.update(GATED=True, GELU_TANH=act == "gelu_tanh")
-            if x.is_cuda and num_warps == 8 and block_n == 32:  # (a ptxas option: nothing for the interpreter)
-                common["maxnreg"] = GATED_MAXNREG
         # tile's words load before the wait (gemv_pdl): with the wait first the H200 measured a loss (W2 gptq,
         # PAGEDLLM_PDL=1: gemv 3.24 -> 3.83, gemvp 2.96 -> 3.00 ms/token)
         if packed:  # the interpreter runs no PTX: the same arithmetic in Triton ops

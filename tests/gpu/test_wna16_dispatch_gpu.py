@@ -66,46 +66,6 @@ def check_wna16_dispatch(device, dtype, n, k, rows, group_k=128, symmetric=False
         wna16_kpairs_triton.stream_k_enabled.cache_clear()
 
 
-def check_gated_mlp(device, dtype, gelu=False, symmetric=True):
-    """A 4-bit gated MLP (gate/up 2 x 4,160 outputs: gemvp in one split at one row) through
-    `gated_into` with PAGEDLLM_FUSED_GATED_GEMV's switch on: one row takes the gated GEMV (the
-    layers' gated / apply_gated) and equals the MLP of the GEMV and the activation kernel bit for
-    bit, as do GEMV_MAX_ROWS rows (not on the CPU: the interpreter's time); more rows take kpairs (sm_90,
-    and the interpreter) and the two kernels. On the CPU the CUDA dispatch, run by Triton's interpreter."""
-    from pagedllm.kernels import wna16
-    from pagedllm.kernels.activation_triton import gelu_tanh_and_mul_triton, silu_and_mul_triton
-    from pagedllm.model.layers.activation import GeluTanhAndMul, SiluAndMul, act_into, gated_into
-    from pagedllm.model.layers.linear import MergedColumnParallelLinear, RowParallelLinear
-    from pagedllm.model.layers.quantization.wna16 import WNA16Config
-
-    torch.manual_seed(0)
-    qc = WNA16Config(group_size=64, symmetric=symmetric)
-    gate_up = MergedColumnParallelLinear(256, [4160, 4160]).to(device, dtype)
-    down = RowParallelLinear(4160, 256).to(device, dtype)
-    for layer, name in ((gate_up, "gate_up_proj"), (down, "down_proj")):
-        layer.weight.data.normal_(0, 0.05)
-        layer.quant_method = qc.get_linear_method(layer, name)
-        layer.quant_method.create_weights(layer)
-        layer.quant_method.process_weights_after_loading(layer)
-    act = GeluTanhAndMul() if gelu else SiluAndMul()
-    act.gated_gemv = True
-    old_use = wna16.use_triton
-    if device == "cpu":
-        wna16.use_triton = lambda x: True
-    try:
-        for m in (1, wna16.GEMV_MAX_ROWS + 1) if device == "cpu" else (1, wna16.GEMV_MAX_ROWS, wna16.GEMV_MAX_ROWS + 1):
-            x = torch.randn(m, 256, device=device).to(dtype)
-            fused = gate_up.gated(x, act.gelu_tanh)
-            assert (fused is not None) == (m <= wna16.GEMV_MAX_ROWS), m
-            if fused is None:  # (the interpreter's activation: torch's, on CPU tensors)
-                assert torch.equal(gated_into(act, gate_up, down, x), act_into(act, down, gate_up(x))), m
-            else:  # the activation kernel CUDA runs
-                h = (gelu_tanh_and_mul_triton if gelu else silu_and_mul_triton)(gate_up(x))
-                assert torch.equal(fused, h) and torch.equal(gated_into(act, gate_up, down, x), down(h)), m
-    finally:
-        wna16.use_triton = old_use
-
-
 def check_wna16_dense_from(device, dtype, n, k, rows, value):
     """PAGEDLLM_WNA16_DENSE_FROM=value: wna16_linear at each of `rows` is bit for bit the dequantized
     weight's GEMM (x @ dequantize_wna16_triton) where the rows reach ROWS and the weight has at most
@@ -137,12 +97,6 @@ def check_wna16_dense_from(device, dtype, n, k, rows, value):
         wna16.use_triton = old_use
         _restore_env("PAGEDLLM_WNA16_DENSE_FROM", old_value)
         wna16.dense_from.cache_clear()
-
-
-@pytest.mark.parametrize("gelu,symmetric", [(False, True), (True, False)])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_gated_mlp(dtype, gelu, symmetric):
-    check_gated_mlp("cuda", dtype, gelu, symmetric)
 
 
 @pytest.mark.parametrize("value", ["128", "64:20000000"])

@@ -81,28 +81,6 @@ def check_wna16_gemm(device, dtype, m, n, k, bits=4, group_k=128, symmetric=True
             _close(out, wna16_linear_torch(x, qw, s, z, bits, b), dtype)
 
 
-def check_wna16_gated(device, dtype, m, n, k, group_k=128, symmetric=True, bias=False, config=None, gelu=False,
-                      kperm=False, seed=0):
-    """gemvp's gated mode (act="silu" / "gelu_tanh": a [gate | up] weight, act(gate) * up stored by
-    the GEMV itself) bit for bit against the two kernels it replaces: the GEMV's [m, n] output,
-    then the activation kernel on it."""
-    from pagedllm.kernels import wna16_triton
-    from pagedllm.kernels.activation_triton import gelu_tanh_and_mul_triton, silu_and_mul_triton
-
-    g = torch.Generator().manual_seed(seed)
-    qw, s, z = _weights(n, k, 4, group_k, symmetric, device, g)
-    qk = kperm_pack(qw) if kperm else qw
-    b = (torch.randn(n, generator=g) * 0.1).to(device=device, dtype=dtype) if bias else None
-    x = torch.randn(m, k, generator=g).to(device=device, dtype=dtype)
-    cfg = tuple(config) if config else None
-    out = wna16_triton.wna16_gemm_triton(x, qk, s, z, 4, b, config=cfg, kperm=kperm,
-                                         act="gelu_tanh" if gelu else "silu")  # fmt: skip
-    h = wna16_triton.wna16_gemm_triton(x, qk, s, z, 4, b, config=cfg, kperm=kperm)
-    want = (gelu_tanh_and_mul_triton if gelu else silu_and_mul_triton)(h)
-    assert out.dtype == dtype and out.shape == (m, n // 2)
-    assert torch.equal(out, want), (out - want).abs().max()
-
-
 def check_wna16_dequant(device, dtype, n, k, bits=4, group_k=128, symmetric=True, seed=0, kperm=False):
     from pagedllm.kernels.wna16_triton import dequantize_wna16_triton
 
@@ -284,48 +262,6 @@ def test_engine_steps_permuted_layout_decodes_the_same_tokens(tmp_path, tokenize
     torch.cuda.empty_cache()
     for a, b in zip(tokens["1"], tokens["0"], strict=True):
         assert a[0] == b[0] and sum(x == y for x, y in zip(a, b, strict=True)) >= len(b) // 2, (a, b)
-
-
-@pytest.mark.parametrize("m,n,k,group_k,symmetric,gelu,kperm", [
-    (1, 28672, 4096, 128, True, False, True),  # Llama-3.1-8B's gate/up (gemvp_config's tile, one split)
-    (1, 28672, 4096, 32, False, True, False),
-    (3, 9000, 512, None, False, False, False),  # ragged column blocks, per-channel scales, 3 rows
-])  # fmt: skip
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_wna16_gated_gemv(m, n, k, group_k, symmetric, gelu, kperm, dtype):
-    """gemvp's gated mode at its default tiles (PTX arithmetic, PDL) equals the GEMV + activation
-    kernels bit for bit."""
-    check_wna16_gated("cuda", dtype, m, n, k, group_k, symmetric, gelu=gelu, kperm=kperm)
-
-
-def test_engine_gated_gemv_decodes_the_same_tokens(tmp_path, tokenizer_dir, monkeypatch):
-    """PAGEDLLM_FUSED_GATED_GEMV=1: a tiny bf16 GPTQ checkpoint whose gate/up is wide enough for one
-    split (2 x 4,160 outputs) takes the gated GEMV in its decode steps (CUDA graphs; counted) and
-    decodes the tokens of the two kernels."""
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
-    from conftest import save_tiny_model, tiny_config
-    from test_wna16 import FORMATS, GREEDY, PROMPTS, write_checkpoint
-
-    from pagedllm import LLM
-    from pagedllm.model.layers.quantization import wna16 as method
-
-    cfg = tiny_config("llama", hidden=256, heads=4, kv_heads=2, layers=2, intermediate_size=4160,
-                      initializer_range=0.05)  # fmt: skip
-    path = write_checkpoint(save_tiny_model(cfg, str(tmp_path / "plain"), tokenizer_dir, seed=3),
-                            str(tmp_path / "ckpt"), FORMATS["gptq-g64-sym"])  # fmt: skip
-    real, fused = method.wna16_gated_linear, []
-    monkeypatch.setattr(method, "wna16_gated_linear", lambda *a: fused.append(real(*a)) or fused[-1])
-    tokens = {}
-    for on in ("0", "1"):
-        monkeypatch.setenv("PAGEDLLM_FUSED_GATED_GEMV", on)
-        llm = LLM(path, dtype="bfloat16", kv_cache_memory="64MiB", max_model_len=256)
-        tokens[on] = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
-        del llm
-        torch.cuda.empty_cache()
-        assert any(f is not None for f in fused) == (on == "1"), (on, len(fused))
-    assert tokens["1"] == tokens["0"]
 
 
 # ---- the 4-bit swap-AB kernel -------------------------------------------------------------------

@@ -79,12 +79,6 @@ _CASES = {
                                   {"config": ["dot", 16, 32, 64, 4, 1, 1], "kperm": True}),
     "dotj_kperm_g128_asym_bias": ("check_wna16_gemm", [9, 40, 256, 4, 128, False],
                                   {"bias": True, "config": ["dotj", 16, 32, 128, 4, 1, 1], "kperm": True}),
-    # gemvp's gated mode: act(gate) * up stored by the GEMV (ragged column blocks: 20 of each at 8 a block)
-    "gemvp_gated_g32_asym": ("check_wna16_gated", [1, 48, 256, 32, False], {"config": ["gemvp", 1, 16, 128, 4, 1, 1]}),
-    "gemvp_gated_channel_gelu_bias": ("check_wna16_gated", [2, 40, 192, None, False],
-                                      {"config": ["gemvp", 1, 16, 64, 4, 1, 1], "gelu": True, "bias": True}),
-    "gemvp_gated_kperm_g128_sym": ("check_wna16_gated", [1, 64, 512, 128, True],
-                                   {"config": ["gemvp", 1, 32, 256, 4, 1, 1], "kperm": True}),
     "dequant_kperm_channel_asym": ("check_wna16_dequant", [24, 256, 4, None, False], {"kperm": True}),
     "dequant_g32_asym": ("check_wna16_dequant", [40, 256, 4, 32, False], {}),
     "dequant_int8_channel": ("check_wna16_dequant", [24, 96, 8, None, True], {}),
@@ -298,24 +292,3 @@ def test_inline_ptx_rule(monkeypatch):
         assert _triton.inline_ptx(torch.device("cpu"), torch.float16) is False
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert _triton.inline_ptx(cuda, torch.float16) is False
-
-
-def test_gated_gemvp_compiles_for_sm90():
-    """gemvp's gated mode (PAGEDLLM_FUSED_GATED_GEMV) at gate/up's tile compiles for sm_90 within
-    GATED_MAXNREG registers, as many as the plain tile takes uncapped (4 programs of 8 warps an SM)."""
-    from pagedllm.kernels import wna16_gemv_triton as gp
-    from pagedllm.kernels.inspect_sm90 import compile_sm90, resources
-    from pagedllm.kernels.wna16_triton import GATED_MAXNREG
-
-    sig = {"x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*bf16", "b_ptr": "*bf16",
-           "out_ptr": "*bf16", "ws_ptr": "*fp32", "count_ptr": "*i32", "M": "i32", "N": "i32", "KW": "i32",
-           "KW_PER_SPLIT": "i32", "stride_xm": "i32", "stride_wk": "i32", "stride_sg": "i32", "stride_om": "i32"}
-    const = dict(GROUP_K=128, HAS_ZERO=False, HAS_BIAS=False, SPLIT_K=1, EVEN=True, BLOCK_N=32, BLOCK_KW=128,
-                 ASM=True, PREFETCH=True, LAST=False, KPERM=True, PDL=True)
-    plain = resources(compile_sm90(gp._wna16_gemv_packed_kernel, sig, const, 8, 2, aligned=_GEMV_ALIGNED))
-    gated = compile_sm90(gp._wna16_gemv_packed_kernel, sig, {**const, "GATED": True}, 8, 2, aligned=_GEMV_ALIGNED,
-                         maxnreg=GATED_MAXNREG)  # fmt: skip
-    used = resources(gated)
-    if plain is None or used is None:
-        pytest.skip("no cuobjdump to read the registers")
-    assert used["regs"] <= GATED_MAXNREG == plain["regs"] and used["stack"] <= 16, (plain, used)

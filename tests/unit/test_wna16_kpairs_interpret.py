@@ -90,10 +90,6 @@ _DISPATCH_CASES = {
 _DTYPES = ["bfloat16", "float16", "float32"]
 _KEYS = [f"{name}:{dt}" for name in _CASES for dt in _DTYPES]
 _DISPATCH_KEYS = [f"{name}:{dt}" for name in _DISPATCH_CASES for dt in _DTYPES]
-# gemvp's gated mode through the layers (PAGEDLLM_FUSED_GATED_GEMV; 16-bit activations; about 30 s each here)
-_DISPATCH_CASES["gated_mlp_silu"] = ("check_gated_mlp", [], {})
-_DISPATCH_CASES["gated_mlp_gelu_asym"] = ("check_gated_mlp", [], {"gelu": True, "symmetric": False})
-_DISPATCH_KEYS += ["gated_mlp_silu:bfloat16", "gated_mlp_gelu_asym:float16"]
 
 
 @pytest.fixture(scope="module")

@@ -3,12 +3,7 @@
 `act_into(act, linear, h)` is `linear(act(h))`, except where the linear multiplies per-token FP8
 rows (an FP8 layer's W8A8 product): there the activation's kernel writes those rows itself
 (kernels/activation.act_and_mul_fp8), and no 16-bit product nor quantization kernel is made;
-PAGEDLLM_FUSED_ACT_FP8=0 (read when the module is built) keeps the two kernels.
-
-`gated_into(act, gate_up, down, x)` is `act_into(act, down, gate_up(x))`, except that with
-PAGEDLLM_FUSED_GATED_GEMV=1 (opt-in, not yet timed on a GPU) a 4-bit gate_up whose few rows take
-the gemvp GEMV in one split stores act(gate) * up itself (kernels/wna16.wna16_gated_linear): no
-activation kernel, nor the [T, 2 * d] product it reads."""
+PAGEDLLM_FUSED_ACT_FP8=0 (read when the module is built) keeps the two kernels."""
 
 from __future__ import annotations
 
@@ -25,7 +20,6 @@ class SiluAndMul(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.fp8_rows = fusion_enabled("ACT_FP8")  # act_into may quantize in this kernel
-        self.gated_gemv = fusion_enabled("GATED_GEMV", default=False)  # gated_into: gate_up's GEMV does it
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return silu_and_mul(x)
@@ -46,13 +40,3 @@ def act_into(act: SiluAndMul, linear: nn.Module, h: torch.Tensor) -> torch.Tenso
     if act.fp8_rows and linear.takes_fp8_rows(h):
         return linear(act_and_mul_fp8(h, act.gelu_tanh))
     return linear(act(h))
-
-
-def gated_into(act: SiluAndMul, gate_up: nn.Module, down: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """down(act(gate_up(x))) for gate_up's [T, 2 * d] [gate | up] output: one kernel for the
-    product and the activation where `act.gated_gemv` and gate_up has one (`gated`), else act_into."""
-    if act.gated_gemv:
-        h = gate_up.gated(x, act.gelu_tanh)
-        if h is not None:
-            return down(h)
-    return act_into(act, down, gate_up(x))

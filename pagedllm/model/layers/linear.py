@@ -108,13 +108,6 @@ class ColumnParallelLinear(LinearBase):
             return self.quant_method.apply(self, x, bias)
         return dense_linear(self, x, bias)
 
-    def gated(self, x: torch.Tensor, gelu_tanh: bool) -> torch.Tensor | None:
-        """act(gate) * up of forward's [gate | up] output in one kernel where the quantized product
-        has one (quant_method.apply_gated: 4-bit GEMVs), else None."""
-        if self.quant_method is None:
-            return None
-        return self.quant_method.apply_gated(self, x, None if self.skip_bias_add else self.bias, gelu_tanh)
-
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
     """Several column-parallel outputs stored as one matrix (gate and up projections); each

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from pagedllm.distributed import SINGLE, ParallelState
-from pagedllm.model.layers.activation import GeluTanhAndMul, gated_into
+from pagedllm.model.layers.activation import GeluTanhAndMul, act_into
 from pagedllm.model.layers.attention import layer_sliding_window
 from pagedllm.model.layers.layernorm import RMSNorm
 from pagedllm.model.layers.linear import MergedColumnParallelLinear, RowParallelLinear, copy_checked, materialize
@@ -57,7 +57,7 @@ class GemmaMLP(nn.Module):
         self.act_fn = GeluTanhAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return gated_into(self.act_fn, self.gate_up_proj, self.down_proj, x)
+        return act_into(self.act_fn, self.down_proj, self.gate_up_proj(x))
 
 
 class Gemma2Attention(LlamaAttention):

@@ -22,7 +22,7 @@ from torch import nn
 from pagedllm.attention.backend import ForwardBatch
 from pagedllm.distributed import SINGLE, ParallelState
 from pagedllm.kernels._triton import fusion_enabled
-from pagedllm.model.layers.activation import SiluAndMul, gated_into
+from pagedllm.model.layers.activation import SiluAndMul, act_into
 from pagedllm.model.layers.attention import Attention, layer_sliding_window
 from pagedllm.model.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from pagedllm.model.layers.layernorm import RMSNorm, norm_into
@@ -141,7 +141,7 @@ class LlamaMLP(nn.Module):
         return self.gate_up_proj if type(self).forward is LlamaMLP.forward else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return gated_into(self.act_fn, self.gate_up_proj, self.down_proj, x)
+        return act_into(self.act_fn, self.down_proj, self.gate_up_proj(x))
 
 
 class LlamaDecoderLayer(nn.Module):

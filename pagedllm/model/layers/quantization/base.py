@@ -37,13 +37,6 @@ class LinearMethod(ABC):
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x [T, in_per_rank] -> [T, out_per_rank] (before any all-reduce)."""
 
-    def apply_gated(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None,
-                    gelu_tanh: bool) -> torch.Tensor | None:  # fmt: skip
-        """act(gate) * up of `apply`'s [gate | up] output ([T, out_per_rank / 2]; act SiLU, or
-        GELU(tanh)) from one kernel, where the method has one for x; else None (the caller runs
-        apply and the activation). None here: only 4-bit GEMVs have one (wna16.py)."""
-        return None
-
     def takes_fp8_rows(self, layer: nn.Module, x: torch.Tensor) -> bool:
         """Whether `apply` would quantize activations like x per token to FP8 (W8A8), and so takes
         them as kernels/fp8.Fp8Rows already quantized; no method but FP8's does."""

@@ -48,7 +48,6 @@ from pagedllm.kernels.wna16 import (
     swap_enabled,
     to_int4_nk,
     unpack_rows,
-    wna16_gated_linear,
     wna16_int4_nk_linear,
     wna16_linear,
 )
@@ -312,23 +311,11 @@ class WNA16LinearMethod(LinearMethod):
         layer.zeros = None if zeros is None else nn.Parameter(zeros.contiguous(), requires_grad=False)
         layer.perm = None if perm is None else nn.Parameter(perm, requires_grad=False)
 
-    def _permuted(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """x's columns in the weight's input order (desc_act checkpoints' g_idx), else x."""
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if layer.perm is not None:
             if int(layer.perm.shape[0]) != x.shape[1]:  # padded groups read a zero column
                 x = torch.nn.functional.pad(x, (0, 1))
             x = x.index_select(1, layer.perm)
-        return x
-
-    def apply_gated(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None,
-                    gelu_tanh: bool) -> torch.Tensor | None:  # fmt: skip
-        if self.int4_nk:
-            return None
-        return wna16_gated_linear(self._permuted(layer, x), layer.qweight, layer.scales, layer.zeros,
-                                  self.config.bits, bias, layer.kperm, gelu_tanh)  # fmt: skip
-
-    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        x = self._permuted(layer, x)
         if self.int4_nk:
             return wna16_int4_nk_linear(x, layer.qweight, layer.scales, layer.zeros, bias)
         return wna16_linear(x, layer.qweight, layer.scales, layer.zeros, self.config.bits, bias, layer.kperm)
