@@ -45,7 +45,8 @@
 # (the MoE preload's GPU tests: the chain with it off, the engine's tokens with PDL), defaulttests (the GPU tests
 # of the defaults: kpairs, the 4-bit dispatch and engine, gemvp's prefetch, PDL, the MoE kernels), w2gemvpcfg (W2
 # gptq at gemvp configs that split the projections so that more of their weights load before the PDL wait;
-# $W2GEMVP_CFGS), moeswapcfg (Qwen3-30B-A3B batch 1 at swap-AB configs for q/k/v and o; $MOESWAP_CFGS),
+# $W2GEMVP_CFGS), moegucfg and moedowncfg (Qwen3-30B-A3B batch 1 at the small MoE kernels' gate/up or down tiles;
+# $MOEGU_CFGS, $MOEDOWN_CFGS), moeswapcfg (Qwen3-30B-A3B batch 1 at swap-AB configs for q/k/v and o; $MOESWAP_CFGS),
 # ropetests (the decode kernel doing qkv_rope's work: its GPU tests; gemvp's dispatch and engine tests), moerope
 # and w2rope (Qwen3-30B-A3B batch 1 / W2 gptq: A the defaults, B PAGEDLLM_FUSED_ROPE_DECODE=0), moepreload and
 # w2preload (the same, B PAGEDLLM_DECODE_PRELOAD=0: the decode kernel's first KV tile after its wait), trace (kernel
@@ -331,6 +332,12 @@ cfgvariants() {  # step runner VAR "name=value|...": the runner (moe, w2gptq) at
 # programs unsplit, o 128 (split 4).
 cfgvariants w2gemvpcfg w2gptq PAGEDLLM_GEMVP_CONFIG "${W2GEMVP_CFGS:-old=6144,4096:64,1024,8,2,1;4096,4096:32,512,8,4,1\
 |qkv1=6144,4096:64,1024,8,2,1}"
+# Qwen3-30B-A3B batch 1, the small MoE kernels (fused_moe_small_triton.tile_overrides; the H200 sweep's bests,
+# each kernel alone: gate/up 64 x 128, 4 warps, 4 stages, 96 programs on 132 SMs; down 64 x 128, 4 warps, 3
+# stages, one expert a program, 256 programs): gate/up over more SMs, down in fewer programs
+cfgvariants moegucfg moe PAGEDLLM_MOE_GATE_UP_CONFIG "${MOEGU_CFGS:-gu32=1536,2048:32,128,4,4|gu32s3=1536,2048:32,128,4,3\
+|gu16=1536,2048:16,256,2,3}"
+cfgvariants moedowncfg moe PAGEDLLM_MOE_DOWN_CONFIG "${MOEDOWN_CFGS:-d128=2048,768:128,128,4,3,1|d32=2048,768:32,128,4,3,1}"
 cfgvariants moeswapcfg moe PAGEDLLM_SWAP_CONFIG "${MOESWAP_CFGS:-qkv2=5120,2048:64,256,2,4,3|qkv4=5120,2048:64,128,4,4,3\
 |o8=2048,4096:64,128,8,4,3|o2=2048,4096:64,256,2,4,4|both=5120,2048:64,256,2,4,3;2048,4096:64,128,8,4,3}"
 if step l2bench 60; then  # whether a few-row linear gains from its weight in L2, and the side stream's prefetch

@@ -46,7 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedllm.kernels._triton import env_flag, next_power_of_2, pdl, stages_for
+from pagedllm.kernels._triton import env_flag, next_power_of_2, pdl, shape_configs, stages_for
 from pagedllm.kernels.attention import _dot_precision
 from pagedllm.kernels.counters import counters
 from pagedllm.kernels.pdl_triton import pdl_release, pdl_wait
@@ -79,6 +79,31 @@ def default_tiles(dtype: torch.dtype, num_tokens: int = 1) -> tuple[tuple, tuple
     if dtype == torch.float32:
         return FP32_GATE_UP, FP32_DOWN
     return DEFAULT_GATE_UP, DEFAULT_DOWN_ONE_TOKEN if num_tokens == 1 else DEFAULT_DOWN
+
+
+def _valid_tiles(c: tuple) -> bool:
+    block_n, block_k, warps, stages = c[:4]
+    return (all(b >= 16 and next_power_of_2(b) == b for b in (block_n, block_k)) and warps in (1, 2, 4, 8)
+            and 1 <= stages <= 6 and all(e >= 1 for e in c[4:]))
+
+
+@functools.cache
+def tile_overrides() -> tuple[dict, dict]:
+    """PAGEDLLM_MOE_GATE_UP_CONFIG ("N,K:block_n,block_k,warps,stages", N = 2 x the experts'
+    intermediate size, K the hidden size) and PAGEDLLM_MOE_DOWN_CONFIG ("N,K:block_n,block_k,warps,
+    stages,experts a program", N the hidden size, K the intermediate one), entries separated by ";"
+    (read once): the small kernels' tiles at those shapes in place of default_tiles', at every token
+    count -- for A/B runs of whole decode steps, where PDL and the kernels around them change what a
+    tile costs (the sweeps time each kernel alone). Unset, none; anything else a ValueError naming the
+    variable."""
+    return (shape_configs("PAGEDLLM_MOE_GATE_UP_CONFIG", "block_n,block_k,warps,stages", _valid_tiles),
+            shape_configs("PAGEDLLM_MOE_DOWN_CONFIG", "block_n,block_k,warps,stages,experts", _valid_tiles))
+
+
+def tiles_for(kernel: int, dtype: torch.dtype, num_tokens: int, w: torch.Tensor) -> tuple:
+    """The tiles of kernel 0 (gate/up, w13 [E, 2I, H]) or 1 (down, w2 [E, H, I]) at its weight's shape:
+    tile_overrides' where they name it, else default_tiles'."""
+    return tile_overrides()[kernel].get(tuple(w.shape[1:]), default_tiles(dtype, num_tokens)[kernel])
 
 
 @triton.jit
@@ -303,7 +328,7 @@ def small_gate_up(
     num_tokens, top_k = topk_ids.shape
     inter = w13.shape[1] // 2
     hidden = x.shape[1]
-    block_n, block_k, num_warps, num_stages = tiles or default_tiles(x.dtype, num_tokens)[0]
+    block_n, block_k, num_warps, num_stages = tiles or tiles_for(0, x.dtype, num_tokens, w13)
     assert w13.stride(2) == 1 and x.stride(1) == 1
     h = torch.empty((num_tokens * top_k, inter), dtype=x.dtype, device=x.device)
     flat = topk_ids.reshape(-1)
@@ -349,7 +374,7 @@ def small_down(
     on the same routing."""
     num_tokens, top_k = topk_ids.shape
     hidden, inter = w2.shape[1], w2.shape[2]
-    tiles = tiles or default_tiles(h.dtype, num_tokens)[1]
+    tiles = tiles or tiles_for(1, h.dtype, num_tokens, w2)
     block_n, block_k, num_warps, num_stages = tiles[:4]
     per_program = experts_per_program(tiles, top_k)
     assert not preload or per_program == 1, "the down kernel's preload takes one expert a program"
@@ -388,11 +413,11 @@ def fused_experts_small(
     down_tiles: tuple | None = None,
 ) -> torch.Tensor:
     """fused_experts_triton's result for a few tokens: x [T, H], topk_*: [T, K] -> [T, H].
-    *_tiles: (BLOCK_N, BLOCK_K, num_warps, num_stages) of each kernel (None: default_tiles)."""
+    *_tiles: (BLOCK_N, BLOCK_K, num_warps, num_stages) of each kernel (None: tiles_for's)."""
     if topk_ids.shape[0] == 0:
         return x.new_zeros((0, w2.shape[1]))
     x = x if x.stride(-1) == 1 else x.contiguous()
-    down_tiles = down_tiles or default_tiles(x.dtype, topk_ids.shape[0])[1]
+    down_tiles = down_tiles or tiles_for(1, x.dtype, topk_ids.shape[0], w2)
     preload = down_preload() and experts_per_program(down_tiles, topk_ids.shape[1]) == 1
     h = small_gate_up(x, w13, topk_ids, expert_map, expert_load, slot_mapping, gate_up_tiles, release_late=preload)
     return small_down(h, w2, topk_weights, topk_ids, expert_map, down_tiles, preload=preload)

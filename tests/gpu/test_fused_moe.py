@@ -80,16 +80,20 @@ def _second_rank_experts(w13, w2, ep_ranks: int):
 
 
 def check_fused_experts(device, dtype, num_tokens, hidden, inter, num_experts, top_k, skew="uniform",
-                        ties=False, ep_ranks=1, seed=0, path="auto", tiles=None, calls=1, preload=True):
+                        ties=False, ep_ranks=1, seed=0, path="auto", tiles=None, calls=1, preload=True,
+                        tile_env=(None, None)):  # fmt: skip
     """path: "auto" (fused_experts_triton's choice), "grouped" or "small"; tiles: the small
-    path's (gate/up, down) tiles, its defaults if None; calls: checked that many times in a row on
-    new inputs (seeds seed, seed + 1, ...: the small down kernel's counters must be back at zero);
-    preload: PAGEDLLM_MOE_PRELOAD, on by default (the down kernel's first tile before its wait, added last)."""
+    path's (gate/up, down) tiles, if None its own choice (tiles_for); calls: checked that many times in a
+    row on new inputs (seeds seed, seed + 1, ...: the small down kernel's counters must be back at zero);
+    preload: PAGEDLLM_MOE_PRELOAD, on by default (the down kernel's first tile before its wait, added last);
+    tile_env: PAGEDLLM_MOE_GATE_UP_CONFIG and PAGEDLLM_MOE_DOWN_CONFIG (None: as they are)."""
     from test_small_m_gpu import env_switch
 
     from pagedllm.kernels import fused_moe_small_triton as small
 
-    with env_switch("PAGEDLLM_MOE_PRELOAD", "1" if preload else "0", small.down_preload):
+    with (env_switch("PAGEDLLM_MOE_PRELOAD", "1" if preload else "0", small.down_preload),
+          env_switch("PAGEDLLM_MOE_GATE_UP_CONFIG", tile_env[0], small.tile_overrides),
+          env_switch("PAGEDLLM_MOE_DOWN_CONFIG", tile_env[1], small.tile_overrides)):  # fmt: skip
         for s in range(seed, seed + calls):
             _check_fused_experts_once(
                 device, dtype, num_tokens, hidden, inter, num_experts, top_k, skew, ties, ep_ranks, s, path, tiles
@@ -114,8 +118,8 @@ def _check_fused_experts_once(
     slots = torch.arange(num_tokens, device=device)
     slots[num_tokens // 2 :: 3] = -1  # padding rows: computed, not counted in the load
     if path == "small":
-        gate_up, down = tiles or small.default_tiles(dtype, num_tokens)
-        got = small.fused_experts_small(x, w13, w2, weights, ids, expert_map, load, slots, tuple(gate_up), tuple(down))
+        gate_up, down = (tuple(t) for t in tiles) if tiles else (None, None)
+        got = small.fused_experts_small(x, w13, w2, weights, ids, expert_map, load, slots, gate_up, down)
     else:
         run = fused_experts_grouped if path == "grouped" else fused_experts_triton
         got = run(x, w13, w2, weights, ids, expert_map, load, slots)

@@ -52,6 +52,10 @@ _CASES = {
                                          {"ep_ranks": 2, "tiles": _TILES_16, **_S}),
     "small_no_preload_twice:float32": ("check_fused_experts", [1, 64, 32, 16, 8],
                                        {"tiles": _TILES_16, "calls": 2, "preload": False, **_S}),
+    # the tiles of PAGEDLLM_MOE_GATE_UP_CONFIG / PAGEDLLM_MOE_DOWN_CONFIG at these weights' shapes (w13
+    # [16, 64, 64], w2 [16, 64, 32]): 16-wide tiles, the down kernel two experts a program (a split sum)
+    "small_env_tiles_twice:float32": ("check_fused_experts", [1, 64, 32, 16, 8],
+                                      {"tile_env": ["64,64:16,16,4,1", "64,32:16,16,4,1,2"], "calls": 2, **_S}),
     # fused_experts_triton's choice by the pair count (3 x 2 pairs: the small path)
     "experts_auto:float32": ("check_fused_experts", [3, 32, 16, 8, 2], {}),
     "align:int64": ("check_align", [30, 16, 4, 16], {}),
@@ -169,3 +173,39 @@ def test_float32_default_tiles_fit_shared_memory(kernel):
     constexprs.update(BLOCK_N=block_n, BLOCK_K=block_k, PAD_COLS=16)
     compiled = compile_sm90(fn, sig, constexprs, num_warps, num_stages, aligned=_ALIGNED)
     assert compiled.metadata.shared <= 232448, compiled.metadata.shared
+
+
+def test_tile_overrides_name_shapes(monkeypatch):
+    """PAGEDLLM_MOE_GATE_UP_CONFIG / PAGEDLLM_MOE_DOWN_CONFIG give the small kernels' tiles at the weight
+    shapes they name (Qwen3-30B-A3B's w13 [128, 1536, 2048], w2 [128, 2048, 768]); other shapes and
+    unset variables keep default_tiles'; a malformed entry is a ValueError naming its variable."""
+    import torch
+
+    from pagedllm.kernels import fused_moe_small_triton as small
+
+    w13, w2 = torch.empty(128, 1536, 2048, device="meta"), torch.empty(128, 2048, 768, device="meta")
+    other = torch.empty(4, 64, 32, device="meta")
+    defaults = small.default_tiles(torch.bfloat16, 1)
+    try:
+        monkeypatch.setenv("PAGEDLLM_MOE_GATE_UP_CONFIG", "1536,2048:32,128,4,4")
+        monkeypatch.setenv("PAGEDLLM_MOE_DOWN_CONFIG", "2048,768:32,256,4,3,2; 64,32:16,16,1,1,8")
+        small.tile_overrides.cache_clear()
+        assert small.tiles_for(0, torch.bfloat16, 1, w13) == (32, 128, 4, 4) != defaults[0]
+        assert small.tiles_for(1, torch.bfloat16, 1, w2) == (32, 256, 4, 3, 2) != defaults[1]
+        assert small.tiles_for(1, torch.bfloat16, 1, other) == (16, 16, 1, 1, 8)
+        assert small.tiles_for(0, torch.bfloat16, 1, other) == defaults[0]
+        assert small.tiles_for(1, torch.bfloat16, 3, w13) == small.default_tiles(torch.bfloat16, 3)[1]
+        for name, bad in (("PAGEDLLM_MOE_GATE_UP_CONFIG", "1536,2048:32,128,4"),
+                          ("PAGEDLLM_MOE_GATE_UP_CONFIG", "1536,2048:48,128,4,4"),
+                          ("PAGEDLLM_MOE_DOWN_CONFIG", "2048,768:32,256,4,3"),
+                          ("PAGEDLLM_MOE_DOWN_CONFIG", "2048,768:32,256,3,3,1"),
+                          ("PAGEDLLM_MOE_DOWN_CONFIG", "2048,768:32,256,4,3,0")):
+            monkeypatch.setenv(name, bad)
+            small.tile_overrides.cache_clear()
+            with pytest.raises(ValueError, match=name):
+                small.tile_overrides()
+            monkeypatch.delenv(name)
+        small.tile_overrides.cache_clear()
+        assert small.tile_overrides() == ({}, {})
+    finally:
+        small.tile_overrides.cache_clear()
