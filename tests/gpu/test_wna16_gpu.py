@@ -162,10 +162,11 @@ def test_wna16_configs(config):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("m,n,k", [(1, 4096, 4096), (3, 1000, 2048), (1, 4096, 14336), (2, 28672, 4096)])
 @pytest.mark.parametrize("group_k,symmetric", [(128, True), (32, False), (64, True), (None, False)])
-@pytest.mark.parametrize("tile", [(32, 1024, 8, 1), (64, 512, 4, 4), (128, 256, 4, 2)])
+@pytest.mark.parametrize("tile", [(32, 1024, 8, 1), (32, 1024, 8, 3), (32, 512, 4, 1), (64, 512, 4, 4), (128, 256, 4, 2)])
 def test_wna16_gemvp(dtype, m, n, k, group_k, symmetric, tile):
     """The packed 16-bit GEMV's PTX (the interpreter runs only its Triton-op twin) against the
-    torch reference: both activation types, groups and per channel, split-K, a ragged K tile."""
+    torch reference: both activation types, groups and per channel, split-K, a ragged K tile (among
+    the tiles gemvp_config's down (1,024 inputs split 3) and gate/up (4 warps, 512 inputs))."""
     bn, bk, warps, split = tile
     check_wna16_gemm("cuda", dtype, m, n, k, 4, group_k, symmetric, bias=m % 2 == 0,
                      config=("gemvp", 1, bn, bk, warps, 2, split))
@@ -209,6 +210,7 @@ def test_wna16_dequant(bits, group_k, symmetric):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 @pytest.mark.parametrize("config", [("gemvp", 1, 32, 512, 8, 4, 1), ("gemvp", 1, 64, 1024, 4, 2, 3),
+                                    ("gemvp", 1, 32, 1024, 8, 2, 3), ("gemvp", 1, 32, 512, 4, 2, 1),
                                     ("gemv", 1, 32, 512, 4, 2, 2), ("dot", 16, 32, 64, 4, 3, 1),
                                     ("dotj", 64, 128, 128, 8, 3, 1)])
 def test_wna16_kperm_kernels(dtype, config):
