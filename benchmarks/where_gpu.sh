@@ -339,8 +339,10 @@ cfgvariants moegucfg moe PAGEDLLM_MOE_GATE_UP_CONFIG "${MOEGU_CFGS:-gu32=1536,20
 |gu16=1536,2048:16,256,2,3}"
 cfgvariants moedowncfg moe PAGEDLLM_MOE_DOWN_CONFIG "${MOEDOWN_CFGS:-d128=2048,768:128,128,4,3,1|d32=2048,768:32,128,4,3,1}"
 # (block_n,block_k,split_k,warps,stages). The twenty-sixth session's variants (q/k/v split 2 or 4, o split 8 or 2)
-# all lost; here the columns narrower, unsplit: q/k/v 32 wide (160 programs, 2 an SM) and o 32 wide split 4 (256, 3 an SM)
-cfgvariants moeswapcfg moe PAGEDLLM_SWAP_CONFIG "${MOESWAP_CFGS:-qkv32=5120,2048:32,256,1,4,4|o32=2048,4096:32,256,4,4,3}"
+# all lost; here the columns narrower, unsplit: q/k/v 32 wide (160 programs, 2 an SM) and o 32 wide split 4 (256, 3 an SM);
+# the fused router (128 experts, 64 wide split 8: 16 programs) in 32 programs of 32 or 8 of 128 (one n tile)
+cfgvariants moeswapcfg moe PAGEDLLM_SWAP_CONFIG "${MOESWAP_CFGS:-qkv32=5120,2048:32,256,1,4,4|o32=2048,4096:32,256,4,4,3\
+|r32=128,2048:32,128,8,4,3|r128=128,2048:128,128,8,4,4}"
 if step l2bench 60; then  # whether a few-row linear gains from its weight in L2, and the side stream's prefetch
   timeout 60 $PY benchmarks/l2_bench.py > "$OUT/l2bench.log" 2>&1; echo "l2bench rc=$? at ${SECONDS} s"; cat "$OUT/l2bench.log"
 fi
