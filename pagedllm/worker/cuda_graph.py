@@ -8,8 +8,8 @@ there, so replaying copies nothing; padding rows get slot -1 (nothing stored) an
 (the decode kernel writes zeros).
 The attention grid depends only on the batch size and the `max_seq_len` bound, which is
 `max_model_len` at capture and at replay -- and, with PAGEDLLM_GRAPH_CONTEXT_BUCKETS (on by default,
-=0 off; Qwen3-30B-A3B batch 1 on an H100 3.246 -> 3.195 ms/token, three rounds alternated), the smaller bounds of
-CONTEXT_BUCKETS for the batch sizes whose decode split count they change: a step replays the
+=0 off, or a list of bounds: context_buckets(); Qwen3-30B-A3B batch 1 on an H100 3.246 -> 3.195 ms/token,
+three rounds alternated), the smaller bounds (CONTEXT_BUCKETS by default) for the batch sizes whose decode split count they change: a step replays the
 graph of the least bound at least its longest context. The decode kernel cuts each request's
 actual length into the grid's splits, so any bound is correct; a small one only spares short
 contexts the splits (and the reduce kernel) that a long max_model_len asks for at small batches
@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import time
 from typing import Any
 
 import torch
 
 from pagedllm.attention.backend import AttentionBackend, ForwardBatch
-from pagedllm.kernels._triton import env_flag
 from pagedllm.worker.input_batch import StepBuffers, aligned, int32_offsets
 
 logger = logging.getLogger(__name__)
@@ -46,19 +46,31 @@ CONTEXT_BUCKETS = (1024, 4096)
 
 
 @functools.cache
-def context_buckets() -> bool:
-    """PAGEDLLM_GRAPH_CONTEXT_BUCKETS: decode graphs for CONTEXT_BUCKETS too (read once; on by default)."""
-    return env_flag("PAGEDLLM_GRAPH_CONTEXT_BUCKETS", default=True)
+def context_buckets() -> tuple[int, ...]:
+    """The bounds below max_model_len decode graphs are captured for, from
+    PAGEDLLM_GRAPH_CONTEXT_BUCKETS (read once): unset or 1 CONTEXT_BUCKETS, 0 none, or the bounds
+    themselves, comma-separated positive integers (for A/B runs, e.g. "512,1024,4096"); anything
+    else a ValueError naming the variable."""
+    value = os.environ.get("PAGEDLLM_GRAPH_CONTEXT_BUCKETS", "").strip()
+    if value in ("", "1"):
+        return CONTEXT_BUCKETS
+    if value == "0":
+        return ()
+    parts = [p.strip() for p in value.split(",")]
+    if not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"PAGEDLLM_GRAPH_CONTEXT_BUCKETS={value!r}: expected 0, 1 or comma-separated bounds")
+    return tuple(sorted({int(p) for p in parts}))
 
 
-def context_bounds(sizes: list[int], max_model_len: int, split_counts) -> dict[int, list[int]]:
+def context_bounds(sizes: list[int], max_model_len: int, split_counts,
+                   buckets: tuple[int, ...] = CONTEXT_BUCKETS) -> dict[int, list[int]]:  # fmt: skip
     """Per batch size, the ascending max_seq_len bounds to capture a graph for: max_model_len, and
-    each of CONTEXT_BUCKETS below it whose split counts (`split_counts(bs, bound)`, a tuple over the
+    each of `buckets` below it whose split counts (`split_counts(bs, bound)`, a tuple over the
     model's attention layers) differ from the next larger bound kept."""
     bounds = {}
     for bs in sizes:
         kept = [max_model_len]
-        for b in sorted((b for b in CONTEXT_BUCKETS if b < max_model_len), reverse=True):
+        for b in sorted((b for b in buckets if b < max_model_len), reverse=True):
             if split_counts(bs, b) != split_counts(bs, kept[0]):
                 kept.insert(0, b)
         bounds[bs] = kept
@@ -93,11 +105,7 @@ class DecodeGraphs:
         self.max_model_len = max_model_len
         self.max_blocks = buffers.block_tables.shape[1]
         self.sizes = batch_size_ladder(max_bs)
-        self.bounds = (
-            context_bounds(self.sizes, max_model_len, self._split_counts)
-            if context_buckets()
-            else {bs: [max_model_len] for bs in self.sizes}
-        )
+        self.bounds = context_bounds(self.sizes, max_model_len, self._split_counts, context_buckets())
         # the graph runs the LM head too: logits of every row, in the head's dtype (the sampler
         # converts where it needs float32); made by the first (uncaptured) forward pass
         self.logits: torch.Tensor | None = None

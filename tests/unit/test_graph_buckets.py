@@ -26,15 +26,29 @@ def test_context_bounds_follow_the_split_rule():
     assert cuda_graph.context_bounds([2], 4096, lambda bs, b: (1, min(b, 2048)))[2] == [1024, 4096]
 
 
-@pytest.mark.parametrize("value, on", [("", True), ("0", False), ("1", True), ("yes", None)])
-def test_context_buckets_switch(monkeypatch, value, on):
+@pytest.mark.parametrize("value, want", [("", cuda_graph.CONTEXT_BUCKETS), ("1", cuda_graph.CONTEXT_BUCKETS),
+                                         ("0", ()), ("4096, 512,1024", (512, 1024, 4096)), ("768", (768,)),
+                                         ("yes", None), ("512,", None), ("512,-1", None), ("0,512", None)])
+def test_context_buckets_switch(monkeypatch, value, want):
     monkeypatch.setenv("PAGEDLLM_GRAPH_CONTEXT_BUCKETS", value)
     cuda_graph.context_buckets.cache_clear()
     try:
-        if on is None:
+        if want is None:
             with pytest.raises(ValueError, match="PAGEDLLM_GRAPH_CONTEXT_BUCKETS"):
                 cuda_graph.context_buckets()
         else:
-            assert cuda_graph.context_buckets() is on
+            assert cuda_graph.context_buckets() == want
     finally:
         cuda_graph.context_buckets.cache_clear()
+
+
+def test_context_bounds_of_other_buckets():
+    """A 512-token bucket below the default ones: batch 1 of 4 kv heads at max_model_len 4,096 captures
+    4 splits at 512, 8 at 1,024 and 32 at 4,096; no buckets, max_model_len alone."""
+
+    def splits(bs, bound):
+        return (decode_num_splits(bs, 4, bound, 132),)
+
+    assert cuda_graph.context_bounds([1], 4096, splits, (512, 1024, 4096))[1] == [512, 1024, 4096]
+    assert [splits(1, b)[0] for b in (512, 1024, 4096)] == [4, 8, 32]
+    assert cuda_graph.context_bounds([1, 64], 4096, splits, ()) == {1: [4096], 64: [4096]}
