@@ -325,13 +325,10 @@ cfgvariants() {  # step runner VAR "name=value|...": the runner (moe, w2gptq) at
 }
 # Whole decode steps at other tiles under PDL (the sweeps timed each product alone, without PDL; under PDL a
 # program's first tile loads before its wait, so splits that leave each program fewer tiles put more of the
-# weight ahead of it). W2 gptq, gemvp (wna16_triton.gemvp_overrides): q/k/v is 96 programs split 2 ways, o 128
-# split 4 in the register mode (gemvp_config, twenty-seventh session: 2.64 -> 2.58 ms/token on the H100);
-# "old" the configs before it (q/k/v unsplit, o the 4-stage pipeline of 512-input tiles, which waits first),
-# qkv1 q/k/v unsplit alone. Qwen3-30B-A3B batch 1, the swap-AB GEMM (small_m.swap_overrides): q/k/v 80
-# programs unsplit, o 128 (split 4).
-cfgvariants w2gemvpcfg w2gptq PAGEDLLM_GEMVP_CONFIG "${W2GEMVP_CFGS:-old=6144,4096:64,1024,8,2,1;4096,4096:32,512,8,4,1\
-|qkv1=6144,4096:64,1024,8,2,1}"
+# weight ahead of it). W2 gptq, gemvp (wna16_triton.gemvp_config; the thirty-sixth session's: o, down and gate/up
+# each in one wave of 32-column tiles): q/k/v is 96 column tiles of 64 split 2 ways (192 programs at 128
+# registers, 2 an SM); here 32-column ones split 2 (384 at 66-68, 3 an SM) or at 4 warps and 512 inputs (384, 8 an SM).
+cfgvariants w2gemvpcfg w2gptq PAGEDLLM_GEMVP_CONFIG "${W2GEMVP_CFGS:-q32=6144,4096:32,1024,8,2,2|q4w=6144,4096:32,512,4,2,2}"
 # Qwen3-30B-A3B batch 1, the small MoE kernels (fused_moe_small_triton.tile_overrides; the H200 sweep's bests,
 # each kernel alone: gate/up 64 x 128, 4 warps, 4 stages, 96 programs on 132 SMs; down 64 x 128, 4 warps, 3
 # stages, one expert a program, 256 programs): gate/up over more SMs, down in fewer programs
