@@ -45,7 +45,7 @@
 # (the MoE preload's GPU tests: the chain with it off, the engine's tokens with PDL), defaulttests (the GPU tests
 # of the defaults: kpairs, the 4-bit dispatch and engine, gemvp's prefetch, PDL, the MoE kernels), w2gemvpcfg (W2
 # gptq at gemvp configs that split the projections so that more of their weights load before the PDL wait;
-# $W2GEMVP_CFGS), moebucket512 (Qwen3-30B-A3B batch 1: decode graphs at a 512-token bound too), moegucfg and moedowncfg (Qwen3-30B-A3B batch 1 at the small MoE kernels' gate/up or down tiles;
+# $W2GEMVP_CFGS), moebucket512 (Qwen3-30B-A3B batch 1: decode graphs at a 512-token bound too), w2bucket256 (W2 gptq: a 256 bound), moegucfg and moedowncfg (Qwen3-30B-A3B batch 1 at the small MoE kernels' gate/up or down tiles;
 # $MOEGU_CFGS, $MOEDOWN_CFGS), moeswapcfg (Qwen3-30B-A3B batch 1 at swap-AB configs for q/k/v and o; $MOESWAP_CFGS),
 # ropetests (the decode kernel doing qkv_rope's work: its GPU tests; gemvp's dispatch and engine tests), moerope
 # and w2rope (Qwen3-30B-A3B batch 1 / W2 gptq: A the defaults, B PAGEDLLM_FUSED_ROPE_DECODE=0), moepreload and
@@ -335,6 +335,9 @@ cfgvariants w2gemvpcfg w2gptq PAGEDLLM_GEMVP_CONFIG "${W2GEMVP_CFGS:-q32=6144,40
 # Qwen3-30B-A3B batch 1: the default context buckets (its 128-384-token contexts replay the 1,024 bound's 8
 # decode splits) against a 512 bound too (4 splits)
 cfgvariants moebucket512 moe PAGEDLLM_GRAPH_CONTEXT_BUCKETS "${MOEBUCKET_CFGS:-b512=512,1024,4096}"
+# W2 gptq (max_model_len 400: 4 decode splits of Llama's 8 kv heads, 32 programs; 6.97 us a layer exposed in the
+# thirty-first session's trace): a 256-token bound too, its first 128 output tokens in 2 splits
+cfgvariants w2bucket256 w2gptq PAGEDLLM_GRAPH_CONTEXT_BUCKETS "${W2BUCKET_CFGS:-b256=256}"
 cfgvariants moegucfg moe PAGEDLLM_MOE_GATE_UP_CONFIG "${MOEGU_CFGS:-gu32=1536,2048:32,128,4,4|gu32s3=1536,2048:32,128,4,3\
 |gu16=1536,2048:16,256,2,3}"
 cfgvariants moedowncfg moe PAGEDLLM_MOE_DOWN_CONFIG "${MOEDOWN_CFGS:-d128=2048,768:128,128,4,3,1|d32=2048,768:32,128,4,3,1}"
