@@ -46,7 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedllm.kernels._triton import env_flag, next_power_of_2, pdl, shape_configs, stages_for
+from pagedllm.kernels._triton import env_flag, next_power_of_2, num_sms, pdl, shape_configs, stages_for
 from pagedllm.kernels.attention import _dot_precision
 from pagedllm.kernels.counters import counters
 from pagedllm.kernels.pdl_triton import pdl_release, pdl_wait
@@ -223,7 +223,8 @@ def _route_gate_up_kernel(
                       BLOCK_TOPK, BLOCK_M, R_BLOCK_N, R_BLOCK_K, OPERANDS, FP16_MAX_, PDL, 0, count_ptr + 1, True)
     else:
         # the counters only after the previous kernel's end (it may count on them: kernels/counters.py);
-        # the programs of lower ids, the router's, start first, so that this wait always ends
+        # every program is resident at once (route_experts_small launches no more than the SMs), so that
+        # this wait always ends
         pdl_wait(PDL)
         ready = tl.atomic_add(count_ptr + 1, 0, sem="acquire", scope="gpu")
         while ready == 0:
@@ -505,7 +506,9 @@ def route_experts_small(
     """small_m.route_small then fused_experts_small, the router and the gate/up products in one
     kernel (_route_gate_up_kernel): (out [T, H], logits [T, E] float32, topk_weights [T, K] float32,
     topk_ids [T, K] int64), the same values; None where the fused router does not apply
-    (small_m.route_config; router_config given: taken as it is) or the pairs pass SMALL_MAX_PAIRS."""
+    (small_m.route_config; router_config given: taken as it is), the pairs pass SMALL_MAX_PAIRS, or the
+    kernel's programs outnumber the SMs (all resident at once, the gate/up programs' wait on the router's
+    flag needs no order of their start: 1 token of Qwen3-30B-A3B is 16 + 96 programs)."""
     from pagedllm.kernels.small_m import route_config
     from pagedllm.kernels.swap_gemm_triton import stage_bytes as swap_stage_bytes
 
@@ -525,10 +528,13 @@ def route_experts_small(
     down_tiles = down_tiles or tiles_for(1, x.dtype, num_tokens, w2)
     preload = down_preload() and experts_per_program(down_tiles, top_k) == 1
     routers = triton.cdiv(num_experts, cfg.block_n) * split_k
+    programs = routers + num_tokens * top_k * triton.cdiv(inter, block_n)
+    if x.is_cuda and programs > num_sms(x.device.index):
+        return None
     # the two loops' buffers, both counted (whether the compiler shares them or not)
     stage = (stage_bytes(block_n, block_k, 2 * w13.element_size(), x.element_size())
              + swap_stage_bytes(cfg, x.element_size(), router_weight.element_size()))  # fmt: skip
-    _route_gate_up_kernel[(routers + num_tokens * top_k * triton.cdiv(inter, block_n),)](
+    _route_gate_up_kernel[(programs,)](
         x, router_weight, logits, ws, counters(x.device, 3), weights, ids, w13, h,
         expert_map if expert_map is not None else ids, expert_load if expert_load is not None else ids,
         slot_mapping if slot_mapping is not None else ids, num_tokens, num_experts, hidden, k_split, inter,

@@ -292,10 +292,16 @@ def test_topk_softmax(ties, renormalize):
     check_topk_softmax("cuda", torch.float32, 5, 60, 4, renormalize, ties)
 
 
-@pytest.mark.parametrize("num_tokens", [1, 4])
 @pytest.mark.parametrize("ep_ranks", [1, 2])
-def test_route_experts_qwen3_moe_shapes(num_tokens, ep_ranks):
+def test_route_experts_qwen3_moe_shapes(ep_ranks):
     """The router and gate/up kernel at Qwen3-30B-A3B's shapes (128 experts, top-8, hidden 2,048,
-    intermediate 768) and its default tiles: its two steps' results bit for bit, three calls in a row."""
-    check_route_experts("cuda", torch.bfloat16, num_tokens, 2048, 768, 128, 8, ep_ranks=ep_ranks, router_config=None,
-                        calls=3)
+    intermediate 768) and its default tiles, one token (16 + 96 programs): its two steps' results bit for
+    bit, three calls in a row. Two tokens (16 + 192 programs) outnumber the SMs: None, the caller's two
+    kernels instead."""
+    from pagedllm.kernels.fused_moe_small_triton import route_experts_small
+
+    check_route_experts("cuda", torch.bfloat16, 1, 2048, 768, 128, 8, ep_ranks=ep_ranks, router_config=None, calls=3)
+    bf16 = dict(device="cuda", dtype=torch.bfloat16)
+    x, router = torch.randn(2, 2048, **bf16), torch.randn(128, 2048, **bf16)
+    w13, w2 = torch.empty(128, 1536, 2048, **bf16), torch.empty(128, 2048, 768, **bf16)  # (never read)
+    assert route_experts_small(x, router, w13, w2, 8, True) is None
