@@ -346,8 +346,8 @@ cfgvariants w2gemvpcfg w2gptq PAGEDLLM_GEMVP_CONFIG "${W2GEMVP_CFGS:-q32=6144,40
 # each kernel alone: gate/up 64 x 128, 4 warps, 4 stages, 96 programs on 132 SMs; down 64 x 128, 4 warps, 3
 # stages, one expert a program, 256 programs): gate/up over more SMs, down in fewer programs
 # Qwen3-30B-A3B batch 1: the default context buckets (its 128-384-token contexts replay the 1,024 bound's 8
-# decode splits) against a 512 bound too (4 splits)
-cfgvariants moebucket512 moe PAGEDLLM_GRAPH_CONTEXT_BUCKETS "${MOEBUCKET_CFGS:-b512=512,1024,4096}"
+# decode splits) against a 512 bound too (4 splits), and 256 and 512 (2 splits while the context fits 256)
+cfgvariants moebucket512 moe PAGEDLLM_GRAPH_CONTEXT_BUCKETS "${MOEBUCKET_CFGS:-b512=512,1024,4096|b256=256,512,1024,4096}"
 # W2 gptq (max_model_len 400: 4 decode splits of Llama's 8 kv heads, 32 programs; 6.97 us a layer exposed in the
 # thirty-first session's trace): a 256-token bound too, its first 128 output tokens in 2 splits
 cfgvariants w2bucket256 w2gptq PAGEDLLM_GRAPH_CONTEXT_BUCKETS "${W2BUCKET_CFGS:-b256=256}"
