@@ -35,6 +35,9 @@ _CASES = {
     # the down projection's one-wave split of 3 (Llama-3.1-8B: 14 tiles as 5, 5, 4): 5 tiles as 2, 2, 1
     "gemvp_prefetch_g128_tile1024_split3": ("check_wna16_gemm", [1, 32, 5120, 4, 128, True],
                                             {"config": ["gemvp", 1, 32, 1024, 8, 2, 3], "prefetch": True}),
+    # gate/up's 4-warp tile of 512 inputs (4 scale groups a tile, one split)
+    "gemvp_prefetch_g128_tile512_w4": ("check_wna16_gemm", [1, 64, 2048, 4, 128, True],
+                                       {"config": ["gemvp", 1, 32, 512, 4, 2, 1], "prefetch": True}),
     "gemvp_prefetch_g48_unnested": ("check_wna16_gemm", [2, 32, 384, 4, 48, False],
                                     {"config": ["gemvp", 1, 16, 64, 4, 2, 1], "prefetch": True}),
     # a config's 3 stages: Triton's software pipeline of the loop's loads (ragged K range, split-K)
