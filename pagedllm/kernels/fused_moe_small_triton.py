@@ -132,7 +132,7 @@ def _small_gate_up_kernel(
         pdl_wait(PDL)
     _gate_up_program(tl.program_id(0), tl.program_id(1), x_ptr, w13_ptr, h_ptr, topk_ids_ptr, expert_map_ptr,
                      expert_load_ptr, slot_mapping_ptr, inter, hidden, top_k, stride_xm, stride_we, stride_wn, stride_hm,
-                     HAS_MAP, HAS_LOAD, HAS_SLOTS, EVEN_K, DOT_PRECISION, BLOCK_N, BLOCK_K, PAD_COLS)  # fmt: skip
+                     HAS_MAP, HAS_LOAD, HAS_SLOTS, EVEN_K, DOT_PRECISION, BLOCK_N, BLOCK_K, PAD_COLS, False)  # fmt: skip
 
 
 @triton.jit
@@ -141,7 +141,7 @@ def _gate_up_program(
     inter, hidden, top_k, stride_xm, stride_we, stride_wn, stride_hm,
     HAS_MAP: tl.constexpr, HAS_LOAD: tl.constexpr, HAS_SLOTS: tl.constexpr, EVEN_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PAD_COLS: tl.constexpr,
-    CG: tl.constexpr = False,  # the routing read through the L2 (written by this kernel's router programs)
+    CG: tl.constexpr,  # the routing read through the L2 (written by the same kernel's router programs)
 ):  # fmt: skip
     """One program of _small_gate_up_kernel: pair's expert's gate and up rows of n tile pid_n against
     its token's row (the fused router and gate/up kernel runs it too)."""

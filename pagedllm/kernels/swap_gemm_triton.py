@@ -146,9 +146,9 @@ def _swap_program(
     SCALED: tl.constexpr, GROUP_K: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, SPLIT_K: tl.constexpr,
     WORKSPACE: tl.constexpr, LAST: tl.constexpr, TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr, BLOCK_E: tl.constexpr,
     BLOCK_TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    OPERANDS: tl.constexpr, FP16_MAX_: tl.constexpr, PDL: tl.constexpr = False, PREFETCH_K: tl.constexpr = 0,
-    flag_ptr=None,  # (FLAG) int32 set to 1 (release, gpu scope) once the routing is written
-    FLAG: tl.constexpr = False,
+    OPERANDS: tl.constexpr, FP16_MAX_: tl.constexpr, PDL: tl.constexpr, PREFETCH_K: tl.constexpr,
+    flag_ptr,  # (FLAG) int32 set to 1 (release, gpu scope) once the routing is written
+    FLAG: tl.constexpr,
 ):  # fmt: skip
     """One program of _swap_kernel, whose parameters these are (the fused MoE router and gate/up
     kernel runs it too)."""
@@ -258,7 +258,8 @@ def _swap_kernel(
     _swap_program(tl.program_id(0), tl.program_id(1), tl.num_programs(0), x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, ws_ptr,
                   count_ptr, topk_weights_ptr, topk_ids_ptr, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_sn,
                   stride_om, SCALED, GROUP_K, HAS_BIAS, EVEN_K, SPLIT_K, WORKSPACE, LAST, TOP_K, RENORMALIZE, BLOCK_E,
-                  BLOCK_TOPK, BLOCK_M, BLOCK_N, BLOCK_K, OPERANDS, FP16_MAX_, PDL, PREFETCH_K)  # fmt: skip
+                  BLOCK_TOPK, BLOCK_M, BLOCK_N, BLOCK_K, OPERANDS, FP16_MAX_, PDL, PREFETCH_K, count_ptr,
+                  False)  # fmt: skip
 
 
 @triton.jit
