@@ -340,8 +340,10 @@ cfgvariants() {  # step runner VAR "name=value|...": the runner (moe, w2gptq) at
 # program's first tile loads before its wait, so splits that leave each program fewer tiles put more of the
 # weight ahead of it). W2 gptq, gemvp (wna16_triton.gemvp_config; the thirty-sixth session's: o, down and gate/up
 # each in one wave of 32-column tiles): q/k/v is 96 column tiles of 64 split 2 ways (192 programs at 128
-# registers, 2 an SM); here 32-column ones split 2 (384 at 66-68, 3 an SM) or at 4 warps and 512 inputs (384, 8 an SM).
-cfgvariants w2gemvpcfg w2gptq PAGEDLLM_GEMVP_CONFIG "${W2GEMVP_CFGS:-q32=6144,4096:32,1024,8,2,2|q4w=6144,4096:32,512,4,2,2}"
+# registers, 2 an SM); here 32-column ones split 2 (384 at 66-68, 3 an SM) or at 4 warps and 512 inputs (384, 8 an SM);
+# and o split 3 as down now is (384 programs, one wave, against 256 split 2)
+cfgvariants w2gemvpcfg w2gptq PAGEDLLM_GEMVP_CONFIG "${W2GEMVP_CFGS:-q32=6144,4096:32,1024,8,2,2|q4w=6144,4096:32,512,4,2,2\
+|o3=4096,4096:32,1024,8,2,3}"
 # Qwen3-30B-A3B batch 1, the small MoE kernels (fused_moe_small_triton.tile_overrides; the H200 sweep's bests,
 # each kernel alone: gate/up 64 x 128, 4 warps, 4 stages, 96 programs on 132 SMs; down 64 x 128, 4 warps, 3
 # stages, one expert a program, 256 programs): gate/up over more SMs, down in fewer programs
