@@ -138,6 +138,7 @@ def check_route_experts(device, dtype, num_tokens, hidden, inter, num_experts, t
     from test_small_m_gpu import _pool_is_zero
 
     from pagedllm.kernels import fused_moe_small_triton as small
+    from pagedllm.kernels.fused_moe_route_triton import route_experts_small
     from pagedllm.kernels.small_m import default_config, heuristic_config
     from pagedllm.kernels.swap_gemm_triton import SwapConfig, swap_gemm_topk
 
@@ -156,7 +157,7 @@ def check_route_experts(device, dtype, num_tokens, hidden, inter, num_experts, t
         load = torch.zeros(num_experts, dtype=torch.int64, device=device)
         want = small.fused_experts_small(x, w13, w2, weights, ids, expert_map, load, slots, gate_up, down)
         got_load = torch.zeros_like(load)
-        got = small.route_experts_small(x, router, w13, w2, top_k, renormalize, expert_map, got_load, slots, cfg,
+        got = route_experts_small(x, router, w13, w2, top_k, renormalize, expert_map, got_load, slots, cfg,
                                         gate_up, down)  # fmt: skip
         assert got is not None
         out, got_logits, got_weights, got_ids = got
@@ -298,7 +299,7 @@ def test_route_experts_qwen3_moe_shapes(ep_ranks):
     intermediate 768) and its default tiles, one token (16 + 96 programs): its two steps' results bit for
     bit, three calls in a row. Two tokens (16 + 192 programs) outnumber the SMs: None, the caller's two
     kernels instead."""
-    from pagedllm.kernels.fused_moe_small_triton import route_experts_small
+    from pagedllm.kernels.fused_moe_route_triton import route_experts_small
 
     check_route_experts("cuda", torch.bfloat16, 1, 2048, 768, 128, 8, ep_ranks=ep_ranks, router_config=None, calls=3)
     bf16 = dict(device="cuda", dtype=torch.bfloat16)

@@ -66,7 +66,8 @@ def _chain(x: torch.Tensor, res: torch.Tensor, p: dict, route_gate_up: bool = Fa
     from pagedllm.kernels.activation_triton import silu_and_mul_triton
     from pagedllm.kernels.attention_decode import decode_attention_triton
     from pagedllm.kernels.fp8_triton import fp8_gemm_triton
-    from pagedllm.kernels.fused_moe_small_triton import fused_experts_small, route_experts_small
+    from pagedllm.kernels.fused_moe_route_triton import route_experts_small
+    from pagedllm.kernels.fused_moe_small_triton import fused_experts_small
     from pagedllm.kernels.norm_triton import fused_add_rms_norm_triton, rms_norm_triton
     from pagedllm.kernels.small_m import route_small, small_m_linear
     from pagedllm.kernels.swap_gemm_triton import SwapConfig

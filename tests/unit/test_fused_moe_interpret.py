@@ -222,6 +222,7 @@ def test_route_gate_up_kernel_compiles_for_sm90():
     for the H200 as its two parts do: both products on the tensor cores (wgmma at their 64-row tiles),
     pipelined loads, nothing spilled, its shared memory within a block's 227 KiB; the flag set with a
     release and polled with acquires at gpu scope."""
+    from pagedllm.kernels import fused_moe_route_triton as route
     from pagedllm.kernels import fused_moe_small_triton as small
     from pagedllm.kernels.inspect_sm90 import compile_sm90, resources
 
@@ -236,7 +237,7 @@ def test_route_gate_up_kernel_compiles_for_sm90():
                       HAS_LOAD=True, HAS_SLOTS=True, EVEN_K=True, DOT_PRECISION="tf32", BLOCK_N=block_n,
                       BLOCK_K=block_k, PAD_COLS=16, PDL=True)
     aligned = ("hidden", "K_SPLIT", "inter", "stride_xm", "stride_wr", "stride_we", "stride_wn", "stride_hm")
-    compiled = compile_sm90(small._route_gate_up_kernel, sig, constexprs, num_warps, num_stages, aligned=aligned)
+    compiled = compile_sm90(route._route_gate_up_kernel, sig, constexprs, num_warps, num_stages, aligned=aligned)
     ptx = compiled.asm["ptx"]
     assert ptx.count("wgmma.mma_async") >= 2 and "cp.async" in ptx
     assert re.search(r"atom\.global\.gpu\.release\.exch", ptx), "the flag's release"

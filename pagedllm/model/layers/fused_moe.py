@@ -171,12 +171,12 @@ class FusedMoE(nn.Module):
 
     def route_and_run(self, x: torch.Tensor, router: Router, slot_mapping: torch.Tensor | None = None) -> torch.Tensor | None:
         """The partial output [T, H] of a few tokens with the router's and the gate/up products in one
-        kernel (fused_moe_small_triton.route_experts_small: the same values as router.route, then
+        kernel (fused_moe_route_triton.route_experts_small: the same values as router.route, then
         run_experts), or None where that does not apply (the fused router off, not CUDA, too many
         tokens, another dtype)."""
         if not (router.fused_topk and use_triton(x)):
             return None
-        from pagedllm.kernels.fused_moe_small_triton import route_experts_small
+        from pagedllm.kernels.fused_moe_route_triton import route_experts_small
 
         out = route_experts_small(x, router.weight, self.w13_weight, self.w2_weight, self.top_k, self.renormalize,
                                   self._map_on(x), self.expert_load, slot_mapping)  # fmt: skip
