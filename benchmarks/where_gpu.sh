@@ -45,8 +45,7 @@
 # (the MoE preload's GPU tests: the chain with it off, the engine's tokens with PDL), defaulttests (the GPU tests
 # of the defaults: kpairs, the 4-bit dispatch and engine, gemvp's prefetch, PDL, the MoE kernels), w2gemvpcfg (W2
 # gptq at gemvp configs that split the projections so that more of their weights load before the PDL wait;
-# $W2GEMVP_CFGS), routetests and moeroutegu (the router and gate/up in one kernel: its GPU tests, then Qwen3-30B-A3B batch
-# 1, A the defaults, B PAGEDLLM_FUSED_ROUTE_GATE_UP=1), moebucket512 (Qwen3-30B-A3B batch 1: decode graphs at a 512-token bound too), w2bucket256 (W2 gptq: a 256 bound), moegucfg and moedowncfg (Qwen3-30B-A3B batch 1 at the small MoE kernels' gate/up or down tiles;
+# $W2GEMVP_CFGS), moebucket512 (Qwen3-30B-A3B batch 1: decode graphs at a 512-token bound too), w2bucket256 (W2 gptq: a 256 bound), moegucfg and moedowncfg (Qwen3-30B-A3B batch 1 at the small MoE kernels' gate/up or down tiles;
 # $MOEGU_CFGS, $MOEDOWN_CFGS), moeswapcfg (Qwen3-30B-A3B batch 1 at swap-AB configs for q/k/v and o; $MOESWAP_CFGS),
 # ropetests (the decode kernel doing qkv_rope's work: its GPU tests; gemvp's dispatch and engine tests), moerope
 # and w2rope (Qwen3-30B-A3B batch 1 / W2 gptq: A the defaults, B PAGEDLLM_FUSED_ROPE_DECODE=0), moepreload and
@@ -120,12 +119,6 @@ if [[ " $STEPS " == *" moetree "* ]] && [ -d "${A_PATH:-}" ]; then
   done
 fi
 moeab moemerge PAGEDLLM_DECODE_LAST_REDUCE=1
-if step routetests 200; then  # the router and gate/up in one kernel: kernel, chain under PDL and engine tests
-  timeout 200 $PY -m pytest -q tests/gpu/test_fused_moe.py tests/gpu/test_pdl_gpu.py -k "route_experts or route_gate_up" \
-    > "$OUT/routetests.log" 2>&1
-  echo "routetests rc=$? at ${SECONDS} s: $(tail -1 "$OUT/routetests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/routetests.log" | head
-fi
-moeab moeroutegu PAGEDLLM_FUSED_ROUTE_GATE_UP=1  # B: the router and gate/up in one kernel (gate/up waits on a flag)
 moeab moebuckets PAGEDLLM_GRAPH_CONTEXT_BUCKETS=0  # B: decode graphs for max_model_len only (32 splits and a reduce kernel at batch 1)
 if step defaulttests 300; then  # the defaults' GPU tests: kpairs (accs2 in its tiles of up to 128 rows), the
   # dispatch and the engine on the 4-bit layouts, gemvp's register prefetch, PDL, the MoE kernels

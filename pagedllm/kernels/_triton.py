@@ -71,8 +71,7 @@ def fusion_enabled(option: str, default: bool = True) -> bool:
     NORM_FP8: RMSNorm writing the qkv and gate/up products' FP8 rows (layernorm.py `norm_into`), off.
     ROPE_DECODE: in a step of decodes only, the decode attention kernel doing ROPE_KV's work itself
     (attention_decode.py, ROPE: one kernel a layer less), on by default (Qwen3-30B-A3B batch 1 x0.991 on the
-    H100; W2 gptq x1.00). ROUTE_GATE_UP: ROUTER and the MoE gate/up products of a few tokens in one kernel
-    (fused_moe_route_triton.py `route_experts_small`), off (not yet timed on a GPU)."""
+    H100; W2 gptq x1.00)."""
     value = os.environ.get(f"PAGEDLLM_FUSED_{option}", "").strip()
     return default if not value else value != "0"
 

@@ -3,7 +3,7 @@ partial result, then count themselves done on a counter with one acq_rel atomic 
 the program that counts last reduces the partials in a fixed order, writes the result and sets
 the counter back to zero. Users: the MoE down projection (fused_moe_small_triton.py), split-K
 of the swap-AB GEMM and the fused router (swap_gemm_triton.py), the decode attention's splits
-(attention_decode.py), and the router + gate/up kernel's flag (fused_moe_route_triton.py).
+(attention_decode.py).
 
 One pool per device, all zero between calls: zeroed once here, then each counter is counted up
 and reset within the call that uses it. Every user indexes it from 0, so calls on one device must

@@ -129,23 +129,10 @@ def _small_gate_up_kernel(
     else:
         pdl_release(PDL)
         pdl_wait(PDL)
-    _gate_up_program(tl.program_id(0), tl.program_id(1), x_ptr, w13_ptr, h_ptr, topk_ids_ptr, expert_map_ptr,
-                     expert_load_ptr, slot_mapping_ptr, inter, hidden, top_k, stride_xm, stride_we, stride_wn, stride_hm,
-                     HAS_MAP, HAS_LOAD, HAS_SLOTS, EVEN_K, DOT_PRECISION, BLOCK_N, BLOCK_K, PAD_COLS, False)  # fmt: skip
-
-
-@triton.jit
-def _gate_up_program(
-    pair, pid_n, x_ptr, w13_ptr, h_ptr, topk_ids_ptr, expert_map_ptr, expert_load_ptr, slot_mapping_ptr,
-    inter, hidden, top_k, stride_xm, stride_we, stride_wn, stride_hm,
-    HAS_MAP: tl.constexpr, HAS_LOAD: tl.constexpr, HAS_SLOTS: tl.constexpr, EVEN_K: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PAD_COLS: tl.constexpr,
-    CG: tl.constexpr,  # the routing read through the L2 (written by the same kernel's router programs)
-):  # fmt: skip
-    """One program of _small_gate_up_kernel: pair's expert's gate and up rows of n tile pid_n against
-    its token's row (fused_moe_route_triton's router and gate/up kernel runs it too)."""
+    pair = tl.program_id(0)
+    pid_n = tl.program_id(1)
     token = pair // top_k
-    g = tl.load(topk_ids_ptr + pair, cache_modifier=".cg" if CG else "")
+    g = tl.load(topk_ids_ptr + pair)
     if HAS_LOAD:
         counted = pid_n == 0
         if HAS_SLOTS:
@@ -155,38 +142,39 @@ def _gate_up_program(
         e = tl.load(expert_map_ptr + g)
     else:
         e = g
-    if e >= 0:  # (else another rank's expert: its row of h is never read)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_mask = rn < inter
-        rk = tl.arange(0, BLOCK_K)
-        rc = tl.arange(0, PAD_COLS)
-        col0 = (rc == 0)[None, :]  # [1, PAD_COLS]
-        gate_rows = w13_ptr + e.to(tl.int64) * stride_we + rn.to(tl.int64)[:, None] * stride_wn  # [BLOCK_N, 1]
-        up_rows = gate_rows + inter * stride_wn
-        # [1, PAD_COLS]: the token's row in column 0, masked rows after it in the others (loaded as
-        # the MMA operand itself, so that the loads are pipelined with the weights')
-        x_cols = x_ptr + (token.to(tl.int64) + rc[None, :]) * stride_xm
-        acc_gate = tl.zeros([BLOCK_N, PAD_COLS], dtype=tl.float32)
-        acc_up = tl.zeros([BLOCK_N, PAD_COLS], dtype=tl.float32)
-        for k0 in range(0, hidden, BLOCK_K):
-            kk = k0 + rk
-            if EVEN_K:
-                w_mask = n_mask[:, None]
-                xt = tl.load(x_cols + kk[:, None], mask=col0, other=0.0)  # [BLOCK_K, PAD_COLS]
-            else:
-                w_mask = n_mask[:, None] & (kk < hidden)[None, :]
-                xt = tl.load(x_cols + kk[:, None], mask=col0 & (kk < hidden)[:, None], other=0.0)
-            w_gate = tl.load(gate_rows + kk[None, :], mask=w_mask, other=0.0)
-            w_up = tl.load(up_rows + kk[None, :], mask=w_mask, other=0.0)
-            acc_gate = tl.dot(w_gate, xt, acc_gate, input_precision=DOT_PRECISION)
-            acc_up = tl.dot(w_up, xt, acc_up, input_precision=DOT_PRECISION)
-        dtype = h_ptr.dtype.element_ty
-        # the other columns are exact zeros, so the row sums are column 0
-        gate = tl.sum(acc_gate, axis=1).to(dtype).to(tl.float32)
-        up = tl.sum(acc_up, axis=1).to(dtype).to(tl.float32)
-        # rounded like the reference: gate and up in the model dtype, silu rounded, then the product
-        s = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
-        tl.store(h_ptr + pair.to(tl.int64) * stride_hm + rn, (s * up).to(dtype), mask=n_mask)
+    if e < 0:  # another rank's expert: its row of h is never read
+        return
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = rn < inter
+    rk = tl.arange(0, BLOCK_K)
+    rc = tl.arange(0, PAD_COLS)
+    col0 = (rc == 0)[None, :]  # [1, PAD_COLS]
+    gate_rows = w13_ptr + e.to(tl.int64) * stride_we + rn.to(tl.int64)[:, None] * stride_wn  # [BLOCK_N, 1]
+    up_rows = gate_rows + inter * stride_wn
+    # [1, PAD_COLS]: the token's row in column 0, masked rows after it in the others (loaded as
+    # the MMA operand itself, so that the loads are pipelined with the weights')
+    x_cols = x_ptr + (token.to(tl.int64) + rc[None, :]) * stride_xm
+    acc_gate = tl.zeros([BLOCK_N, PAD_COLS], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_N, PAD_COLS], dtype=tl.float32)
+    for k0 in range(0, hidden, BLOCK_K):
+        kk = k0 + rk
+        if EVEN_K:
+            w_mask = n_mask[:, None]
+            xt = tl.load(x_cols + kk[:, None], mask=col0, other=0.0)  # [BLOCK_K, PAD_COLS]
+        else:
+            w_mask = n_mask[:, None] & (kk < hidden)[None, :]
+            xt = tl.load(x_cols + kk[:, None], mask=col0 & (kk < hidden)[:, None], other=0.0)
+        w_gate = tl.load(gate_rows + kk[None, :], mask=w_mask, other=0.0)
+        w_up = tl.load(up_rows + kk[None, :], mask=w_mask, other=0.0)
+        acc_gate = tl.dot(w_gate, xt, acc_gate, input_precision=DOT_PRECISION)
+        acc_up = tl.dot(w_up, xt, acc_up, input_precision=DOT_PRECISION)
+    dtype = h_ptr.dtype.element_ty
+    # the other columns are exact zeros, so the row sums are column 0
+    gate = tl.sum(acc_gate, axis=1).to(dtype).to(tl.float32)
+    up = tl.sum(acc_up, axis=1).to(dtype).to(tl.float32)
+    # rounded like the reference: gate and up in the model dtype, silu rounded, then the product
+    s = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+    tl.store(h_ptr + pair.to(tl.int64) * stride_hm + rn, (s * up).to(dtype), mask=n_mask)
 
 
 @triton.jit

@@ -194,11 +194,18 @@ def small_m_linear(
     return out
 
 
-def route_config(x: torch.Tensor, weight: torch.Tensor, top_k: int, config=None):
-    """The fused router's SwapConfig for x [T, H] and the gate weight [E, H] (config, else
-    default_config's for the shape, else the heuristic's), or None where it does not apply (as pick(),
-    or more than TOPK_MAX_EXPERTS experts)."""
-    from pagedllm.kernels.swap_gemm_triton import TOPK_MAX_EXPERTS
+def route_small(
+    x: torch.Tensor,  # [T, H] 16-bit, T <= MAX_ROWS
+    weight: torch.Tensor,  # [E, H] the router's gate
+    top_k: int,
+    renormalize: bool,
+    config=None,  # a SwapConfig (None: default_config's for the shape, else the heuristic's)
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """The MoE router and its routing in one launch (swap_gemm_triton.swap_gemm_topk): (logits [T, E]
+    float32, topk_weights [T, K] float32, topk_ids [T, K] int64), those of
+    topk_softmax(small_m_linear(x, weight, out_dtype=float32)); None where it does not apply (as
+    pick(), or more than TOPK_MAX_EXPERTS experts): the caller routes as before."""
+    from pagedllm.kernels.swap_gemm_triton import TOPK_MAX_EXPERTS, swap_gemm_topk
 
     m, k = x.shape if x.dim() == 2 else (0, 0)
     n = weight.shape[0]
@@ -213,27 +220,9 @@ def route_config(x: torch.Tensor, weight: torch.Tensor, top_k: int, config=None)
         and triton_available()
     ):
         return None
-    return config or default_config(m, n, k) or heuristic_config(m, n, k)
-
-
-def route_small(
-    x: torch.Tensor,  # [T, H] 16-bit, T <= MAX_ROWS
-    weight: torch.Tensor,  # [E, H] the router's gate
-    top_k: int,
-    renormalize: bool,
-    config=None,  # a SwapConfig (None: default_config's for the shape, else the heuristic's)
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """The MoE router and its routing in one launch (swap_gemm_triton.swap_gemm_topk): (logits [T, E]
-    float32, topk_weights [T, K] float32, topk_ids [T, K] int64), those of
-    topk_softmax(small_m_linear(x, weight, out_dtype=float32)); None where it does not apply
-    (route_config): the caller routes as before."""
-    from pagedllm.kernels.swap_gemm_triton import swap_gemm_topk
-
-    cfg = route_config(x, weight, top_k, config)
-    if cfg is None:
-        return None
     if x.stride(1) != 1:
         x = x.contiguous()
-    logits = torch.empty((x.shape[0], weight.shape[0]), dtype=torch.float32, device=x.device)
+    cfg = config or default_config(m, n, k) or heuristic_config(m, n, k)
+    logits = torch.empty((m, n), dtype=torch.float32, device=x.device)
     weights, ids = swap_gemm_topk(x, weight, logits, cfg, top_k, renormalize)
     return logits, weights, ids

@@ -139,19 +139,34 @@ def _route(logits, e_mask, rm, m_mask, weights_ptr, ids_ptr, TOP_K: tl.constexpr
 
 
 @triton.jit
-def _swap_program(
-    pid_n, pid_k, num_n,  # this program's N tile and split, and the N tiles
-    x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, ws_ptr, count_ptr, topk_weights_ptr, topk_ids_ptr,
-    M, N, K, K_SPLIT, stride_xm, stride_wn, stride_sn, stride_om,
-    SCALED: tl.constexpr, GROUP_K: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    WORKSPACE: tl.constexpr, LAST: tl.constexpr, TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr, BLOCK_E: tl.constexpr,
-    BLOCK_TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    OPERANDS: tl.constexpr, FP16_MAX_: tl.constexpr, PDL: tl.constexpr, PREFETCH_K: tl.constexpr,
-    flag_ptr,  # (FLAG) int32 set to 1 (release, gpu scope) once the routing is written
-    FLAG: tl.constexpr,
+def _swap_kernel(
+    x_ptr,  # [M, K] activations, M <= BLOCK_M
+    w_ptr,  # [N, K] float8 e4m3 (SCALED) or 16-bit
+    s_ptr,  # [N, G] float32 scales (read when SCALED)
+    b_ptr,  # [N] bias (read when HAS_BIAS)
+    out_ptr,  # [M, N]: the output; written unless the reduce kernel does
+    ws_ptr,  # [SPLIT_K, M, N] float32 workspace (WORKSPACE)
+    count_ptr,  # int32 counters, zero between calls (LAST: one per N tile; TOP_K > 0: one)
+    topk_weights_ptr,  # [M, TOP_K] float32 (TOP_K > 0)
+    topk_ids_ptr,  # [M, TOP_K] int64 (TOP_K > 0)
+    M, N, K, K_SPLIT,  # K_SPLIT: the K range of one split, a multiple of BLOCK_K
+    stride_xm, stride_wn, stride_sn, stride_om,
+    SCALED: tl.constexpr, GROUP_K: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    WORKSPACE: tl.constexpr,  # the splits' partials go to ws (reduced by LAST, TOP_K or the reduce kernel)
+    LAST: tl.constexpr,  # the last split of an N tile reduces it (reduce "last")
+    TOP_K: tl.constexpr,  # > 0: the last program of all reduces every tile and routes (swap_gemm_topk)
+    RENORMALIZE: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_TOPK: tl.constexpr,  # (TOP_K > 0)
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    OPERANDS: tl.constexpr,  # "fp16", "weight" or "fp32" (the module docstring)
+    FP16_MAX_: tl.constexpr,
+    PDL: tl.constexpr = False,  # kernels/pdl_triton.py
+    PREFETCH_K: tl.constexpr = 0,  # > 0 (with PDL): the first PREFETCH_K columns of the weight rows
+    # are asked of L2 before the wait
 ):  # fmt: skip
-    """One program of _swap_kernel, whose parameters these are (the fused MoE router and gate/up
-    kernel runs it too)."""
+    pdl_release(PDL)
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rn < N
     rn64 = rn.to(tl.int64)
@@ -201,7 +216,7 @@ def _swap_program(
             tl.debug_barrier()
             if TOP_K > 0:
                 counter = count_ptr
-                programs = num_n * SPLIT_K
+                programs = tl.num_programs(0) * SPLIT_K
             else:
                 counter = count_ptr + pid_n
                 programs = SPLIT_K
@@ -217,49 +232,12 @@ def _swap_program(
                              mask=e_mask[:, None] & m_mask[None, :])  # fmt: skip
                     _route(logits, e_mask, rm, m_mask, topk_weights_ptr, topk_ids_ptr, TOP_K, RENORMALIZE,
                            BLOCK_TOPK)  # fmt: skip
-                    if FLAG:  # every thread's routing stores before the barrier, the barrier before the flag
-                        tl.debug_barrier()
-                        tl.atomic_xchg(flag_ptr, 1, sem="release", scope="gpu")
                 else:
                     acc = _sum_splits(ws_ptr, rm, rn, out_mask, M, N, SPLIT_K)
                     acc = _epilogue(acc, s_ptr, b_ptr, rn, n_mask, n_mask, stride_sn, SCALED, GROUP_K, HAS_BIAS)
                     tl.store(out_ptr + rm[None, :] * stride_om + rn[:, None], acc.to(out_ptr.dtype.element_ty),
                              mask=out_mask)  # fmt: skip
                 tl.store(counter, 0)  # zero again for the next call (or graph replay)
-
-
-@triton.jit
-def _swap_kernel(
-    x_ptr,  # [M, K] activations, M <= BLOCK_M
-    w_ptr,  # [N, K] float8 e4m3 (SCALED) or 16-bit
-    s_ptr,  # [N, G] float32 scales (read when SCALED)
-    b_ptr,  # [N] bias (read when HAS_BIAS)
-    out_ptr,  # [M, N]: the output; written unless the reduce kernel does
-    ws_ptr,  # [SPLIT_K, M, N] float32 workspace (WORKSPACE)
-    count_ptr,  # int32 counters, zero between calls (LAST: one per N tile; TOP_K > 0: one)
-    topk_weights_ptr,  # [M, TOP_K] float32 (TOP_K > 0)
-    topk_ids_ptr,  # [M, TOP_K] int64 (TOP_K > 0)
-    M, N, K, K_SPLIT,  # K_SPLIT: the K range of one split, a multiple of BLOCK_K
-    stride_xm, stride_wn, stride_sn, stride_om,
-    SCALED: tl.constexpr, GROUP_K: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
-    SPLIT_K: tl.constexpr,
-    WORKSPACE: tl.constexpr,  # the splits' partials go to ws (reduced by LAST, TOP_K or the reduce kernel)
-    LAST: tl.constexpr,  # the last split of an N tile reduces it (reduce "last")
-    TOP_K: tl.constexpr,  # > 0: the last program of all reduces every tile and routes (swap_gemm_topk)
-    RENORMALIZE: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_TOPK: tl.constexpr,  # (TOP_K > 0)
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    OPERANDS: tl.constexpr,  # "fp16", "weight" or "fp32" (the module docstring)
-    FP16_MAX_: tl.constexpr,
-    PDL: tl.constexpr = False,  # kernels/pdl_triton.py
-    PREFETCH_K: tl.constexpr = 0,  # > 0 (with PDL): the first PREFETCH_K columns of the weight rows
-    # are asked of L2 before the wait
-):  # fmt: skip
-    pdl_release(PDL)
-    _swap_program(tl.program_id(0), tl.program_id(1), tl.num_programs(0), x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, ws_ptr,
-                  count_ptr, topk_weights_ptr, topk_ids_ptr, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_sn,
-                  stride_om, SCALED, GROUP_K, HAS_BIAS, EVEN_K, SPLIT_K, WORKSPACE, LAST, TOP_K, RENORMALIZE, BLOCK_E,
-                  BLOCK_TOPK, BLOCK_M, BLOCK_N, BLOCK_K, OPERANDS, FP16_MAX_, PDL, PREFETCH_K, count_ptr,
-                  False)  # fmt: skip
 
 
 @triton.jit

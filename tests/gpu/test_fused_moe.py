@@ -129,44 +129,6 @@ def _check_fused_experts_once(
     assert torch.equal(load.cpu(), expected_load), "expert load counters"
 
 
-def check_route_experts(device, dtype, num_tokens, hidden, inter, num_experts, top_k, renormalize=True, ep_ranks=1,
-                        router_config=(16, 32, 2, 4, 1), tiles=None, calls=2, seed=0):  # fmt: skip
-    """route_experts_small (the router's and the gate/up programs in one kernel, the latter waiting on
-    the former's flag) against its two steps, swap_gemm_topk then fused_experts_small at the same
-    configs: the logits, routing, expert loads and outputs bit for bit, `calls` in a row on new inputs
-    (the flag and counters back at zero after each). router_config None: the router's table / heuristic."""
-    from test_small_m_gpu import _pool_is_zero
-
-    from pagedllm.kernels import fused_moe_small_triton as small
-    from pagedllm.kernels.fused_moe_route_triton import route_experts_small
-    from pagedllm.kernels.small_m import default_config, heuristic_config
-    from pagedllm.kernels.swap_gemm_triton import SwapConfig, swap_gemm_topk
-
-    m, e, k = num_tokens, num_experts, hidden
-    cfg = SwapConfig(*router_config) if router_config else default_config(m, e, k) or heuristic_config(m, e, k)
-    gate_up, down = (tuple(t) for t in tiles) if tiles else (None, None)
-    for s in range(seed, seed + calls):
-        x, w13, w2, _, _ = _inputs(device, dtype, num_tokens, hidden, inter, num_experts, top_k, s, "uniform")
-        g = torch.Generator().manual_seed(s + 100)
-        router = (torch.randn(num_experts, hidden, generator=g) / hidden**0.5).to(device, dtype)
-        w13, w2, expert_map = _second_rank_experts(w13, w2, ep_ranks)
-        slots = torch.arange(num_tokens, device=device)
-        slots[num_tokens // 2 :: 3] = -1
-        logits = torch.empty(num_tokens, num_experts, dtype=torch.float32, device=device)
-        weights, ids = swap_gemm_topk(x, router, logits, cfg, top_k, renormalize)
-        load = torch.zeros(num_experts, dtype=torch.int64, device=device)
-        want = small.fused_experts_small(x, w13, w2, weights, ids, expert_map, load, slots, gate_up, down)
-        got_load = torch.zeros_like(load)
-        got = route_experts_small(x, router, w13, w2, top_k, renormalize, expert_map, got_load, slots, cfg,
-                                        gate_up, down)  # fmt: skip
-        assert got is not None
-        out, got_logits, got_weights, got_ids = got
-        assert _pool_is_zero(device), f"call {s - seed} left a counter or the flag set"
-        assert torch.equal(got_logits, logits) and torch.equal(got_ids, ids) and torch.equal(got_weights, weights)
-        assert torch.equal(got_load, load), "expert load counters"
-        assert torch.equal(out, want), "the experts' output"
-
-
 def check_align(device, ids_dtype, num_tokens, num_experts, top_k, block_m, skew="hot", ep_ranks=1, seed=0):
     """Both alignments: each pair once, in a block of its own expert; padding elsewhere.
     ids_dtype: of the top-k ids (torch.topk gives int64; int32 ids work too)."""
@@ -291,18 +253,3 @@ def test_align(args, ep_ranks):
 def test_topk_softmax(ties, renormalize):
     check_topk_softmax("cuda", torch.bfloat16, 37, 128, 8, renormalize, ties)
     check_topk_softmax("cuda", torch.float32, 5, 60, 4, renormalize, ties)
-
-
-@pytest.mark.parametrize("ep_ranks", [1, 2])
-def test_route_experts_qwen3_moe_shapes(ep_ranks):
-    """The router and gate/up kernel at Qwen3-30B-A3B's shapes (128 experts, top-8, hidden 2,048,
-    intermediate 768) and its default tiles, one token (16 + 96 programs): its two steps' results bit for
-    bit, three calls in a row. Two tokens (16 + 192 programs) outnumber the SMs: None, the caller's two
-    kernels instead."""
-    from pagedllm.kernels.fused_moe_route_triton import route_experts_small
-
-    check_route_experts("cuda", torch.bfloat16, 1, 2048, 768, 128, 8, ep_ranks=ep_ranks, router_config=None, calls=3)
-    bf16 = dict(device="cuda", dtype=torch.bfloat16)
-    x, router = torch.randn(2, 2048, **bf16), torch.randn(128, 2048, **bf16)
-    w13, w2 = torch.empty(128, 1536, 2048, **bf16), torch.empty(128, 2048, 768, **bf16)  # (never read)
-    assert route_experts_small(x, router, w13, w2, 8, True) is None

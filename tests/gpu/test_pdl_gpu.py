@@ -31,12 +31,11 @@ def _switches_read_afresh():
 
 def _set_mode(monkeypatch, mode: str) -> None:
     """PAGEDLLM_PDL=mode; "no_moe_preload": 1, with PAGEDLLM_MOE_PRELOAD=0 (else that switch at its
-    default, on); "route_gate_up": 1, with PAGEDLLM_FUSED_ROUTE_GATE_UP=1 (read as layers are built)."""
+    default, on)."""
     from pagedllm.kernels import _triton, fused_moe_small_triton
 
-    monkeypatch.setenv("PAGEDLLM_PDL", "1" if mode in ("no_moe_preload", "route_gate_up") else mode)
+    monkeypatch.setenv("PAGEDLLM_PDL", "1" if mode == "no_moe_preload" else mode)
     monkeypatch.setenv("PAGEDLLM_MOE_PRELOAD", "0" if mode == "no_moe_preload" else "")
-    monkeypatch.setenv("PAGEDLLM_FUSED_ROUTE_GATE_UP", "1" if mode == "route_gate_up" else "0")
     _triton._pdl_mode.cache_clear()
     fused_moe_small_triton.down_preload.cache_clear()
 
@@ -62,11 +61,10 @@ def _params(seed: int = 0) -> dict:
     return p
 
 
-def _chain(x: torch.Tensor, res: torch.Tensor, p: dict, route_gate_up: bool = False) -> torch.Tensor:
+def _chain(x: torch.Tensor, res: torch.Tensor, p: dict) -> torch.Tensor:
     from pagedllm.kernels.activation_triton import silu_and_mul_triton
     from pagedllm.kernels.attention_decode import decode_attention_triton
     from pagedllm.kernels.fp8_triton import fp8_gemm_triton
-    from pagedllm.kernels.fused_moe_route_triton import route_experts_small
     from pagedllm.kernels.fused_moe_small_triton import fused_experts_small
     from pagedllm.kernels.norm_triton import fused_add_rms_norm_triton, rms_norm_triton
     from pagedllm.kernels.small_m import route_small, small_m_linear
@@ -79,11 +77,8 @@ def _chain(x: torch.Tensor, res: torch.Tensor, p: dict, route_gate_up: bool = Fa
                                   max_seq_len=p["ctx"], last_reduce=False)
     o = small_m_linear(att.view(1, -1), p["wo"])
     h2, r2 = fused_add_rms_norm_triton(o, r, p["norm"], 1e-6)
-    if route_gate_up:  # the router's and the gate/up programs in one kernel
-        moe = route_experts_small(h2, p["router"], p["w13"], p["w2"], 4, True)[0]
-    else:
-        _, weights, ids = route_small(h2, p["router"], 4, True)
-        moe = fused_experts_small(h2, p["w13"], p["w2"], weights, ids)
+    _, weights, ids = route_small(h2, p["router"], 4, True)
+    moe = fused_experts_small(h2, p["w13"], p["w2"], weights, ids)
     dense = fp8_gemm_triton(silu_and_mul_triton(fp8_gemm_triton(rms_norm_triton(moe, p["norm"], 1e-6), p["f13"],
                                                                   p["f13_s"])), p["f2"], p["f2_s"])
     return dense + r2
@@ -131,17 +126,6 @@ def test_decode_layer_chain_in_a_cuda_graph(monkeypatch, mode):
     _set_mode(monkeypatch, "0")
 
 
-@pytest.mark.parametrize("mode", ["0", "1"])
-def test_decode_layer_chain_with_route_gate_up(monkeypatch, mode):
-    """The chain with the router and gate/up in one kernel (its gate/up programs waiting on the router's
-    flag, PDL on or off): bit for bit the chain of separate kernels without PDL, eagerly and in every
-    replay of its CUDA graph."""
-    p, inputs, refs = _chain_without_pdl(monkeypatch, "1", 3)
-    _set_mode(monkeypatch, mode)
-    _replays_equal(lambda x, res: _chain(x, res, p, route_gate_up=True), inputs, refs)
-    _set_mode(monkeypatch, "0")
-
-
 def test_decode_layer_chain_without_moe_preload(monkeypatch):
     """PAGEDLLM_MOE_PRELOAD=0 (the MoE down kernel's loop from its first tile, after its wait): the
     chain within rounding of the default's without PDL (the sums in another order), and its CUDA
@@ -154,11 +138,10 @@ def test_decode_layer_chain_without_moe_preload(monkeypatch):
     _set_mode(monkeypatch, "0")
 
 
-@pytest.mark.parametrize("mode", ["1", "prefetch", "route_gate_up"])
+@pytest.mark.parametrize("mode", ["1", "prefetch"])
 def test_engine_greedy_tokens_equal_with_pdl(tmp_path, tokenizer_dir, monkeypatch, mode):
     """A tiny Qwen3-MoE in bf16 (CUDA graphs, decode batches of 1-4): the same greedy tokens with
-    PAGEDLLM_PDL=1 (the default, the MoE preload on), prefetch, or PDL with the router and gate/up in one
-    kernel (PAGEDLLM_FUSED_ROUTE_GATE_UP=1) as without PDL."""
+    PAGEDLLM_PDL=1 (the default, the MoE preload on) or prefetch as without PDL."""
     from moe_utils import save_moe_model, tiny_moe_config
     from test_engine_gpu import prompts_of
 

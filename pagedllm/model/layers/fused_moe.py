@@ -30,7 +30,7 @@ from torch import nn
 
 from pagedllm.distributed import SINGLE, ParallelState
 from pagedllm.kernels import small_m
-from pagedllm.kernels._triton import fusion_enabled, use_triton
+from pagedllm.kernels._triton import fusion_enabled
 from pagedllm.kernels.fused_moe import fused_experts, topk_softmax
 from pagedllm.model.layers.linear import copy_checked
 
@@ -166,27 +166,11 @@ class FusedMoE(nn.Module):
     def run_experts(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
                     slot_mapping: torch.Tensor | None = None) -> torch.Tensor:
         # x: [T, H], topk_*: [T, K] (global expert ids) -> partial output [T, H]
-        return fused_experts(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids, self._map_on(x),
+        emap = self.expert_map
+        if emap is not None and emap.device != x.device:
+            emap = self.expert_map = emap.to(x.device)
+        return fused_experts(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids, emap,
                              self.expert_load, slot_mapping)
-
-    def route_and_run(self, x: torch.Tensor, router: Router, slot_mapping: torch.Tensor | None = None) -> torch.Tensor | None:
-        """The partial output [T, H] of a few tokens with the router's and the gate/up products in one
-        kernel (fused_moe_route_triton.route_experts_small: the same values as router.route, then
-        run_experts), or None where that does not apply (the fused router off, not CUDA, too many
-        tokens, another dtype)."""
-        if not (router.fused_topk and use_triton(x)):
-            return None
-        from pagedllm.kernels.fused_moe_route_triton import route_experts_small
-
-        out = route_experts_small(x, router.weight, self.w13_weight, self.w2_weight, self.top_k, self.renormalize,
-                                  self._map_on(x), self.expert_load, slot_mapping)  # fmt: skip
-        return None if out is None else out[0]
-
-    def _map_on(self, x: torch.Tensor) -> torch.Tensor | None:
-        """The expert map on x's device (moved there once), or None."""
-        if self.expert_map is not None and self.expert_map.device != x.device:
-            self.expert_map = self.expert_map.to(x.device)
-        return self.expert_map
 
 
 class SparseMoeBlock(nn.Module):
@@ -201,19 +185,14 @@ class SparseMoeBlock(nn.Module):
                                 ps=ps, expert_parallel=expert_parallel)
         self.shared_expert: nn.Module | None = None
         self.shared_expert_gate: nn.Module | None = None
-        # PAGEDLLM_FUSED_ROUTE_GATE_UP=1 (opt-in, not yet timed on a GPU): the router and the gate/up products
-        # of a few tokens in one kernel
-        self.route_gate_up = fusion_enabled("ROUTE_GATE_UP", default=False)
 
     def forward(self, x: torch.Tensor, slot_mapping: torch.Tensor | None = None) -> torch.Tensor:
         # x: [T, H] -> [T, H] (all-reduced)
-        partial = self.experts.route_and_run(x, self.gate, slot_mapping) if self.route_gate_up else None
-        if partial is None:
-            routed = self.gate.route(x, self.experts.top_k, self.experts.renormalize)
-            if routed is None:
-                partial = self.experts(x, self.gate(x), slot_mapping)
-            else:
-                partial = self.experts.run_experts(x, *routed, slot_mapping)
+        routed = self.gate.route(x, self.experts.top_k, self.experts.renormalize)
+        if routed is None:
+            partial = self.experts(x, self.gate(x), slot_mapping)
+        else:
+            partial = self.experts.run_experts(x, *routed, slot_mapping)
         out = self.ps.all_reduce(partial)
         if self.shared_expert is not None:
             shared = self.shared_expert(x)
