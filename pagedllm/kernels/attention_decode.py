@@ -14,11 +14,12 @@ window's keys [seq_len - W, seq_len); a soft-capped one caps each score (see _at
 The merge of the partials -- the reduce kernel, or the last split of each (request, kv head)
 merging them (decode_last_reduce) -- lives in attention_merge.py.
 
-ROPE (a `DecodeRope`; on by default, PAGEDLLM_FUSED_ROPE_DECODE=0 off): the kernel reads its query heads from the qkv
-projection's rows and does qkv_rope's work for a step of decodes itself (see the kernel). With it, PRELOAD
-(small grids; on by default, PAGEDLLM_DECODE_PRELOAD=0 off) loads each split's first tile of keys and
-values before the PDL wait: in such a step no other kernel stores this layer's keys, and the tile's row of the step's own key,
-stale until this kernel stores it, is replaced by that key from registers.
+ROPE (a `DecodeRope`; on by default, PAGEDLLM_FUSED_ROPE_DECODE=0 off): the kernel reads its query
+heads from the qkv projection's rows and does qkv_rope's work for a step of decodes itself (see the
+kernel). With it, PRELOAD (small grids; on by default, PAGEDLLM_DECODE_PRELOAD=0 off) loads each
+split's first tile of keys and values before the PDL wait: in such a step no other kernel stores
+this layer's keys, and the tile's row of the step's own key, stale until this kernel stores it, is
+replaced by that key from registers.
 """
 
 from __future__ import annotations

@@ -13,9 +13,9 @@ three rounds alternated), the smaller bounds (CONTEXT_BUCKETS by default) for th
 whose decode split count they change: a step replays the graph of the least bound at least its
 longest context. The decode kernel cuts each request's actual length into the grid's splits, so
 any bound is correct; a small one only spares short contexts the splits (and the reduce kernel)
-that a long max_model_len asks for at small batches
-(Qwen3-30B-A3B batch 1, max_model_len 4,096: 32 splits and a reduce kernel a layer for a few
-hundred tokens; at a bound of 1,024, 8 splits merged by the last one).
+that a long max_model_len asks for at small batches (Qwen3-30B-A3B batch 1, max_model_len 4,096:
+32 splits and a reduce kernel a layer for a few hundred tokens; at a bound of 1,024, 8 splits
+merged by the last one).
 """
 
 from __future__ import annotations
