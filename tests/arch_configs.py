@@ -4,7 +4,7 @@ each with its family's own features switched on and initializer_range 0.3 so tok
 
 from __future__ import annotations
 
-from conftest import VOCAB
+from tiny_models import VOCAB
 
 _COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                max_position_embeddings=512, initializer_range=0.3, bos_token_id=1, eos_token_id=2, pad_token_id=2)

@@ -7,8 +7,7 @@ import os
 import shutil
 
 import torch
-
-VOCAB = 49152
+from tiny_models import VOCAB
 
 
 def tiny_moe_config(arch: str, **extra):

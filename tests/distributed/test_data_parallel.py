@@ -14,7 +14,7 @@ import time
 import pytest
 import requests
 
-from conftest import save_tiny_model, tiny_config
+from tiny_models import save_tiny_model, tiny_config
 from pagedllm import SamplingParams
 from server_process import ServerProcess
 from test_tp_server import children_of

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from arch_configs import arch_config
-from conftest import save_tiny_model
+from tiny_models import save_tiny_model
 from pagedllm import SamplingParams
 from tp_utils import engine, one_thread, prompts_of, token_ids
 

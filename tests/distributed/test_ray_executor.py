@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import save_tiny_model, tiny_config
+from tiny_models import save_tiny_model, tiny_config
 from pagedllm import SamplingParams
 from tp_utils import engine, one_thread, prompts_of, token_ids
 

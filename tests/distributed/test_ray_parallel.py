@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import save_tiny_model, tiny_config
+from tiny_models import save_tiny_model, tiny_config
 from tp_utils import engine, one_thread, prompts_of, token_ids
 
 ray = pytest.importorskip("ray")

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import save_tiny_model, tiny_config
+from tiny_models import save_tiny_model, tiny_config
 from pagedllm.config import EngineArgs
 from pagedllm.distributed import ParallelState
 from pagedllm.model.layers.embedding import ParallelLMHead

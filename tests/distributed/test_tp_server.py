@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import save_tiny_model, tiny_config
+from tiny_models import save_tiny_model, tiny_config
 from pagedllm import SamplingParams
 from server_process import ServerProcess
 from tp_utils import engine, one_thread, process_gone, prompts_of

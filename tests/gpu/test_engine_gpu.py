@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from conftest import save_tiny_model, tiny_config
+from tiny_models import save_tiny_model, tiny_config
 from sampling_reference import penalized_greedy_reference
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

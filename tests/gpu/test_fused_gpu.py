@@ -172,7 +172,7 @@ def check_attention_layer_fused(device, dtype, arch, seed=0, decodes_only=False)
     import os
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    from conftest import tiny_config
+    from tiny_models import tiny_config
     from test_kernels import make_batch
 
     from pagedllm.attention.triton_backend import TritonAttentionBackend
@@ -291,7 +291,7 @@ def test_attention_layer_fused(dtype, arch, decodes_only):
 
 
 def _tiny(arch, tmp_path, tokenizer_dir):
-    from conftest import save_tiny_model, tiny_config
+    from tiny_models import save_tiny_model, tiny_config
 
     cfg = tiny_config(arch, heads=4, kv_heads=2, hidden=128, head_dim=32 if arch == "qwen3" else None)
     return save_tiny_model(cfg, str(tmp_path), tokenizer_dir, seed=3)

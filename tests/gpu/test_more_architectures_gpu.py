@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from arch_configs import arch_config
-from conftest import save_tiny_model
+from tiny_models import save_tiny_model
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

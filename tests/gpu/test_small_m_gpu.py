@@ -218,7 +218,7 @@ def test_layers_behind_the_switch(monkeypatch):
 def test_bf16_engine_with_small_m_gemm(tmp_path, tokenizer_dir, monkeypatch, arch):
     """The engine (CUDA graphs, decode batches of 1-4) with the kernel on: greedy stays close to
     transformers the way test_engine_gpu.py's bf16 test checks it."""
-    from conftest import save_tiny_model, tiny_config
+    from tiny_models import save_tiny_model, tiny_config
     from test_engine_gpu import _close_enough, hf_generate, prompts_of
     from transformers import AutoModelForCausalLM
 

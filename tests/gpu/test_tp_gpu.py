@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from conftest import save_tiny_model, tiny_config
+from tiny_models import save_tiny_model, tiny_config
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600),
               pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")]

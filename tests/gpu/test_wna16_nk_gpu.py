@@ -268,7 +268,7 @@ def test_engine_swap_layout_matches_the_k_packed_layout(tmp_path, tokenizer_dir,
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
-    from conftest import save_tiny_model, tiny_config
+    from tiny_models import save_tiny_model, tiny_config
     from test_wna16 import FORMATS, GREEDY, PROMPTS, write_checkpoint
 
     from pagedllm import LLM

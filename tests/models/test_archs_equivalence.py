@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import VOCAB
+from tiny_models import VOCAB
 from pagedllm import LLM, SamplingParams
 from test_hf_equivalence import _bytes_for_blocks, check, hf_greedy, prompts_of
 

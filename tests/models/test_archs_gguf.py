@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from arch_configs import arch_config
-from conftest import save_tiny_model
+from tiny_models import save_tiny_model
 from pagedllm import LLM, SamplingParams
 from test_archs_equivalence import ENGINE, _config, save_model
 from test_hf_equivalence import check, prompts_of

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import save_tiny_model, tiny_config
+from tiny_models import save_tiny_model, tiny_config
 from pagedllm.kernels import cpu_gemm
 
 needs_mkl = pytest.mark.skipif(not cpu_gemm.available(), reason="torch is not linked with MKL")

@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import save_tiny_model, tiny_config
+from tiny_models import save_tiny_model, tiny_config
 from pagedllm import LLM, SamplingParams
 from pagedllm.config import EngineArgs
 from pagedllm.distributed import ParallelState

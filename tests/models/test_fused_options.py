@@ -6,7 +6,7 @@ and, under the interpreter, tests/unit/test_fused_interpret.py."""
 from __future__ import annotations
 
 import pytest
-from conftest import save_tiny_model, tiny_config
+from tiny_models import save_tiny_model, tiny_config
 
 from pagedllm import LLM, SamplingParams
 from pagedllm.distributed import SINGLE

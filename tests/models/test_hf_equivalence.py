@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from conftest import save_tiny_model, tiny_config
+from tiny_models import save_tiny_model, tiny_config
 from pagedllm import LLM, SamplingParams
 
 MODELS = {

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from arch_configs import arch_config
-from conftest import VOCAB, save_tiny_model
+from tiny_models import VOCAB, save_tiny_model
 from pagedllm import LLM, SamplingParams
 
 MAX_NEW = 10

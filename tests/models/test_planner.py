@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from conftest import save_tiny_model, tiny_config
+from tiny_models import save_tiny_model, tiny_config
 from pagedllm import LLM
 from pagedllm.planner import GPUS, PlanInputs, build_plan, smallest_fix, stage_layer_counts
 
