@@ -4,10 +4,9 @@ written by transformers, with the SmolLM2 tokenizer beside them."""
 from __future__ import annotations
 
 import os
-import shutil
 
 import torch
-from tiny_models import VOCAB
+from tiny_models import VOCAB, copy_tokenizer
 
 
 def tiny_moe_config(arch: str, **extra):
@@ -47,8 +46,7 @@ def save_moe_model(cfg, out_dir: str, tokenizer_dir: str, seed: int = 1, stacked
         save_file(state, os.path.join(out_dir, "model.safetensors"))
     else:
         hf.save_pretrained(out_dir)
-    for name in os.listdir(tokenizer_dir):
-        shutil.copy(os.path.join(tokenizer_dir, name), out_dir)
+    copy_tokenizer(tokenizer_dir, out_dir)
     return out_dir, MemoGenerate(hf)
 
 

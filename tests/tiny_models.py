@@ -63,6 +63,11 @@ def save_tiny_model(cfg, out_dir: str, tokenizer_dir: str, seed: int = 0) -> str
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
     model.save_pretrained(out_dir)
+    copy_tokenizer(tokenizer_dir, out_dir)
+    return out_dir
+
+
+def copy_tokenizer(tokenizer_dir, out_dir) -> None:
+    """The saved tokenizer's files beside a checkpoint in out_dir."""
     for name in os.listdir(tokenizer_dir):
         shutil.copy(os.path.join(tokenizer_dir, name), out_dir)
-    return out_dir

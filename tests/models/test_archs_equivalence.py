@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tiny_models import VOCAB
+from tiny_models import VOCAB, copy_tokenizer
 from pagedllm import LLM, SamplingParams
 from test_hf_equivalence import _bytes_for_blocks, check, hf_greedy, prompts_of
 
@@ -65,9 +65,6 @@ ENGINE = dict(kv_cache_memory="8MiB", max_model_len=256, block_size=8, max_num_b
 
 
 def save_model(cfg, out_dir: str, tokenizer_dir: str, seed: int = 1) -> str:
-    import os
-    import shutil
-
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
@@ -77,8 +74,7 @@ def save_model(cfg, out_dir: str, tokenizer_dir: str, seed: int = 1) -> str:
             if name.endswith("norm.weight"):
                 p.copy_(torch.randn_like(p) * 0.3 + (0.0 if "gemma" in cfg.model_type else 1.0))
     model.save_pretrained(out_dir)
-    for name in os.listdir(tokenizer_dir):
-        shutil.copy(os.path.join(tokenizer_dir, name), out_dir)
+    copy_tokenizer(tokenizer_dir, out_dir)
     return out_dir
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from arch_configs import arch_config
-from tiny_models import save_tiny_model
+from tiny_models import copy_tokenizer, save_tiny_model
 from pagedllm import LLM, SamplingParams
 from test_archs_equivalence import ENGINE, _config, save_model
 from test_hf_equivalence import check, prompts_of
@@ -146,13 +146,11 @@ def test_quantized_blocks_equal_the_dequantized_file(name, tmp_path, tokenizer_d
 def test_dummy_weights(name, tmp_path, tokenizer_dir):
     """load_format="dummy" from a config alone (what the benchmarks run): every parameter is
     filled (Gemma's norms as 1 + 0), another seed gives other weights, so other tokens."""
-    import shutil
 
     cfg = _config(name)
     cfg.architectures = [{"gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM"}[name]]
     cfg.save_pretrained(str(tmp_path))
-    for f in os.listdir(tokenizer_dir):
-        shutil.copy(os.path.join(tokenizer_dir, f), tmp_path)
+    copy_tokenizer(tokenizer_dir, tmp_path)
     prompts = prompts_of([5, 30], seed=2)
     from test_hf_equivalence import GREEDY
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 
 import pytest
 import torch
 
 from held_out_configs import GEMMA_3_4B_IT, PUBLISHED, VOCAB, gemma3_text_part, shrink
 from pagedllm import LLM, SamplingParams
+from tiny_models import copy_tokenizer
 
 MAX_NEW = 8
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
@@ -51,8 +51,7 @@ def write_model(config: dict, out_dir: str, tokenizer_dir: str, seed: int = 0) -
     model.save_pretrained(out_dir)
     with open(os.path.join(out_dir, "config.json"), "w") as f:  # the published form, not v5's rewrite
         json.dump(config, f)
-    for name in os.listdir(tokenizer_dir):
-        shutil.copy(os.path.join(tokenizer_dir, name), out_dir)
+    copy_tokenizer(tokenizer_dir, out_dir)
     return out_dir
 
 

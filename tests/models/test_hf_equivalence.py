@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from tiny_models import save_tiny_model, tiny_config
+from tiny_models import copy_tokenizer, save_tiny_model, tiny_config
 from pagedllm import LLM, SamplingParams
 
 MODELS = {
@@ -162,10 +162,8 @@ def test_sharded_checkpoint(tmp_path, tokenizer_dir):
     hf = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
     hf.save_pretrained(str(tmp_path), max_shard_size="2MB")
     import os
-    import shutil
 
     assert os.path.exists(tmp_path / "model.safetensors.index.json")
-    for name in os.listdir(tokenizer_dir):
-        shutil.copy(os.path.join(tokenizer_dir, name), tmp_path)
+    copy_tokenizer(tokenizer_dir, tmp_path)
     llm = LLM(str(tmp_path), kv_cache_memory="8MiB", max_model_len=256)
     check(llm, hf, prompts_of([12, 30], seed=8))

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 
 import pytest
-import torch
 
 from moe_utils import save_moe_model, tiny_moe_config
 from pagedllm import LLM, SamplingParams

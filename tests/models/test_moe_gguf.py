@@ -6,7 +6,6 @@ here by tests/gguf_writer.py, unquantized."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from moe_utils import save_moe_model, tiny_moe_config
 from pagedllm import LLM

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from arch_configs import arch_config
-from tiny_models import VOCAB, save_tiny_model
+from tiny_models import VOCAB, copy_tokenizer, save_tiny_model
 from pagedllm import LLM, SamplingParams
 
 MAX_NEW = 10
@@ -121,16 +121,12 @@ def test_preemption(model):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_dummy_weights(arch, tmp_path, tokenizer_dir):
     """load_format="dummy" builds the model from its config alone (no weights on disk) and runs."""
-    import os
-    import shutil
-
     from transformers import AutoModelForCausalLM
 
     cfg = arch_config(arch)
     cfg.architectures = [AutoModelForCausalLM._model_mapping[type(cfg)].__name__]
     cfg.save_pretrained(str(tmp_path))
-    for name in os.listdir(tokenizer_dir):
-        shutil.copy(os.path.join(tokenizer_dir, name), tmp_path)
+    copy_tokenizer(tokenizer_dir, tmp_path)
     llm = LLM(str(tmp_path), load_format="dummy", kv_cache_memory="4MiB", max_model_len=128)
     outs = llm.generate(prompts_of([7, 30], seed=9), GREEDY, use_tqdm=False)
     assert [len(o.outputs[0].token_ids) for o in outs] == [MAX_NEW, MAX_NEW]

@@ -5,7 +5,6 @@ with several API keys, CORS, TLS and a root path; GET /v1/models/{id}."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
