@@ -1,7 +1,7 @@
 """Tiny random Llama / Qwen2 / Qwen3 checkpoints for the tests, written with transformers'
 save_pretrained beside a saved tokenizer (conftest.py's `tokenizer_dir` fixture). A plain module,
 not conftest.py: test modules import it by name, which resolves the same whichever directories
-pytest is given (a `from tiny_models import` took the first conftest loaded, tests/server's after
+pytest is given (a `from conftest import` took the first conftest loaded, tests/server's after
 `pytest tests/server tests/models`)."""
 
 from __future__ import annotations
