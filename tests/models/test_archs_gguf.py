@@ -146,7 +146,6 @@ def test_quantized_blocks_equal_the_dequantized_file(name, tmp_path, tokenizer_d
 def test_dummy_weights(name, tmp_path, tokenizer_dir):
     """load_format="dummy" from a config alone (what the benchmarks run): every parameter is
     filled (Gemma's norms as 1 + 0), another seed gives other weights, so other tokens."""
-
     cfg = _config(name)
     cfg.architectures = [{"gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM"}[name]]
     cfg.save_pretrained(str(tmp_path))
